@@ -1,0 +1,21 @@
+//! The vocabulary that every codemode crate shares.
+//!
+//! Data flows one way through codemode: model → sandbox → host bridge → gate → tool → gate → script.
+//! This crate holds only the words those stages use to talk to each other: what a tool is
+//! ([`ToolSpec`], [`Exposure`], [`Annotations`]), where a call came from ([`Provenance`]), what a tool
+//! returns ([`ToolOutput`], [`Usage`]) and the one trait every executor implements ([`Tool`]).
+//! It has no behaviour of its own, so that the sandbox, the gate and the tool crates can build in
+//! parallel without depending on each other.
+
+mod call;
+mod clock;
+mod identifier;
+mod tool;
+
+pub use call::{CallKind, Origin, Provenance, Usage};
+pub use clock::{DeadlineClock, PauseGuard};
+pub use identifier::{is_identifier, to_identifier};
+pub use tool::{
+    Annotations, BoxFuture, CallFacts, ContentBlock, Exposure, ModelFacts, NamespaceSpec, Tool,
+    ToolCall, ToolError, ToolErrorKind, ToolOutput, ToolSpec,
+};

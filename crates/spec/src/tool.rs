@@ -1,0 +1,279 @@
+//! What a tool is, and the trait every executor implements.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::{CallKind, Provenance, Usage};
+
+pub type BoxFuture<'a, T> = futures::future::BoxFuture<'a, T>;
+
+/// Who can see and call a tool.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Exposure {
+    /// Declared to the model as its own tool (while active) and callable from scripts.
+    Direct,
+    /// Callable from scripts and listed in the codemode tool's description.
+    #[default]
+    Codemode,
+    /// Callable from scripts and found by `searchTools`, never listed up front.
+    Deferred,
+    /// Callable by nobody.
+    Hidden,
+}
+
+impl Exposure {
+    /// How visible the exposure is: a larger number is more visible. Used by the narrowing rule,
+    /// under which a project may only lower visibility.
+    pub fn visibility(self) -> u8 {
+        match self {
+            Exposure::Hidden => 0,
+            Exposure::Deferred => 1,
+            Exposure::Codemode => 2,
+            Exposure::Direct => 3,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exposure::Direct => "direct",
+            Exposure::Codemode => "codemode",
+            Exposure::Deferred => "deferred",
+            Exposure::Hidden => "hidden",
+        }
+    }
+}
+
+impl std::str::FromStr for Exposure {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "direct" => Ok(Exposure::Direct),
+            "codemode" => Ok(Exposure::Codemode),
+            "deferred" => Ok(Exposure::Deferred),
+            "hidden" => Ok(Exposure::Hidden),
+            other => Err(format!(
+                "unknown exposure `{other}`; use one of direct, codemode, deferred, hidden"
+            )),
+        }
+    }
+}
+
+/// Hints about a tool's behaviour, as MCP defines them. Absent means unknown.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Annotations {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub title: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub read_only_hint: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub destructive_hint: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub idempotent_hint: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub open_world_hint: Option<bool>,
+}
+
+/// A tool as the registry, the declarations and the policy see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolSpec {
+    /// The raw name (`read`, `mcp__github__search_code`, `models.classify`).
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the single argument.
+    pub input_schema: Value,
+    /// JSON Schema of the result, when known.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub output_schema: Option<Value>,
+    /// The group the tool belongs to, such as one MCP server (`mcp__github`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub annotations: Annotations,
+    #[serde(default)]
+    pub exposure: Exposure,
+    /// Tool, model operation or global; also the policy's action.
+    #[serde(default = "default_kind")]
+    pub kind: CallKind,
+}
+
+fn default_kind() -> CallKind {
+    CallKind::Tool
+}
+
+impl ToolSpec {
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        input_schema: Value,
+    ) -> Self {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema,
+            output_schema: None,
+            namespace: None,
+            annotations: Annotations::default(),
+            exposure: Exposure::Codemode,
+            kind: CallKind::Tool,
+        }
+    }
+
+    /// `tools.<identifier>` for this tool.
+    pub fn identifier(&self) -> String {
+        crate::to_identifier(&self.name)
+    }
+}
+
+/// A namespace: a group of tools with a shared description, such as one MCP server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceSpec {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub description: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub instructions: Option<String>,
+}
+
+/// One block of content for the model: what a direct call shows, and what MCP carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ContentBlock {
+    Text {
+        text: String,
+    },
+    Image {
+        /// Base64 data.
+        data: String,
+        #[serde(rename = "mimeType")]
+        mime_type: String,
+    },
+}
+
+/// One call handed to a tool, after the gate has allowed it.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub args: Value,
+    pub provenance: Provenance,
+    /// Cancelled when the script ends, is aborted, or stops waiting for this call.
+    pub cancel: CancellationToken,
+}
+
+/// What a tool returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ToolOutput {
+    /// The JSON value a script's call resolves to.
+    pub value: Value,
+    /// What a direct (model) call shows; `None` means the value as JSON text.
+    pub content: Option<Vec<ContentBlock>>,
+    /// True when the tool reports a failure in its result (MCP `isError`), as opposed to failing.
+    pub is_error: bool,
+    /// What the call spent.
+    pub usage: Option<Usage>,
+}
+
+impl ToolOutput {
+    pub fn value(value: Value) -> Self {
+        ToolOutput {
+            value,
+            ..Default::default()
+        }
+    }
+}
+
+/// Facts about a specific call that the policy decides on, known before it runs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallFacts {
+    /// Absolute, symlink-resolved paths the call would touch. Path rules see these, never the raw
+    /// arguments, so `..` and symlinks cannot slip past them.
+    pub paths: Vec<String>,
+    /// For a model call: the model it spends on.
+    pub model: Option<ModelFacts>,
+}
+
+/// The model a model call spends on, as the policy and the budgets see it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelFacts {
+    pub provider: String,
+    pub id: String,
+    /// `classifier`, `image` or `chat`.
+    pub model_type: String,
+    /// USD per million input tokens.
+    #[serde(default)]
+    pub input_price: f64,
+    /// USD per million output tokens.
+    #[serde(default)]
+    pub output_price: f64,
+    /// USD per generated image.
+    #[serde(default)]
+    pub image_price: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolErrorKind {
+    /// The arguments are wrong in a way the schema could not say.
+    InvalidArguments,
+    /// The tool ran and failed.
+    Failed,
+    /// The call was cancelled.
+    Cancelled,
+    /// The call did not finish in time.
+    Timeout,
+}
+
+/// A tool's failure. The message goes back to the script or the model, so it should say what went
+/// wrong and how to do better.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    pub kind: ToolErrorKind,
+    pub message: String,
+}
+
+impl ToolError {
+    pub fn failed(message: impl Into<String>) -> Self {
+        ToolError {
+            kind: ToolErrorKind::Failed,
+            message: message.into(),
+        }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ToolError {
+            kind: ToolErrorKind::InvalidArguments,
+            message: message.into(),
+        }
+    }
+    pub fn cancelled() -> Self {
+        ToolError {
+            kind: ToolErrorKind::Cancelled,
+            message: "the call was cancelled".into(),
+        }
+    }
+    pub fn timeout(message: impl Into<String>) -> Self {
+        ToolError {
+            kind: ToolErrorKind::Timeout,
+            message: message.into(),
+        }
+    }
+}
+
+/// An executor behind the gate. Only the gate calls [`Tool::call`]; everything else asks the gate.
+pub trait Tool: Send + Sync {
+    fn spec(&self) -> &ToolSpec;
+
+    /// Facts the policy needs about this call (resolved paths, the model it spends on).
+    /// Runs after schema validation and before the policy. An error here refuses the call.
+    fn facts(&self, _args: &Value) -> Result<CallFacts, ToolError> {
+        Ok(CallFacts::default())
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+}
