@@ -277,3 +277,15 @@ pub trait Tool: Send + Sync {
 
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
 }
+
+/// How the codemode tool relates to the direct tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CodemodeMode {
+    /// Direct tools stay declared to the model beside `codemode`.
+    #[default]
+    On,
+    /// Only `codemode` is declared; a direct call of any other tool by the model is refused
+    /// (scripts may still call it).
+    Only,
+}
