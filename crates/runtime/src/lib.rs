@@ -1,1 +1,157 @@
-//! placeholder
+//! The embeddable codemode library.
+//!
+//! [`Codemode`] wires one script run end to end: it takes the model's script, builds the script's
+//! view of the tools from the gate's registry, runs it in the sandbox, and answers every call the
+//! script makes by asking the gate. The sandbox never sees a tool; the tools never see the
+//! sandbox; the gate sits between them on every path that carries authority.
+//!
+//! ```text
+//! model ─► Codemode::run_script ─► Sandbox (QuickJS) ─► RuntimeHost ─► Gate ─► Tool
+//!                                                         ▲ read-only helpers (searchTools, describeTool,
+//!                                                           describeNamespace, models.getModelsOfType, …)
+//! ```
+//!
+//! Start with [`Codemode::builder`].
+
+mod builder;
+mod globals;
+mod host;
+mod run;
+mod store;
+
+pub use builder::{CodemodeBuilder, RuntimeError};
+pub use globals::READ_ONLY_GLOBALS;
+pub use run::{ScriptRequest, ScriptRun, ScriptSurface};
+
+use std::sync::Arc;
+
+use codemode_declarations::{DescriptionInput, Globals, ToolIndex};
+use codemode_gate::{CallRequest, Gate, GateError};
+use codemode_models::Catalog;
+use codemode_sandbox::Sandbox;
+use codemode_spec::{CallKind, CodemodeMode, Provenance, ToolOutput, ToolSpec};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// One codemode installation: a gate, a sandbox, and the sessions that use them.
+///
+/// Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Codemode {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    gate: Gate,
+    sandbox: Sandbox,
+    catalog: Option<Arc<Catalog>>,
+    inline_budget_tokens: usize,
+    stores: store::SessionStores,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl Codemode {
+    pub fn builder() -> CodemodeBuilder {
+        CodemodeBuilder::default()
+    }
+
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.inner.sandbox
+    }
+
+    pub fn mode(&self) -> CodemodeMode {
+        self.inner.gate.mode()
+    }
+
+    /// Whether scripts get the `models` namespace.
+    pub fn models_enabled(&self) -> bool {
+        self.inner.catalog.is_some()
+    }
+
+    /// The tools a script may call as `tools.<name>` right now.
+    pub fn script_tools(&self) -> Vec<ToolSpec> {
+        self.inner
+            .gate
+            .registry()
+            .script_callable()
+            .into_iter()
+            .filter(|s| s.kind == CallKind::Tool)
+            .collect()
+    }
+
+    /// The description of the `codemode` tool, built from the tools a script can call now.
+    /// The same tools give byte-identical text, whatever order they were registered in.
+    pub fn description(&self) -> String {
+        let tools = self.script_tools();
+        let namespaces = self.inner.gate.registry().namespaces();
+        codemode_declarations::codemode_description(&DescriptionInput {
+            tools: &tools,
+            namespaces: &namespaces,
+            mode: self.mode(),
+            globals: Globals { models: self.models_enabled() },
+            inline_budget_tokens: self.inner.inline_budget_tokens,
+        })
+    }
+
+    /// The direct tools to declare to the model beside `codemode`: none in mode `only`. Each one's
+    /// description gains a line saying what `tools.<name>()` resolves to inside a script.
+    pub fn model_declared_tools(&self) -> Vec<ToolSpec> {
+        let mut specs = self.inner.gate.registry().model_declared(self.mode());
+        for spec in &mut specs {
+            let note = codemode_declarations::direct_tool_note(spec);
+            spec.description = format!("{}\n\n{}", spec.description.trim_end(), note);
+        }
+        specs
+    }
+
+    /// A search index over what scripts can call now (also what `searchTools` uses).
+    pub fn tool_index(&self) -> ToolIndex {
+        let tools = self.script_tools();
+        ToolIndex::new(&tools, &self.inner.gate.registry().namespaces())
+    }
+
+    /// A call the model makes directly, as a declared tool. It passes the same gate as a script's
+    /// call; in mode `only` the gate refuses it and says to call the tool from a script.
+    pub async fn call_direct(
+        &self,
+        name: &str,
+        args: Value,
+        session_id: &str,
+        client: Option<String>,
+    ) -> Result<ToolOutput, GateError> {
+        let mut provenance = Provenance::model(self.next_call_id("call"), session_id);
+        provenance.client = client;
+        self.inner
+            .gate
+            .call(CallRequest {
+                name: name.to_string(),
+                args,
+                provenance,
+                cancel: CancellationToken::new(),
+                clock: None,
+            })
+            .await
+    }
+
+    /// Drops a session's store (for example when an MCP session ends).
+    pub fn end_session(&self, session_id: &str) {
+        self.inner.stores.remove(session_id);
+    }
+
+    /// The session's stored values, as `load()` sees them.
+    pub fn session_store(&self, session_id: &str) -> std::collections::BTreeMap<String, Value> {
+        self.inner.stores.snapshot(session_id)
+    }
+
+    fn next_call_id(&self, prefix: &str) -> String {
+        let n = self
+            .inner
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{prefix}_{n}")
+    }
+}

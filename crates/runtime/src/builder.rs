@@ -1,0 +1,95 @@
+//! Putting a [`Codemode`] together.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use codemode_gate::{Gate, RegistryError};
+use codemode_models::{Catalog, ModelsHttpConfig};
+use codemode_sandbox::{Sandbox, SandboxConfig, SandboxError};
+
+use crate::{Codemode, Inner, store::SessionStores};
+
+/// Why a [`Codemode`] could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("no gate was given: call CodemodeBuilder::gate with the gate every call must pass")]
+    MissingGate,
+    #[error("the sandbox could not start: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("a model tool could not be registered: {0}")]
+    Registry(#[from] RegistryError),
+}
+
+/// Builds a [`Codemode`]. Only the gate is required.
+#[derive(Default)]
+pub struct CodemodeBuilder {
+    gate: Option<Gate>,
+    sandbox: Option<Sandbox>,
+    sandbox_config: Option<SandboxConfig>,
+    models: Option<(Arc<Catalog>, ModelsHttpConfig)>,
+    inline_budget_tokens: Option<usize>,
+}
+
+/// The codemode description's default inline budget, in tokens.
+pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 3000;
+
+impl CodemodeBuilder {
+    /// The gate every call passes. Its registry is what scripts can call.
+    pub fn gate(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Shares a running sandbox (its prepared runtimes) between several installations.
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
+    /// Limits and pool size for a sandbox of this installation's own.
+    pub fn sandbox_config(mut self, config: SandboxConfig) -> Self {
+        self.sandbox_config = Some(config);
+        self
+    }
+
+    /// Gives scripts the `models` namespace. Its spending operations are registered in the gate
+    /// as model calls, so policy, hooks, approval, budgets and audit apply to them.
+    pub fn models(mut self, catalog: Arc<Catalog>, http: ModelsHttpConfig) -> Self {
+        self.models = Some((catalog, http));
+        self
+    }
+
+    pub fn inline_budget_tokens(mut self, tokens: usize) -> Self {
+        self.inline_budget_tokens = Some(tokens);
+        self
+    }
+
+    pub fn build(self) -> Result<Codemode, RuntimeError> {
+        let gate = self.gate.ok_or(RuntimeError::MissingGate)?;
+        let sandbox = match self.sandbox {
+            Some(s) => s,
+            None => Sandbox::new(self.sandbox_config.unwrap_or_default())?,
+        };
+        let catalog = match self.models {
+            Some((catalog, http)) => {
+                for tool in codemode_models::model_tools(catalog.clone(), http) {
+                    gate.registry().register(tool)?;
+                }
+                Some(catalog)
+            }
+            None => None,
+        };
+        Ok(Codemode {
+            inner: Arc::new(Inner {
+                gate,
+                sandbox,
+                catalog,
+                inline_budget_tokens: self
+                    .inline_budget_tokens
+                    .unwrap_or(DEFAULT_INLINE_BUDGET_TOKENS),
+                stores: SessionStores::default(),
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+}

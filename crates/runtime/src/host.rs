@@ -1,0 +1,210 @@
+//! The bridge from the sandbox to the gate: every call a script makes arrives here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use codemode_declarations::ToolIndex;
+use codemode_gate::{CallRequest, Gate, GateError};
+use codemode_models::Catalog;
+use codemode_sandbox::{Host, HostCall, HostCallKind, HostError};
+use codemode_spec::{Origin, Provenance, ToolSpec, Usage};
+use futures::FutureExt;
+use futures::future::LocalBoxFuture;
+use serde_json::{Map, Value, json};
+
+use crate::globals;
+
+/// Who is running the script; stamped on every call it makes.
+#[derive(Clone)]
+pub(crate) struct ScriptIdentity {
+    pub session_id: String,
+    pub client: Option<String>,
+    pub parent_call_id: Option<String>,
+    pub script_id: String,
+    pub script_hash: String,
+    pub depth: u32,
+}
+
+pub(crate) struct RuntimeHost {
+    state: Arc<HostState>,
+}
+
+struct HostState {
+    gate: Gate,
+    identity: ScriptIdentity,
+    /// Tools and namespaces as the script saw them at start, for the discovery helpers.
+    tools: Vec<ToolSpec>,
+    namespaces: Vec<codemode_spec::NamespaceSpec>,
+    index: OnceLock<ToolIndex>,
+    catalog: Option<Arc<Catalog>>,
+    /// Global name → registered tool name, for globals that carry authority.
+    gated_globals: HashMap<String, String>,
+    spent: Mutex<Spent>,
+}
+
+/// What the script's calls spent, by sandbox call id, and the images models generated for it.
+#[derive(Default)]
+pub(crate) struct Spent {
+    pub usage_by_call: HashMap<u64, Usage>,
+    pub generated_images: Vec<String>,
+}
+
+impl RuntimeHost {
+    pub(crate) fn new(
+        gate: Gate,
+        identity: ScriptIdentity,
+        tools: Vec<ToolSpec>,
+        namespaces: Vec<codemode_spec::NamespaceSpec>,
+        catalog: Option<Arc<Catalog>>,
+        gated_globals: HashMap<String, String>,
+    ) -> Self {
+        RuntimeHost {
+            state: Arc::new(HostState {
+                gate,
+                identity,
+                tools,
+                namespaces,
+                index: OnceLock::new(),
+                catalog,
+                gated_globals,
+                spent: Mutex::new(Spent::default()),
+            }),
+        }
+    }
+
+    /// A handle that reads what was spent after the run, while the sandbox owns the host.
+    pub(crate) fn spent_handle(&self) -> SpentHandle {
+        SpentHandle(self.state.clone())
+    }
+}
+
+pub(crate) struct SpentHandle(Arc<HostState>);
+
+impl SpentHandle {
+    pub(crate) fn take(&self) -> Spent {
+        std::mem::take(&mut *lock(&self.0.spent))
+    }
+}
+
+impl Host for RuntimeHost {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        let state = self.state.clone();
+        async move { state.dispatch(call).await }.boxed_local()
+    }
+}
+
+impl HostState {
+    async fn dispatch(&self, call: HostCall) -> Result<Value, HostError> {
+        match call.kind {
+            HostCallKind::Tool => {
+                let name = call.name.clone();
+                self.through_gate(call, name, None).await
+            }
+            HostCallKind::Global => {
+                let args = match &call.args {
+                    Value::Array(a) => a.clone(),
+                    other => vec![other.clone()],
+                };
+                if let Some(tool) = self.gated_globals.get(&call.name).cloned() {
+                    let args = global_arguments(&call.name, args);
+                    return self.through_gate(call, tool, Some(args)).await;
+                }
+                let index = self
+                    .index
+                    .get_or_init(|| ToolIndex::new(&self.tools, &self.namespaces));
+                match globals::answer(&call.name, &args, index, self.catalog.as_deref()) {
+                    Some(Ok(v)) => Ok(v),
+                    Some(Err(message)) => Err(host_error(message, "TypeError", Map::new())),
+                    None => Err(host_error(
+                        format!("{} is not available in this installation", call.name),
+                        "TypeError",
+                        Map::new(),
+                    )),
+                }
+            }
+        }
+    }
+
+    async fn through_gate(
+        &self,
+        call: HostCall,
+        tool: String,
+        args: Option<Value>,
+    ) -> Result<Value, HostError> {
+        let id = &self.identity;
+        let parent = id.parent_call_id.clone().unwrap_or_else(|| id.script_id.clone());
+        let provenance = Provenance {
+            call_id: format!("{parent}/{}", call.id),
+            parent_call_id: id.parent_call_id.clone(),
+            depth: id.depth,
+            origin: Origin::Script,
+            script_id: Some(id.script_id.clone()),
+            script_hash: Some(id.script_hash.clone()),
+            session_id: id.session_id.clone(),
+            seq: Some(call.id),
+            client: id.client.clone(),
+        };
+        let request = CallRequest {
+            name: tool,
+            args: args.unwrap_or(call.args),
+            provenance,
+            cancel: call.cancel.clone(),
+            clock: Some(call.clock.clone()),
+        };
+        match self.gate.call(request).await {
+            Ok(output) => {
+                let mut spent = lock(&self.spent);
+                if let Some(usage) = output.usage.as_ref().filter(|u| !u.is_empty()) {
+                    spent.usage_by_call.insert(call.id, usage.clone());
+                }
+                collect_images(&output.value, &mut spent.generated_images, &call.name);
+                Ok(output.value)
+            }
+            Err(e) => Err(gate_error(e)),
+        }
+    }
+}
+
+/// Maps a global's JavaScript arguments to the registered tool's single JSON argument.
+fn global_arguments(global: &str, args: Vec<Value>) -> Value {
+    if global.starts_with("models.") {
+        let mut it = args.into_iter();
+        let model = it.next().unwrap_or(Value::Null);
+        let context = it.next().unwrap_or(Value::Null);
+        return json!({ "model": model, "context": context });
+    }
+    args.into_iter().next().unwrap_or_else(|| json!({}))
+}
+
+/// Remembers images a model generated, so the result can say which ones the script never showed.
+fn collect_images(value: &Value, into: &mut Vec<String>, global: &str) {
+    if global != "models.generateImages" {
+        return;
+    }
+    if let Some(blocks) = value.get("output").and_then(Value::as_array) {
+        for block in blocks {
+            if block.get("type").and_then(Value::as_str) == Some("image") {
+                if let Some(data) = block.get("data").and_then(Value::as_str) {
+                    into.push(data.to_string());
+                }
+            }
+        }
+    }
+}
+
+fn gate_error(e: GateError) -> HostError {
+    let mut props = Map::new();
+    props.insert("stage".into(), json!(e.stage.to_string()));
+    if !e.policy_ids.is_empty() {
+        props.insert("policyIds".into(), json!(e.policy_ids));
+    }
+    host_error(e.message, "Error", props)
+}
+
+fn host_error(message: String, name: &str, properties: Map<String, Value>) -> HostError {
+    HostError { message, name: Some(name.to_string()), properties }
+}
+
+fn lock(m: &Mutex<Spent>) -> std::sync::MutexGuard<'_, Spent> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,238 @@
+//! One script run: from the model's text to the text the model reads back.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use codemode_sandbox::{Determinism, Script, ScriptResult, ToolEntry};
+use codemode_spec::{CallKind, Usage};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use crate::Codemode;
+use crate::globals::{DISCOVERY, MODEL_READERS};
+use crate::host::{RuntimeHost, ScriptIdentity};
+
+/// What to run, for whom.
+#[derive(Debug, Clone)]
+pub struct ScriptRequest {
+    /// The script exactly as the model wrote it, with its optional `// @options:` line.
+    pub source: String,
+    /// The session whose store, budgets and audit trail the script shares.
+    pub session_id: String,
+    /// The front end driving the session (an MCP client's name), for the audit log.
+    pub client: Option<String>,
+    /// The `codemode` call that runs this script; one is made up when absent.
+    pub parent_call_id: Option<String>,
+    /// Cancelling stops the script, even one that spins, and cancels its calls.
+    pub abort: CancellationToken,
+    pub determinism: Option<Determinism>,
+    /// Write a log of the run's calls and results here.
+    pub record: Option<PathBuf>,
+    /// Serve the calls' results from this log instead of calling anything.
+    pub replay: Option<PathBuf>,
+}
+
+impl ScriptRequest {
+    pub fn new(source: impl Into<String>, session_id: impl Into<String>) -> Self {
+        ScriptRequest {
+            source: source.into(),
+            session_id: session_id.into(),
+            client: None,
+            parent_call_id: None,
+            abort: CancellationToken::new(),
+            determinism: None,
+            record: None,
+            replay: None,
+        }
+    }
+}
+
+/// The outcome of a run: the text for the model and the structured result for programs.
+#[derive(Debug, Clone)]
+pub struct ScriptRun {
+    pub script_id: String,
+    /// The text the model reads.
+    pub text: String,
+    /// Where the whole text went when `text` had to be cut.
+    pub full_output_path: Option<PathBuf>,
+    pub is_error: bool,
+    /// `None` when the input was refused before anything ran (a bad options line, no code).
+    pub result: Option<ScriptResult>,
+    /// What the script's model calls spent, summed.
+    pub usage: Usage,
+    /// Usage per call, by the call's id in the script.
+    pub usage_by_call: HashMap<u64, Usage>,
+}
+
+impl ScriptRun {
+    /// The structured result, with the field names of the reference package, plus `usage` on the
+    /// calls that spent something and on the whole run.
+    pub fn structured(&self) -> Value {
+        let Some(result) = &self.result else {
+            return json!({ "ok": false, "error": { "kind": "input", "name": "SourceError", "message": self.text } });
+        };
+        let mut value = serde_json::to_value(result).unwrap_or_else(|e| {
+            json!({ "ok": false, "error": { "kind": "sandbox", "message": format!("the result could not be serialized: {e}") } })
+        });
+        if let Some(calls) = value.get_mut("calls").and_then(Value::as_array_mut) {
+            for call in calls {
+                let id = call.get("id").and_then(Value::as_u64);
+                if let Some(usage) = id.and_then(|id| self.usage_by_call.get(&id)) {
+                    call["usage"] = json!(usage);
+                }
+            }
+        }
+        if !self.usage.is_empty() {
+            value["usage"] = json!(self.usage);
+        }
+        value
+    }
+}
+
+/// What a script can reach: the names under `tools` and the globals. Every name here either
+/// passes the gate or is one of [`crate::READ_ONLY_GLOBALS`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptSurface {
+    pub tools: Vec<String>,
+    pub globals: Vec<String>,
+    /// Global name → the registered tool (of kind model or global) that the gate resolves.
+    pub gated_globals: HashMap<String, String>,
+}
+
+impl Codemode {
+    /// The names a script started now would see.
+    pub fn script_surface(&self) -> ScriptSurface {
+        let callable = self.gate().registry().script_callable();
+        let tools = callable
+            .iter()
+            .filter(|s| s.kind == CallKind::Tool)
+            .map(|s| s.name.clone())
+            .collect();
+        let mut globals: Vec<String> = DISCOVERY.iter().map(|s| s.to_string()).collect();
+        if self.models_enabled() {
+            globals.extend(MODEL_READERS.iter().map(|s| s.to_string()));
+        }
+        let mut gated_globals = HashMap::new();
+        for spec in callable.iter().filter(|s| s.kind != CallKind::Tool) {
+            // Model operations live under `models.`; skip them when the models API is off.
+            if spec.kind == CallKind::Model && !self.models_enabled() {
+                continue;
+            }
+            globals.push(spec.name.clone());
+            gated_globals.insert(spec.name.clone(), spec.name.clone());
+        }
+        globals.sort();
+        globals.dedup();
+        ScriptSurface { tools, globals, gated_globals }
+    }
+
+    /// Runs one script to the end and renders what the model reads.
+    pub async fn run_script(&self, req: ScriptRequest) -> ScriptRun {
+        let script_id = self.next_call_id("script");
+        if let Err(e) = codemode_sandbox::parse_source(&req.source) {
+            // Refused input never reaches the sandbox and has no "script failed" header.
+            return ScriptRun {
+                script_id,
+                text: e.to_string(),
+                full_output_path: None,
+                is_error: true,
+                result: None,
+                usage: Usage::default(),
+                usage_by_call: HashMap::new(),
+            };
+        }
+        let script_hash = hex::encode(Sha256::digest(req.source.as_bytes()));
+        let parent_call_id = req
+            .parent_call_id
+            .clone()
+            .unwrap_or_else(|| self.next_call_id("codemode"));
+        let identity = ScriptIdentity {
+            session_id: req.session_id.clone(),
+            client: req.client.clone(),
+            parent_call_id: Some(parent_call_id),
+            script_id: script_id.clone(),
+            script_hash,
+            depth: 1,
+        };
+
+        let surface = self.script_surface();
+        let tool_specs = self.script_tools();
+        let tools = tool_specs
+            .iter()
+            .map(|s| ToolEntry {
+                name: s.name.clone(),
+                description: codemode_declarations::tool_sample(s),
+            })
+            .collect();
+        let host = RuntimeHost::new(
+            self.gate().clone(),
+            identity,
+            tool_specs,
+            self.gate().registry().namespaces(),
+            self.inner.catalog.clone(),
+            surface.gated_globals.clone(),
+        );
+        let spent = host.spent_handle();
+        let script = Script {
+            source: req.source.clone(),
+            tools,
+            globals: surface.globals.clone(),
+            host: std::sync::Arc::new(host),
+            store: self.inner.stores.snapshot(&req.session_id),
+            determinism: req.determinism,
+            record: req.record.clone(),
+            replay: req.replay.clone(),
+            abort: req.abort.clone(),
+            clock: codemode_spec::DeadlineClock::new(),
+        };
+        let result = self.sandbox().run(script).await;
+        let ledger = self.gate().end_script(&script_id);
+        let spent = spent.take();
+
+        if result.ok {
+            self.inner.stores.apply(
+                &req.session_id,
+                result.store_writes.iter().map(|w| (w.key.clone(), w.value.clone())),
+            );
+        }
+        let rendered =
+            codemode_sandbox::render_model_text(&result, result.options.max_output_tokens);
+        let mut text = rendered.text;
+        let usage = ledger.usage.clone();
+        if !usage.is_empty() {
+            text.push_str(&format!(
+                "\nModel usage: {} input tokens, {} output tokens, {} images, ${:.6}.",
+                usage.input_tokens, usage.output_tokens, usage.images, usage.cost_usd
+            ));
+        }
+        let unshown = unshown_images(&result, &spent.generated_images);
+        if unshown > 0 {
+            let noun = if unshown == 1 { "image" } else { "images" };
+            text.push_str(&format!(
+                "\nNote: models.generateImages() made {unshown} {noun} that the script did not show; pass each image block of result.output to image() to show it."
+            ));
+        }
+        ScriptRun {
+            script_id,
+            text,
+            full_output_path: rendered.full_output_path,
+            is_error: !result.ok,
+            result: Some(result),
+            usage,
+            usage_by_call: spent.usage_by_call,
+        }
+    }
+}
+
+fn unshown_images(result: &ScriptResult, generated: &[String]) -> usize {
+    let shown: std::collections::HashSet<&str> = result
+        .output
+        .iter()
+        .filter_map(|item| match item {
+            codemode_sandbox::OutputItem::Image { data, .. } => Some(data.as_str()),
+            _ => None,
+        })
+        .collect();
+    generated.iter().filter(|d| !shown.contains(d.as_str())).count()
+}

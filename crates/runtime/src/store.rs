@@ -1,0 +1,35 @@
+//! `store()`/`load()` values, kept per session.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+#[derive(Default)]
+pub(crate) struct SessionStores {
+    by_session: Mutex<HashMap<String, BTreeMap<String, Value>>>,
+}
+
+impl SessionStores {
+    pub(crate) fn snapshot(&self, session: &str) -> BTreeMap<String, Value> {
+        self.lock().get(session).cloned().unwrap_or_default()
+    }
+
+    /// Applies a successful script's writes in the order it made them.
+    pub(crate) fn apply(&self, session: &str, writes: impl IntoIterator<Item = (String, Value)>) {
+        let mut all = self.lock();
+        let store = all.entry(session.to_string()).or_default();
+        for (key, value) in writes {
+            store.insert(key, value);
+        }
+    }
+
+    pub(crate) fn remove(&self, session: &str) {
+        self.lock().remove(session);
+    }
+
+    // A poisoned lock means a panic elsewhere; the map itself is still consistent.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, Value>>> {
+        self.by_session.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
