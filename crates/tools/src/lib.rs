@@ -1,1 +1,46 @@
-//! placeholder
+//! The built-in coding tools: `read`, `write`, `edit`, `ls`, `find`, `grep` and `bash`.
+//!
+//! Each tool implements [`codemode_spec::Tool`] and runs only behind the gate, which decides on
+//! policy. The tools never check policy themselves; instead every tool reports, through
+//! [`Tool::facts`](codemode_spec::Tool::facts), the absolute, symlink-resolved paths it would touch,
+//! and then operates on exactly those paths. That way a path rule sees what the call really does,
+//! and `..` or a symlink cannot slip past it.
+
+mod args;
+mod bash;
+mod config;
+mod edit;
+mod find;
+mod fs_atomic;
+mod grep;
+mod ls;
+mod paths;
+mod read;
+mod support;
+mod truncate;
+mod walk;
+mod write;
+
+use std::sync::Arc;
+
+use codemode_spec::Tool;
+
+pub use config::ToolsConfig;
+pub use paths::resolve_path;
+
+/// Builds the seven built-in tools for one working directory.
+///
+/// The order is stable (read, write, edit, ls, find, grep, bash) so declarations and tool lists
+/// come out the same on every run.
+pub fn builtin_tools(config: &ToolsConfig) -> Vec<Arc<dyn Tool>> {
+    let ctx = Arc::new(support::Context::new(config));
+    vec![
+        Arc::new(read::ReadTool::new(ctx.clone())),
+        Arc::new(write::WriteTool::new(ctx.clone())),
+        Arc::new(edit::EditTool::new(ctx.clone())),
+        Arc::new(ls::LsTool::new(ctx.clone())),
+        Arc::new(find::FindTool::new(ctx.clone())),
+        Arc::new(grep::GrepTool::new(ctx.clone())),
+        Arc::new(bash::BashTool::new(ctx)),
+    ]
+}

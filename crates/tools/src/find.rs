@@ -1,0 +1,142 @@
+//! `find`: files and directories whose names match a glob.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use codemode_spec::{BoxFuture, CallFacts, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::args::parse;
+use crate::paths::path_text;
+use crate::support::{Behaviour, Context, StopFlag, make_spec, run_blocking, text_output};
+use crate::walk::{PathGlob, walk};
+
+const DEFAULT_LIMIT: usize = 1000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FindArgs {
+    pattern: String,
+    path: Option<String>,
+    limit: Option<usize>,
+}
+
+pub(crate) struct FindTool {
+    ctx: Arc<Context>,
+    spec: ToolSpec,
+}
+
+impl FindTool {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        let spec = make_spec(
+            &ctx,
+            "find",
+            "Find files",
+            &format!(
+                "Find files and directories by glob, one path a line, sorted; directories end with `/`. A pattern without `/` matches names anywhere in the tree (`*.rs`); one with `/` matches the path relative to the searched directory (`src/**/*.rs`). Skips what .gitignore excludes and the .git directory. Paths inside the working directory are shown relative to it. At most `limit` results (default {DEFAULT_LIMIT})."
+            ),
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string", "minLength": 1, "description": "Glob such as `*.rs` or `src/**/*.test.ts`."},
+                    "path": {"type": "string", "minLength": 1, "description": "Directory to search (default: the working directory)."},
+                    "limit": {"type": "integer", "minimum": 1, "description": format!("Most results to return (default {DEFAULT_LIMIT}).")}
+                },
+                "required": ["pattern"],
+                "additionalProperties": false
+            }),
+            Some(json!({"type": "string"})),
+            Behaviour::ReadOnly,
+        );
+        FindTool { ctx, spec }
+    }
+}
+
+impl Tool for FindTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+        let args: FindArgs = parse("find", args)?;
+        let root = self.ctx.resolve_root(args.path.as_deref())?;
+        Ok(CallFacts {
+            paths: vec![path_text(&root)?],
+            model: None,
+        })
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let ctx = self.ctx.clone();
+        Box::pin(async move {
+            let args: FindArgs = parse("find", &call.args)?;
+            let root = ctx.resolve_root(args.path.as_deref())?;
+            let glob = PathGlob::new(&args.pattern)?;
+            let limit = args.limit.unwrap_or(DEFAULT_LIMIT).max(1);
+            let inner = ctx.clone();
+            run_blocking(call.cancel, move |stop| {
+                find(&inner, &root, &glob, &args.pattern, limit, &stop)
+            })
+            .await
+        })
+    }
+}
+
+fn find(
+    ctx: &Context,
+    root: &Path,
+    glob: &PathGlob,
+    pattern: &str,
+    limit: usize,
+    stop: &StopFlag,
+) -> Result<ToolOutput, ToolError> {
+    if !root.is_dir() {
+        return Err(ToolError::invalid(format!(
+            "{} is not a directory (or does not exist); give a directory to search",
+            root.display()
+        )));
+    }
+    let max_bytes = ctx.config.max_output_bytes;
+    let mut out = String::new();
+    let mut shown = 0usize;
+    let mut total = 0usize;
+    let mut byte_cap = false;
+    walk(root, stop, |entry| {
+        if !glob.matches(root, entry.path()) {
+            return true;
+        }
+        total += 1;
+        if shown < limit && !byte_cap {
+            let mut line = ctx.display(entry.path());
+            if entry.file_type().is_some_and(|t| t.is_dir()) {
+                line.push('/');
+            }
+            if out.len() + line.len() + 1 > max_bytes {
+                byte_cap = true;
+            } else {
+                out.push_str(&line);
+                out.push('\n');
+                shown += 1;
+            }
+        }
+        true
+    });
+    if total == 0 {
+        return Ok(text_output(format!(
+            "No files match `{pattern}` under {}.",
+            ctx.display(root)
+        )));
+    }
+    if shown < total {
+        let why = if byte_cap {
+            format!("output cap of {max_bytes} bytes reached")
+        } else {
+            format!("limit {limit}")
+        };
+        out.push_str(&format!(
+            "\n[Showing {shown} of {total} matches ({why}); narrow the pattern or path, or raise limit.]\n"
+        ));
+    }
+    Ok(text_output(out))
+}
