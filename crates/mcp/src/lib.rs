@@ -1,1 +1,17 @@
-//! placeholder
+//! MCP both ways.
+//!
+//! * The **client** ([`McpConfig`], [`McpHub`]) connects to the user's MCP servers and turns each of
+//!   their tools into a [`codemode_spec::Tool`] named `mcp__<server>__<tool>`, so that every call a
+//!   script or the model makes to them goes through the gate like any other tool.
+
+mod client;
+mod config;
+mod error;
+mod exposure;
+mod naming;
+
+pub use config::{McpConfig, ServerConfig, ServerTransport, expand_vars};
+pub use error::McpError;
+pub use exposure::{ExposureRule, ExposureRules, parse_exposure};
+pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
+pub use client::{ConnectOptions, McpHub, ServerState, ServerStatus, to_tool_output};

@@ -1,0 +1,119 @@
+//! One MCP tool as a codemode [`Tool`].
+
+use std::sync::Arc;
+
+use codemode_spec::{Annotations, BoxFuture, Exposure, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use rmcp::model::Tool as McpToolDef;
+use serde_json::{Map, Value, json};
+
+use super::result::to_tool_output;
+use super::upstream::Upstream;
+use crate::naming::mcp_namespace;
+
+pub(crate) struct McpTool {
+    spec: ToolSpec,
+    /// The tool's name on its server.
+    remote_name: String,
+    upstream: Arc<Upstream>,
+}
+
+impl McpTool {
+    pub(crate) fn new(
+        name: String,
+        def: &McpToolDef,
+        exposure: Exposure,
+        upstream: Arc<Upstream>,
+    ) -> Self {
+        let server = upstream.name().to_string();
+        let description = def
+            .description
+            .as_deref()
+            .filter(|d| !d.is_empty())
+            .map(str::to_string)
+            .or_else(|| def.title.clone())
+            .unwrap_or_else(|| format!("MCP tool {} from server {server}", def.name));
+        let hints = def.annotations.clone().unwrap_or_default();
+        let spec = ToolSpec {
+            name,
+            description,
+            input_schema: input_schema(def),
+            output_schema: Some(result_schema(def.output_schema.as_deref())),
+            namespace: Some(mcp_namespace(&server)),
+            annotations: Annotations {
+                title: def.title.clone().or(hints.title),
+                read_only_hint: hints.read_only_hint,
+                destructive_hint: hints.destructive_hint,
+                idempotent_hint: hints.idempotent_hint,
+                open_world_hint: hints.open_world_hint,
+            },
+            exposure,
+            kind: codemode_spec::CallKind::Tool,
+        };
+        McpTool {
+            spec,
+            remote_name: def.name.to_string(),
+            upstream,
+        }
+    }
+}
+
+impl Tool for McpTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let upstream = self.upstream.clone();
+        let remote = self.remote_name.clone();
+        Box::pin(async move {
+            let result = upstream.call(&remote, call.args, &call.cancel).await?;
+            Ok(to_tool_output(upstream.name(), &remote, result))
+        })
+    }
+}
+
+/// The server's input schema, made a proper object schema (some servers omit `type` or
+/// `properties`, which declarations and validators need).
+fn input_schema(def: &McpToolDef) -> Value {
+    let mut schema: Map<String, Value> = def.input_schema.as_ref().clone();
+    schema
+        .entry("type")
+        .or_insert_with(|| Value::String("object".into()));
+    schema
+        .entry("properties")
+        .or_insert_with(|| Value::Object(Map::new()));
+    Value::Object(schema)
+}
+
+/// Schema of what a script's call resolves to: the `CallToolResult` object. The tool's own output
+/// schema describes `structuredContent`; its `$defs` move to the top so its `$ref`s still resolve.
+fn result_schema(output: Option<&Map<String, Value>>) -> Value {
+    let mut structured = output.cloned().unwrap_or_default();
+    let mut root = Map::new();
+    for defs in ["$defs", "definitions"] {
+        if let Some(v) = structured.remove(defs) {
+            root.insert(defs.to_string(), v);
+        }
+    }
+    let block = json!({
+        "type": "object",
+        "properties": {
+            "type": {"type": "string", "enum": ["text", "image", "audio", "resource_link", "resource"]},
+            "text": {"type": "string"},
+            "data": {"type": "string", "description": "base64"},
+            "mimeType": {"type": "string"}
+        },
+        "required": ["type"]
+    });
+    root.insert("type".into(), json!("object"));
+    root.insert(
+        "properties".into(),
+        json!({
+            "content": {"type": "array", "items": block},
+            "structuredContent": Value::Object(structured),
+            "isError": {"type": "boolean"}
+        }),
+    );
+    root.insert("required".into(), json!(["content"]));
+    Value::Object(root)
+}

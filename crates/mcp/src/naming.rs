@@ -1,0 +1,125 @@
+//! Names of MCP tools and namespaces as codemode registers them.
+
+use std::collections::HashSet;
+
+use sha2::{Digest, Sha256};
+
+/// Longest registered tool name; many model APIs refuse longer function names.
+pub const MAX_TOOL_NAME: usize = 64;
+
+/// Characters kept from a shortened name before the `_<hash>` suffix (64 = 55 + 1 + 8).
+const KEPT_PREFIX: usize = 55;
+
+/// Replaces every character outside `[A-Za-z0-9_]` with `_`.
+pub fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .collect()
+}
+
+/// The namespace of a server's tools: `mcp__<server>` (sanitized).
+pub fn mcp_namespace(server: &str) -> String {
+    format!("mcp__{}", sanitize(server))
+}
+
+/// The registered name of an MCP tool: `mcp__<server>__<tool>`, sanitized.
+///
+/// A name longer than [`MAX_TOOL_NAME`] or already in `taken` is cut to 55 characters and given a
+/// `_` plus 8 hex digits of SHA-256(`server` NUL `tool`), so that it stays stable across runs and
+/// unique even when two raw names sanitize to the same string.
+pub fn mcp_tool_name(server: &str, tool: &str, taken: &HashSet<String>) -> String {
+    let plain = format!("mcp__{}__{}", sanitize(server), sanitize(tool));
+    if plain.len() <= MAX_TOOL_NAME && !taken.contains(&plain) {
+        return plain;
+    }
+    hashed_name(&plain, server, tool)
+}
+
+fn hashed_name(plain: &str, server: &str, tool: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(server.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(tool.as_bytes());
+    let digest = hex::encode(hasher.finalize());
+    // `plain` is ASCII after sanitizing, so byte slicing is safe.
+    let keep = plain.len().min(KEPT_PREFIX);
+    format!("{}_{}", &plain[..keep], &digest[..8])
+}
+
+/// Names for all tools of one server, given the names other servers already hold.
+///
+/// Tools of the same server whose names sanitize to the same string *all* get a hash suffix, so
+/// that no tool's name depends on the order the server listed them in.
+pub fn name_server_tools(server: &str, tools: &[String], taken: &HashSet<String>) -> Vec<String> {
+    let plain: Vec<String> = tools
+        .iter()
+        .map(|t| format!("mcp__{}__{}", sanitize(server), sanitize(t)))
+        .collect();
+    let mut counts = std::collections::HashMap::<&str, usize>::new();
+    for p in &plain {
+        *counts.entry(p.as_str()).or_default() += 1;
+    }
+    let mut used = taken.clone();
+    let mut out = Vec::with_capacity(tools.len());
+    for (tool, p) in tools.iter().zip(&plain) {
+        let collides = counts.get(p.as_str()).copied().unwrap_or(0) > 1;
+        let name = if collides || p.len() > MAX_TOOL_NAME || used.contains(p) {
+            hashed_name(p, server, tool)
+        } else {
+            p.clone()
+        };
+        used.insert(name.clone());
+        out.push(name);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_hex8_suffix(name: &str) -> bool {
+        let (_, tail) = name.rsplit_once('_').unwrap();
+        tail.len() == 8 && tail.chars().all(|c| c.is_ascii_hexdigit())
+    }
+
+    #[test]
+    fn plain_names() {
+        let none = HashSet::new();
+        assert_eq!(mcp_tool_name("docs", "search", &none), "mcp__docs__search");
+        assert_eq!(
+            mcp_tool_name("my-server", "read-file", &none),
+            "mcp__my_server__read_file"
+        );
+        assert_eq!(mcp_namespace("dev-radius"), "mcp__dev_radius");
+    }
+
+    #[test]
+    fn long_names_are_cut_with_a_hash() {
+        let tool = "x".repeat(80);
+        let name = mcp_tool_name("s", &tool, &HashSet::new());
+        assert_eq!(name.len(), 64);
+        assert!(is_hex8_suffix(&name), "{name}");
+        assert_eq!(name, mcp_tool_name("s", &tool, &HashSet::new()), "stable");
+    }
+
+    #[test]
+    fn taken_names_get_a_hash() {
+        let taken: HashSet<String> = ["mcp__s__a_b".to_string()].into();
+        let name = mcp_tool_name("s", "a-b", &taken);
+        assert!(name.starts_with("mcp__s__a_b_"), "{name}");
+        assert!(is_hex8_suffix(&name));
+    }
+
+    #[test]
+    fn colliding_tools_of_one_server_all_get_a_hash() {
+        let names = name_server_tools(
+            "s",
+            &["a-b".into(), "a.b".into(), "c".into()],
+            &HashSet::new(),
+        );
+        assert_ne!(names[0], names[1]);
+        assert!(is_hex8_suffix(&names[0]) && is_hex8_suffix(&names[1]));
+        assert_eq!(names[2], "mcp__s__c");
+    }
+}
