@@ -1,0 +1,114 @@
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use codemode_spec::{Provenance, Tool, ToolCall, ToolError, ToolOutput};
+use codemode_tools::{ToolsConfig, builtin_tools};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// A temporary working directory with the built-in tools set up on it.
+pub struct Bench {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub tools: Vec<Arc<dyn Tool>>,
+}
+
+impl Bench {
+    pub fn new() -> Self {
+        Self::with(|_| {})
+    }
+
+    pub fn with(adjust: impl FnOnce(&mut ToolsConfig)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let mut config = ToolsConfig::new(&root);
+        adjust(&mut config);
+        let tools = builtin_tools(&config);
+        Bench { dir, root, tools }
+    }
+
+    pub fn tool(&self, name: &str) -> Arc<dyn Tool> {
+        self.tools
+            .iter()
+            .find(|t| t.spec().name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no tool {name}"))
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    pub fn put(&self, rel: &str, content: impl AsRef<[u8]>) -> PathBuf {
+        let path = self.path(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    pub async fn call(&self, name: &str, args: Value) -> Result<ToolOutput, ToolError> {
+        self.call_with(name, args, CancellationToken::new()).await
+    }
+
+    pub async fn call_with(
+        &self,
+        name: &str,
+        args: Value,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        let tool = self.tool(name);
+        tool.call(ToolCall {
+            args,
+            provenance: Provenance::model("call-1", "session-1"),
+            cancel,
+        })
+        .await
+    }
+
+    /// The text a successful text tool returned.
+    pub async fn text(&self, name: &str, args: Value) -> String {
+        match self.call(name, args).await {
+            Ok(out) => out.value.as_str().expect("a text result").to_owned(),
+            Err(e) => panic!("{name} failed: {e}"),
+        }
+    }
+
+    pub async fn error(&self, name: &str, args: Value) -> ToolError {
+        match self.call(name, args).await {
+            Ok(out) => panic!("{name} should have failed but returned {:?}", out.value),
+            Err(e) => e,
+        }
+    }
+}
+
+/// True once the process is gone: no longer in /proc, or a zombie waiting for its reaper.
+pub fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+/// Waits (up to a generous bound) for every pid to be gone.
+pub async fn all_gone(pids: &[i32]) -> bool {
+    for _ in 0..100 {
+        if pids.iter().all(|p| process_gone(*p)) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
+pub fn read_pids(path: &Path) -> Vec<i32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|s| s.parse().unwrap())
+        .collect()
+}
