@@ -1,0 +1,111 @@
+//! Where a provider's API key comes from: an environment variable or a command's output.
+//!
+//! Keys are read when a call needs them (not at load time), so a key set or rotated after start-up
+//! is used, and `available_of_type` reflects the credentials present now.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long an `apiKeyCommand` may run before it is killed.
+const KEY_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The source of a provider's key, as the user's models.json names it.
+#[derive(Debug)]
+pub(crate) enum KeySource {
+    /// The provider needs no key (a local llama.cpp or Ollama server).
+    None,
+    /// The key is the value of this environment variable.
+    Env(String),
+    /// The key is the trimmed standard output of this shell command. A successful result is
+    /// cached, because password managers can be slow or ask the user.
+    Command {
+        command: String,
+        cached: Mutex<Option<String>>,
+    },
+}
+
+impl KeySource {
+    pub(crate) fn command(command: String) -> Self {
+        KeySource::Command {
+            command,
+            cached: Mutex::new(None),
+        }
+    }
+
+    /// True when no key is needed or one can be had now.
+    pub(crate) fn is_available(&self) -> bool {
+        match self {
+            KeySource::None => true,
+            _ => self.resolve().is_ok(),
+        }
+    }
+
+    /// The key, `None` when the provider needs none, or why it cannot be had.
+    pub(crate) fn resolve(&self) -> Result<Option<String>, String> {
+        match self {
+            KeySource::None => Ok(None),
+            KeySource::Env(var) => match std::env::var(var) {
+                Ok(value) if !value.trim().is_empty() => Ok(Some(value.trim().to_string())),
+                _ => Err(format!(
+                    "the API key is missing: set the environment variable {var}"
+                )),
+            },
+            KeySource::Command { command, cached } => {
+                if let Ok(guard) = cached.lock()
+                    && let Some(key) = guard.as_ref()
+                {
+                    return Ok(Some(key.clone()));
+                }
+                let key = run_key_command(command)?;
+                if let Ok(mut guard) = cached.lock() {
+                    *guard = Some(key.clone());
+                }
+                Ok(Some(key))
+            }
+        }
+    }
+}
+
+/// Runs `sh -c command` and returns its trimmed stdout, refusing empty output, failure or a hang.
+fn run_key_command(command: &str) -> Result<String, String> {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the apiKeyCommand could not be started: {e}"))?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > KEY_COMMAND_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the apiKeyCommand did not finish within {} s",
+                    KEY_COMMAND_TIMEOUT.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => return Err(format!("the apiKeyCommand could not be waited on: {e}")),
+        }
+    };
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        stdout
+            .read_to_string(&mut out)
+            .map_err(|e| format!("the apiKeyCommand printed something unreadable: {e}"))?;
+    }
+    if !status.success() {
+        return Err(format!("the apiKeyCommand failed ({status})"));
+    }
+    let key = out.trim();
+    if key.is_empty() {
+        return Err("the apiKeyCommand printed no key".into());
+    }
+    Ok(key.to_string())
+}

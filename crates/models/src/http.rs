@@ -1,0 +1,136 @@
+//! One JSON POST to a provider, bounded in time and size. Every failure is a message for the
+//! script's result (`stopReason: "error"`), never a panic or an unbounded read.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Limits of the HTTP exchanges with providers.
+#[derive(Debug, Clone)]
+pub struct ModelsHttpConfig {
+    /// How long to wait for a TCP (and TLS) connection.
+    pub connect_timeout: Duration,
+    /// How long one whole exchange may take, from sending to the last byte of the answer.
+    pub request_timeout: Duration,
+    /// Largest answer body read; a larger one is refused without reading the rest, so a
+    /// misbehaving provider cannot exhaust memory.
+    pub max_response_bytes: usize,
+}
+
+impl Default for ModelsHttpConfig {
+    /// 10 s to connect, 120 s per call (image models are slow), 16 MiB per answer (a few
+    /// base64 images of a few megabytes each).
+    fn default() -> Self {
+        ModelsHttpConfig {
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(120),
+            max_response_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// What to send: the URL, the credential and the catalog's extra headers.
+pub(crate) struct Outgoing<'a> {
+    pub provider: &'a str,
+    pub url: String,
+    pub api_key: Option<String>,
+    pub headers: &'a [(String, String)],
+    pub body: Value,
+}
+
+#[derive(Clone)]
+pub(crate) struct HttpClient {
+    client: reqwest::Client,
+    config: ModelsHttpConfig,
+}
+
+impl HttpClient {
+    pub(crate) fn new(config: ModelsHttpConfig) -> Self {
+        // Building a client fails only when TLS or the resolver cannot start; the default
+        // client is the best fallback then, and its own errors surface per request.
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .build()
+            .unwrap_or_default();
+        HttpClient { client, config }
+    }
+
+    /// Posts `out.body` and returns the JSON answer, or a message saying what went wrong.
+    pub(crate) async fn post_json(&self, out: Outgoing<'_>) -> Result<Value, String> {
+        let provider = out.provider.to_string();
+        let limit = self.config.request_timeout;
+        match tokio::time::timeout(limit, self.exchange(out)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!(
+                "the provider \"{provider}\" did not answer within {} s",
+                limit.as_secs_f64()
+            )),
+        }
+    }
+
+    async fn exchange(&self, out: Outgoing<'_>) -> Result<Value, String> {
+        let provider = out.provider;
+        let mut request = self.client.post(&out.url).json(&out.body);
+        for (name, value) in out.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        if let Some(key) = &out.api_key {
+            request = request.bearer_auth(key);
+        }
+        let mut response = request.send().await.map_err(|e| {
+            format!(
+                "the provider \"{provider}\" could not be reached: {}",
+                chain(e)
+            )
+        })?;
+        let status = response.status();
+        let max = self.config.max_response_bytes;
+        if let Some(len) = response.content_length()
+            && len > max as u64
+        {
+            return Err(format!(
+                "the provider \"{provider}\" sent an answer of {len} bytes, more than the limit of {max} bytes"
+            ));
+        }
+        let mut body: Vec<u8> = Vec::new();
+        loop {
+            let chunk = response.chunk().await.map_err(|e| {
+                format!(
+                    "the provider \"{provider}\" broke off its answer: {}",
+                    chain(e)
+                )
+            })?;
+            let Some(chunk) = chunk else { break };
+            if body.len() + chunk.len() > max {
+                return Err(format!(
+                    "the provider \"{provider}\" sent an answer larger than the limit of {max} bytes; it was not read further"
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            let snippet: String = text.chars().take(300).collect();
+            return Err(format!(
+                "the provider \"{provider}\" answered HTTP {}: {}",
+                status.as_u16(),
+                snippet.trim()
+            ));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| format!("the provider \"{provider}\" answered with malformed JSON ({e})"))
+    }
+}
+
+/// The error and its causes in one line, without the URL (scripts never see provider URLs).
+fn chain(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

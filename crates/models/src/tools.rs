@@ -1,0 +1,230 @@
+//! `models.classify` and `models.generateImages` as tools of kind [`CallKind::Model`], so every
+//! model call passes the gate (policy, hooks, approval, budgets, audit) like any other call.
+
+use std::sync::Arc;
+
+use codemode_spec::{CallFacts, CallKind, Tool, ToolCall, ToolError, ToolOutput, ToolSpec, Usage};
+use serde_json::{Value, json};
+
+use crate::catalog::{Catalog, Model};
+use crate::http::{HttpClient, ModelsHttpConfig, Outgoing};
+use crate::limiter::ScriptLimiter;
+use crate::validate::{self, ClassifyInput, ImagesInput, Operation};
+use crate::{classify, images};
+
+/// The model tools over one catalog. They share one limiter, so a script's classify and
+/// generateImages calls together stay within four at a time.
+pub fn model_tools(catalog: Arc<Catalog>, http: ModelsHttpConfig) -> Vec<Arc<dyn Tool>> {
+    let shared = Arc::new(Shared {
+        catalog,
+        http: HttpClient::new(http),
+        limiter: ScriptLimiter::default(),
+    });
+    vec![
+        Arc::new(ModelTool::new(Operation::Classify, shared.clone())),
+        Arc::new(ModelTool::new(Operation::GenerateImages, shared)),
+    ]
+}
+
+struct Shared {
+    catalog: Arc<Catalog>,
+    http: HttpClient,
+    limiter: ScriptLimiter,
+}
+
+struct ModelTool {
+    op: Operation,
+    spec: ToolSpec,
+    shared: Arc<Shared>,
+}
+
+/// A checked call, ready to send.
+enum Checked {
+    Classify(Model, ClassifyInput),
+    Images(Model, ImagesInput),
+}
+
+impl ModelTool {
+    fn new(op: Operation, shared: Arc<Shared>) -> Self {
+        let description = match op {
+            Operation::Classify => {
+                "Classify a state with a classifier model: models.classify(model, { state, images?, questions }). One request answers every question; choice answers carry label probabilities, score answers the expected level from 0 (lowest) to 1 (highest), bool answers the probability of true. Resolves to { provider, model, answers, usage?, stopReason, errorMessage? }; a provider failure resolves with stopReason \"error\"."
+            }
+            Operation::GenerateImages => {
+                "Generate an image with an image model: models.generateImages(model, { input: [{ type: \"text\", text }] }). Resolves to { provider, model, output, usage?, stopReason, errorMessage? } where output holds { type: \"image\", data, mimeType } blocks; show them with image(block)."
+            }
+        };
+        // Deliberately permissive: `facts` checks the model and context so that its messages
+        // can show the expected shape, which a schema error could not.
+        let schema = json!({
+            "type": "object",
+            "properties": { "model": {}, "context": {} },
+            "required": ["model", "context"],
+        });
+        let mut spec = ToolSpec::new(op.tool_name(), description, schema);
+        spec.kind = CallKind::Model;
+        spec.namespace = Some("models".into());
+        ModelTool { op, spec, shared }
+    }
+
+    fn check(&self, args: &Value) -> Result<Checked, ToolError> {
+        let model_arg = args.get("model").unwrap_or(&Value::Null);
+        let context = args.get("context").unwrap_or(&Value::Null);
+        let model = validate::resolve_model(&self.shared.catalog, self.op, model_arg)?;
+        Ok(match self.op {
+            Operation::Classify => {
+                Checked::Classify(model.clone(), validate::classify_input(model, context)?)
+            }
+            Operation::GenerateImages => {
+                Checked::Images(model.clone(), validate::images_input(model, context)?)
+            }
+        })
+    }
+}
+
+impl Tool for ModelTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    /// Refuses a bad model or context before any request, and names the model for the policy.
+    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+        let model = match self.check(args)? {
+            Checked::Classify(m, _) | Checked::Images(m, _) => m,
+        };
+        Ok(CallFacts {
+            paths: Vec::new(),
+            model: Some(model.facts()),
+        })
+    }
+
+    fn call(
+        &self,
+        call: ToolCall,
+    ) -> codemode_spec::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let checked = self.check(&call.args);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let checked = checked?;
+            let model = match &checked {
+                Checked::Classify(m, _) | Checked::Images(m, _) => m.clone(),
+            };
+            let script_id = call.provenance.script_id.clone();
+            let work = async {
+                let _permit = shared.limiter.acquire(script_id.as_deref()).await;
+                run(&shared, checked).await
+            };
+            let (value, usage) = tokio::select! {
+                biased;
+                _ = call.cancel.cancelled() => {
+                    (failure(&model, "aborted", "the call was cancelled before the model answered"), None)
+                }
+                outcome = work => outcome,
+            };
+            Ok(ToolOutput {
+                value,
+                content: None,
+                is_error: false,
+                usage,
+            })
+        })
+    }
+}
+
+/// Sends the request and turns every outcome into the script's result value.
+async fn run(shared: &Shared, checked: Checked) -> (Value, Option<Usage>) {
+    let (model, path, body) = match &checked {
+        Checked::Classify(m, input) => (m, "chat/completions", classify::request_body(m, input)),
+        Checked::Images(m, input) => (m, "images/generations", images::request_body(m, input)),
+    };
+    let response = match send(shared, model, path, body).await {
+        Ok(response) => response,
+        Err(message) => return (failure(model, "error", &message), None),
+    };
+    match &checked {
+        Checked::Classify(m, input) => {
+            let usage = classify::usage_of(&response, m);
+            match classify::read_answers(input, &response) {
+                Ok(answers) => {
+                    let mut value = json!({
+                        "provider": m.provider, "model": m.id, "answers": answers, "stopReason": "stop",
+                    });
+                    attach_usage(&mut value, usage.as_ref());
+                    (value, usage)
+                }
+                Err(message) => {
+                    let mut value = failure(m, "error", &message);
+                    attach_usage(&mut value, usage.as_ref());
+                    (value, usage)
+                }
+            }
+        }
+        Checked::Images(m, _) => match images::read_output(&response) {
+            Ok(output) => {
+                let usage = images::usage_of(&response, &output, m);
+                let mut value = json!({
+                    "provider": m.provider, "model": m.id, "output": output, "stopReason": "stop",
+                });
+                attach_usage(&mut value, Some(&usage));
+                (value, Some(usage))
+            }
+            Err(message) => (failure(m, "error", &message), None),
+        },
+    }
+}
+
+async fn send(shared: &Shared, model: &Model, path: &str, body: Value) -> Result<Value, String> {
+    let provider = shared
+        .catalog
+        .provider(&model.provider)
+        .ok_or_else(|| format!("the provider \"{}\" is not in the catalog", model.provider))?;
+    // An apiKeyCommand may block (a password manager), so it runs off the async threads.
+    let api_key = {
+        let catalog = shared.catalog.clone();
+        let name = model.provider.clone();
+        tokio::task::spawn_blocking(move || match catalog.provider(&name) {
+            Some(p) => p.key.resolve(),
+            None => Ok(None),
+        })
+        .await
+        .map_err(|e| format!("looking up the API key failed: {e}"))?
+        .map_err(|e| format!("the provider \"{}\" cannot be used: {e}", model.provider))?
+    };
+    shared
+        .http
+        .post_json(Outgoing {
+            provider: &provider.name,
+            url: format!("{}/{path}", provider.base_url),
+            api_key,
+            headers: &provider.headers,
+            body,
+        })
+        .await
+}
+
+fn attach_usage(value: &mut Value, usage: Option<&Usage>) {
+    if let (Some(obj), Some(usage)) = (value.as_object_mut(), usage) {
+        obj.insert(
+            "usage".into(),
+            serde_json::to_value(usage).unwrap_or(Value::Null),
+        );
+    }
+}
+
+/// The result of a call that did not produce answers: the promise still resolves.
+fn failure(model: &Model, stop_reason: &str, message: &str) -> Value {
+    let mut value = json!({
+        "provider": model.provider,
+        "model": model.id,
+        "stopReason": stop_reason,
+        "errorMessage": message,
+    });
+    let empty = match model.model_type.as_str() {
+        "image" => ("output", json!([])),
+        _ => ("answers", json!({})),
+    };
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert(empty.0.into(), empty.1);
+    }
+    value
+}
