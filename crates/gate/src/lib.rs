@@ -1,1 +1,42 @@
-//! placeholder
+//! The gate: the one place that decides every call.
+//!
+//! Whoever makes a call (the model directly, a script, a nested script) and whatever it is (a
+//! tool, a model operation, a host global), it passes [`Gate::call`]: resolve against the
+//! registry as it is now, validate the arguments against the tool's schema, ask the tool for
+//! facts (resolved paths, the model it spends on), ask the Cedar policies, run the hooks, ask a
+//! person when a policy or hook says so, reserve the budget, execute, run the after-hooks, and
+//! write one audit line. Nothing is allowed unless a policy permits it, and every failure of a
+//! guard (a hook that crashes, a policy that cannot be evaluated) refuses the call.
+
+pub mod approval;
+pub mod audit;
+pub mod budget;
+pub mod error;
+mod gate;
+pub mod hooks;
+pub mod policy;
+pub mod registry;
+pub mod settings;
+mod suggest;
+mod validate;
+
+pub use approval::{ApprovalAnswer, ApprovalRequest, Approver};
+pub use audit::{AuditError, AuditLog, VerifyReport, verify};
+pub use budget::{BudgetLimits, Budgets, CallRecord, LedgerSnapshot};
+pub use error::{GateError, RegistryError, Stage};
+pub use gate::{CallRequest, Gate, GateBuilder};
+pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
+pub use policy::{
+    Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, check, explain,
+};
+pub use registry::{CODEMODE_TOOL, Registry};
+
+/// The first `max` characters of `s`, with an ellipsis when cut.
+pub(crate) fn preview(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max).collect();
+    out.push('…');
+    out
+}

@@ -1,0 +1,450 @@
+//! Turning one call into a Cedar request, and Cedar's answer into a decision.
+
+use std::str::FromStr;
+
+use cedar_policy::{Authorizer, Context, Entities, EntityId, EntityTypeName, EntityUid, Request};
+use codemode_spec::{
+    Annotations, CallFacts, CallKind, Exposure, ModelFacts, Origin, Provenance, ToolSpec,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::PolicySet;
+use super::schema::{ArgType, PolicySchema};
+
+/// What was spent before this call, as policies see it (`context.script`, `context.session`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Counts {
+    pub calls: u64,
+    pub model_calls: u64,
+    pub tokens: u64,
+    pub cost_micro_usd: u64,
+}
+
+/// Everything the policy decides one call on.
+pub struct PolicyInput<'a> {
+    pub spec: &'a ToolSpec,
+    pub args: &'a Value,
+    pub facts: &'a CallFacts,
+    pub provenance: &'a Provenance,
+    pub script: Counts,
+    pub session: Counts,
+}
+
+/// The policy's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Allow {
+        policy_ids: Vec<String>,
+    },
+    /// A permitting policy carries `@ask`: a person (the approver) must agree.
+    Ask {
+        reason: String,
+        policy_ids: Vec<String>,
+    },
+    Deny {
+        message: String,
+        policy_ids: Vec<String>,
+    },
+}
+
+impl Decision {
+    pub fn policy_ids(&self) -> &[String] {
+        match self {
+            Decision::Allow { policy_ids }
+            | Decision::Ask { policy_ids, .. }
+            | Decision::Deny { policy_ids, .. } => policy_ids,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Decision::Allow { .. } => "allow",
+            Decision::Ask { .. } => "ask",
+            Decision::Deny { .. } => "deny",
+        }
+    }
+}
+
+pub(crate) fn action_name(kind: CallKind) -> &'static str {
+    match kind {
+        CallKind::Tool => "tool_call",
+        CallKind::Model => "model_call",
+        CallKind::Global => "global_call",
+    }
+}
+
+fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
+    let ty = EntityTypeName::from_str(ty).map_err(|e| e.to_string())?;
+    Ok(EntityUid::from_type_name_and_id(ty, EntityId::new(id)))
+}
+
+fn decimal(v: f64) -> Value {
+    let v = if v.is_finite() {
+        v.clamp(-9.0e14, 9.0e14)
+    } else {
+        0.0
+    };
+    json!({"__extn": {"fn": "decimal", "arg": format!("{v:.4}")}})
+}
+
+fn model_id(m: &ModelFacts) -> String {
+    format!("{}/{}", m.provider, m.id)
+}
+
+/// Args as a Cedar record: only arguments the schema types, and only when the value has that
+/// type. With no schema, the value's own type decides.
+fn args_record(args: &Value, schema: Option<&PolicySchema>) -> Value {
+    let mut out = Map::new();
+    if let Some(obj) = args.as_object() {
+        for (k, v) in obj {
+            let ty = match schema {
+                Some(s) => s.args.get(k).copied(),
+                None => match v {
+                    Value::String(_) => Some(ArgType::String),
+                    Value::Bool(_) => Some(ArgType::Bool),
+                    Value::Number(_) => Some(ArgType::Long),
+                    Value::Array(_) => Some(ArgType::StringSet),
+                    _ => None,
+                },
+            };
+            if let Some(enc) = ty.and_then(|t| t.encode(v)) {
+                out.insert(k.clone(), enc);
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+fn counts_json(c: &Counts) -> Value {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    json!({
+        "calls": clamp(c.calls),
+        "model_calls": clamp(c.model_calls),
+        "tokens": clamp(c.tokens),
+        "cost_micro_usd": clamp(c.cost_micro_usd),
+    })
+}
+
+fn resource_entity(
+    spec: &ToolSpec,
+    model: Option<&ModelFacts>,
+) -> Result<(EntityUid, Value), String> {
+    if spec.kind == CallKind::Model {
+        let m = model.ok_or_else(|| {
+            format!(
+                "model call `{}` did not say which model it spends on (its facts() returned no model); the call is denied",
+                spec.name
+            )
+        })?;
+        let id = model_id(m);
+        let entity = json!({
+            "uid": {"type": "Model", "id": id},
+            "attrs": {
+                "provider": m.provider,
+                "id": m.id,
+                "type": m.model_type,
+                "input_price": decimal(m.input_price),
+                "output_price": decimal(m.output_price),
+                "image_price": decimal(m.image_price),
+            },
+            "parents": []
+        });
+        return Ok((uid("Model", &id)?, entity));
+    }
+    let a: &Annotations = &spec.annotations;
+    let read_only = a.read_only_hint.unwrap_or(false);
+    let entity = json!({
+        "uid": {"type": "Tool", "id": spec.name},
+        "attrs": {
+            "name": spec.name,
+            "namespace": spec.namespace.clone().unwrap_or_default(),
+            "exposure": spec.exposure.as_str(),
+            "kind": match spec.kind { CallKind::Tool => "tool", CallKind::Model => "model", CallKind::Global => "global" },
+            "read_only": read_only,
+            // MCP's defaults for absent hints: a tool that is not read-only may destroy, and
+            // may reach the open world.
+            "destructive": a.destructive_hint.unwrap_or(!read_only),
+            "idempotent": a.idempotent_hint.unwrap_or(false),
+            "open_world": a.open_world_hint.unwrap_or(true),
+        },
+        "parents": []
+    });
+    Ok((uid("Tool", &spec.name)?, entity))
+}
+
+/// Asks the policies about one call. Any failure to build or evaluate the request denies.
+pub(crate) fn decide(
+    policies: &PolicySet,
+    schema: Option<&PolicySchema>,
+    input: &PolicyInput<'_>,
+) -> Decision {
+    match evaluate(policies, schema, input) {
+        Ok(d) => d,
+        Err(message) => Decision::Deny {
+            message,
+            policy_ids: Vec::new(),
+        },
+    }
+}
+
+fn evaluate(
+    policies: &PolicySet,
+    schema: Option<&PolicySchema>,
+    input: &PolicyInput<'_>,
+) -> Result<Decision, String> {
+    let p = input.provenance;
+    let principal = uid("Session", &p.session_id)?;
+    let action = uid("Action", action_name(input.spec.kind))?;
+    let (resource, resource_entity) = resource_entity(input.spec, input.facts.model.as_ref())?;
+    let entities = Entities::from_json_value(
+        json!([
+            {"uid": {"type": "Session", "id": p.session_id}, "attrs": {}, "parents": []},
+            resource_entity,
+        ]),
+        None,
+    )
+    .map_err(|e| format!("cannot describe the call to the policy engine: {e}"))?;
+    let context = json!({
+        "args": args_record(input.args, schema),
+        "args_json": serde_json::to_string(input.args).unwrap_or_default(),
+        "paths": input.facts.paths,
+        "origin": match p.origin { Origin::Model => "model", Origin::Script => "script" },
+        "depth": p.depth,
+        "parent": p.parent_call_id.clone().unwrap_or_default(),
+        "script_id": p.script_id.clone().unwrap_or_default(),
+        "script_hash": p.script_hash.clone().unwrap_or_default(),
+        "client": p.client.clone().unwrap_or_default(),
+        "script": counts_json(&input.script),
+        "session": counts_json(&input.session),
+    });
+    let context = Context::from_json_value(context, None)
+        .map_err(|e| format!("cannot describe the call's context to the policy engine: {e}"))?;
+    let request = Request::new(principal, action, resource, context, None)
+        .map_err(|e| format!("cannot build the policy request: {e}"))?;
+    let response = Authorizer::new().is_authorized(&request, &policies.cedar, &entities);
+
+    let errors: Vec<(String, String)> = response
+        .diagnostics()
+        .errors()
+        .map(|e| match e {
+            cedar_policy::AuthorizationError::PolicyEvaluationError(pe) => {
+                (pe.policy_id().to_string(), e.to_string())
+            }
+        })
+        .collect();
+    if !errors.is_empty() {
+        // A policy that cannot be evaluated might have been a forbid; fail closed.
+        let ids: Vec<String> = errors.iter().map(|(id, _)| id.clone()).collect();
+        let detail: Vec<String> = errors
+            .iter()
+            .map(|(id, e)| format!("`{id}`: {e}"))
+            .collect();
+        return Ok(Decision::Deny {
+            message: format!(
+                "denied because a policy could not be evaluated ({}); fix the policy",
+                detail.join("; ")
+            ),
+            policy_ids: ids,
+        });
+    }
+    let ids: Vec<String> = response
+        .diagnostics()
+        .reason()
+        .map(|id| id.to_string())
+        .collect();
+    let what = describe_call(input.spec, input.facts.model.as_ref());
+    Ok(match response.decision() {
+        cedar_policy::Decision::Allow => {
+            let asks: Vec<(&str, &str)> = ids
+                .iter()
+                .filter_map(|id| {
+                    policies
+                        .info(id)
+                        .and_then(|i| i.ask.as_deref().map(|a| (id.as_str(), a)))
+                })
+                .collect();
+            if asks.is_empty() {
+                Decision::Allow { policy_ids: ids }
+            } else {
+                let reason = asks
+                    .iter()
+                    .map(|(id, a)| format!("{a} (policy `{id}`)"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                Decision::Ask {
+                    reason,
+                    policy_ids: asks.iter().map(|(id, _)| id.to_string()).collect(),
+                }
+            }
+        }
+        cedar_policy::Decision::Deny if ids.is_empty() => Decision::Deny {
+            message: format!(
+                "no policy permits {what}; add a permit policy for it if it should run"
+            ),
+            policy_ids: ids,
+        },
+        cedar_policy::Decision::Deny => Decision::Deny {
+            message: format!(
+                "{what} is forbidden by policy {}",
+                ids.iter()
+                    .map(|i| format!("`{i}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            policy_ids: ids,
+        },
+    })
+}
+
+fn describe_call(spec: &ToolSpec, model: Option<&ModelFacts>) -> String {
+    match (spec.kind, model) {
+        (CallKind::Model, Some(m)) => format!("model call `{}` on `{}`", spec.name, model_id(m)),
+        (CallKind::Global, _) => format!("global `{}`", spec.name),
+        _ => format!("tool `{}`", spec.name),
+    }
+}
+
+/// A call described in JSON, for `codemode policy explain CALL.json`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExplainInput {
+    pub tool: String,
+    #[serde(default = "empty_object")]
+    pub args: Value,
+    #[serde(default = "tool_kind")]
+    pub kind: CallKind,
+    #[serde(default)]
+    pub exposure: Exposure,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub annotations: Annotations,
+    #[serde(default)]
+    pub model: Option<ModelFacts>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    #[serde(default = "script_origin")]
+    pub origin: Origin,
+    #[serde(default = "one")]
+    pub depth: u32,
+    #[serde(default = "explain_session")]
+    pub session_id: String,
+    #[serde(default)]
+    pub parent_call_id: Option<String>,
+    #[serde(default)]
+    pub script_hash: Option<String>,
+    #[serde(default)]
+    pub script: Counts,
+    #[serde(default)]
+    pub session: Counts,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+fn tool_kind() -> CallKind {
+    CallKind::Tool
+}
+fn script_origin() -> Origin {
+    Origin::Script
+}
+fn one() -> u32 {
+    1
+}
+fn explain_session() -> String {
+    "explain".into()
+}
+
+/// One policy that decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyReason {
+    pub id: String,
+    pub file: String,
+    pub line: usize,
+    pub effect: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<String>,
+}
+
+/// Which policies decided a call, and how.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    /// `allow`, `ask` or `deny`.
+    pub decision: &'static str,
+    /// One sentence for people.
+    pub summary: String,
+    pub policies: Vec<PolicyReason>,
+}
+
+/// Explains how `policies` decide the call described by `input`. With a schema, arguments are
+/// typed as at run time; without one, by their JSON values.
+pub fn explain(
+    policies: &PolicySet,
+    schema: Option<&PolicySchema>,
+    input: &ExplainInput,
+) -> Explanation {
+    let mut spec = ToolSpec::new(input.tool.clone(), "", json!({}));
+    spec.kind = input.kind;
+    spec.exposure = input.exposure;
+    spec.namespace = input.namespace.clone();
+    spec.annotations = input.annotations.clone();
+    let facts = CallFacts {
+        paths: input.paths.clone(),
+        model: input.model.clone(),
+    };
+    let provenance = Provenance {
+        call_id: "explain".into(),
+        parent_call_id: input.parent_call_id.clone(),
+        depth: input.depth,
+        origin: input.origin,
+        script_id: None,
+        script_hash: input.script_hash.clone(),
+        session_id: input.session_id.clone(),
+        seq: None,
+        client: None,
+    };
+    let decision = decide(
+        policies,
+        schema,
+        &PolicyInput {
+            spec: &spec,
+            args: &input.args,
+            facts: &facts,
+            provenance: &provenance,
+            script: input.script,
+            session: input.session,
+        },
+    );
+    let policies_out: Vec<PolicyReason> = decision
+        .policy_ids()
+        .iter()
+        .map(|id| match policies.info(id) {
+            Some(i) => PolicyReason {
+                id: id.clone(),
+                file: i.file.clone(),
+                line: i.line,
+                effect: if i.permit { "permit" } else { "forbid" },
+                ask: i.ask.clone(),
+            },
+            None => PolicyReason {
+                id: id.clone(),
+                file: String::new(),
+                line: 0,
+                effect: "unknown",
+                ask: None,
+            },
+        })
+        .collect();
+    let summary = match &decision {
+        Decision::Allow { policy_ids } => format!("allowed by {}", policy_ids.join(", ")),
+        Decision::Ask { reason, .. } => format!("approval required: {reason}"),
+        Decision::Deny { message, .. } => message.clone(),
+    };
+    Explanation {
+        decision: decision.as_str(),
+        summary,
+        policies: policies_out,
+    }
+}

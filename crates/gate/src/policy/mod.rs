@@ -1,0 +1,326 @@
+//! Cedar policies: loading, validation against the generated schema, and decisions.
+//!
+//! A permit policy annotated `@ask("reason")` turns an allow into "ask a person". Nothing is
+//! allowed unless a policy permits it, and a policy that fails to evaluate denies the call.
+
+mod eval;
+mod schema;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use cedar_policy::{Effect, PolicyId, ValidationMode, Validator};
+use miette::Diagnostic;
+
+pub(crate) use eval::decide;
+pub use eval::{Counts, Decision, ExplainInput, Explanation, PolicyInput, PolicyReason, explain};
+pub use schema::PolicySchema;
+
+/// Default policies a new user can read and adapt: read-only tools permitted, writes and `bash`
+/// asked, everything else denied.
+pub const DEFAULT_POLICIES: &str = include_str!("../../policies/default.cedar");
+
+/// What was wrong with a policy file, with where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("cannot read policy file {file}: {message}")]
+    Read { file: String, message: String },
+    #[error("{file}:{line}:{column}: syntax error: {message}")]
+    Syntax {
+        file: String,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{file}:{line}:{column}: policy `{policy_id}` does not fit the schema: {message}")]
+    Invalid {
+        file: String,
+        line: usize,
+        column: usize,
+        policy_id: String,
+        message: String,
+    },
+    #[error("{file}: policy id `{id}` is used twice; give each policy its own @id(\"...\")")]
+    Duplicate { file: String, id: String },
+    #[error(
+        "{file}:{line}: policy `{policy_id}` is a permit, but this file may only narrow (forbid) because it comes from an untrusted project; trust the project or turn the policy into a forbid"
+    )]
+    NotForbidOnly {
+        file: String,
+        line: usize,
+        policy_id: String,
+    },
+    #[error("the generated Cedar schema is invalid (a bug in codemode-gate): {0}")]
+    Schema(String),
+}
+
+/// Facts about one policy, for explanations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PolicyInfo {
+    pub id: String,
+    pub file: String,
+    pub line: usize,
+    pub permit: bool,
+    pub ask: Option<String>,
+}
+
+/// A set of Cedar policies with where each came from.
+#[derive(Clone, Default)]
+pub struct PolicySet {
+    pub(crate) cedar: cedar_policy::PolicySet,
+    pub(crate) infos: Vec<PolicyInfo>,
+    /// Source text per file, to turn validation spans into lines.
+    texts: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for PolicySet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicySet")
+            .field("policies", &self.infos)
+            .finish()
+    }
+}
+
+impl PolicySet {
+    /// No policies: every call is denied.
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    /// The embedded default policies (also shipped as `crates/gate/policies/default.cedar`).
+    pub fn defaults() -> Self {
+        // The embedded file is checked by a test; failing here would be a build defect, and an
+        // empty set still fails closed.
+        Self::parse("default.cedar", DEFAULT_POLICIES).unwrap_or_default()
+    }
+
+    /// Parses policies from text; `file` names them in errors and ids.
+    pub fn parse(file: &str, text: &str) -> Result<Self, PolicyError> {
+        let mut set = PolicySet::default();
+        set.add_source(file, text, false)?;
+        Ok(set)
+    }
+
+    /// Reads and parses policy files, in order.
+    pub fn load_files(paths: &[PathBuf]) -> Result<Self, PolicyError> {
+        let mut set = PolicySet::default();
+        for p in paths {
+            set.add_file(p, false)?;
+        }
+        Ok(set)
+    }
+
+    /// Adds one file. With `forbid_only`, any permit policy is an error (untrusted project files
+    /// may only narrow).
+    pub fn add_file(&mut self, path: &Path, forbid_only: bool) -> Result<(), PolicyError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::Read {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        self.add_source(&file, &text, forbid_only)
+    }
+
+    /// Adds policies from text.
+    pub fn add_source(
+        &mut self,
+        file: &str,
+        text: &str,
+        forbid_only: bool,
+    ) -> Result<(), PolicyError> {
+        let parsed = cedar_policy::PolicySet::from_str(text).map_err(|e| {
+            let (line, column) = first_label(&e, text);
+            PolicyError::Syntax {
+                file: file.to_string(),
+                line,
+                column,
+                message: diagnostic_text(&e),
+            }
+        })?;
+        let short = Path::new(file)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| file.to_string());
+        let starts = policy_starts(text);
+        // Policies come back keyed `policy0`, `policy1`, ... in source order.
+        let mut policies: Vec<_> = parsed.policies().cloned().collect();
+        policies.sort_by_key(|p| {
+            p.id()
+                .to_string()
+                .trim_start_matches("policy")
+                .parse::<usize>()
+                .unwrap_or(usize::MAX)
+        });
+        for (n, policy) in policies.into_iter().enumerate() {
+            let id = policy
+                .annotation("id")
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{short}#{n}"));
+            let line = starts.get(n).copied().unwrap_or(1);
+            let permit = policy.effect() == Effect::Permit;
+            if forbid_only && permit {
+                return Err(PolicyError::NotForbidOnly {
+                    file: file.to_string(),
+                    line,
+                    policy_id: id,
+                });
+            }
+            let ask = policy.annotation("ask").map(str::to_string);
+            self.cedar
+                .add(policy.new_id(PolicyId::new(&id)))
+                .map_err(|_| PolicyError::Duplicate {
+                    file: file.to_string(),
+                    id: id.clone(),
+                })?;
+            self.infos.push(PolicyInfo {
+                id,
+                file: file.to_string(),
+                line,
+                permit,
+                ask,
+            });
+        }
+        self.texts.push((file.to_string(), text.to_string()));
+        Ok(())
+    }
+
+    /// Adds every policy of `other`.
+    pub fn extend(&mut self, other: PolicySet) -> Result<(), PolicyError> {
+        for (file, text) in other.texts {
+            let forbid_only = false;
+            self.add_source(&file, &text, forbid_only)?;
+        }
+        Ok(())
+    }
+
+    /// Ids of the policies, in load order.
+    pub fn ids(&self) -> Vec<String> {
+        self.infos.iter().map(|i| i.id.clone()).collect()
+    }
+
+    /// Type-checks every policy against the schema (strict mode). Reports the first problem with
+    /// its file and line; a policy that reads an attribute that does not exist fails here rather
+    /// than silently never matching.
+    pub fn validate(&self, schema: &PolicySchema) -> Result<(), PolicyError> {
+        let validator = Validator::new(schema.schema.clone());
+        let result = validator.validate(&self.cedar, ValidationMode::Strict);
+        if let Some(err) = result.validation_errors().next() {
+            let policy_id = err.policy_id().to_string();
+            let (file, text) = self
+                .infos
+                .iter()
+                .find(|i| i.id == policy_id)
+                .and_then(|i| self.texts.iter().find(|(f, _)| *f == i.file))
+                .map(|(f, t)| (f.clone(), t.as_str()))
+                .unwrap_or_default();
+            let (line, column) = first_label(err, text);
+            return Err(PolicyError::Invalid {
+                file,
+                line,
+                column,
+                policy_id,
+                message: diagnostic_text(err),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn info(&self, id: &str) -> Option<&PolicyInfo> {
+        self.infos.iter().find(|i| i.id == id)
+    }
+}
+
+/// Parses and type-checks one policy file against the schema of `registry`'s tools, as
+/// `codemode policy check FILE` does.
+pub fn check(file: &Path, registry: &crate::Registry) -> Result<(), PolicyError> {
+    let mut set = PolicySet::default();
+    set.add_file(file, false)?;
+    set.validate(&PolicySchema::for_registry(registry)?)
+}
+
+/// Message and help of a Cedar diagnostic, on one line.
+fn diagnostic_text(d: &dyn Diagnostic) -> String {
+    let mut out = d.to_string();
+    if let Some(related) = d.related() {
+        for r in related.take(3) {
+            out.push_str("; ");
+            out.push_str(&r.to_string());
+        }
+    }
+    if let Some(help) = d.help() {
+        out.push_str(&format!(" (hint: {help})"));
+    }
+    out
+}
+
+/// 1-based line and column of a diagnostic's first labelled span (searching related errors too).
+fn first_label(d: &dyn Diagnostic, text: &str) -> (usize, usize) {
+    let offset = d
+        .labels()
+        .and_then(|mut l| l.next())
+        .map(|l| l.offset())
+        .or_else(|| {
+            d.related()
+                .and_then(|mut r| r.find_map(|e| e.labels().and_then(|mut l| l.next())))
+                .map(|l| l.offset())
+        });
+    match offset {
+        Some(off) => line_col(text, off),
+        None => (1, 1),
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map(|s| s.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, column)
+}
+
+/// Line of each policy's first token (`permit`/`forbid` or its first annotation), in order.
+/// Comments and string contents are skipped so a word inside them does not count.
+fn policy_starts(text: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut at_policy_start = true;
+    let mut line = 1;
+    let mut chars = text.chars().peekable();
+    let mut in_string = false;
+    while let Some(c) = chars.next() {
+        if c == '\n' {
+            line += 1;
+        }
+        if in_string {
+            if c == '\\' {
+                chars.next();
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match c {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        line += 1;
+                        break;
+                    }
+                }
+            }
+            '"' => in_string = true,
+            ';' => at_policy_start = true,
+            c if c.is_whitespace() => {}
+            _ => {
+                if at_policy_start {
+                    starts.push(line);
+                    at_policy_start = false;
+                }
+            }
+        }
+    }
+    starts
+}

@@ -1,0 +1,235 @@
+//! The set of tools, their exposure and active state, read again at every call.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, Tool, ToolSpec, to_identifier};
+
+use crate::error::RegistryError;
+
+/// Name of the codemode tool itself: the one tool declared to the model in `only` mode.
+pub const CODEMODE_TOOL: &str = "codemode";
+
+/// One registered tool with the state the registry keeps about it.
+struct Entry {
+    tool: Arc<dyn Tool>,
+    exposure: Exposure,
+    active: bool,
+    /// Compiled once at registration; an invalid schema refuses calls instead of registration,
+    /// so one bad MCP tool does not take its server's other tools down.
+    validator: Arc<Result<jsonschema::Validator, String>>,
+}
+
+impl Entry {
+    fn spec(&self) -> ToolSpec {
+        let mut spec = self.tool.spec().clone();
+        spec.exposure = self.exposure;
+        spec
+    }
+
+    fn script_callable(&self) -> bool {
+        match self.exposure {
+            Exposure::Codemode | Exposure::Deferred => true,
+            Exposure::Direct => self.active,
+            Exposure::Hidden => false,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    tools: BTreeMap<String, Entry>,
+    namespaces: BTreeMap<String, NamespaceSpec>,
+}
+
+/// The tools behind the gate.
+///
+/// Shared by the gate and whoever manages tools (MCP connections, settings). Changes are visible
+/// to calls already in flight at their next resolve, because the gate resolves every call again
+/// against the registry instead of trusting a snapshot taken when a script started.
+#[derive(Default, Clone)]
+pub struct Registry {
+    inner: Arc<RwLock<Inner>>,
+}
+
+/// What resolve found: the tool, its effective spec and its validator.
+pub(crate) struct Resolved {
+    pub tool: Arc<dyn Tool>,
+    pub spec: ToolSpec,
+    pub active: bool,
+    pub validator: Arc<Result<jsonschema::Validator, String>>,
+}
+
+/// The outcome of looking a name up, before the caller's rights are considered.
+pub(crate) enum Lookup {
+    Found(Resolved),
+    Missing { suggestions: Vec<String> },
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Inner> {
+        // A poisoned lock means a panic elsewhere; the map itself is still consistent.
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a tool with the exposure its spec declares. Direct tools start active.
+    pub fn register(&self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
+        let spec = tool.spec().clone();
+        let mut inner = self.write();
+        if inner.tools.contains_key(&spec.name) {
+            return Err(RegistryError::Duplicate(spec.name));
+        }
+        if spec.exposure != Exposure::Hidden {
+            check_identifier(&inner, &spec.name, None)?;
+        }
+        let validator = Arc::new(
+            jsonschema::validator_for(&spec.input_schema)
+                .map_err(|e| format!("the tool's input schema is invalid: {e}")),
+        );
+        inner.tools.insert(
+            spec.name.clone(),
+            Entry {
+                tool,
+                exposure: spec.exposure,
+                active: spec.exposure == Exposure::Direct,
+                validator,
+            },
+        );
+        Ok(())
+    }
+
+    /// Withdraws a tool. Calls that already passed resolve finish; later calls find nothing.
+    pub fn remove(&self, name: &str) {
+        self.write().tools.remove(name);
+    }
+
+    /// Changes who may see and call a tool.
+    pub fn set_exposure(&self, name: &str, exposure: Exposure) -> Result<(), RegistryError> {
+        let mut inner = self.write();
+        if !inner.tools.contains_key(name) {
+            return Err(RegistryError::Unknown(name.to_string()));
+        }
+        if exposure != Exposure::Hidden {
+            check_identifier(&inner, name, Some(name))?;
+        }
+        if let Some(entry) = inner.tools.get_mut(name) {
+            if entry.exposure != Exposure::Direct && exposure == Exposure::Direct {
+                entry.active = true;
+            }
+            entry.exposure = exposure;
+        }
+        Ok(())
+    }
+
+    /// Activates or deactivates a direct tool (declared to the model, callable from scripts).
+    pub fn set_active(&self, name: &str, active: bool) -> Result<(), RegistryError> {
+        let mut inner = self.write();
+        let entry = inner
+            .tools
+            .get_mut(name)
+            .ok_or_else(|| RegistryError::Unknown(name.to_string()))?;
+        if entry.exposure != Exposure::Direct {
+            return Err(RegistryError::NotDirect {
+                name: name.to_string(),
+                exposure: entry.exposure.as_str().to_string(),
+            });
+        }
+        entry.active = active;
+        Ok(())
+    }
+
+    pub fn add_namespace(&self, ns: NamespaceSpec) {
+        self.write().namespaces.insert(ns.name.clone(), ns);
+    }
+
+    pub fn namespaces(&self) -> Vec<NamespaceSpec> {
+        self.read().namespaces.values().cloned().collect()
+    }
+
+    /// Every registered tool with its effective exposure, sorted by name.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.read().tools.values().map(Entry::spec).collect()
+    }
+
+    /// What a script may call now: codemode and deferred tools, and direct tools while active.
+    pub fn script_callable(&self) -> Vec<ToolSpec> {
+        self.read()
+            .tools
+            .values()
+            .filter(|e| e.script_callable())
+            .map(Entry::spec)
+            .collect()
+    }
+
+    /// What the model sees as its own tools: active direct tools in `on` mode; in `only` mode
+    /// nothing but the codemode tool.
+    pub fn model_declared(&self, mode: CodemodeMode) -> Vec<ToolSpec> {
+        self.read()
+            .tools
+            .iter()
+            .filter(|(name, e)| match mode {
+                CodemodeMode::On => {
+                    (e.exposure == Exposure::Direct && e.active) || name.as_str() == CODEMODE_TOOL
+                }
+                CodemodeMode::Only => name.as_str() == CODEMODE_TOOL,
+            })
+            .map(|(_, e)| e.spec())
+            .collect()
+    }
+
+    /// Finds a tool by its raw name, or by the identifier scripts write for it.
+    pub(crate) fn lookup(&self, name: &str) -> Lookup {
+        let inner = self.read();
+        let entry = inner.tools.get(name).or_else(|| {
+            inner
+                .tools
+                .values()
+                .find(|e| e.exposure != Exposure::Hidden && e.tool.spec().identifier() == name)
+        });
+        match entry {
+            Some(e) => Lookup::Found(Resolved {
+                tool: e.tool.clone(),
+                spec: e.spec(),
+                active: e.active,
+                validator: e.validator.clone(),
+            }),
+            None => {
+                let candidates: Vec<&str> = inner
+                    .tools
+                    .iter()
+                    .filter(|(_, e)| e.exposure != Exposure::Hidden)
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                Lookup::Missing {
+                    suggestions: crate::suggest::close_names(name, &candidates),
+                }
+            }
+        }
+    }
+}
+
+/// Refuses a second visible tool that scripts would reach under the same identifier.
+fn check_identifier(inner: &Inner, name: &str, skip: Option<&str>) -> Result<(), RegistryError> {
+    let identifier = to_identifier(name);
+    for (other, entry) in &inner.tools {
+        if Some(other.as_str()) == skip || entry.exposure == Exposure::Hidden {
+            continue;
+        }
+        if to_identifier(other) == identifier {
+            return Err(RegistryError::IdentifierCollision {
+                existing: other.clone(),
+                new: name.to_string(),
+                identifier,
+            });
+        }
+    }
+    Ok(())
+}
