@@ -1,0 +1,315 @@
+//! Printing types and declarations: [`render_type`], [`render_declaration`], [`tool_sample`].
+//!
+//! Layout aims at few tokens without losing anything the model needs: objects stay on one line
+//! while nothing needs a comment, a comment that fits rides at the end of its member's line, and
+//! the closing `;` before `}` is left out. Members are indented two spaces per level so nested
+//! objects read correctly.
+
+use codemode_spec::ToolSpec;
+use serde_json::Value;
+
+use crate::schema::{self, Object, Ty};
+use crate::text::{comment_lines, json_string};
+
+/// How [`render_type`] and [`render_declaration`] print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// Constraint tags (`@min 1`, `@pattern …`). Dropped first when a type is too long.
+    pub tags: bool,
+    /// Property descriptions as comments. Dropped second when a type is too long.
+    pub docs: bool,
+    /// Longest type, in characters, before details are dropped; past that with no details left the
+    /// type becomes `unknown` (which still lets the script call the tool).
+    pub max_chars: usize,
+}
+
+impl Default for RenderOptions {
+    fn default() -> Self {
+        RenderOptions {
+            tags: true,
+            docs: true,
+            max_chars: DEFAULT_MAX_TYPE_CHARS,
+        }
+    }
+}
+
+/// Same bound the reference uses for input types, so big schemas degrade at the same point.
+pub const DEFAULT_MAX_TYPE_CHARS: usize = 16_000;
+
+/// An object whose members fit on a line this long stays on one line.
+const INLINE_MAX_CHARS: usize = 110;
+const INDENT: &str = "  ";
+
+/// Converts a JSON Schema into a TypeScript type expression.
+///
+/// Accepts any JSON value: `true` and non-objects are `unknown`, `false` is `never`. Local `$ref`s
+/// resolve against `schema`; recursive, remote and missing ones are `unknown`. When the result is
+/// longer than `opts.max_chars`, it is printed again without tags, then without comments, and
+/// becomes `unknown` if still too long.
+pub fn render_type(schema: &Value, opts: &RenderOptions) -> String {
+    let ty = schema::build(schema);
+    print_bounded(&ty, opts)
+}
+
+fn print_bounded(ty: &Ty, opts: &RenderOptions) -> String {
+    let mut attempts = vec![(opts.tags, opts.docs)];
+    if opts.tags {
+        attempts.push((false, opts.docs));
+    }
+    if opts.docs {
+        attempts.push((false, false));
+    }
+    for (tags, docs) in attempts {
+        let text = Printer { tags, docs }.ty(ty, 0);
+        if text.len() <= opts.max_chars {
+            return text;
+        }
+    }
+    "unknown".to_string()
+}
+
+/// One tool as a member of `tools`: its description as `//` comment lines, then
+/// `name(args: T): Promise<R>;`. A tool without an output schema resolves to its text, hence
+/// `Promise<string>`.
+pub fn render_declaration(spec: &ToolSpec, opts: &RenderOptions) -> String {
+    let mut out = String::new();
+    if opts.docs {
+        push_comment(&mut out, &comment_lines(&spec.description), "");
+    }
+    out.push_str(&signature(spec, &spec.identifier(), opts));
+    out
+}
+
+/// What `ALL_TOOLS`, `describeTool` and `searchTools` show for one tool: the description as prose,
+/// then its declaration in a TypeScript block.
+pub fn tool_sample(spec: &ToolSpec) -> String {
+    sample_with_key(spec, &spec.identifier())
+}
+
+pub(crate) fn sample_with_key(spec: &ToolSpec, key: &str) -> String {
+    let description = spec.description.trim();
+    let declaration = signature(spec, key, &RenderOptions::default());
+    let block = format!("```ts\ndeclare const tools: {{\n{declaration}\n}};\n```");
+    if description.is_empty() {
+        block
+    } else {
+        format!("{description}\n\n{block}")
+    }
+}
+
+/// `key(args: T): Promise<R>;` where `key` is the identifier, or the quoted raw name when the
+/// identifier is shared with another tool.
+pub(crate) fn signature(spec: &ToolSpec, key: &str, opts: &RenderOptions) -> String {
+    let input = render_type(&spec.input_schema, opts);
+    // Tags describe what a caller must send; on results they only cost tokens.
+    let output_opts = RenderOptions {
+        tags: false,
+        ..opts.clone()
+    };
+    let output = match &spec.output_schema {
+        None => "string".to_string(),
+        Some(schema) => render_type(schema, &output_opts),
+    };
+    format!("{key}(args: {input}): Promise<{output}>;")
+}
+
+/// The member key for a tool: its identifier, or its JSON-quoted raw name.
+pub(crate) fn quoted_key(name: &str) -> String {
+    json_string(name)
+}
+
+/// Appends `// line` for each line (blank lines as `//`), each prefixed by `indent`.
+pub(crate) fn push_comment(out: &mut String, lines: &[String], indent: &str) {
+    for line in lines {
+        out.push_str(indent);
+        if line.is_empty() {
+            out.push_str("//\n");
+        } else {
+            out.push_str("// ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+}
+
+struct Printer {
+    tags: bool,
+    docs: bool,
+}
+
+impl Printer {
+    fn ty(&self, ty: &Ty, level: usize) -> String {
+        match ty {
+            Ty::Unknown => "unknown".into(),
+            Ty::Never => "never".into(),
+            Ty::Atom(text) => text.clone(),
+            Ty::Union(members) => {
+                let mut parts: Vec<String> = Vec::with_capacity(members.len());
+                for member in members {
+                    let text = self.ty(member, level);
+                    let text = match member {
+                        Ty::Intersection(_) => format!("({text})"),
+                        _ => text,
+                    };
+                    if !parts.contains(&text) {
+                        parts.push(text);
+                    }
+                }
+                parts.join(" | ")
+            }
+            Ty::Intersection(parts) => parts
+                .iter()
+                .map(|part| {
+                    let text = self.ty(part, level);
+                    match part {
+                        Ty::Union(_) => format!("({text})"),
+                        _ => text,
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" & "),
+            Ty::Array(item) => self.element(item, level) + "[]",
+            Ty::Tuple { items, rest } => {
+                let mut parts: Vec<String> = items.iter().map(|i| self.ty(i, level)).collect();
+                if let Some(rest) = rest {
+                    parts.push(format!("...{}[]", self.element(rest, level)));
+                }
+                format!("[{}]", parts.join(", "))
+            }
+            Ty::Object(object) => self.object(object, level),
+        }
+    }
+
+    /// An array element, parenthesized when `[]` would otherwise bind to its last member.
+    fn element(&self, item: &Ty, level: usize) -> String {
+        let text = self.ty(item, level);
+        match item {
+            Ty::Union(_) | Ty::Intersection(_) => format!("({text})"),
+            _ => text,
+        }
+    }
+
+    fn object(&self, object: &Object, level: usize) -> String {
+        if object.props.is_empty() {
+            return match &object.index {
+                None => "{}".into(),
+                Some(index) => format!("Record<string, {}>", self.ty(index, level)),
+            };
+        }
+        let members: Vec<(String, String, Vec<String>)> = object
+            .props
+            .iter()
+            .map(|prop| {
+                let ty = self.ty(&prop.ty, level + 1);
+                let head = format!("{}{}: {ty}", prop.key, if prop.optional { "?" } else { "" });
+                let mut comment: Vec<String> = if self.docs {
+                    prop.doc.clone()
+                } else {
+                    Vec::new()
+                };
+                if self.tags && !prop.tags.is_empty() {
+                    let tags = prop.tags.join(" ");
+                    match comment.last_mut() {
+                        Some(last) if !last.is_empty() => {
+                            last.push(' ');
+                            last.push_str(&tags);
+                        }
+                        _ => comment.push(tags),
+                    }
+                }
+                (head, ty, comment)
+            })
+            .collect();
+        let index = object
+            .index
+            .as_ref()
+            .map(|i| format!("[key: string]: {}", self.ty(i, level + 1)));
+
+        let plain = members
+            .iter()
+            .all(|(head, _, comment)| comment.is_empty() && !head.contains('\n'));
+        if plain {
+            let mut parts: Vec<&str> = members.iter().map(|(h, _, _)| h.as_str()).collect();
+            if let Some(index) = &index {
+                parts.push(index);
+            }
+            let line = format!("{{ {} }}", parts.join("; "));
+            if line.len() <= INLINE_MAX_CHARS {
+                return line;
+            }
+        }
+
+        let pad = INDENT.repeat(level + 1);
+        let mut out = String::from("{\n");
+        for (head, ty, comment) in &members {
+            if comment.len() == 1 && !ty.contains('\n') {
+                out.push_str(&format!("{pad}{head}; // {}\n", comment[0]));
+            } else {
+                push_comment(&mut out, comment, &pad);
+                out.push_str(&format!("{pad}{head};\n"));
+            }
+        }
+        if let Some(index) = index {
+            out.push_str(&format!("{pad}{index};\n"));
+        }
+        out.push_str(&INDENT.repeat(level));
+        out.push('}');
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ts(schema: Value) -> String {
+        render_type(&schema, &RenderOptions::default())
+    }
+
+    #[test]
+    fn primitives_and_literals() {
+        assert_eq!(ts(json!(true)), "unknown");
+        assert_eq!(ts(json!(false)), "never");
+        assert_eq!(ts(json!(42)), "unknown");
+        assert_eq!(ts(json!({"type": ["string", "null"]})), "string | null");
+        assert_eq!(ts(json!({"enum": ["a", 1, null]})), "\"a\" | 1 | null");
+        assert_eq!(ts(json!({"const": "x"})), "\"x\"");
+    }
+
+    #[test]
+    fn objects_sort_quote_and_index() {
+        let t = ts(
+            json!({"type": "object", "properties": {"b": {"type": "number"}, "a-b": {"type": "string"}}, "required": ["b"]}),
+        );
+        assert_eq!(t, "{ \"a-b\"?: string; b: number }");
+        assert_eq!(ts(json!({"type": "object"})), "Record<string, unknown>");
+        assert_eq!(ts(json!({"type": "object", "properties": {}})), "{}");
+        let t = ts(
+            json!({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "number"}}),
+        );
+        assert_eq!(t, "{ a?: string } & Record<string, number>");
+    }
+
+    #[test]
+    fn arrays_and_tuples() {
+        assert_eq!(
+            ts(json!({"type": "array", "items": {"type": ["string", "number"]}})),
+            "(string | number)[]"
+        );
+        assert_eq!(
+            ts(json!({"prefixItems": [{"type": "string"}, {"type": "number"}], "items": false})),
+            "[string, number]"
+        );
+        assert_eq!(ts(json!({"type": "array"})), "unknown[]");
+    }
+
+    #[test]
+    fn refs_and_recursion() {
+        let t = ts(
+            json!({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}),
+        );
+        assert_eq!(t, "{ next?: unknown }");
+        assert_eq!(ts(json!({"$ref": "http://example.com/x"})), "unknown");
+    }
+}

@@ -1,0 +1,492 @@
+//! `searchTools`, `describeTool`, `describeNamespace`: finding tools that are not listed.
+//!
+//! Ranking is BM25 over three fields with different weights: the tool name (most telling), the
+//! text (description, parameter names and descriptions) and the namespace text (least). Results
+//! are ordered by exact name match, then by how many query words they cover, then by score, so a
+//! query naming a tool always finds it first.
+
+use std::collections::HashMap;
+
+use codemode_spec::{Exposure, NamespaceSpec, ToolSpec, to_identifier};
+use serde_json::{Map, Value, json};
+
+use crate::description::sorted_unique;
+use crate::identifiers::{IdentifierCollision, identifier_collisions, member_key};
+use crate::render::sample_with_key;
+
+/// Results returned when the caller does not say.
+pub const DEFAULT_SEARCH_LIMIT: usize = 8;
+
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+/// Field weights, in the order name, text (description and parameters), namespace.
+const FIELD_WEIGHTS: [f64; FIELDS] = [3.0, 1.0, 0.5];
+const FIELDS: usize = 3;
+/// Schema properties read for the text field; bounds work on huge schemas.
+const MAX_SCHEMA_WORDS_NODES: usize = 2_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchOptions {
+    /// Most results to return; must be at least 1.
+    pub limit: usize,
+    /// Only tools of this namespace (by name, by identifier, or by the part after `mcp__`).
+    pub namespace: Option<String>,
+}
+
+impl Default for SearchOptions {
+    fn default() -> Self {
+        SearchOptions {
+            limit: DEFAULT_SEARCH_LIMIT,
+            namespace: None,
+        }
+    }
+}
+
+/// One search result, as `searchTools` returns it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchHit {
+    /// The raw tool name.
+    pub name: String,
+    /// What a script writes after `tools.`.
+    pub identifier: String,
+    /// The tool's sample ([`crate::tool_sample`]).
+    pub description: String,
+    pub score: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SearchError {
+    #[error(
+        "searchTools() needs words to search for, got an empty query; pass a topic such as searchTools(\"read file\")"
+    )]
+    EmptyQuery,
+    #[error(
+        "searchTools() limit must be a positive integer, got 0; omit it for {DEFAULT_SEARCH_LIMIT} results"
+    )]
+    InvalidLimit,
+}
+
+struct Doc {
+    tool: ToolSpec,
+    identifier: String,
+    sample: String,
+    /// Normalized names a query may equal exactly: raw name, identifier, local name.
+    exact_names: Vec<String>,
+    /// Terms of the local name (after the last `__`), for the whole-name bonus.
+    local_terms: Vec<String>,
+    lengths: [usize; FIELDS],
+}
+
+/// A search index over the callable tools (hidden tools are left out).
+pub struct ToolIndex {
+    docs: Vec<Doc>,
+    namespaces: Vec<NamespaceSpec>,
+    /// term → (doc, field, term frequency)
+    postings: HashMap<String, Vec<(usize, usize, u32)>>,
+    /// term → number of docs containing it in any field
+    doc_freq: HashMap<String, usize>,
+    average_lengths: [f64; FIELDS],
+    collisions: Vec<IdentifierCollision>,
+}
+
+impl ToolIndex {
+    /// Indexes `tools`. Registration order does not matter: tools are sorted by name.
+    pub fn new(tools: &[ToolSpec], namespaces: &[NamespaceSpec]) -> ToolIndex {
+        let tools: Vec<ToolSpec> = sorted_unique(tools)
+            .into_iter()
+            .filter(|t| t.exposure != Exposure::Hidden)
+            .cloned()
+            .collect();
+        let collisions = identifier_collisions(&tools);
+        let mut postings: HashMap<String, Vec<(usize, usize, u32)>> = HashMap::new();
+        let mut doc_freq: HashMap<String, usize> = HashMap::new();
+        let mut totals = [0usize; FIELDS];
+        let mut docs = Vec::with_capacity(tools.len());
+
+        for (index, tool) in tools.into_iter().enumerate() {
+            let namespace = tool
+                .namespace
+                .as_ref()
+                .map(|n| namespace_text(n, namespaces))
+                .unwrap_or_default();
+            let texts = [tool.name.clone(), tool_text(&tool), namespace];
+            let mut lengths = [0usize; FIELDS];
+            let mut seen_in_doc: Vec<String> = Vec::new();
+            for (field, text) in texts.iter().enumerate() {
+                let terms = tokenize(text);
+                lengths[field] = terms.len();
+                totals[field] += terms.len();
+                let mut counts: HashMap<String, u32> = HashMap::new();
+                for term in terms {
+                    *counts.entry(term).or_default() += 1;
+                }
+                let mut counts: Vec<(String, u32)> = counts.into_iter().collect();
+                counts.sort();
+                for (term, tf) in counts {
+                    if !seen_in_doc.contains(&term) {
+                        seen_in_doc.push(term.clone());
+                        *doc_freq.entry(term.clone()).or_default() += 1;
+                    }
+                    postings.entry(term).or_default().push((index, field, tf));
+                }
+            }
+            let identifier = tool.identifier();
+            let local = tool
+                .name
+                .rsplit("__")
+                .next()
+                .unwrap_or(&tool.name)
+                .to_string();
+            let key = member_key(&tool, &collisions);
+            docs.push(Doc {
+                sample: sample_with_key(&tool, &key),
+                exact_names: vec![
+                    normalize(&tool.name),
+                    normalize(&identifier),
+                    normalize(&local),
+                ],
+                local_terms: tokenize(&local),
+                identifier,
+                lengths,
+                tool,
+            });
+        }
+        let count = docs.len().max(1) as f64;
+        let average_lengths = totals.map(|t| (t as f64 / count).max(1.0));
+        ToolIndex {
+            docs,
+            namespaces: namespaces.to_vec(),
+            postings,
+            doc_freq,
+            average_lengths,
+            collisions,
+        }
+    }
+
+    /// Ranks the tools for `query`. An empty (or blank) query and a zero limit are errors; a query
+    /// of only stop words finds nothing. Long queries are fine: each distinct word is scored once.
+    pub fn search(&self, query: &str, opts: &SearchOptions) -> Result<Vec<SearchHit>, SearchError> {
+        if query.trim().is_empty() {
+            return Err(SearchError::EmptyQuery);
+        }
+        if opts.limit == 0 {
+            return Err(SearchError::InvalidLimit);
+        }
+        let mut terms = tokenize(query);
+        terms.sort();
+        terms.dedup();
+        let exact = normalize(query);
+        let n = self.docs.len() as f64;
+
+        let mut scores: HashMap<usize, (f64, usize)> = HashMap::new();
+        let mut matched: HashMap<usize, Vec<&str>> = HashMap::new();
+        for term in &terms {
+            let Some(postings) = self.postings.get(term) else {
+                continue;
+            };
+            let df = self.doc_freq.get(term).copied().unwrap_or(0) as f64;
+            let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+            for &(doc, field, tf) in postings {
+                let tf = f64::from(tf);
+                let length = self.docs[doc].lengths[field] as f64;
+                let norm = 1.0 - B + B * length / self.average_lengths[field];
+                let score = FIELD_WEIGHTS[field] * idf * tf * (K1 + 1.0) / (tf + K1 * norm);
+                scores.entry(doc).or_default().0 += score;
+                let seen = matched.entry(doc).or_default();
+                if !seen.contains(&term.as_str()) {
+                    seen.push(term);
+                }
+            }
+        }
+
+        let mut ranked: Vec<(bool, usize, f64, usize)> = Vec::new();
+        for (doc_index, doc) in self.docs.iter().enumerate() {
+            if let Some(namespace) = &opts.namespace {
+                if !doc
+                    .tool
+                    .namespace
+                    .as_deref()
+                    .is_some_and(|n| namespace_matches(n, namespace))
+                {
+                    continue;
+                }
+            }
+            let is_exact = !exact.is_empty() && doc.exact_names.contains(&exact);
+            let Some((mut score, _)) = scores.get(&doc_index).copied() else {
+                if is_exact {
+                    ranked.push((true, 0, 0.0, doc_index));
+                }
+                continue;
+            };
+            let covered = matched.get(&doc_index).map_or(0, Vec::len);
+            if !doc.local_terms.is_empty() && doc.local_terms.iter().all(|t| terms.contains(t)) {
+                for term in &doc.local_terms {
+                    let df = self.doc_freq.get(term).copied().unwrap_or(0) as f64;
+                    score += (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+                }
+            }
+            ranked.push((is_exact, covered, score, doc_index));
+        }
+        ranked.sort_by(|a, b| {
+            b.0.cmp(&a.0)
+                .then(b.1.cmp(&a.1))
+                .then(b.2.total_cmp(&a.2))
+                .then(a.3.cmp(&b.3))
+        });
+        Ok(ranked
+            .into_iter()
+            .take(opts.limit)
+            .map(|(_, _, score, doc)| {
+                let doc = &self.docs[doc];
+                SearchHit {
+                    name: doc.tool.name.clone(),
+                    identifier: doc.identifier.clone(),
+                    description: doc.sample.clone(),
+                    score,
+                }
+            })
+            .collect())
+    }
+
+    /// The sample of the tool whose raw name, or else identifier, is `name_or_identifier`. When
+    /// several tools share the identifier, all their samples, each saying how to call it.
+    pub fn describe_tool(&self, name_or_identifier: &str) -> Option<String> {
+        if let Some(doc) = self.docs.iter().find(|d| d.tool.name == name_or_identifier) {
+            return Some(doc.sample.clone());
+        }
+        let by_identifier: Vec<&Doc> = self
+            .docs
+            .iter()
+            .filter(|d| d.identifier == name_or_identifier)
+            .collect();
+        match by_identifier.as_slice() {
+            [] => None,
+            [one] => Some(one.sample.clone()),
+            many => {
+                let names: Vec<&str> = many.iter().map(|d| d.tool.name.as_str()).collect();
+                let mut out = format!(
+                    "`tools.{name_or_identifier}` is ambiguous: {} tools share it ({}). Call each by its raw name.",
+                    many.len(),
+                    names.join(", ")
+                );
+                for doc in many {
+                    out.push_str("\n\n");
+                    out.push_str(&doc.sample);
+                }
+                Some(out)
+            }
+        }
+    }
+
+    /// `{name, description?, instructions?, tools: [identifiers]}` for the first namespace whose
+    /// name matches (literally, as an identifier, or by the part after `mcp__`), else `None`.
+    pub fn describe_namespace(&self, name: &str) -> Option<Value> {
+        let mut candidates: Vec<NamespaceSpec> = self.namespaces.clone();
+        for doc in &self.docs {
+            if let Some(ns) = &doc.tool.namespace {
+                if !candidates.iter().any(|c| &c.name == ns) {
+                    candidates.push(NamespaceSpec {
+                        name: ns.clone(),
+                        ..NamespaceSpec::default()
+                    });
+                }
+            }
+        }
+        candidates.sort_by(|a, b| a.name.cmp(&b.name));
+        let found = candidates
+            .iter()
+            .find(|c| c.name == name)
+            .or_else(|| candidates.iter().find(|c| namespace_matches(&c.name, name)))?;
+        let mut out = Map::new();
+        out.insert("name".into(), json!(found.name));
+        if let Some(description) = &found.description {
+            out.insert("description".into(), json!(description));
+        }
+        if let Some(instructions) = &found.instructions {
+            out.insert("instructions".into(), json!(instructions));
+        }
+        let tools: Vec<Value> = self
+            .docs
+            .iter()
+            .filter(|d| d.tool.namespace.as_deref() == Some(found.name.as_str()))
+            .map(|d| json!(d.identifier))
+            .collect();
+        out.insert("tools".into(), Value::Array(tools));
+        Some(Value::Object(out))
+    }
+
+    /// Every indexed tool as `ALL_TOOLS` lists it, sorted by name (score 0).
+    pub fn all_tools(&self) -> Vec<SearchHit> {
+        self.docs
+            .iter()
+            .map(|d| SearchHit {
+                name: d.tool.name.clone(),
+                identifier: d.identifier.clone(),
+                description: d.sample.clone(),
+                score: 0.0,
+            })
+            .collect()
+    }
+
+    /// Identifiers shared by several tools among the indexed ones.
+    pub fn collisions(&self) -> &[IdentifierCollision] {
+        &self.collisions
+    }
+}
+
+/// `dev-radius` matches `mcp__dev_radius`: equal as identifiers, or equal to the part after `__`.
+fn namespace_matches(namespace: &str, query: &str) -> bool {
+    let ns = to_identifier(namespace);
+    let q = to_identifier(query);
+    namespace == query || ns == q || ns.strip_suffix(&q).is_some_and(|head| head.ends_with("__"))
+}
+
+fn namespace_text(name: &str, namespaces: &[NamespaceSpec]) -> String {
+    let mut text = name.to_string();
+    if let Some(ns) = namespaces.iter().find(|n| n.name == name) {
+        for part in [&ns.description, &ns.instructions].into_iter().flatten() {
+            text.push(' ');
+            text.push_str(part);
+        }
+    }
+    text
+}
+
+/// The description plus parameter names and descriptions, a bounded walk of the input schema.
+fn tool_text(tool: &ToolSpec) -> String {
+    let mut text = tool.description.clone();
+    let mut budget = MAX_SCHEMA_WORDS_NODES;
+    schema_words(&tool.input_schema, &mut text, &mut budget, 0);
+    text
+}
+
+fn schema_words(schema: &Value, out: &mut String, budget: &mut usize, depth: usize) {
+    if depth > 4 || *budget == 0 {
+        return;
+    }
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return;
+    };
+    for (name, property) in properties {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        out.push(' ');
+        out.push_str(name);
+        if let Some(description) = property.get("description").and_then(Value::as_str) {
+            out.push(' ');
+            out.push_str(description);
+        }
+        schema_words(property, out, budget, depth + 1);
+        if let Some(items) = property.get("items") {
+            schema_words(items, out, budget, depth + 1);
+        }
+    }
+}
+
+/// Lower-case letters and digits only: how exact-name matches compare.
+fn normalize(text: &str) -> String {
+    text.chars()
+        .filter(|c| c.is_alphanumeric())
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+const STOP_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "in", "is", "it", "of", "on",
+    "or", "that", "the", "this", "to", "with",
+];
+
+/// Search terms: words split at non-alphanumerics and camelCase humps (`readFile`, `HTTPServer`,
+/// `snake_case`, `kebab-case`), lower-cased, stop words removed, simple plurals made singular.
+/// Ideographic and kana characters are terms on their own, since those scripts do not use spaces.
+pub(crate) fn tokenize(text: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let chars: Vec<char> = text.chars().collect();
+    let mut current = String::new();
+    for (i, &ch) in chars.iter().enumerate() {
+        if is_cjk(ch) {
+            flush(&mut current, &mut words);
+            words.push(ch.to_string());
+            continue;
+        }
+        if !ch.is_alphanumeric() {
+            flush(&mut current, &mut words);
+            continue;
+        }
+        if ch.is_uppercase() && i > 0 {
+            let prev = chars[i - 1];
+            let next_lower = chars.get(i + 1).is_some_and(|c| c.is_lowercase());
+            if prev.is_lowercase() || prev.is_ascii_digit() || (prev.is_uppercase() && next_lower) {
+                flush(&mut current, &mut words);
+            }
+        }
+        current.push(ch);
+    }
+    flush(&mut current, &mut words);
+    words
+        .into_iter()
+        .map(|w| w.to_lowercase())
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+        .map(singular)
+        .collect()
+}
+
+fn flush(current: &mut String, words: &mut Vec<String>) {
+    if !current.is_empty() {
+        words.push(std::mem::take(current));
+    }
+}
+
+fn is_cjk(ch: char) -> bool {
+    matches!(ch as u32,
+        0x3040..=0x30FF | 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0x20000..=0x2FA1F)
+}
+
+fn singular(word: String) -> String {
+    if let Some(stem) = word.strip_suffix("ies") {
+        if stem.chars().count() >= 2 {
+            return format!("{stem}y");
+        }
+    }
+    for suffix in ["ches", "shes", "sses", "xes", "zes"] {
+        if word.ends_with(suffix) {
+            return word[..word.len() - 2].to_string();
+        }
+    }
+    if word.ends_with('s') && !word.ends_with("ss") && word.chars().count() > 3 {
+        return word[..word.len() - 1].to_string();
+    }
+    word
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizer_splits_cases_and_singularizes() {
+        assert_eq!(
+            tokenize("readFile HTTPServer"),
+            vec!["read", "file", "http", "server"]
+        );
+        assert_eq!(
+            tokenize("search_issues list-directories"),
+            vec!["search", "issue", "list", "directory"]
+        );
+        assert_eq!(tokenize("The boxes of Ärger"), vec!["box", "ärger"]);
+        assert_eq!(
+            tokenize("ファイル読む"),
+            vec!["フ", "ァ", "イ", "ル", "読", "む"]
+        );
+        assert_eq!(tokenize("class address"), vec!["class", "address"]);
+    }
+
+    #[test]
+    fn namespace_aliases() {
+        assert!(namespace_matches("mcp__dev_radius", "dev-radius"));
+        assert!(namespace_matches("mcp__dev_radius", "mcp__dev-radius"));
+        assert!(!namespace_matches("mcp__dev_radius", "radius"));
+    }
+}

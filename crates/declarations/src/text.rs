@@ -1,0 +1,107 @@
+//! Making arbitrary text safe inside the declarations we print.
+//!
+//! Descriptions come from MCP servers and users, so they may hold anything: comment terminators,
+//! control characters, line separators, markdown fences. Every piece of foreign text passes through
+//! here before it lands in a `//` comment or a property key.
+
+/// Splits `text` into lines that are safe inside a `//` comment of a TypeScript block that itself
+/// sits in a markdown code fence.
+///
+/// Every line terminator JavaScript knows ends a line (otherwise the rest would become code); other
+/// control characters become spaces; ```` ``` ```` is broken up so it cannot close the fence; `*/` is
+/// escaped so the text is also safe in a block comment. Runs of blank lines collapse to one, and
+/// leading and trailing blank lines are dropped.
+pub(crate) fn comment_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut current = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '\r' => {
+                if chars.peek() == Some(&'\n') {
+                    chars.next();
+                }
+                lines.push(std::mem::take(&mut current));
+            }
+            '\n' | '\u{2028}' | '\u{2029}' | '\u{85}' => lines.push(std::mem::take(&mut current)),
+            c if c.is_control() => current.push(' '),
+            c => current.push(c),
+        }
+    }
+    lines.push(current);
+
+    let mut out: Vec<String> = Vec::with_capacity(lines.len());
+    for line in lines {
+        let cleaned = line.trim_end().replace("*/", "*\\/").replace("```", "'''");
+        if cleaned.trim().is_empty() {
+            if out.last().is_some_and(|l| !l.is_empty()) {
+                out.push(String::new());
+            }
+        } else {
+            out.push(cleaned);
+        }
+    }
+    while out.last().is_some_and(|l| l.is_empty()) {
+        out.pop();
+    }
+    out
+}
+
+/// One line of foreign text (a tag value such as a pattern or a default): line terminators and
+/// other control characters are written as `\uXXXX` so the value stays on its line and stays exact.
+pub(crate) fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        if ch.is_control() || ch == '\u{2028}' || ch == '\u{2029}' {
+            out.push_str(&format!("\\u{:04x}", ch as u32));
+        } else {
+            out.push(ch);
+        }
+    }
+    out.replace("*/", "*\\/").replace("```", "'''")
+}
+
+/// True when `key` can stand unquoted as a property name: an ASCII identifier. Reserved words are
+/// fine as property names in TypeScript, so they need no quotes.
+pub(crate) fn is_plain_key(key: &str) -> bool {
+    codemode_spec::is_identifier(key)
+}
+
+/// A property key as TypeScript writes it: bare when it is an identifier, JSON-quoted otherwise.
+pub(crate) fn property_key(key: &str) -> String {
+    if is_plain_key(key) {
+        key.to_string()
+    } else {
+        json_string(key)
+    }
+}
+
+/// A JSON string literal, which is also a valid TypeScript string literal.
+pub(crate) fn json_string(text: &str) -> String {
+    // Serializing a &str cannot fail; the fallback keeps the promise of never panicking anyway.
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_every_line_terminator_and_neutralizes_markers() {
+        let lines = comment_lines("a\r\nb\rc\u{2028}d */ ```x\u{7}y\n\n\n\ne\n\n");
+        assert_eq!(lines, vec!["a", "b", "c", "d *\\/ '''x y", "", "e"]);
+    }
+
+    #[test]
+    fn one_line_escapes_controls() {
+        assert_eq!(one_line("a\nb\u{2028}"), "a\\u000ab\\u2028");
+    }
+
+    #[test]
+    fn keys_are_quoted_only_when_needed() {
+        assert_eq!(property_key("path"), "path");
+        assert_eq!(property_key("delete"), "delete");
+        assert_eq!(property_key("old-name"), "\"old-name\"");
+        assert_eq!(property_key("a\"b"), "\"a\\\"b\"");
+    }
+}
