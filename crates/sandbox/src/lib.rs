@@ -1,1 +1,159 @@
-//! placeholder
+//! `codemode-sandbox` runs one untrusted, model-written JavaScript script in native QuickJS.
+//!
+//! The sandbox knows nothing of what a tool means: a script's only powers are calls into a
+//! [`Host`]. Each script gets a fresh VM (prepared ahead of time on a worker thread and thrown
+//! away afterwards), its own limits, and an environment compatible with the reference codemode:
+//! `tools`, `ALL_TOOLS`, `text`, `image`, `console`, `exit`, `store`/`load` and host globals.
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # use codemode_sandbox::*;
+//! # async fn demo(host: Arc<dyn Host>) -> Result<(), SandboxError> {
+//! let sandbox = Sandbox::new(SandboxConfig::default())?;
+//! let script = Script::new("return await tools.echo({ hi: 1 })", host).with_tools([("echo", "Echo")]);
+//! let result = sandbox.run(script).await;
+//! let text = render_model_text(&result, result.limits.max_output_tokens);
+//! # Ok(()) }
+//! ```
+
+mod bridge;
+mod driver;
+mod host;
+mod limits;
+mod model_text;
+mod pool;
+mod replay;
+mod result;
+mod setup;
+mod source;
+mod vm;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use codemode_spec::to_identifier;
+pub use host::{Determinism, Host, HostCall, HostCallKind, HostError, Script, ToolEntry};
+pub use limits::{Limits, SandboxConfig};
+pub use model_text::{render_model_text, ModelText};
+pub use replay::LogEntry;
+pub use result::{
+    CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError, ScriptResult, StoreWrite,
+};
+pub use source::{parse_source, ParsedSource, ScriptOptions, SourceError};
+
+use pool::{Job, Pool};
+
+/// The configuration cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("invalid sandbox configuration: {0}")]
+    Config(String),
+}
+
+struct Inner {
+    config: SandboxConfig,
+    pool: Arc<Pool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.pool.shutdown();
+    }
+}
+
+/// Runs scripts on a pool of worker threads. Cheap to clone; all clones share the pool.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Starts `config.warm` workers, each preparing a VM right away.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        if config.max_concurrent == 0 {
+            return Err(SandboxError::Config(
+                "max_concurrent must be at least 1".into(),
+            ));
+        }
+        let d = config.defaults.clamped_to(&config.maximum);
+        if d.heap_bytes < 1024 * 1024 || d.stack_bytes < 64 * 1024 {
+            return Err(SandboxError::Config(
+                "heap_bytes must be at least 1 MiB and stack_bytes at least 64 KiB".into(),
+            ));
+        }
+        let pool = Pool::new(
+            config.warm,
+            config.max_concurrent,
+            config.maximum.stack_bytes,
+        );
+        Ok(Sandbox {
+            inner: Arc::new(Inner { config, pool }),
+        })
+    }
+
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.config
+    }
+
+    /// Runs one script. Never fails as a future: every failure is a result with `ok: false`.
+    /// The future is `Send + 'static`, so any tokio runtime can await it.
+    pub fn run(&self, script: Script) -> impl Future<Output = ScriptResult> + Send + 'static {
+        let inner = self.inner.clone();
+        async move {
+            let started = Instant::now();
+            let cfg = &inner.config;
+            let parsed = match parse_source(&script.source) {
+                Ok(p) => p,
+                Err(e) => {
+                    let mut r = ScriptResult::failed(
+                        ScriptError {
+                            kind: ErrorKind::Script,
+                            name: Some("SourceError".into()),
+                            message: e.message,
+                            stack: None,
+                        },
+                        ScriptOptions::default(),
+                        cfg.defaults.clamped_to(&cfg.maximum),
+                    );
+                    r.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+                    return r;
+                }
+            };
+            let limits = Limits::effective(&cfg.defaults, &cfg.maximum, &parsed.options);
+            let options = parsed.options.clone();
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job = Job {
+                script,
+                parsed,
+                limits: limits.clone(),
+                started,
+                reply: tx,
+            };
+            let fail = |message: &str| {
+                let mut r = ScriptResult::failed(
+                    ScriptError::new(ErrorKind::Sandbox, message),
+                    options.clone(),
+                    limits.clone(),
+                );
+                r.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+                r
+            };
+            if Pool::submit(&inner.pool, job).is_err() {
+                return fail("No sandbox worker could be started for this script.");
+            }
+            match rx.await {
+                Ok(r) => r,
+                Err(_) => fail("The sandbox worker stopped before the script finished."),
+            }
+        }
+    }
+}

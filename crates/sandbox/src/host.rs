@@ -1,0 +1,136 @@
+//! What a script may call: the host, and the description of one script run.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use codemode_spec::DeadlineClock;
+use futures::future::LocalBoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+/// The sandbox's only power: every `tools.x(...)` and host global call lands here.
+///
+/// The returned future is polled on the script's own worker thread (that is what makes a call
+/// cheap), so it need not be `Send`; it may hop to another runtime itself if it has to.
+pub trait Host: Send + Sync + 'static {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>>;
+}
+
+/// Whether a call came from `tools.<name>` or from a host global such as `models.classify`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostCallKind {
+    Tool,
+    Global,
+}
+
+/// One call from the script.
+#[derive(Debug, Clone)]
+pub struct HostCall {
+    /// 1-based position among the script's calls (tools and globals).
+    pub id: u64,
+    /// Raw tool name, or the global's full name (`models.classify`).
+    pub name: String,
+    pub kind: HostCallKind,
+    /// Tools: the first argument (`null` when omitted). Globals: all arguments as an array.
+    pub args: Value,
+    /// Cancelled when the script ends before the call does, or when the run is aborted.
+    pub cancel: CancellationToken,
+    /// The script's deadline clock; hold `clock.pause()` while waiting for a person.
+    pub clock: DeadlineClock,
+}
+
+/// A failed call. The script's `await` rejects with an `Error` carrying this message, name and
+/// properties.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostError {
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub properties: Map<String, Value>,
+}
+
+impl HostError {
+    pub fn new(message: impl Into<String>) -> Self {
+        HostError {
+            message: message.into(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A tool as the script sees it: `tools.<to_identifier(name)>` and `tools["<name>"]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolEntry {
+    pub name: String,
+    pub description: String,
+}
+
+/// Seeded randomness and a virtual clock, for runs that can be replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Determinism {
+    pub seed: u32,
+    /// `Date.now()` at the start, in ms since the epoch.
+    pub start_ms: f64,
+}
+
+/// One script run.
+#[derive(Clone)]
+pub struct Script {
+    /// Exactly what the model wrote, optional options line included.
+    pub source: String,
+    pub tools: Vec<ToolEntry>,
+    /// Host globals such as `searchTools` or `models.classify` (at most one dot).
+    pub globals: Vec<String>,
+    pub host: Arc<dyn Host>,
+    /// Snapshot served by `load()`.
+    pub store: BTreeMap<String, Value>,
+    pub determinism: Option<Determinism>,
+    /// Write a JSON Lines log of calls and results here.
+    pub record: Option<PathBuf>,
+    /// Serve results from such a log instead of calling the host.
+    pub replay: Option<PathBuf>,
+    pub abort: CancellationToken,
+    pub clock: DeadlineClock,
+}
+
+impl Script {
+    /// A script with no tools, globals or store, a fresh clock and its own abort token.
+    pub fn new(source: impl Into<String>, host: Arc<dyn Host>) -> Script {
+        Script {
+            source: source.into(),
+            tools: Vec::new(),
+            globals: Vec::new(),
+            host,
+            store: BTreeMap::new(),
+            determinism: None,
+            record: None,
+            replay: None,
+            abort: CancellationToken::new(),
+            clock: DeadlineClock::new(),
+        }
+    }
+
+    /// Adds tools by name and description.
+    pub fn with_tools<'a>(mut self, tools: impl IntoIterator<Item = (&'a str, &'a str)>) -> Script {
+        self.tools.extend(tools.into_iter().map(|(n, d)| ToolEntry {
+            name: n.to_string(),
+            description: d.to_string(),
+        }));
+        self
+    }
+}
+
+impl std::fmt::Debug for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Script")
+            .field("source", &self.source)
+            .field("tools", &self.tools)
+            .field("globals", &self.globals)
+            .field("determinism", &self.determinism)
+            .finish_non_exhaustive()
+    }
+}

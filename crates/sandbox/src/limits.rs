@@ -1,0 +1,105 @@
+//! Operator limits and how a script's options may lower them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::source::ScriptOptions;
+
+/// Resource limits for one script. The operator sets defaults and a maximum; a script's
+/// `// @options:` line may pick another `timeout_ms` / `max_output_tokens`, never past the maximum.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// QuickJS heap limit in bytes. Past it the script sees a catchable `InternalError: out of memory`.
+    pub heap_bytes: usize,
+    /// QuickJS stack limit in bytes. Past it the script sees a catchable `RangeError`.
+    pub stack_bytes: usize,
+    /// Wall deadline, counted by `DeadlineClock::running` so approval pauses do not count.
+    pub timeout_ms: u64,
+    /// Budget for time spent running JavaScript (code that never yields to a call).
+    pub cpu_ms: u64,
+    /// Characters of text and base64 image data the script may output.
+    pub max_output_chars: usize,
+    /// Number of `text()`, `image()` and `console.*` calls.
+    pub max_output_items: usize,
+    /// Host calls (tools and globals) one script may make in total.
+    pub max_calls: u64,
+    /// Host calls that may be running at once.
+    pub max_calls_in_flight: usize,
+    /// Budget of the model text (about 4 characters per token).
+    pub max_output_tokens: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            heap_bytes: 256 * 1024 * 1024,
+            stack_bytes: 512 * 1024,
+            timeout_ms: 60_000,
+            cpu_ms: 60_000,
+            max_output_chars: 16 * 1024 * 1024,
+            max_output_items: 100_000,
+            max_calls: 100_000,
+            max_calls_in_flight: 4_096,
+            max_output_tokens: 10_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Every field clamped to `maximum`.
+    pub fn clamped_to(&self, maximum: &Limits) -> Limits {
+        Limits {
+            heap_bytes: self.heap_bytes.min(maximum.heap_bytes),
+            stack_bytes: self.stack_bytes.min(maximum.stack_bytes),
+            timeout_ms: self.timeout_ms.min(maximum.timeout_ms),
+            cpu_ms: self.cpu_ms.min(maximum.cpu_ms),
+            max_output_chars: self.max_output_chars.min(maximum.max_output_chars),
+            max_output_items: self.max_output_items.min(maximum.max_output_items),
+            max_calls: self.max_calls.min(maximum.max_calls),
+            max_calls_in_flight: self.max_calls_in_flight.min(maximum.max_calls_in_flight),
+            max_output_tokens: self.max_output_tokens.min(maximum.max_output_tokens),
+        }
+    }
+
+    /// The limits one script runs with: defaults, then the script's options, all within `maximum`.
+    pub fn effective(defaults: &Limits, maximum: &Limits, options: &ScriptOptions) -> Limits {
+        let mut l = defaults.clone();
+        if let Some(t) = options.timeout_ms {
+            l.timeout_ms = t;
+        }
+        if let Some(t) = options.max_output_tokens {
+            l.max_output_tokens = t;
+        }
+        l.clamped_to(maximum)
+    }
+}
+
+/// How the sandbox is run: limits plus the size of the worker pool.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxConfig {
+    pub defaults: Limits,
+    pub maximum: Limits,
+    /// Worker threads started up front, each holding a prepared VM.
+    pub warm: usize,
+    /// Scripts that may run at once; more wait in a queue.
+    pub max_concurrent: usize,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            defaults: Limits::default(),
+            maximum: Limits {
+                heap_bytes: 1024 * 1024 * 1024,
+                stack_bytes: 8 * 1024 * 1024,
+                timeout_ms: 3_600_000,
+                cpu_ms: 3_600_000,
+                max_output_tokens: 1_000_000,
+                ..Limits::default()
+            },
+            warm: 2,
+            max_concurrent: 512,
+        }
+    }
+}

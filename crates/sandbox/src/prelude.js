@@ -1,0 +1,551 @@
+// Evaluated once per VM, before any script is known, as a sloppy-mode expression that yields a
+// function. Rust calls that function with its bridge functions; it locks the VM down and returns
+// { init, run, settle }. Everything the bridge uses is captured here, before the script can run.
+(function (hostCall, hostOutput, hostDone) {
+  "use strict";
+  const G = globalThis;
+  const O = Object;
+  const defineProperty = O.defineProperty;
+  const getOwnPropertyDescriptor = O.getOwnPropertyDescriptor;
+  const getPrototypeOf = O.getPrototypeOf;
+  const freeze = O.freeze;
+  const create = O.create;
+  const keysOf = O.keys;
+  const ownKeys = Reflect.ownKeys;
+  const apply = Reflect.apply;
+  const construct = Reflect.construct;
+  const stringify = JSON.stringify;
+  const parse = JSON.parse;
+  const StringFn = String;
+  const NumberIsFinite = Number.isFinite;
+  const MathFloor = Math.floor;
+  const MathImul = Math.imul;
+  const realRandom = Math.random;
+  const ErrorCtor = Error;
+  const TypeErrorCtor = TypeError;
+  const RangeErrorCtor = RangeError;
+  const PromiseCtor = Promise;
+  const promiseThen = Promise.prototype.then;
+  const ProxyCtor = Proxy;
+  const MapCtor = Map;
+  const SetCtor = Set;
+  const mapGet = Map.prototype.get;
+  const mapSet = Map.prototype.set;
+  const mapHas = Map.prototype.has;
+  const mapDelete = Map.prototype.delete;
+  const setHas = Set.prototype.has;
+  const setAdd = Set.prototype.add;
+  const strSplit = String.prototype.split;
+  const strIndexOf = String.prototype.indexOf;
+  const strToLower = String.prototype.toLowerCase;
+  const strReplace = String.prototype.replace;
+  const strSlice = String.prototype.slice;
+  const strTest = RegExp.prototype.test;
+  const strStartsWith = String.prototype.startsWith;
+  const arrayJoin = Array.prototype.join;
+  const arrayIsArray = Array.isArray;
+  const RealDate = Date;
+  const realDateNow = Date.now;
+  const realPerfNow = typeof performance === "object" && performance && typeof performance.now === "function"
+    ? performance.now.bind(performance) : () => realDateNow() ;
+  const ObjectPrototype = O.prototype;
+  const errorStackDesc = null;
+
+  // ---- per-script state, set by init() ----
+  let clock = null; // deterministic mode: { now, start }
+  let rngState = 0;
+  let deterministic = false;
+  let finished = false;
+  const pending = new MapCtor();
+  let limits = { chars: 0, items: 0 };
+  let outputChars = 0;
+  let outputItems = 0;
+  let storeJson = new MapCtor(); // key -> JSON text
+  let storeSize = 0;
+  let writes = []; // [[key, json] | [key]]
+  const EXIT = freeze({ codemodeExit: true });
+
+  // ---- deterministic hooks installed before lockdown ----
+  G.Math.random = function random() {
+    if (!deterministic) return realRandom();
+    // mulberry32
+    rngState = (rngState + 0x6d2b79f5) | 0;
+    let t = rngState;
+    t = MathImul(t ^ (t >>> 15), t | 1);
+    t ^= t + MathImul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+  function currentMs() {
+    return clock ? clock.now : realDateNow();
+  }
+  function DateShim(...args) {
+    if (new.target === undefined) return new RealDate(currentMs()).toString();
+    return construct(RealDate, args.length === 0 ? [currentMs()] : args, new.target);
+  }
+  O.setPrototypeOf(DateShim, RealDate);
+  defineProperty(DateShim, "prototype", { value: RealDate.prototype, writable: false, enumerable: false, configurable: false });
+  defineProperty(DateShim, "name", { value: "Date", configurable: true });
+  defineProperty(DateShim, "length", { value: 7, configurable: true });
+  defineProperty(DateShim, "now", { value: function now() { return currentMs(); }, writable: true, configurable: true });
+  defineProperty(RealDate.prototype, "constructor", { value: DateShim, writable: true, configurable: true });
+  defineProperty(G, "Date", { value: DateShim, writable: true, configurable: true });
+  // Deterministic runs use UTC: local-time readers answer with their UTC counterparts.
+  const dp = RealDate.prototype;
+  const utcPairs = [["getFullYear", "getUTCFullYear"], ["getMonth", "getUTCMonth"], ["getDate", "getUTCDate"], ["getDay", "getUTCDay"],
+    ["getHours", "getUTCHours"], ["getMinutes", "getUTCMinutes"], ["getSeconds", "getUTCSeconds"], ["getMilliseconds", "getUTCMilliseconds"]];
+  for (let i = 0; i < utcPairs.length; i++) {
+    const local = dp[utcPairs[i][0]];
+    const utc = dp[utcPairs[i][1]];
+    defineProperty(dp, utcPairs[i][0], { value: { [utcPairs[i][0]]() { return apply(deterministic ? utc : local, this, []); } }[utcPairs[i][0]], writable: true, configurable: true });
+  }
+  const realTzo = dp.getTimezoneOffset;
+  defineProperty(dp, "getTimezoneOffset", { value: function getTimezoneOffset() { return deterministic ? 0 : apply(realTzo, this, []); }, writable: true, configurable: true });
+  const realToString = dp.toString;
+  const toISO = dp.toISOString;
+  defineProperty(dp, "toString", { value: function toString() {
+    if (!deterministic) return apply(realToString, this, []);
+    return apply(dp.toUTCString, this, []) + " GMT+0000";
+  }, writable: true, configurable: true });
+
+  const perf = create(null);
+  defineProperty(perf, "now", { value: function now() { return clock ? clock.now - clock.start : realPerfNow(); }, enumerable: true });
+  defineProperty(perf, "timeOrigin", { get() { return clock ? clock.start : realDateNow() - realPerfNow(); }, enumerable: true });
+  defineProperty(G, "performance", { value: freeze(perf), writable: true, configurable: true, enumerable: false });
+
+  // ---- things that must not exist in the VM ----
+  const banned = ["WeakRef", "FinalizationRegistry", "Atomics", "navigator", "gc", "os", "std", "scriptArgs", "print"];
+  for (let i = 0; i < banned.length; i++) delete G[banned[i]];
+
+  // ---- lockdown: freeze every reachable built-in ----
+  function lockdown() {
+    const seen = new SetCtor();
+    const stack = [G];
+    const extra = [
+      getPrototypeOf(function* () {}),
+      getPrototypeOf(async function () {}),
+      getPrototypeOf(async function* () {}),
+      getPrototypeOf((function* () {})()),
+      getPrototypeOf((async function* () {})()),
+      getPrototypeOf([][Symbol.iterator]()),
+      getPrototypeOf(new MapCtor().entries()),
+      getPrototypeOf(new SetCtor().entries()),
+      getPrototypeOf(""[Symbol.iterator]()),
+      getPrototypeOf(/a/[Symbol.matchAll]("")),
+      getPrototypeOf(Int8Array),
+    ];
+    try {
+      if (typeof Iterator === "function" && Iterator.prototype.map) extra.push(getPrototypeOf([].values().map((x) => x)));
+    } catch (_) {}
+    for (let i = 0; i < extra.length; i++) stack.push(extra[i]);
+    const all = [];
+    while (stack.length > 0) {
+      const o = stack.pop();
+      if ((typeof o !== "object" && typeof o !== "function") || o === null) continue;
+      if (apply(setHas, seen, [o])) continue;
+      apply(setAdd, seen, [o]);
+      all.push(o);
+      const ks = ownKeys(o);
+      for (let i = 0; i < ks.length; i++) {
+        const d = getOwnPropertyDescriptor(o, ks[i]);
+        if (!d) continue;
+        if ("value" in d) stack.push(d.value);
+        else {
+          if (d.get) stack.push(d.get);
+          if (d.set) stack.push(d.set);
+        }
+      }
+      stack.push(getPrototypeOf(o));
+    }
+    const overridable = new SetCtor(["constructor", "name", "message", "toString", "toLocaleString", "valueOf", "toJSON"]);
+    for (let n = 0; n < all.length; n++) {
+      const o = all[n];
+      if (o === G) continue;
+      const ks = ownKeys(o);
+      for (let i = 0; i < ks.length; i++) {
+        const k = ks[i];
+        if (!(o === ObjectPrototype || apply(setHas, overridable, [k]))) continue;
+        const d = getOwnPropertyDescriptor(o, k);
+        if (!d || !("value" in d) || !d.writable || !d.configurable) continue;
+        const value = d.value;
+        const home = o;
+        defineProperty(o, k, {
+          get: function () { return value; },
+          set: function (v) {
+            if (this === home) throw new TypeErrorCtor("Cannot assign to read only property '" + StringFn(k) + "' of a built-in");
+            defineProperty(this, k, { value: v, writable: true, enumerable: true, configurable: true });
+          },
+          enumerable: d.enumerable,
+          configurable: false,
+        });
+      }
+      freeze(o);
+    }
+    const gk = ownKeys(G);
+    for (let i = 0; i < gk.length; i++) {
+      const d = getOwnPropertyDescriptor(G, gk[i]);
+      if (d && d.configurable && "value" in d) defineProperty(G, gk[i], { writable: false, configurable: false });
+    }
+  }
+  lockdown();
+
+  // ---- helpers ----
+  function setGlobal(name, value) {
+    defineProperty(G, name, { value, writable: false, enumerable: true, configurable: false });
+  }
+  function comparable(s) {
+    return apply(strReplace, apply(strToLower, s, []), [/[^a-z0-9]/g, ""]);
+  }
+  function missingText(label, prop, names, hint) {
+    const want = comparable(prop);
+    let exact = [];
+    let close = [];
+    for (let i = 0; i < names.length; i++) {
+      const c = comparable(names[i]);
+      if (c === want) exact.push(label + "." + names[i]);
+      else if (want.length > 0 && c.length > 0 && (apply(strIndexOf, c, [want]) >= 0 || apply(strIndexOf, want, [c]) >= 0)) close.push(label + "." + names[i]);
+    }
+    const matches = exact.length > 0 ? exact : close;
+    let msg = label + "." + prop + " does not exist.";
+    if (matches.length > 0) {
+      const top = [];
+      for (let i = 0; i < matches.length && i < 5; i++) top.push(matches[i]);
+      msg += " Did you mean " + apply(arrayJoin, top, [", "]) + "?";
+    } else if (names.length <= 20) {
+      msg += " Available: " + apply(arrayJoin, names, [", "]) + ".";
+    }
+    if (hint) msg += hint;
+    msg += ' Check for a member with "' + prop + '" in ' + label + ".";
+    return msg;
+  }
+  function guard(target, label, names, hint) {
+    return new ProxyCtor(target, {
+      get(t, p) {
+        if (typeof p !== "string" || p in t || p in ObjectPrototype || p === "then" || p === "toJSON") return t[p];
+        throw new TypeErrorCtor(missingText(label, p, names, hint));
+      },
+    });
+  }
+
+  function callHost(kind, name, value) {
+    let json;
+    try {
+      json = stringify(value === undefined ? null : value);
+      if (json === undefined) json = "null";
+    } catch (e) {
+      return PromiseCtor.reject(new TypeErrorCtor(e && e.message !== undefined ? e.message : StringFn(e)));
+    }
+    let id;
+    try {
+      id = hostCall(kind, name, json);
+    } catch (e) {
+      return PromiseCtor.reject(e);
+    }
+    return new PromiseCtor(function (resolve, reject) {
+      apply(mapSet, pending, [id, { resolve, reject }]);
+    });
+  }
+
+  function settle(id, ok, payload, name, props, now) {
+    if (clock && typeof now === "number" && now > clock.now) clock.now = now;
+    const p = apply(mapGet, pending, [id]);
+    if (!p) return;
+    apply(mapDelete, pending, [id]);
+    if (ok) {
+      p.resolve(payload === undefined ? undefined : parse(payload));
+      return;
+    }
+    const e = new ErrorCtor(payload);
+    if (typeof name === "string" && name !== "" && name !== "Error") {
+      defineProperty(e, "name", { value: name, writable: true, enumerable: false, configurable: true });
+    }
+    if (typeof props === "string") {
+      const extra = parse(props);
+      const ks = keysOf(extra);
+      for (let i = 0; i < ks.length; i++) {
+        const k = ks[i];
+        if (k === "name" || k === "message" || k === "stack") continue;
+        defineProperty(e, k, { value: extra[k], writable: true, enumerable: true, configurable: true });
+      }
+    }
+    p.reject(e);
+  }
+
+  // ---- error and value formatting ----
+  function isErrorLike(v) {
+    return v !== null && typeof v === "object" && v instanceof ErrorCtor;
+  }
+  function errorText(e) {
+    let name;
+    let message;
+    try { name = StringFn(e.name); } catch (_) { name = "Error"; }
+    try { message = StringFn(e.message); } catch (_) { message = ""; }
+    let head = message === "" ? name : name + ": " + message;
+    let stack = "";
+    try { stack = typeof e.stack === "string" ? e.stack : ""; } catch (_) {}
+    const lines = apply(strSplit, stack, ["\n"]);
+    for (let i = 0; i < lines.length; i++) {
+      const l = lines[i];
+      if (l === "" || apply(strIndexOf, l, ["codemode-prelude.js"]) >= 0) continue;
+      if (!apply(strStartsWith, l, ["    at "])) continue;
+      head += "\n" + l;
+    }
+    return head;
+  }
+  function format(v) {
+    if (typeof v === "string") return v;
+    if (isErrorLike(v)) return errorText(v);
+    if (typeof v === "number") return StringFn(v);
+    try {
+      const j = stringify(v);
+      if (j !== undefined) return j;
+    } catch (_) {}
+    return StringFn(v);
+  }
+  function describeError(e) {
+    if (isErrorLike(e)) {
+      let name = "Error";
+      let message = "";
+      try { name = StringFn(e.name); } catch (_) {}
+      try { message = StringFn(e.message); } catch (_) {}
+      return stringify({ name, message, stack: errorText(e) });
+    }
+    let message;
+    try { message = format(e); } catch (_) { message = "unprintable thrown value"; }
+    return stringify({ message, nonError: true, isNull: e === null });
+  }
+
+  function finishOk(value) {
+    if (finished) return;
+    let json;
+    try {
+      json = value === undefined ? undefined : stringify(value);
+    } catch (e) {
+      finishErr(e);
+      return;
+    }
+    finished = true;
+    hostDone(true, json, stringify(writes));
+  }
+  function finishErr(e) {
+    if (finished) return;
+    finished = true;
+    let desc;
+    try {
+      desc = describeError(e);
+    } catch (_) {
+      desc = undefined;
+    }
+    hostDone(false, desc, undefined);
+  }
+
+  // ---- output ----
+  const OUTPUT_LIMIT_TEXT = () =>
+    "script output exceeded the limit of " + limits.chars + " characters or " + limits.items +
+    " text(), image(), and console calls. Print a summary instead, or write large data to a file with a tool.";
+  function account(len) {
+    outputChars += len;
+    outputItems += 1;
+    if (len > limits.chars || outputChars > limits.chars || outputItems > limits.items) {
+      const err = new RangeErrorCtor(OUTPUT_LIMIT_TEXT());
+      finishErr(err);
+      throw err;
+    }
+  }
+  function text(value) {
+    if (finished) return;
+    let s;
+    if (typeof value === "string") s = value;
+    else if (value === null || value === undefined || typeof value === "number" || typeof value === "boolean" ||
+      typeof value === "symbol" || typeof value === "bigint") s = StringFn(value);
+    else {
+      try {
+        s = stringify(value);
+      } catch (e) {
+        throw new TypeErrorCtor(e && e.message !== undefined ? e.message : StringFn(e));
+      }
+      if (s === undefined) s = StringFn(value);
+    }
+    account(s.length);
+    hostOutput(0, s, undefined);
+  }
+  function consoleLine() {
+    if (finished) return;
+    const parts = [];
+    for (let i = 0; i < arguments.length; i++) parts.push(format(arguments[i]));
+    const s = apply(arrayJoin, parts, [" "]);
+    account(s.length);
+    hostOutput(1, s, undefined);
+  }
+  const consoleObj = create(ObjectPrototype);
+  const levels = ["log", "info", "warn", "error", "debug"];
+  for (let i = 0; i < levels.length; i++) {
+    defineProperty(consoleObj, levels[i], { value: { [levels[i]]() { return apply(consoleLine, undefined, arguments); } }[levels[i]], enumerable: true });
+  }
+  freeze(consoleObj);
+
+  const IMAGE_SHAPE = 'image expects a non-empty image URL string, an object with image_url, or an image block { type: "image", data, mimeType }';
+  function image(input) {
+    if (finished) return;
+    let url;
+    if (typeof input === "string") url = input;
+    else if (input !== null && typeof input === "object") {
+      if (typeof input.image_url === "string") url = input.image_url;
+      else if (input.type !== undefined) {
+        if (input.type !== "image") throw new TypeErrorCtor('image only accepts image blocks, got "' + StringFn(input.type) + '"');
+        if (typeof input.data !== "string" || input.data === "") throw new TypeErrorCtor("image expected image block data");
+        url = apply(strStartsWith, input.data, ["data:"]) ? input.data : "data:;base64," + input.data;
+      }
+    }
+    if (typeof url !== "string" || url === "") throw new TypeErrorCtor(IMAGE_SHAPE);
+    if (apply(strTest, /^https?:/i, [url])) throw new TypeErrorCtor("remote image URLs are not supported in tool outputs. Pass a base64 data URI instead");
+    const comma = apply(strIndexOf, url, [","]);
+    const header = comma < 0 ? "" : apply(strSlice, url, [0, comma]);
+    if (!apply(strTest, /^data:/i, [header]) || !apply(strTest, /;base64(;|$)/i, [header])) {
+      throw new TypeErrorCtor("invalid image output. Pass a base64 data URI instead");
+    }
+    const data = apply(strReplace, apply(strSlice, url, [comma + 1]), [/\s+/g, ""]);
+    if (data.length % 4 !== 0 || !apply(strTest, /^[A-Za-z0-9+/]+={0,2}$/, [data])) {
+      throw new TypeErrorCtor("invalid image output. The image data is not valid base64 (truncated or corrupted?)");
+    }
+    const head = apply(strSlice, data, [0, 16]);
+    let mime;
+    if (apply(strTest, /^iVBORw0KGg/, [head])) mime = "image/png";
+    else if (apply(strTest, /^\/9j\/(?!9)/, [head])) mime = "image/jpeg";
+    else if (apply(strTest, /^R0lGOD[dl]h/, [head])) mime = "image/gif";
+    else if (apply(strTest, /^UklG.{8}RUJQ/, [head])) mime = "image/webp";
+    else throw new TypeErrorCtor("invalid image output. The image data is not a PNG, JPEG, GIF, or WebP image");
+    account(data.length);
+    hostOutput(2, data, mime);
+  }
+
+  function exit() {
+    finishOk(undefined);
+    throw EXIT;
+  }
+
+  // ---- store ----
+  const STORE_VALUE_LIMIT = 262144;
+  const STORE_TOTAL_LIMIT = 1048576;
+  const STORE_HINT = " store() is for small state such as IDs or summaries. Show images with image(), keep large data in variables, or write it to a file with a tool.";
+  function store(key, value) {
+    if (typeof key !== "string") throw new TypeErrorCtor("store() key must be a string");
+    if (value === undefined) {
+      if (apply(mapHas, storeJson, [key])) {
+        storeSize -= key.length + apply(mapGet, storeJson, [key]).length;
+        apply(mapDelete, storeJson, [key]);
+      }
+      writes.push([key]);
+      return;
+    }
+    let json;
+    try {
+      json = stringify(value);
+    } catch (e) {
+      throw new TypeErrorCtor('store("' + key + '") value is not JSON-serializable: ' + (e && e.message !== undefined ? e.message : StringFn(e)));
+    }
+    if (json === undefined) throw new TypeErrorCtor('store("' + key + '") value is not JSON-serializable');
+    if (json.length > STORE_VALUE_LIMIT) {
+      throw new RangeErrorCtor('store("' + key + '") value has ' + json.length + " characters of JSON, more than the limit of " + STORE_VALUE_LIMIT + "." + STORE_HINT);
+    }
+    const old = apply(mapHas, storeJson, [key]) ? key.length + apply(mapGet, storeJson, [key]).length : 0;
+    const next = storeSize - old + key.length + json.length;
+    if (next > STORE_TOTAL_LIMIT) {
+      throw new RangeErrorCtor("store is full: stored values would exceed " + STORE_TOTAL_LIMIT + " characters of JSON. Delete keys with store(key, undefined)." + STORE_HINT);
+    }
+    storeSize = next;
+    apply(mapSet, storeJson, [key, json]);
+    writes.push([key, json]);
+  }
+  function load(key) {
+    if (typeof key !== "string") throw new TypeErrorCtor("load() key must be a string");
+    if (!apply(mapHas, storeJson, [key])) return null;
+    return parse(apply(mapGet, storeJson, [key]));
+  }
+
+  function makeCaller(kind, name) {
+    return function () {
+      return callHost(kind, name, kind === 0 ? arguments[0] : apply(Array.prototype.slice, arguments, []));
+    };
+  }
+
+  // init(config): config = { tools: [[raw, id, description]], globals: [name], store: {k: json},
+  //   limits: {chars, items}, det: null | {seed, start} }
+  function init(configJson) {
+    const cfg = parse(configJson);
+    limits = cfg.limits;
+    if (cfg.det) {
+      deterministic = true;
+      rngState = (cfg.det.seed ^ 0x9e3779b9) | 0;
+      clock = { now: cfg.det.start, start: cfg.det.start };
+    }
+    const sk = keysOf(cfg.store);
+    for (let i = 0; i < sk.length; i++) {
+      const json = cfg.store[sk[i]];
+      apply(mapSet, storeJson, [sk[i], json]);
+      storeSize += sk[i].length + json.length;
+    }
+    const toolsTarget = create(null);
+    const toolNames = [];
+    const all = [];
+    for (let i = 0; i < cfg.tools.length; i++) {
+      const [raw, id, description] = cfg.tools[i];
+      const fn = makeCaller(0, raw);
+      if (!(id in toolsTarget)) {
+        defineProperty(toolsTarget, id, { value: fn, enumerable: true });
+        toolNames.push(id);
+        all.push(freeze({ name: id, description }));
+      }
+      if (!(raw in toolsTarget)) defineProperty(toolsTarget, raw, { value: fn, enumerable: true });
+    }
+    freeze(toolsTarget);
+    const tools = guard(toolsTarget, "tools", toolNames, " ALL_TOOLS lists every tool; searchTools(query) finds tools by topic.");
+    setGlobal("store", store);
+    setGlobal("load", load);
+    setGlobal("tools", tools);
+    setGlobal("ALL_TOOLS", freeze(all));
+    setGlobal("console", consoleObj);
+    setGlobal("text", text);
+    setGlobal("image", image);
+    setGlobal("exit", exit);
+    const namespaces = new MapCtor();
+    for (let i = 0; i < cfg.globals.length; i++) {
+      const full = cfg.globals[i];
+      const dot = apply(strIndexOf, full, ["."]);
+      const fn = makeCaller(1, full);
+      if (dot < 0) {
+        setGlobal(full, fn);
+      } else {
+        const ns = apply(strSlice, full, [0, dot]);
+        const member = apply(strSlice, full, [dot + 1]);
+        let entry = apply(mapGet, namespaces, [ns]);
+        if (!entry) {
+          entry = { target: create(null), names: [] };
+          apply(mapSet, namespaces, [ns, entry]);
+        }
+        defineProperty(entry.target, member, { value: fn, enumerable: true });
+        entry.names.push(member);
+      }
+    }
+    namespaces.forEach(function (entry, ns) {
+      setGlobal(ns, guard(freeze(entry.target), ns, entry.names, ""));
+    });
+    return { tools, console: consoleObj };
+  }
+
+  function run(fn, toolsObj, consoleArg) {
+    let p;
+    try {
+      p = fn(toolsObj, consoleArg);
+    } catch (e) {
+      if (e !== EXIT) finishErr(e);
+      return;
+    }
+    apply(promiseThen, p, [finishOk, function (e) { if (e !== EXIT) finishErr(e); }]);
+  }
+
+  function pendingCount() {
+    return pending.size;
+  }
+
+  return { init, run, settle, finishErr, pendingCount };
+})

@@ -1,0 +1,277 @@
+//! A prepared QuickJS VM: runtime with a counting allocator, interrupt guard, locked-down prelude.
+//! Prepared ahead of time on the worker thread that will run it, used for one script, dropped.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use codemode_spec::DeadlineClock;
+use rquickjs::allocator::Allocator;
+use rquickjs::context::EvalOptions;
+use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
+use tokio_util::sync::CancellationToken;
+
+use crate::bridge::{install_bridge, BridgeSlot};
+
+const PRELUDE: &str = include_str!("prelude.js");
+
+/// Heap accounting shared by the allocator and the driver. QuickJS applies its own limit only in
+/// its default allocator, so this one enforces the limit and remembers that it was hit: an uncaught
+/// out-of-memory can reach the host as a `null` rejection, and this flag lets us name it.
+#[derive(Debug, Default)]
+pub(crate) struct HeapState {
+    used: Cell<usize>,
+    limit: Cell<usize>,
+    pub(crate) hit_limit: Cell<bool>,
+}
+
+impl HeapState {
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.limit.set(limit);
+    }
+    fn admit(&self, extra: usize) -> bool {
+        if self.used.get().saturating_add(extra) > self.limit.get() {
+            self.hit_limit.set(true);
+            false
+        } else {
+            true
+        }
+    }
+}
+
+struct CountingAllocator(Rc<HeapState>);
+
+fn usable(ptr: *mut u8) -> usize {
+    // SAFETY: ptr came from libc malloc/calloc/realloc of this allocator.
+    unsafe { libc::malloc_usable_size(ptr.cast()) }
+}
+
+// SAFETY: every pointer handed out comes from libc's allocator and is released through it.
+unsafe impl Allocator for CountingAllocator {
+    fn alloc(&mut self, size: usize) -> *mut u8 {
+        if !self.0.admit(size) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: plain libc allocation.
+        let p = unsafe { libc::malloc(size.max(1)) }.cast::<u8>();
+        if !p.is_null() {
+            self.0.used.set(self.0.used.get() + usable(p));
+        }
+        p
+    }
+
+    fn calloc(&mut self, count: usize, size: usize) -> *mut u8 {
+        let Some(total) = count.checked_mul(size) else {
+            return std::ptr::null_mut();
+        };
+        if !self.0.admit(total) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: plain libc allocation.
+        let p = unsafe { libc::calloc(count.max(1), size.max(1)) }.cast::<u8>();
+        if !p.is_null() {
+            self.0.used.set(self.0.used.get() + usable(p));
+        }
+        p
+    }
+
+    unsafe fn dealloc(&mut self, ptr: *mut u8) {
+        if ptr.is_null() {
+            return;
+        }
+        self.0.used.set(self.0.used.get().saturating_sub(usable(ptr)));
+        // SAFETY: ptr is ours (see the trait contract).
+        unsafe { libc::free(ptr.cast()) };
+    }
+
+    unsafe fn realloc(&mut self, ptr: *mut u8, new_size: usize) -> *mut u8 {
+        if ptr.is_null() {
+            return self.alloc(new_size);
+        }
+        if new_size == 0 {
+            // SAFETY: same contract as dealloc.
+            unsafe { self.dealloc(ptr) };
+            return std::ptr::null_mut();
+        }
+        let old = usable(ptr);
+        if new_size > old && !self.0.admit(new_size - old) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: ptr is ours; on failure libc leaves it untouched.
+        let p = unsafe { libc::realloc(ptr.cast(), new_size) }.cast::<u8>();
+        if !p.is_null() {
+            self.0
+                .used
+                .set(self.0.used.get().saturating_sub(old) + usable(p));
+        }
+        p
+    }
+
+    unsafe fn usable_size(ptr: *mut u8) -> usize {
+        usable(ptr)
+    }
+}
+
+/// Why JavaScript was stopped from the outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    Timeout,
+    Cpu,
+    Aborted,
+    /// The script already reported its result (`exit()` then more code) or the bridge failed.
+    Finished,
+}
+
+/// Limits the interrupt handler enforces while one script runs.
+pub(crate) struct ActiveLimits {
+    pub timeout: Duration,
+    pub cpu: Duration,
+    pub clock: DeadlineClock,
+    pub abort: CancellationToken,
+}
+
+/// Shared by the interrupt handler (polled by QuickJS while JS runs) and the driver.
+#[derive(Default)]
+pub(crate) struct Guard {
+    pub reason: Cell<Option<Stop>>,
+    pub active: RefCell<Option<ActiveLimits>>,
+    pub finished: Cell<bool>,
+    js_spent: Cell<Duration>,
+    segment: Cell<Option<Instant>>,
+}
+
+impl Guard {
+    /// Marks the start of a stretch of JavaScript for the CPU budget.
+    pub fn enter(&self) {
+        self.segment.set(Some(Instant::now()));
+    }
+    pub fn leave(&self) {
+        if let Some(s) = self.segment.take() {
+            self.js_spent.set(self.js_spent.get() + s.elapsed());
+        }
+    }
+
+    /// Decides whether JavaScript must stop now, remembering the first reason.
+    pub fn check(&self) -> Option<Stop> {
+        if let Some(r) = self.reason.get() {
+            return Some(r);
+        }
+        if self.finished.get() {
+            self.reason.set(Some(Stop::Finished));
+            return self.reason.get();
+        }
+        let active = self.active.borrow();
+        let a = active.as_ref()?;
+        let stop = if a.abort.is_cancelled() {
+            Some(Stop::Aborted)
+        } else if a.clock.running() >= a.timeout {
+            Some(Stop::Timeout)
+        } else {
+            let current = self.segment.get().map(|s| s.elapsed()).unwrap_or_default();
+            (self.js_spent.get() + current >= a.cpu).then_some(Stop::Cpu)
+        };
+        if stop.is_some() {
+            self.reason.set(stop);
+        }
+        stop
+    }
+}
+
+/// The prelude's entry points, kept as persistents. They must be dropped before the runtime.
+pub(crate) struct PreludeFns {
+    pub init: Persistent<Function<'static>>,
+    pub run: Persistent<Function<'static>>,
+    pub settle: Persistent<Function<'static>>,
+    pub finish_err: Persistent<Function<'static>>,
+}
+
+/// One VM, ready for one script.
+pub(crate) struct Vm {
+    // Field order is drop order: persistents first, then the context, then the runtime.
+    pub fns: Option<PreludeFns>,
+    pub context: Context,
+    pub runtime: Runtime,
+    pub heap: Rc<HeapState>,
+    pub guard: Rc<Guard>,
+    pub slot: Rc<BridgeSlot>,
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // A persistent that outlives its runtime aborts the process (rust-stack.md 1.7).
+        self.fns = None;
+        self.slot.clear();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("could not prepare a JavaScript VM: {0}")]
+pub(crate) struct PrepareError(String);
+
+impl Vm {
+    /// Creates the runtime and context and runs the prelude (lockdown included), so that a script
+    /// only pays for its own setup.
+    pub fn prepare() -> Result<Vm, PrepareError> {
+        let heap = Rc::new(HeapState::default());
+        // Room for the prelude; each script sets its own limit.
+        heap.set_limit(64 * 1024 * 1024);
+        let runtime = Runtime::new_with_alloc(CountingAllocator(heap.clone()))
+            .map_err(|e| PrepareError(e.to_string()))?;
+        let guard = Rc::new(Guard::default());
+        let g = guard.clone();
+        runtime.set_interrupt_handler(Some(Box::new(move || g.check().is_some())));
+        runtime.set_max_stack_size(1024 * 1024);
+        let context = Context::full(&runtime).map_err(|e| PrepareError(e.to_string()))?;
+        let slot = Rc::new(BridgeSlot::default());
+        let fns = context.with(|ctx| -> Result<PreludeFns, String> {
+            let make = eval_prelude(&ctx).map_err(|e| describe(&ctx, e))?;
+            let (call, output, done) = install_bridge(&ctx, slot.clone(), guard.clone())
+                .map_err(|e| describe(&ctx, e))?;
+            let api: Object = make
+                .call((call, output, done))
+                .map_err(|e| describe(&ctx, e))?;
+            let get = |name: &str| -> Result<Persistent<Function<'static>>, String> {
+                let f: Function = api.get(name).map_err(|e| describe(&ctx, e))?;
+                Ok(Persistent::save(&ctx, f))
+            };
+            Ok(PreludeFns {
+                init: get("init")?,
+                run: get("run")?,
+                settle: get("settle")?,
+                finish_err: get("finishErr")?,
+            })
+        });
+        let fns = fns.map_err(PrepareError)?;
+        Ok(Vm {
+            fns: Some(fns),
+            context,
+            runtime,
+            heap,
+            guard,
+            slot,
+        })
+    }
+}
+
+fn eval_prelude<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Function<'js>> {
+    let mut opts = EvalOptions::default();
+    opts.strict = false;
+    opts.filename = Some("codemode-prelude.js".into());
+    ctx.eval_with_options(PRELUDE, opts)
+}
+
+/// Text of a pending exception, for errors that happen outside any script.
+pub(crate) fn describe(ctx: &Ctx<'_>, e: rquickjs::Error) -> String {
+    if matches!(e, rquickjs::Error::Exception) {
+        let v = ctx.catch();
+        if let Some(ex) = v.as_exception() {
+            return format!(
+                "{} {}",
+                ex.message().unwrap_or_default(),
+                ex.stack().unwrap_or_default()
+            );
+        }
+        return format!("{v:?}");
+    }
+    e.to_string()
+}

@@ -1,0 +1,126 @@
+#![allow(dead_code)]
+//! Test hosts: echo, fail, slow-until-cancelled, rows, and helpers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use codemode_sandbox::*;
+use futures::future::LocalBoxFuture;
+use futures::FutureExt;
+use serde_json::{json, Value};
+
+#[derive(Default)]
+pub struct TestHost {
+    pub calls: Mutex<Vec<(String, Value)>>,
+    pub cancelled: Arc<AtomicUsize>,
+}
+
+impl Host for TestHost {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((call.name.clone(), call.args.clone()));
+        let cancelled = self.cancelled.clone();
+        async move {
+            match call.name.as_str() {
+                "echo" | "my-tool" | "my_tool" => Ok(call.args),
+                "fail" => Err(HostError::new("tool exploded")),
+                "fail_props" => {
+                    let mut e = HostError::new("nope");
+                    e.name = Some("ToolError".into());
+                    e.properties.insert("code".into(), json!(7));
+                    Err(e)
+                }
+                "slow" => {
+                    call.cancel.cancelled().await;
+                    cancelled.fetch_add(1, Ordering::SeqCst);
+                    Err(HostError::new("cancelled"))
+                }
+                "sleep" => {
+                    let ms = call.args.get("ms").and_then(Value::as_u64).unwrap_or(10);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    Ok(call.args)
+                }
+                "rows" => Ok(rows()),
+                "image_tool" => Ok(json!({"type": "image", "data": PNG, "mimeType": "image/png"})),
+                "searchTools" | "models.classify" => Ok(json!({"global": call.name, "args": call.args})),
+                other => Err(HostError::new(format!("no tool {other}"))),
+            }
+        }
+        .boxed_local()
+    }
+}
+
+pub const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+
+pub fn rows() -> Value {
+    Value::Array(
+        (0..20000)
+            .map(|i| {
+                json!({"id": i, "name": format!("item-{i}"), "tags": ["a", "b", if i % 7 == 0 { "seven" } else { "other" }], "score": (i * 37) % 101})
+            })
+            .collect(),
+    )
+}
+
+pub fn host() -> Arc<TestHost> {
+    static HOST: OnceLock<Arc<TestHost>> = OnceLock::new();
+    HOST.get_or_init(|| Arc::new(TestHost::default())).clone()
+}
+
+pub fn sandbox() -> Sandbox {
+    static SB: OnceLock<Sandbox> = OnceLock::new();
+    SB.get_or_init(|| {
+        let mut cfg = SandboxConfig::default();
+        cfg.warm = 2;
+        Sandbox::new(cfg).unwrap()
+    })
+    .clone()
+}
+
+pub const TOOLS: &[(&str, &str)] = &[
+    ("echo", "Return the arguments"),
+    ("fail", "Always fails"),
+    ("slow", "Waits until cancelled"),
+    ("rows", "20,000 rows"),
+    ("sleep", "Sleeps"),
+    ("fail_props", "Fails with properties"),
+    ("image_tool", "Returns an image block"),
+];
+
+pub fn script(src: &str) -> Script {
+    Script::new(src, host()).with_tools(TOOLS.iter().copied())
+}
+
+pub async fn run(src: &str) -> ScriptResult {
+    sandbox().run(script(src)).await
+}
+
+pub async fn value(src: &str) -> Value {
+    let r = run(src).await;
+    assert!(r.ok, "script failed: {:?}", r.error);
+    r.value.unwrap_or(Value::Null)
+}
+
+pub async fn error(src: &str) -> ScriptError {
+    let r = run(src).await;
+    assert!(!r.ok, "script succeeded: {:?}", r.value);
+    r.error.unwrap()
+}
+
+/// The sandbox still works after something hostile.
+pub async fn healthy() {
+    assert_eq!(value("return (await tools.echo({ x: 41 })).x + 1").await, json!(42));
+}
+
+pub fn texts(r: &ScriptResult) -> Vec<String> {
+    r.output
+        .iter()
+        .filter_map(|o| match o {
+            OutputItem::Text { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
