@@ -106,7 +106,7 @@ const KNOWN_KEYS: [&str; 14] = [
 #[derive(Debug, Clone)]
 enum Entry {
     /// A definition, plus its narrowing keys as written (for untrusted projects).
-    Full(ServerConfig, Override, Vec<String>),
+    Full(Box<ServerConfig>, Override, Vec<String>),
     Override(Override),
 }
 
@@ -243,7 +243,7 @@ impl McpConfig {
         }
         for (name, entry) in parsed.entries {
             match entry {
-                Entry::Full(server, ..) => self.insert(server, source, warnings),
+                Entry::Full(server, ..) => self.insert(*server, source, warnings),
                 Entry::Override(_) => warnings.push(format!(
                     "{source}: server \"{name}\" needs \"command\" or \"url\""
                 )),
@@ -264,7 +264,7 @@ impl McpConfig {
             match entry {
                 Entry::Full(server, ..) => {
                     self.servers.retain(|s| s.name != name);
-                    self.insert(server, source, warnings);
+                    self.insert(*server, source, warnings);
                 }
                 Entry::Override(o) => {
                     let Some(server) = self.servers.iter_mut().find(|s| s.name == name) else {
@@ -420,7 +420,10 @@ fn parse_file(
     warnings: &mut Vec<String>,
 ) -> Result<ParsedFile, McpError> {
     let root = v.as_object().ok_or_else(|| {
-        McpError::config(source, "expected a JSON object with an \"mcpServers\" object")
+        McpError::config(
+            source,
+            "expected a JSON object with an \"mcpServers\" object",
+        )
     })?;
     let auto_enable_codemode = match root.get("autoEnableCodemode") {
         None => None,
@@ -512,7 +515,9 @@ fn parse_entry(
             }
             rules
         }
-        Some(_) => return Err("\"toolExposure\" must map tool names or patterns to exposures".into()),
+        Some(_) => {
+            return Err("\"toolExposure\" must map tool names or patterns to exposures".into());
+        }
     };
     if !has_definition {
         if let Some(key) = obj.keys().find(|k| !OVERRIDE_KEYS.contains(&k.as_str())) {
@@ -561,19 +566,23 @@ fn parse_entry(
         exposure,
         tool_exposure: tool_exposure.clone(),
     };
-    Ok(Entry::Full(ServerConfig {
-        name: name.to_string(),
-        transport,
-        enabled: enabled.unwrap_or(true),
-        exposure: ExposureRules {
-            default: exposure.unwrap_or_default(),
-            rules: tool_exposure,
-        },
-        ceiling: None,
-        timeout,
-        description: opt_str(obj, "description")?,
-        source: source.to_string(),
-    }, written, definition_keys))
+    Ok(Entry::Full(
+        Box::new(ServerConfig {
+            name: name.to_string(),
+            transport,
+            enabled: enabled.unwrap_or(true),
+            exposure: ExposureRules {
+                default: exposure.unwrap_or_default(),
+                rules: tool_exposure,
+            },
+            ceiling: None,
+            timeout,
+            description: opt_str(obj, "description")?,
+            source: source.to_string(),
+        }),
+        written,
+        definition_keys,
+    ))
 }
 
 fn stdio_transport(obj: &Map<String, Value>) -> Result<ServerTransport, String> {
@@ -603,7 +612,9 @@ fn stdio_transport(obj: &Map<String, Value>) -> Result<ServerTransport, String> 
 fn http_transport(obj: &Map<String, Value>) -> Result<ServerTransport, String> {
     let url = opt_str(obj, "url")?.ok_or("an http server needs \"url\"")?;
     if !(url.starts_with("http://") || url.starts_with("https://")) {
-        return Err(format!("\"url\" must start with http:// or https:// (got \"{url}\")"));
+        return Err(format!(
+            "\"url\" must start with http:// or https:// (got \"{url}\")"
+        ));
     }
     Ok(ServerTransport::Http {
         url,
@@ -636,10 +647,7 @@ fn string_map(obj: &Map<String, Value>, key: &str) -> Result<BTreeMap<String, St
 
 /// Expands `${VAR}` references from `lookup`. An unknown variable is an error naming it, so a
 /// missing secret is never sent as an empty string.
-pub fn expand_vars(
-    value: &str,
-    lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<String, String> {
+pub fn expand_vars(value: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(start) = rest.find("${") {

@@ -16,8 +16,9 @@ impl ExposureRule {
     pub fn new(pattern: &str, exposure: Exposure) -> Result<Self, String> {
         let is_glob = pattern.contains(['*', '?', '[', '{']);
         let matcher = if is_glob {
-            let glob = Glob::new(pattern)
-                .map_err(|e| format!("toolExposure pattern `{pattern}` is not a valid glob: {e}"))?;
+            let glob = Glob::new(pattern).map_err(|e| {
+                format!("toolExposure pattern `{pattern}` is not a valid glob: {e}")
+            })?;
             Some(glob.compile_matcher())
         } else {
             None
@@ -70,7 +71,11 @@ pub fn parse_exposure(s: &str) -> Result<Exposure, String> {
 
 /// The less visible of two exposures.
 pub fn narrower(a: Exposure, b: Exposure) -> Exposure {
-    if a.visibility() <= b.visibility() { a } else { b }
+    if a.visibility() <= b.visibility() {
+        a
+    } else {
+        b
+    }
 }
 
 #[cfg(test)]
@@ -90,7 +95,11 @@ mod tests {
         };
         assert_eq!(rules.lookup("search_code"), Exposure::Direct);
         assert_eq!(rules.lookup("get_x"), Exposure::Codemode);
-        assert_eq!(rules.lookup("get_secret_key"), Exposure::Codemode, "first pattern wins");
+        assert_eq!(
+            rules.lookup("get_secret_key"),
+            Exposure::Codemode,
+            "first pattern wins"
+        );
         assert_eq!(rules.lookup("delete_x"), Exposure::Hidden);
         assert_eq!(rules.lookup("other"), Exposure::Deferred);
         assert_eq!(ExposureRules::default().lookup("x"), Exposure::Codemode);

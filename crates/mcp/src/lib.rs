@@ -10,8 +10,8 @@ mod error;
 mod exposure;
 mod naming;
 
+pub use client::{ConnectOptions, McpHub, ServerState, ServerStatus, to_tool_output};
 pub use config::{McpConfig, ServerConfig, ServerTransport, expand_vars};
 pub use error::McpError;
 pub use exposure::{ExposureRule, ExposureRules, parse_exposure};
 pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
-pub use client::{ConnectOptions, McpHub, ServerState, ServerStatus, to_tool_output};

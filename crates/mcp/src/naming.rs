@@ -13,7 +13,13 @@ const KEPT_PREFIX: usize = 55;
 /// Replaces every character outside `[A-Za-z0-9_]` with `_`.
 pub fn sanitize(s: &str) -> String {
     s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 

@@ -98,7 +98,12 @@ impl McpHub {
                 if exposure == Exposure::Hidden {
                     continue;
                 }
-                out.push(Arc::new(McpTool::new(name, def, exposure, upstream.clone())));
+                out.push(Arc::new(McpTool::new(
+                    name,
+                    def,
+                    exposure,
+                    upstream.clone(),
+                )));
             }
         }
         out

@@ -17,7 +17,8 @@ pub fn to_tool_output(server: &str, tool: &str, result: CallToolResult) -> ToolO
     if let Value::Object(map) = &mut value {
         map.remove("_meta");
         map.remove("resultType");
-        map.entry("content").or_insert_with(|| Value::Array(Vec::new()));
+        map.entry("content")
+            .or_insert_with(|| Value::Array(Vec::new()));
     }
     let blocks = value
         .get("content")

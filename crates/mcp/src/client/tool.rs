@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use codemode_spec::{Annotations, BoxFuture, Exposure, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use codemode_spec::{
+    Annotations, BoxFuture, Exposure, Tool, ToolCall, ToolError, ToolOutput, ToolSpec,
+};
 use rmcp::model::Tool as McpToolDef;
 use serde_json::{Map, Value, json};
 

@@ -141,12 +141,13 @@ impl Upstream {
                 Ok(peer)
             }
             Ok(Err(reason)) => Err(self.fail(reason).await),
-            Err(_) => Err(self.fail(format!(
-                "did not finish starting within {:.0} s; check the command, or raise the \
+            Err(_) => Err(self
+                .fail(format!(
+                    "did not finish starting within {:.0} s; check the command, or raise the \
                  connect timeout",
-                self.connect_timeout.as_secs_f64()
-            ))
-            .await),
+                    self.connect_timeout.as_secs_f64()
+                ))
+                .await),
         }
     }
 
@@ -318,7 +319,8 @@ impl Upstream {
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let options = PeerRequestOptions::with_timeout(self.call_timeout).reset_timeout_on_progress();
+        let options =
+            PeerRequestOptions::with_timeout(self.call_timeout).reset_timeout_on_progress();
         let handle = peer
             .send_request_with_option(request, options)
             .await
@@ -364,10 +366,9 @@ impl Upstream {
                      (it may have crashed); the next call starts it again"
                 ))
             }
-            ServiceError::McpError(data) => ToolError::failed(format!(
-                "MCP tool {server}/{tool} failed: {}",
-                data.message
-            )),
+            ServiceError::McpError(data) => {
+                ToolError::failed(format!("MCP tool {server}/{tool} failed: {}", data.message))
+            }
             ServiceError::Cancelled { .. } => ToolError::cancelled(),
             other => ToolError::failed(format!("MCP tool {server}/{tool} failed: {other}")),
         }
@@ -376,7 +377,10 @@ impl Upstream {
     pub(crate) async fn shutdown(&self) {
         let live = write(&self.live).take();
         if let Some(mut live) = live {
-            let _ = live.service.close_with_timeout(Duration::from_secs(3)).await;
+            let _ = live
+                .service
+                .close_with_timeout(Duration::from_secs(3))
+                .await;
         }
     }
 }

@@ -1,0 +1,470 @@
+//! The client against real MCP servers: the npm servers of the testbed and a misbehaving fixture.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use codemode_mcp::{ConnectOptions, McpConfig, McpHub, ServerState};
+use codemode_spec::{ContentBlock, Exposure, Provenance, Tool, ToolCall, ToolErrorKind};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const TESTBED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/node_modules");
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/misbehaving-server.cjs"
+);
+
+fn everything() -> String {
+    format!("{TESTBED}/@modelcontextprotocol/server-everything/dist/index.js")
+}
+
+fn fixture(extra: &[&str]) -> Value {
+    let mut args = vec![json!(FIXTURE), json!(TESTBED)];
+    args.extend(extra.iter().map(|a| json!(a)));
+    json!({"command": "node", "args": args})
+}
+
+fn config(servers: Value) -> McpConfig {
+    McpConfig::from_json(&json!({ "mcpServers": servers }), "test").unwrap()
+}
+
+async fn hub(servers: Value) -> McpHub {
+    McpHub::connect(&config(servers), ConnectOptions::default()).await
+}
+
+fn find(hub: &McpHub, name: &str) -> Arc<dyn Tool> {
+    hub.tools()
+        .into_iter()
+        .find(|t| t.spec().name == name)
+        .unwrap_or_else(|| panic!("no tool {name}"))
+}
+
+fn call_with(args: Value, cancel: CancellationToken) -> ToolCall {
+    ToolCall {
+        args,
+        provenance: Provenance::model("c1", "s1"),
+        cancel,
+    }
+}
+
+fn call(args: Value) -> ToolCall {
+    call_with(args, CancellationToken::new())
+}
+
+fn text_of(v: &Value) -> String {
+    v["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn everything_server_lists_and_echoes() {
+    let hub = hub(json!({"everything": {"command": "node", "args": [everything()]}})).await;
+    assert!(
+        matches!(hub.status()[0].state, ServerState::Connected { tools } if tools >= 10),
+        "{:?}",
+        hub.status()
+    );
+    let echo = find(&hub, "mcp__everything__echo");
+    assert_eq!(echo.spec().namespace.as_deref(), Some("mcp__everything"));
+    assert_eq!(echo.spec().exposure, Exposure::Codemode);
+    assert_eq!(echo.spec().input_schema["type"], json!("object"));
+    let out = echo.call(call(json!({"message": "hi"}))).await.unwrap();
+    assert_eq!(text_of(&out.value), "Echo: hi");
+    assert!(!out.is_error);
+    // Names are sanitized: `get-sum` → `get_sum`.
+    let sum = find(&hub, "mcp__everything__get_sum");
+    let out = sum.call(call(json!({"a": 2, "b": 3}))).await.unwrap();
+    assert!(text_of(&out.value).contains('5'), "{}", out.value);
+    let ns = hub.namespaces();
+    assert_eq!(ns[0].name, "mcp__everything");
+    assert!(
+        ns[0].instructions.is_some(),
+        "server-everything sends instructions"
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn images_reach_the_script_and_the_model() {
+    let hub = hub(json!({"everything": {"command": "node", "args": [everything()]}})).await;
+    let tool = find(&hub, "mcp__everything__get_tiny_image");
+    let out = tool.call(call(json!({}))).await.unwrap();
+    let image = out.value["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "image")
+        .expect("an image block for the script");
+    assert_eq!(image["mimeType"], json!("image/png"));
+    assert!(image["data"].as_str().unwrap().len() > 100);
+    let blocks = out.content.unwrap();
+    assert!(
+        blocks.iter().any(
+            |b| matches!(b, ContentBlock::Image { mime_type, .. } if mime_type == "image/png")
+        )
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn annotations_pagination_and_structured_results() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    // The fixture lists 3 tools per page; all 13 must arrive.
+    assert_eq!(hub.tools().len(), 13, "{:?}", hub.status());
+    let echo = find(&hub, "mcp__bad__echo");
+    assert_eq!(echo.spec().annotations.read_only_hint, Some(true));
+    assert_eq!(echo.spec().annotations.open_world_hint, Some(false));
+    let structured = find(&hub, "mcp__bad__structured");
+    assert_eq!(
+        structured.spec().output_schema.as_ref().unwrap()["properties"]["structuredContent"]["required"],
+        json!(["n"])
+    );
+    let out = structured.call(call(json!({}))).await.unwrap();
+    assert_eq!(out.value["structuredContent"], json!({"n": 7}));
+    assert_eq!(
+        hub.namespaces()[0].instructions.as_deref(),
+        Some("A server for tests.")
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn is_error_results_resolve_with_is_error() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let fail = find(&hub, "mcp__bad__fail");
+    let out = fail.call(call(json!({"text": "bad"}))).await.unwrap();
+    assert!(out.is_error);
+    assert_eq!(out.value["isError"], json!(true));
+    assert_eq!(text_of(&out.value), "bad");
+    let out = fail.call(call(json!({}))).await.unwrap();
+    assert_eq!(
+        out.content.unwrap(),
+        vec![ContentBlock::Text {
+            text: "MCP tool bad/fail returned an error".into()
+        }]
+    );
+    let err = fail.call(call(json!([1]))).await.unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::InvalidArguments);
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn exposure_config_sets_the_spec_and_hides_tools() {
+    let mut server = fixture(&[]);
+    server["exposure"] = json!("deferred");
+    server["toolExposure"] = json!({"echo": "direct", "hang": "hidden", "s*": "codemode"});
+    let hub = hub(json!({ "bad": server })).await;
+    assert_eq!(
+        find(&hub, "mcp__bad__echo").spec().exposure,
+        Exposure::Direct
+    );
+    assert_eq!(
+        find(&hub, "mcp__bad__slow_progress").spec().exposure,
+        Exposure::Codemode
+    );
+    assert_eq!(
+        find(&hub, "mcp__bad__pid").spec().exposure,
+        Exposure::Deferred
+    );
+    assert!(
+        hub.tools()
+            .iter()
+            .all(|t| t.spec().name != "mcp__bad__hang"),
+        "hidden tools are not offered"
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn failures_to_start_are_recorded_per_server_never_fatal() {
+    let hub = McpHub::connect(
+        &config(json!({
+            "ok": fixture(&[]),
+            "exits": fixture(&["exit"]),
+            "missing": {"command": "/nonexistent/codemode-test-binary"},
+            "needs_var": {"command": "node", "args": [FIXTURE, TESTBED],
+                          "env": {"X": "${CODEMODE_TEST_SURELY_UNSET_VAR}"}},
+            "silent": {"command": "sleep", "args": ["30"]}
+        })),
+        ConnectOptions {
+            connect_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .await;
+    let status = hub.status();
+    let state = |n: &str| status.iter().find(|s| s.name == n).unwrap().state.clone();
+    assert!(matches!(state("ok"), ServerState::Connected { .. }));
+    let ServerState::Failed(reason) = state("exits") else {
+        panic!()
+    };
+    assert!(
+        reason.contains("refusing to start on purpose"),
+        "stderr is in the reason: {reason}"
+    );
+    let ServerState::Failed(reason) = state("missing") else {
+        panic!()
+    };
+    assert!(reason.contains("cannot start"), "{reason}");
+    let ServerState::Failed(reason) = state("needs_var") else {
+        panic!()
+    };
+    assert!(
+        reason.contains("CODEMODE_TEST_SURELY_UNSET_VAR"),
+        "{reason}"
+    );
+    let ServerState::Failed(reason) = state("silent") else {
+        panic!()
+    };
+    assert!(reason.contains("within 5 s"), "{reason}");
+    assert!(
+        hub.tools()
+            .iter()
+            .all(|t| t.spec().namespace.as_deref() == Some("mcp__ok"))
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn env_values_expand_variables() {
+    // HOME is always set; the test does not write the environment (not thread-safe).
+    let home = std::env::var("HOME").unwrap();
+    let mut server = fixture(&[]);
+    server["env"] = json!({"GREETING": "say ${HOME}"});
+    let hub = hub(json!({ "bad": server })).await;
+    let out = find(&hub, "mcp__bad__env")
+        .call(call(json!({"name": "GREETING"})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), format!("say {home}"));
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_that_never_answers_times_out_and_is_cancelled_upstream() {
+    let hub = McpHub::connect(
+        &config(json!({"bad": fixture(&[])})),
+        ConnectOptions {
+            call_timeout: Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .await;
+    let err = find(&hub, "mcp__bad__hang")
+        .call(call(json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::Timeout, "{err}");
+    assert!(err.message.contains("did not answer"), "{err}");
+    let count = find(&hub, "mcp__bad__cancelled_count")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&count.value), "1", "the server was told to stop");
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn progress_notifications_extend_the_timeout() {
+    let hub = McpHub::connect(
+        &config(json!({"bad": fixture(&[])})),
+        ConnectOptions {
+            call_timeout: Duration::from_millis(1500),
+            ..Default::default()
+        },
+    )
+    .await;
+    // 8 steps of 400 ms = 3.2 s in total, more than twice the timeout, but never 1.5 s silent.
+    let out = find(&hub, "mcp__bad__slow_progress")
+        .call(call(json!({"steps": 8, "interval": 400})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "done after 8 steps");
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_call_cancels_the_request() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let cancel = CancellationToken::new();
+    let hang = find(&hub, "mcp__bad__hang");
+    let pending = tokio::spawn(hang.call(call_with(json!({}), cancel.clone())));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cancel.cancel();
+    let err = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("cancel ends the call promptly")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::Cancelled);
+    let count = find(&hub, "mcp__bad__cancelled_count")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&count.value), "1");
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_that_dies_mid_call_is_restarted_by_the_next_call() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let pid = find(&hub, "mcp__bad__pid");
+    let first = text_of(&pid.call(call(json!({}))).await.unwrap().value);
+    let err = find(&hub, "mcp__bad__die")
+        .call(call(json!({})))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("closed the connection"), "{err}");
+    let second = text_of(&pid.call(call(json!({}))).await.unwrap().value);
+    assert_ne!(first, second, "a new process answers");
+    assert!(matches!(
+        hub.status()[0].state,
+        ServerState::Connected { .. }
+    ));
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_output_is_skipped() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let out = find(&hub, "mcp__bad__malformed")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "answered after garbage");
+    let out = find(&hub, "mcp__bad__echo")
+        .call(call(json!({"text": "still fine"})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "Echo: still fine");
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_ten_megabyte_result_arrives_whole() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let out = find(&hub, "mcp__bad__big")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value).len(), 10 * 1024 * 1024);
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_changed_refreshes_the_tools() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let mut changed = hub.on_tools_changed();
+    changed.mark_unchanged();
+    assert!(
+        hub.tools()
+            .iter()
+            .all(|t| t.spec().name != "mcp__bad__extra")
+    );
+    find(&hub, "mcp__bad__add_tool")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), changed.changed())
+        .await
+        .expect("the hub reports the change")
+        .unwrap();
+    let out = find(&hub, "mcp__bad__extra")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "extra works");
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_calls() {
+    let hub = hub(json!({"bad": fixture(&[])})).await;
+    let echo = find(&hub, "mcp__bad__echo");
+    let calls = (0..50).map(|i| echo.call(call(json!({"text": format!("n{i}")}))));
+    let results = futures::future::join_all(calls).await;
+    for (i, r) in results.into_iter().enumerate() {
+        assert_eq!(text_of(&r.unwrap().value), format!("Echo: n{i}"));
+    }
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn filesystem_and_memory_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("note.txt"), "hello from a file").unwrap();
+    let hub = hub(json!({
+        "fs": {"command": "node", "args": [
+            format!("{TESTBED}/@modelcontextprotocol/server-filesystem/dist/index.js"),
+            dir.path().to_str().unwrap()]},
+        "memory": {"command": "node",
+                   "args": [format!("{TESTBED}/@modelcontextprotocol/server-memory/dist/index.js")],
+                   "env": {"MEMORY_FILE_PATH": dir.path().join("mem.jsonl").to_str().unwrap()}}
+    }))
+    .await;
+    let out = find(&hub, "mcp__fs__read_text_file")
+        .call(call(json!({"path": dir.path().join("note.txt")})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "hello from a file");
+    find(&hub, "mcp__memory__create_entities")
+        .call(call(json!({"entities": [{"name": "note", "entityType": "file", "observations": ["says hello"]}]})))
+        .await
+        .unwrap();
+    let graph = find(&hub, "mcp__memory__read_graph")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert!(
+        graph.value.to_string().contains("says hello"),
+        "{}",
+        graph.value
+    );
+    hub.shutdown().await;
+}
+
+#[tokio::test]
+async fn streamable_http_server_with_headers() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::new("node")
+        .arg(everything())
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Wait until it listens.
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let hub = hub(json!({"web": {
+        "url": format!("http://127.0.0.1:{port}/mcp"),
+        "headers": {"Authorization": "Bearer ${HOME}"}
+    }}))
+    .await;
+    assert!(
+        matches!(hub.status()[0].state, ServerState::Connected { .. }),
+        "{:?}",
+        hub.status()
+    );
+    let out = find(&hub, "mcp__web__echo")
+        .call(call(json!({"message": "over http"})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "Echo: over http");
+    hub.shutdown().await;
+    child.kill().await.unwrap();
+}
