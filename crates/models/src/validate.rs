@@ -127,8 +127,8 @@ pub(crate) fn resolve_model<'a>(
     match catalog.model(&provider, &id) {
         Some(model) if model.model_type == op.model_type() => Ok(model),
         Some(model) => Err(ToolError::invalid(format!(
-            "\"{provider}/{id}\" is a {} model, so {name}() cannot use it; it needs {} model. {}",
-            model.model_type,
+            "\"{provider}/{id}\" is {} model, so {name}() cannot use it; it needs {} model. {}",
+            if model.model_type == "image" { "an image" } else if model.model_type == "chat" { "a chat" } else { "a classifier" },
             op.article(),
             op.list_hint()
         ))),
