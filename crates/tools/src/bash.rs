@@ -147,7 +147,9 @@ async fn run(
         )));
     }
     if args.command.trim().is_empty() {
-        return Err(ToolError::invalid("the command is empty; give a shell command to run"));
+        return Err(ToolError::invalid(
+            "the command is empty; give a shell command to run",
+        ));
     }
     // One pipe for both streams keeps stdout and stderr in the order they were written.
     let (reader, writer) = std::io::pipe()

@@ -155,7 +155,11 @@ fn squash_whitespace(s: &str) -> String {
 
 /// 1-based line number of a byte offset.
 fn line_of(text: &str, at: usize) -> usize {
-    text.as_bytes()[..at].iter().filter(|b| **b == b'\n').count() + 1
+    text.as_bytes()[..at]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
 fn join_numbers(numbers: &[usize]) -> String {

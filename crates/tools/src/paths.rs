@@ -72,11 +72,13 @@ fn expand_home(raw: &str) -> Result<PathBuf, ToolError> {
     } else {
         return Ok(PathBuf::from(raw));
     };
-    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).ok_or_else(|| {
-        ToolError::invalid(
-            "the path starts with ~ but HOME is not set; give an absolute path instead",
-        )
-    })?;
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| {
+            ToolError::invalid(
+                "the path starts with ~ but HOME is not set; give an absolute path instead",
+            )
+        })?;
     Ok(PathBuf::from(home).join(rest))
 }
 
