@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::args::parse;
 use crate::fs_atomic::atomic_write;
 use crate::paths::path_text;
-use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, text_output};
+use crate::support::{Behaviour, Context, io_error, make_spec, run_change, text_output};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -72,7 +72,7 @@ impl Tool for EditTool {
             let args: EditArgs = parse("edit", &call.args)?;
             let path = ctx.resolve(&args.path)?;
             let shown = ctx.display(&path);
-            run_blocking(call.cancel, move |_| edit_file(&path, &shown, &args)).await
+            run_change(call.cancel, move || edit_file(&path, &shown, &args)).await
         })
     }
 }
@@ -87,6 +87,12 @@ fn edit_file(path: &Path, shown: &str, args: &EditArgs) -> Result<ToolOutput, To
         return Err(ToolError::invalid(
             "old_string and new_string are the same, so the edit would change nothing",
         ));
+    }
+    if path.exists() && !path.is_file() {
+        return Err(ToolError::invalid(format!(
+            "{} is not a regular file; edit changes text files only",
+            path.display()
+        )));
     }
     let bytes = std::fs::read(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {

@@ -1,5 +1,6 @@
 //! `read`: a text file with line numbers, or an image.
 
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -107,6 +108,13 @@ fn read_file(path: &Path, args: &ReadArgs, max_bytes: usize) -> Result<ToolOutpu
             path.display()
         )));
     }
+    // Devices and FIFOs may never end (/dev/zero) or block forever; only regular files are read.
+    if !meta.is_file() {
+        return Err(ToolError::invalid(format!(
+            "{} is not a regular file (a device, FIFO or socket); read only reads files",
+            path.display()
+        )));
+    }
     let bytes = read_capped(path, meta.len())?;
     if let Some(mime) = image_mime(&bytes) {
         return image_output(path, &bytes, mime);
@@ -135,7 +143,13 @@ fn read_capped(path: &Path, len: u64) -> Result<Vec<u8>, ToolError> {
             path.display()
         )));
     }
-    std::fs::read(path).map_err(|e| io_error("read", path, &e))
+    // Read through `take` so a file that grows while we read cannot exceed the cap.
+    let file = std::fs::File::open(path).map_err(|e| io_error("read", path, &e))?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(MAX_TEXT_FILE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error("read", path, &e))?;
+    Ok(bytes)
 }
 
 /// Recognises the image formats a model can see, by their magic bytes rather than the name.

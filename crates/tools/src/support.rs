@@ -136,18 +136,38 @@ where
     T: Send + 'static,
     F: FnOnce(StopFlag) -> Result<T, ToolError> + Send + 'static,
 {
+    if cancel.is_cancelled() {
+        return Err(ToolError::cancelled());
+    }
     let stop = StopFlag::default();
     let task = tokio::task::spawn_blocking({
         let stop = stop.clone();
         move || work(stop)
     });
     tokio::select! {
-        joined = task => joined.map_err(|e| ToolError::failed(format!("the tool's worker stopped unexpectedly: {e}")))?,
+        biased;
         _ = cancel.cancelled() => {
             stop.set();
             Err(ToolError::cancelled())
         }
+        joined = task => joined.map_err(|e| ToolError::failed(format!("the tool's worker stopped unexpectedly: {e}")))?,
     }
+}
+
+/// Runs a change to the file system on the blocking pool. Cancellation is honoured only before
+/// the change starts: once a write is under way it finishes, so the caller is never told
+/// "cancelled" about a file that was in fact changed.
+pub(crate) async fn run_change<T, F>(cancel: CancellationToken, work: F) -> Result<T, ToolError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, ToolError> + Send + 'static,
+{
+    if cancel.is_cancelled() {
+        return Err(ToolError::cancelled());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ToolError::failed(format!("the tool's worker stopped unexpectedly: {e}")))?
 }
 
 /// Describes an I/O error on a path in words that say what to do.

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use crate::args::parse;
 use crate::fs_atomic::atomic_write;
 use crate::paths::path_text;
-use crate::support::{Behaviour, Context, make_spec, run_blocking, text_output};
+use crate::support::{Behaviour, Context, make_spec, run_change, text_output};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,7 +66,7 @@ impl Tool for WriteTool {
             let args: WriteArgs = parse("write", &call.args)?;
             let path = ctx.resolve(&args.path)?;
             let shown = ctx.display(&path);
-            run_blocking(call.cancel, move |_| {
+            run_change(call.cancel, move || {
                 let existed = path.exists();
                 atomic_write(&path, args.content.as_bytes())?;
                 let verb = if existed { "Replaced" } else { "Created" };

@@ -311,3 +311,69 @@ async fn edit_refuses_missing_files_and_no_op_edits() {
         .await;
     assert_eq!(err.kind, ToolErrorKind::InvalidArguments);
 }
+
+#[tokio::test]
+async fn read_and_edit_refuse_devices() {
+    let b = Bench::new();
+    let err = b.error("read", json!({"path": "/dev/zero"})).await;
+    assert!(
+        err.message.contains("not a regular file"),
+        "{}",
+        err.message
+    );
+    let err = b
+        .error(
+            "edit",
+            json!({"path": "/dev/null", "old_string": "a", "new_string": "b"}),
+        )
+        .await;
+    assert!(
+        err.message.contains("not a regular file"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_call_returns_cancelled() {
+    let b = Bench::new();
+    b.put("a.txt", "x");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    cancel.cancel();
+    for (name, args) in [
+        ("read", json!({"path": "a.txt"})),
+        ("grep", json!({"pattern": "x"})),
+        ("find", json!({"pattern": "*"})),
+    ] {
+        let err = b.call_with(name, args, cancel.clone()).await.unwrap_err();
+        assert_eq!(err.kind, ToolErrorKind::Cancelled, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_write_cancelled_before_it_starts_changes_nothing() {
+    let b = Bench::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    cancel.cancel();
+    let err = b
+        .call_with(
+            "write",
+            json!({"path": "w.txt", "content": "x"}),
+            cancel.clone(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::Cancelled);
+    assert!(!b.path("w.txt").exists());
+    b.put("e.txt", "a");
+    let err = b
+        .call_with(
+            "edit",
+            json!({"path": "e.txt", "old_string": "a", "new_string": "b"}),
+            cancel,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::Cancelled);
+    assert_eq!(std::fs::read_to_string(b.path("e.txt")).unwrap(), "a");
+}
