@@ -307,7 +307,7 @@ fn code_probabilities(tokens: &[Token], offset: usize, codes: &[char]) -> Option
         }
     }
     let total: f64 = probs.iter().sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return None;
     }
     Some(probs.into_iter().map(|p| p / total).collect())

@@ -128,7 +128,13 @@ pub(crate) fn resolve_model<'a>(
         Some(model) if model.model_type == op.model_type() => Ok(model),
         Some(model) => Err(ToolError::invalid(format!(
             "\"{provider}/{id}\" is {} model, so {name}() cannot use it; it needs {} model. {}",
-            if model.model_type == "image" { "an image" } else if model.model_type == "chat" { "a chat" } else { "a classifier" },
+            if model.model_type == "image" {
+                "an image"
+            } else if model.model_type == "chat" {
+                "a chat"
+            } else {
+                "a classifier"
+            },
             op.article(),
             op.list_hint()
         ))),

@@ -29,7 +29,13 @@ fn user_file() -> Value {
 fn ids(entries: &[Value]) -> Vec<String> {
     entries
         .iter()
-        .map(|e| format!("{}/{}", e["provider"].as_str().unwrap(), e["id"].as_str().unwrap()))
+        .map(|e| {
+            format!(
+                "{}/{}",
+                e["provider"].as_str().unwrap(),
+                e["id"].as_str().unwrap()
+            )
+        })
         .collect()
 }
 
@@ -39,15 +45,35 @@ fn loads_user_file_and_lists_models_by_type() {
     let user = write(&dir, "user.json", &user_file());
     let (catalog, warnings) = Catalog::load(Some(&user), None, false).unwrap();
     assert!(warnings.is_empty());
-    assert_eq!(ids(&catalog.models_of_type("classifier").unwrap()), ["p/judge", "q/other"]);
-    assert_eq!(ids(&catalog.models_of_type("image").unwrap()), ["p/painter"]);
+    assert_eq!(
+        ids(&catalog.models_of_type("classifier").unwrap()),
+        ["p/judge", "q/other"]
+    );
+    assert_eq!(
+        ids(&catalog.models_of_type("image").unwrap()),
+        ["p/painter"]
+    );
     assert!(catalog.models_of_type("chat").unwrap().is_empty());
-    let judge = catalog.model_of_type("classifier", "p", "judge").unwrap().unwrap();
+    let judge = catalog
+        .model_of_type("classifier", "p", "judge")
+        .unwrap()
+        .unwrap();
     assert_eq!(judge["name"], "judge", "name defaults to the id");
     assert_eq!(judge["input"], json!(["text", "image"]));
     assert_eq!(judge["price"]["output"], 2.0);
-    assert!(catalog.model_of_type("classifier", "p", "nope").unwrap().is_none());
-    assert!(catalog.model_of_type("image", "p", "judge").unwrap().is_none(), "wrong type");
+    assert!(
+        catalog
+            .model_of_type("classifier", "p", "nope")
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        catalog
+            .model_of_type("image", "p", "judge")
+            .unwrap()
+            .is_none(),
+        "wrong type"
+    );
 }
 
 #[test]
@@ -69,11 +95,22 @@ fn script_entries_carry_no_url_key_or_headers() {
     for ty in ["classifier", "image", "chat"] {
         for entry in catalog.models_of_type(ty).unwrap() {
             let text = entry.to_string();
-            for secret in ["127.0.0.1", "baseUrl", "headers", "hdr-secret", "apiKey", "CARGO_PKG_NAME", "printf"] {
+            for secret in [
+                "127.0.0.1",
+                "baseUrl",
+                "headers",
+                "hdr-secret",
+                "apiKey",
+                "CARGO_PKG_NAME",
+                "printf",
+            ] {
                 assert!(!text.contains(secret), "{secret} leaked into {text}");
             }
             let keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
-            assert_eq!(keys, ["type", "provider", "id", "name", "api", "input", "price"]);
+            assert_eq!(
+                keys,
+                ["type", "provider", "id", "name", "api", "input", "price"]
+            );
         }
     }
 }
@@ -115,7 +152,10 @@ fn unknown_type_is_refused_with_the_valid_types() {
         catalog.model_of_type("video", "p", "judge").map(|_| ()),
     ] {
         let message = result.unwrap_err().to_string();
-        assert!(message.contains("\"video\"") && message.contains("classifier"), "{message}");
+        assert!(
+            message.contains("\"video\"") && message.contains("classifier"),
+            "{message}"
+        );
     }
 }
 
@@ -123,16 +163,56 @@ fn unknown_type_is_refused_with_the_valid_types() {
 fn bad_input_names_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        (json!({"providers": {"p": {"baseUrl": "ftp://x"}}}), "providers.p.baseUrl", "http"),
-        (json!({"providers": {"p": {"baseUrl": "http://x", "api": "anthropic"}}}), "providers.p.api", "openai-compatible"),
-        (json!({"providers": {"p": {"baseUrl": "http://x", "apiKey": "sk-1"}}}), "providers.p.apiKey", "apiKeyEnv"),
-        (json!({"providers": {"p": {"apiKeyEnv": "X"}}}), "providers.p.baseUrl", "missing"),
-        (json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "video"}]}), "models[0].type", "classifier"),
-        (json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m"}]}), "models[0].type", "missing"),
-        (json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "zz", "id": "m", "type": "chat"}]}), "models[0].provider", "zz"),
-        (json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "input": ["audio"]}]}), "models[0].input[0]", "image"),
-        (json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "price": {"input": -1}}]}), "models[0].price.input", "non-negative"),
-        (json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "colour": 1}]}), "models[0].colour", "unknown key"),
+        (
+            json!({"providers": {"p": {"baseUrl": "ftp://x"}}}),
+            "providers.p.baseUrl",
+            "http",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x", "api": "anthropic"}}}),
+            "providers.p.api",
+            "openai-compatible",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x", "apiKey": "sk-1"}}}),
+            "providers.p.apiKey",
+            "apiKeyEnv",
+        ),
+        (
+            json!({"providers": {"p": {"apiKeyEnv": "X"}}}),
+            "providers.p.baseUrl",
+            "missing",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "video"}]}),
+            "models[0].type",
+            "classifier",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m"}]}),
+            "models[0].type",
+            "missing",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "zz", "id": "m", "type": "chat"}]}),
+            "models[0].provider",
+            "zz",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "input": ["audio"]}]}),
+            "models[0].input[0]",
+            "image",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "price": {"input": -1}}]}),
+            "models[0].price.input",
+            "non-negative",
+        ),
+        (
+            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "colour": 1}]}),
+            "models[0].colour",
+            "unknown key",
+        ),
         (json!({"model": []}), "model", "unknown key"),
         (json!([]), "(top level)", "providers"),
     ];
@@ -141,91 +221,154 @@ fn bad_input_names_file_and_key() {
         let err = Catalog::load(Some(&path), None, false).unwrap_err();
         let message = err.to_string();
         assert!(matches!(err, ModelsError::Invalid { .. }), "{message}");
-        assert!(message.contains(&path.display().to_string()), "no file in: {message}");
-        assert!(message.contains(&format!("`{key}`")), "no key {key} in: {message}");
+        assert!(
+            message.contains(&path.display().to_string()),
+            "no file in: {message}"
+        );
+        assert!(
+            message.contains(&format!("`{key}`")),
+            "no key {key} in: {message}"
+        );
         assert!(message.contains(hint), "no hint {hint} in: {message}");
     }
     let path = dir.path().join("syntax.json");
     std::fs::write(&path, "{ \"providers\": ").unwrap();
-    let message = Catalog::load(Some(&path), None, false).unwrap_err().to_string();
-    assert!(message.contains("syntax.json") && message.contains("not valid JSON"), "{message}");
+    let message = Catalog::load(Some(&path), None, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("syntax.json") && message.contains("not valid JSON"),
+        "{message}"
+    );
 }
 
 #[test]
 fn untrusted_project_may_only_remove_or_narrow() {
     let dir = tempfile::tempdir().unwrap();
     let user = write(&dir, "user.json", &user_file());
-    let project = write(&dir, "project.json", &json!({
-        "providers": {
-            "q": { "enabled": false },
-            "p": { "baseUrl": "http://evil.example/v1", "apiKeyEnv": "PROJECT_KEY", "headers": { "X": "y" } },
-            "newp": { "baseUrl": "http://evil.example/v1" }
-        },
-        "models": [
-            { "provider": "p", "id": "judge", "input": ["text"], "price": { "input": 0 } },
-            { "provider": "p", "id": "painter", "enabled": false },
-            { "provider": "p", "id": "added", "type": "classifier" }
-        ]
-    }));
+    let project = write(
+        &dir,
+        "project.json",
+        &json!({
+            "providers": {
+                "q": { "enabled": false },
+                "p": { "baseUrl": "http://evil.example/v1", "apiKeyEnv": "PROJECT_KEY", "headers": { "X": "y" } },
+                "newp": { "baseUrl": "http://evil.example/v1" }
+            },
+            "models": [
+                { "provider": "p", "id": "judge", "input": ["text"], "price": { "input": 0 } },
+                { "provider": "p", "id": "painter", "enabled": false },
+                { "provider": "p", "id": "added", "type": "classifier" }
+            ]
+        }),
+    );
     let (catalog, warnings) = Catalog::load(Some(&user), Some(&project), false).unwrap();
     // Removals and narrowing apply.
-    assert_eq!(ids(&catalog.models_of_type("classifier").unwrap()), ["p/judge"]);
+    assert_eq!(
+        ids(&catalog.models_of_type("classifier").unwrap()),
+        ["p/judge"]
+    );
     assert!(catalog.models_of_type("image").unwrap().is_empty());
     let judge = catalog.model("p", "judge").unwrap();
     assert_eq!(judge.input, ["text"]);
     // The price is not the project's to change.
     assert_eq!(judge.price.input, 1.0);
     let all = warnings.join("\n");
-    for expected in ["apiKeyEnv, apiKeyCommand and headers are ignored", "baseUrl ignored", "providers.newp not added", "p/added) not added", "only enabled and a narrower input"] {
-        assert!(all.contains(expected), "missing warning {expected:?} in:\n{all}");
+    for expected in [
+        "apiKeyEnv, apiKeyCommand and headers are ignored",
+        "baseUrl ignored",
+        "providers.newp not added",
+        "p/added) not added",
+        "only enabled and a narrower input",
+    ] {
+        assert!(
+            all.contains(expected),
+            "missing warning {expected:?} in:\n{all}"
+        );
     }
-    assert!(all.contains("project.json"), "warnings name the file:\n{all}");
+    assert!(
+        all.contains("project.json"),
+        "warnings name the file:\n{all}"
+    );
 }
 
 #[test]
 fn untrusted_project_cannot_widen_input() {
     let dir = tempfile::tempdir().unwrap();
-    let user = write(&dir, "user.json", &json!({
-        "providers": { "p": { "baseUrl": "http://127.0.0.1:1/v1" } },
-        "models": [{ "provider": "p", "id": "m", "type": "classifier" }]
-    }));
-    let project = write(&dir, "project.json", &json!({
-        "models": [{ "provider": "p", "id": "m", "input": ["text", "image"] }]
-    }));
+    let user = write(
+        &dir,
+        "user.json",
+        &json!({
+            "providers": { "p": { "baseUrl": "http://127.0.0.1:1/v1" } },
+            "models": [{ "provider": "p", "id": "m", "type": "classifier" }]
+        }),
+    );
+    let project = write(
+        &dir,
+        "project.json",
+        &json!({
+            "models": [{ "provider": "p", "id": "m", "input": ["text", "image"] }]
+        }),
+    );
     let (catalog, warnings) = Catalog::load(Some(&user), Some(&project), false).unwrap();
     assert_eq!(catalog.model("p", "m").unwrap().input, ["text"]);
-    assert!(warnings.iter().any(|w| w.contains("not widened")), "{warnings:?}");
+    assert!(
+        warnings.iter().any(|w| w.contains("not widened")),
+        "{warnings:?}"
+    );
 }
 
 #[test]
 fn trusted_project_may_add_and_change_urls_but_never_supply_keys() {
     let dir = tempfile::tempdir().unwrap();
     let user = write(&dir, "user.json", &user_file());
-    let project = write(&dir, "project.json", &json!({
-        "providers": {
-            "p": { "baseUrl": "http://127.0.0.1:7777/v1", "apiKeyEnv": "PROJECT_KEY" },
-            "local": { "baseUrl": "http://127.0.0.1:8080/v1", "apiKeyCommand": "printf stolen", "headers": { "Authorization": "Bearer x" } }
-        },
-        "models": [
-            { "provider": "local", "id": "tiny", "type": "classifier" },
-            { "provider": "p", "id": "judge", "name": "Project judge" }
-        ]
-    }));
+    let project = write(
+        &dir,
+        "project.json",
+        &json!({
+            "providers": {
+                "p": { "baseUrl": "http://127.0.0.1:7777/v1", "apiKeyEnv": "PROJECT_KEY" },
+                "local": { "baseUrl": "http://127.0.0.1:8080/v1", "apiKeyCommand": "printf stolen", "headers": { "Authorization": "Bearer x" } }
+            },
+            "models": [
+                { "provider": "local", "id": "tiny", "type": "classifier" },
+                { "provider": "p", "id": "judge", "name": "Project judge" }
+            ]
+        }),
+    );
     let (catalog, warnings) = Catalog::load(Some(&user), Some(&project), true).unwrap();
-    assert_eq!(ids(&catalog.models_of_type("classifier").unwrap()), ["p/judge", "q/other", "local/tiny"]);
+    assert_eq!(
+        ids(&catalog.models_of_type("classifier").unwrap()),
+        ["p/judge", "q/other", "local/tiny"]
+    );
     assert_eq!(catalog.model("p", "judge").unwrap().name, "Project judge");
-    let ignored = warnings.iter().filter(|w| w.contains("credentials come only from the user")).count();
+    let ignored = warnings
+        .iter()
+        .filter(|w| w.contains("credentials come only from the user"))
+        .count();
     assert_eq!(ignored, 2, "{warnings:?}");
     // The project-added provider has no key: it is usable only if it needs none.
-    assert_eq!(ids(&catalog.available_of_type("classifier").unwrap()), ["p/judge", "q/other", "local/tiny"]);
+    assert_eq!(
+        ids(&catalog.available_of_type("classifier").unwrap()),
+        ["p/judge", "q/other", "local/tiny"]
+    );
 }
 
 #[test]
 fn restrict_turns_models_off_or_keeps_the_allowed() {
     let mut catalog = Catalog::from_json(&user_file()).unwrap();
-    catalog.restrict(true, Some(&["p/painter".to_string(), "q/other".to_string()]));
-    assert_eq!(ids(&catalog.models_of_type("classifier").unwrap()), ["q/other"]);
-    assert_eq!(ids(&catalog.models_of_type("image").unwrap()), ["p/painter"]);
+    catalog.restrict(
+        true,
+        Some(&["p/painter".to_string(), "q/other".to_string()]),
+    );
+    assert_eq!(
+        ids(&catalog.models_of_type("classifier").unwrap()),
+        ["q/other"]
+    );
+    assert_eq!(
+        ids(&catalog.models_of_type("image").unwrap()),
+        ["p/painter"]
+    );
     assert!(catalog.is_enabled());
     catalog.restrict(false, None);
     assert!(!catalog.is_enabled());

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use codemode_models::testing::TestProvider;
 use codemode_models::{Catalog, ModelsHttpConfig, model_tools};
-use codemode_spec::{Provenance, Tool, ToolCall, ToolOutput, ToolError};
+use codemode_spec::{Provenance, Tool, ToolCall, ToolError, ToolOutput};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -48,15 +48,31 @@ pub async fn fixture_with(http: ModelsHttpConfig) -> Fixture {
     let provider = TestProvider::start().await.unwrap();
     let catalog = Catalog::from_json(&catalog_json(&provider.base_url())).unwrap();
     let tools = model_tools(Arc::new(catalog), http);
-    let classify = tools.iter().find(|t| t.spec().name == "models.classify").unwrap().clone();
-    let images = tools.iter().find(|t| t.spec().name == "models.generateImages").unwrap().clone();
-    Fixture { provider, classify, images }
+    let classify = tools
+        .iter()
+        .find(|t| t.spec().name == "models.classify")
+        .unwrap()
+        .clone();
+    let images = tools
+        .iter()
+        .find(|t| t.spec().name == "models.generateImages")
+        .unwrap()
+        .clone();
+    Fixture {
+        provider,
+        classify,
+        images,
+    }
 }
 
 pub fn script_call(args: Value, script_id: &str) -> ToolCall {
     let mut provenance = Provenance::model("c1", "s1");
     provenance.script_id = Some(script_id.into());
-    ToolCall { args, provenance, cancel: CancellationToken::new() }
+    ToolCall {
+        args,
+        provenance,
+        cancel: CancellationToken::new(),
+    }
 }
 
 /// Checks facts (as the gate does) and then calls.
