@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 const KEY_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The source of a provider's key, as the user's models.json names it.
-#[derive(Debug)]
 pub(crate) enum KeySource {
     /// The provider needs no key (a local llama.cpp or Ollama server).
     None,
@@ -24,6 +23,17 @@ pub(crate) enum KeySource {
         command: String,
         cached: Mutex<Option<String>>,
     },
+}
+
+/// Names the source but never prints a cached key, so logging a catalog leaks nothing.
+impl std::fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeySource::None => f.write_str("KeySource::None"),
+            KeySource::Env(var) => write!(f, "KeySource::Env({var})"),
+            KeySource::Command { .. } => f.write_str("KeySource::Command(..)"),
+        }
+    }
 }
 
 impl KeySource {

@@ -43,6 +43,8 @@ pub struct Knobs {
     pub omit_logprobs: bool,
     /// Generated images are PNG-headed data of this many bytes (default: [`TINY_PNG_BASE64`]).
     pub image_bytes: Option<usize>,
+    /// Send answers in 64 KiB chunks without a Content-Length, so only reading can find the size.
+    pub chunked: bool,
 }
 
 impl Default for Knobs {
@@ -55,6 +57,7 @@ impl Default for Knobs {
             malformed_json: false,
             omit_logprobs: false,
             image_bytes: None,
+            chunked: false,
         }
     }
 }
@@ -207,6 +210,16 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             );
         }
     };
+    if knobs.chunked {
+        let bytes = answer.to_string().into_bytes();
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            bytes.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+        return Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(futures::stream::iter(chunks)))
+            .unwrap_or_default();
+    }
     json_response(StatusCode::OK, answer.to_string())
 }
 

@@ -141,6 +141,8 @@ fn available_depends_on_the_credential() {
         ids(&catalog.available_of_type("classifier").unwrap()),
         ["env_set/a", "cmd_ok/c", "keyless/f"]
     );
+    // The command's key is cached now; debugging output must not show it.
+    assert!(!format!("{catalog:?}").contains("k-123"));
 }
 
 #[test]

@@ -79,6 +79,35 @@ async fn a_20_mb_image_is_refused_at_the_cap() {
 }
 
 #[tokio::test]
+async fn a_20_mb_image_without_content_length_is_cut_off_while_reading() {
+    let f = fixture().await;
+    f.provider.configure(|k| {
+        k.image_bytes = Some(20 * 1024 * 1024);
+        k.chunked = true;
+    });
+    let out = gated(&f.images, image_args()).await.unwrap();
+    assert_error(
+        &out.value,
+        "larger than the limit of 16777216 bytes; it was not read further",
+    );
+}
+
+#[tokio::test]
+async fn chunked_answers_within_the_cap_are_read_whole() {
+    let f = fixture().await;
+    f.provider.configure(|k| {
+        k.chunked = true;
+        k.label_probs = vec![vec![0.25, 0.25, 0.5]];
+    });
+    let out = gated(&f.classify, classify_args()).await.unwrap();
+    assert_eq!(
+        out.value["answers"]["sentiment"]["choice"], "neutral",
+        "{}",
+        out.value
+    );
+}
+
+#[tokio::test]
 async fn a_large_image_within_a_raised_cap_is_returned() {
     let f = fixture_with(ModelsHttpConfig {
         max_response_bytes: 4 * 1024 * 1024,
