@@ -180,12 +180,51 @@ pub(crate) fn decide(
     schema: Option<&PolicySchema>,
     input: &PolicyInput<'_>,
 ) -> Decision {
-    match evaluate(policies, schema, input) {
-        Ok(d) => d,
-        Err(message) => Decision::Deny {
-            message,
-            policy_ids: Vec::new(),
+    // Cedar cannot say "every element of a set is like ...", so a call that touches several
+    // paths is decided once per path (`context.path`); the strictest answer wins.
+    let paths: Vec<&str> = if input.facts.paths.is_empty() {
+        vec![""]
+    } else {
+        input.facts.paths.iter().map(String::as_str).collect()
+    };
+    let mut allowed: Vec<String> = Vec::new();
+    let mut ask: Option<(Vec<String>, Vec<String>)> = None;
+    for path in paths {
+        let decision = match evaluate(policies, schema, input, path) {
+            Ok(d) => d,
+            Err(message) => Decision::Deny {
+                message,
+                policy_ids: Vec::new(),
+            },
+        };
+        match decision {
+            Decision::Deny { .. } => return decision,
+            Decision::Ask { reason, policy_ids } => {
+                let (reasons, ids) = ask.get_or_insert_with(Default::default);
+                if !reasons.contains(&reason) {
+                    reasons.push(reason);
+                }
+                merge_ids(ids, policy_ids);
+            }
+            Decision::Allow { policy_ids } => merge_ids(&mut allowed, policy_ids),
+        }
+    }
+    match ask {
+        Some((reasons, policy_ids)) => Decision::Ask {
+            reason: reasons.join("; "),
+            policy_ids,
         },
+        None => Decision::Allow {
+            policy_ids: allowed,
+        },
+    }
+}
+
+fn merge_ids(into: &mut Vec<String>, ids: Vec<String>) {
+    for id in ids {
+        if !into.contains(&id) {
+            into.push(id);
+        }
     }
 }
 
@@ -193,6 +232,7 @@ fn evaluate(
     policies: &PolicySet,
     schema: Option<&PolicySchema>,
     input: &PolicyInput<'_>,
+    path: &str,
 ) -> Result<Decision, String> {
     let p = input.provenance;
     let principal = uid("Session", &p.session_id)?;
@@ -210,6 +250,7 @@ fn evaluate(
         "args": args_record(input.args, schema),
         "args_json": serde_json::to_string(input.args).unwrap_or_default(),
         "paths": input.facts.paths,
+        "path": path,
         "origin": match p.origin { Origin::Model => "model", Origin::Script => "script" },
         "depth": p.depth,
         "parent": p.parent_call_id.clone().unwrap_or_default(),

@@ -204,8 +204,19 @@ impl PolicySet {
     pub fn validate(&self, schema: &PolicySchema) -> Result<(), PolicyError> {
         let validator = Validator::new(schema.schema.clone());
         let result = validator.validate(&self.cedar, ValidationMode::Strict);
-        if let Some(err) = result.validation_errors().next() {
-            let policy_id = err.policy_id().to_string();
+        // Warnings count as errors: a policy that can never apply (`context.args has typo`)
+        // or that hides look-alike characters is a mistake that would silently not protect.
+        let problem: Option<(String, &dyn Diagnostic)> = result
+            .validation_errors()
+            .next()
+            .map(|e| (e.policy_id().to_string(), e as &dyn Diagnostic))
+            .or_else(|| {
+                result
+                    .validation_warnings()
+                    .next()
+                    .map(|w| (w.policy_id().to_string(), w as &dyn Diagnostic))
+            });
+        if let Some((policy_id, err)) = problem {
             let (file, text) = self
                 .infos
                 .iter()

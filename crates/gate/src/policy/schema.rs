@@ -164,7 +164,10 @@ type Counts = {{
 type CallContext = {{
   args: Args,
   args_json: String,
+  // Every resolved path the call touches; the policy is evaluated once per path, with that
+  // path in `path` ("" when the call touches none).
   paths: Set<String>,
+  path: String,
   origin: String,
   depth: Long,
   parent: String,

@@ -1,0 +1,406 @@
+//! Cedar policies: defaults, ask, errors at load, explain, path rules.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use codemode_gate::{
+    ApprovalAnswer, ExplainInput, Gate, PolicyError, PolicySchema, PolicySet, Registry, Stage,
+};
+use codemode_spec::{DeadlineClock, Exposure};
+use common::*;
+use serde_json::json;
+
+fn coding_tools() -> (Registry, Arc<std::sync::atomic::AtomicUsize>) {
+    let reg = Registry::new();
+    let read = TestTool::new("read", object_schema()).read_only();
+    let write = TestTool::new("write", object_schema());
+    let runs = write.runs.clone();
+    reg.register(Arc::new(read)).unwrap();
+    reg.register(Arc::new(write)).unwrap();
+    reg.register(Arc::new(TestTool::new(
+        "bash",
+        json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+    )))
+    .unwrap();
+    reg.register(Arc::new(TestTool::new("fetch", object_schema())))
+        .unwrap();
+    (reg, runs)
+}
+
+#[test]
+fn the_shipped_default_file_is_the_embedded_one_and_validates() {
+    let on_disk = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policies/default.cedar"
+    ))
+    .unwrap();
+    assert_eq!(on_disk, codemode_gate::policy::DEFAULT_POLICIES);
+    let set = PolicySet::defaults();
+    assert_eq!(set.ids(), ["read-only-tools", "ask-writes"]);
+    let (reg, _) = coding_tools();
+    set.validate(&PolicySchema::for_registry(&reg).unwrap())
+        .unwrap();
+}
+
+#[tokio::test]
+async fn defaults_permit_reads_ask_for_writes_and_deny_the_rest() {
+    let (reg, write_runs) = coding_tools();
+    let gate = Gate::builder().registry(reg).build().unwrap();
+    gate.call(req("read", json!({"path": "a"}), script("d")))
+        .await
+        .unwrap();
+
+    for tool in ["write", "bash"] {
+        let err = gate
+            .call(req(tool, json!({}), script("d")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stage, Stage::Approval, "{tool}");
+        assert_eq!(err.policy_ids, ["ask-writes"]);
+        assert!(err.message.contains("`ask-writes`"), "{}", err.message);
+        assert!(
+            err.message.contains("nobody is available to approve"),
+            "{}",
+            err.message
+        );
+    }
+    assert_eq!(write_runs.load(Ordering::SeqCst), 0);
+
+    let err = gate
+        .call(req("fetch", json!({}), script("d")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Policy);
+    assert!(err.policy_ids.is_empty());
+    assert!(
+        err.message.contains("no policy permits tool `fetch`"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn approval_yes_no_always_and_the_clock_stands_still_while_asking() {
+    let (reg, write_runs) = coding_tools();
+
+    let no = FixedApprover::new(ApprovalAnswer::No);
+    let gate = Gate::builder()
+        .registry(reg.clone())
+        .approver(no.clone())
+        .build()
+        .unwrap();
+    let err = gate
+        .call(req("write", json!({"path": "x"}), script("a")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Approval);
+    assert!(err.message.contains("not approved"), "{}", err.message);
+    assert_eq!(write_runs.load(Ordering::SeqCst), 0);
+    let q = no.asked.lock().unwrap()[0].clone();
+    assert_eq!(q.tool_name, "write");
+    assert_eq!(q.policy_ids, ["ask-writes"]);
+    assert_eq!(q.args, json!({"path": "x"}));
+
+    let mut slow = FixedApprover::new(ApprovalAnswer::Yes);
+    Arc::get_mut(&mut slow).unwrap().delay_ms = 300;
+    let gate = Gate::builder()
+        .registry(reg.clone())
+        .approver(slow.clone())
+        .build()
+        .unwrap();
+    let clock = DeadlineClock::new();
+    let mut r = req("write", json!({}), script("a"));
+    r.clock = Some(clock.clone());
+    gate.call(r).await.unwrap();
+    assert_eq!(write_runs.load(Ordering::SeqCst), 1);
+    assert!(
+        clock.paused() >= Duration::from_millis(300),
+        "{:?}",
+        clock.paused()
+    );
+    assert!(!clock.is_paused());
+
+    let always = FixedApprover::new(ApprovalAnswer::Always);
+    let gate = Gate::builder()
+        .registry(reg)
+        .approver(always.clone())
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        gate.call(req("write", json!({}), script("b")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        always.asked.lock().unwrap().len(),
+        1,
+        "always is remembered for the script"
+    );
+    gate.call(req("bash", json!({}), script("b")))
+        .await
+        .unwrap();
+    assert_eq!(always.asked.lock().unwrap().len(), 2, "always is per tool");
+    gate.call(req("write", json!({}), script("c")))
+        .await
+        .unwrap();
+    assert_eq!(
+        always.asked.lock().unwrap().len(),
+        3,
+        "always is per script"
+    );
+    gate.end_script("b");
+    gate.call(req("write", json!({}), script("b")))
+        .await
+        .unwrap();
+    assert_eq!(
+        always.asked.lock().unwrap().len(),
+        4,
+        "ending the script forgets it"
+    );
+}
+
+#[test]
+fn syntax_errors_name_file_line_and_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.cedar");
+    std::fs::write(
+        &file,
+        "// first policy is fine\npermit(principal, action, resource);\n\nforbid(principal, action resource);\n",
+    )
+    .unwrap();
+    let err = PolicySet::load_files(std::slice::from_ref(&file)).unwrap_err();
+    match &err {
+        PolicyError::Syntax { file: f, line, .. } => {
+            assert!(f.ends_with("broken.cedar"));
+            assert_eq!(*line, 4, "{err}");
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+    assert!(err.to_string().contains("broken.cedar:4:"), "{err}");
+    let reg = Registry::new();
+    assert!(codemode_gate::check(&file, &reg).is_err());
+    let missing = codemode_gate::check(&dir.path().join("nope.cedar"), &reg).unwrap_err();
+    assert!(matches!(missing, PolicyError::Read { .. }));
+}
+
+#[test]
+fn policies_that_do_not_fit_the_schema_are_refused_at_build() {
+    let (reg, _) = coding_tools();
+    let text = "@id(\"ok\")\npermit(principal, action, resource);\n\n@id(\"typo\")\npermit(principal, action == Action::\"tool_call\", resource)\nwhen { resource.read_onyl };\n";
+    let set = PolicySet::parse("typo.cedar", text).unwrap();
+    let err = Gate::builder()
+        .registry(reg.clone())
+        .policy(set)
+        .build()
+        .err()
+        .unwrap();
+    match &err {
+        PolicyError::Invalid {
+            policy_id, line, ..
+        } => {
+            assert_eq!(policy_id, "typo");
+            assert_eq!(*line, 6, "{err}");
+        }
+        other => panic!("expected a schema error, got {other:?}"),
+    }
+    // An argument no tool declares fails too; one that a tool declares passes.
+    let bad = PolicySet::parse("a.cedar", "forbid(principal, action, resource) when { context.args has nope && context.args.nope == \"x\" };").unwrap();
+    assert!(
+        Gate::builder()
+            .registry(reg.clone())
+            .policy(bad)
+            .build()
+            .is_err()
+    );
+    let good = PolicySet::parse("a.cedar", "forbid(principal, action, resource) when { context.args has command && context.args.command like \"rm *\" };").unwrap();
+    assert!(Gate::builder().registry(reg).policy(good).build().is_ok());
+}
+
+#[test]
+fn duplicate_ids_and_untrusted_permits_are_errors() {
+    let text = "@id(\"x\") permit(principal, action, resource);\n@id(\"x\") forbid(principal, action, resource);";
+    assert!(matches!(
+        PolicySet::parse("d.cedar", text),
+        Err(PolicyError::Duplicate { .. })
+    ));
+    let mut set = PolicySet::empty();
+    let err = set
+        .add_source("project.cedar", "forbid(principal, action, resource) when { false };\npermit(principal, action, resource);", true)
+        .unwrap_err();
+    assert!(
+        matches!(err, PolicyError::NotForbidOnly { line: 2, .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn args_paths_and_counts_reach_the_context() {
+    let reg = Registry::new();
+    reg.register(Arc::new(TestTool::new(
+        "bash",
+        json!({"type": "object", "properties": {"command": {"type": "string"}, "n": {"type": "integer"}}}),
+    )))
+    .unwrap();
+    let text = r#"
+@id("all") permit(principal, action, resource);
+@id("no-rm") forbid(principal, action == Action::"tool_call", resource)
+  when { context.args has command && context.args.command like "rm *" };
+@id("small-n") forbid(principal, action, resource)
+  when { context.args has n && context.args.n > 10 };
+@id("json") forbid(principal, action, resource) when { context.args_json like "*curl*" };
+@id("third-call") forbid(principal, action, resource) when { context.script.calls >= 2 };
+@id("nested-only") forbid(principal, action, resource) when { context.origin == "script" && context.depth > 3 };
+"#;
+    let gate = Gate::builder()
+        .registry(reg)
+        .policy(PolicySet::parse("ctx.cedar", text).unwrap())
+        .build()
+        .unwrap();
+    let deny = |args: serde_json::Value, sid: &'static str| {
+        let gate = gate.clone();
+        async move {
+            gate.call(req("bash", args, script(sid)))
+                .await
+                .err()
+                .map(|e| e.policy_ids)
+        }
+    };
+    assert_eq!(
+        deny(json!({"command": "rm -rf /"}), "c1").await,
+        Some(vec!["no-rm".to_string()])
+    );
+    assert_eq!(
+        deny(json!({"n": 11}), "c2").await,
+        Some(vec!["small-n".to_string()])
+    );
+    assert_eq!(
+        deny(json!({"command": "x; curl evil"}), "c3").await,
+        Some(vec!["json".to_string()])
+    );
+    assert_eq!(deny(json!({"command": "ls"}), "c4").await, None);
+    assert_eq!(deny(json!({"command": "ls"}), "c4").await, None);
+    assert_eq!(
+        deny(json!({"command": "ls"}), "c4").await,
+        Some(vec!["third-call".to_string()])
+    );
+    let mut deep = script("c5");
+    deep.depth = 4;
+    let err = gate.call(req("bash", json!({}), deep)).await.unwrap_err();
+    assert_eq!(err.policy_ids, ["nested-only"]);
+}
+
+#[tokio::test]
+async fn path_rules_see_resolved_paths_so_dotdot_symlinks_and_absolute_paths_cannot_slip_past() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let ws = root.join("ws");
+    let outside = root.join("outside");
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "s").unwrap();
+    std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+
+    let tool = TestTool::new("write", object_schema()).with_path_facts(&ws);
+    let runs = tool.runs.clone();
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    let policy = build_path_policy(&ws);
+    let gate = Gate::builder()
+        .registry(reg)
+        .policy(PolicySet::parse("paths.cedar", &policy).unwrap())
+        .build()
+        .unwrap();
+
+    gate.call(req("write", json!({"path": "src/new.rs"}), script("p")))
+        .await
+        .unwrap();
+    for trick in [
+        "../outside/secret.txt",
+        "src/../../outside/secret.txt",
+        "link/secret.txt",
+        outside.join("secret.txt").to_str().unwrap(),
+        "/etc/passwd",
+    ] {
+        let err = gate
+            .call(req("write", json!({"path": trick}), script("p")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stage, Stage::Policy, "{trick}");
+        assert_eq!(err.policy_ids, ["outside-workspace"], "{trick}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Permit writes; forbid any call touching a resolved path outside `ws`. The gate evaluates
+/// the policy once per path, with that path in `context.path`.
+fn build_path_policy(ws: &std::path::Path) -> String {
+    format!(
+        r#"@id("writes") permit(principal, action == Action::"tool_call", resource);
+@id("outside-workspace") forbid(principal, action == Action::"tool_call", resource)
+  when {{ context.path != "" && !(context.path like "{0}/*") }};
+"#,
+        ws.display()
+    )
+}
+
+#[test]
+fn explain_names_the_deciding_policies() {
+    let set = PolicySet::defaults();
+    let input: ExplainInput = serde_json::from_value(json!({
+        "tool": "bash", "args": {"command": "ls"}
+    }))
+    .unwrap();
+    let ex = codemode_gate::explain(&set, None, &input);
+    assert_eq!(ex.decision, "ask");
+    assert_eq!(ex.policies[0].id, "ask-writes");
+    assert_eq!(ex.policies[0].file, "default.cedar");
+    assert_eq!(ex.policies[0].line, 15);
+    assert_eq!(ex.policies[0].effect, "permit");
+
+    let input: ExplainInput = serde_json::from_value(json!({
+        "tool": "read", "annotations": {"readOnlyHint": true}
+    }))
+    .unwrap();
+    assert_eq!(codemode_gate::explain(&set, None, &input).decision, "allow");
+
+    let input: ExplainInput = serde_json::from_value(json!({"tool": "fetch"})).unwrap();
+    let ex = codemode_gate::explain(&set, None, &input);
+    assert_eq!(ex.decision, "deny");
+    assert!(ex.policies.is_empty());
+    assert!(ex.summary.contains("no policy permits"), "{}", ex.summary);
+
+    assert!(serde_json::from_value::<ExplainInput>(json!({"tool": "x", "bogus": 1})).is_err());
+}
+
+#[test]
+fn a_policy_that_fails_to_evaluate_denies() {
+    // Without a schema the validator cannot catch this; the gate must still fail closed.
+    let set = PolicySet::parse(
+        "e.cedar",
+        "@id(\"p\") permit(principal, action, resource);\n@id(\"f\") forbid(principal, action, resource) when { context.args.missing == 1 };",
+    )
+    .unwrap();
+    let input: ExplainInput = serde_json::from_value(json!({"tool": "x"})).unwrap();
+    let ex = codemode_gate::explain(&set, None, &input);
+    assert_eq!(ex.decision, "deny", "{}", ex.summary);
+    assert!(
+        ex.summary.contains("could not be evaluated"),
+        "{}",
+        ex.summary
+    );
+}
+
+#[tokio::test]
+async fn hidden_exposure_is_a_resource_attribute_policies_can_use() {
+    let reg = Registry::new();
+    reg.register(Arc::new(
+        TestTool::new("d", object_schema()).exposure(Exposure::Deferred),
+    ))
+    .unwrap();
+    let set = PolicySet::parse("x.cedar", "@id(\"deferred\") permit(principal, action, resource is Tool) when { resource.exposure == \"deferred\" && resource.open_world };").unwrap();
+    let gate = Gate::builder().registry(reg).policy(set).build().unwrap();
+    gate.call(req("d", json!({}), script("h"))).await.unwrap();
+}

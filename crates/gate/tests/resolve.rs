@@ -1,0 +1,239 @@
+//! Resolve: exposures, active state, modes, unknown and hidden names.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use codemode_gate::{Registry, RegistryError, Stage};
+use codemode_spec::{CodemodeMode, Exposure};
+use common::*;
+use serde_json::json;
+
+fn registry_with(tools: Vec<TestTool>) -> Registry {
+    let reg = Registry::new();
+    for t in tools {
+        reg.register(Arc::new(t)).unwrap();
+    }
+    reg
+}
+
+#[test]
+fn listings_follow_exposure_active_state_and_mode() {
+    let reg = registry_with(vec![
+        TestTool::new("codemode", object_schema()).exposure(Exposure::Direct),
+        TestTool::new("bash", object_schema()).exposure(Exposure::Direct),
+        TestTool::new("read", object_schema()).exposure(Exposure::Direct),
+        TestTool::new("mcp__gh__search", object_schema()),
+        TestTool::new("mcp__gh__rare", object_schema()).exposure(Exposure::Deferred),
+        TestTool::new("secret", object_schema()).exposure(Exposure::Hidden),
+    ]);
+    reg.set_active("read", false).unwrap();
+    let names = |v: Vec<codemode_spec::ToolSpec>| v.into_iter().map(|s| s.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(reg.script_callable()),
+        ["bash", "codemode", "mcp__gh__rare", "mcp__gh__search"]
+    );
+    assert_eq!(
+        names(reg.model_declared(CodemodeMode::On)),
+        ["bash", "codemode"]
+    );
+    assert_eq!(names(reg.model_declared(CodemodeMode::Only)), ["codemode"]);
+    assert_eq!(reg.specs().len(), 6);
+    assert!(matches!(
+        reg.set_active("mcp__gh__search", true),
+        Err(RegistryError::NotDirect { .. })
+    ));
+    reg.set_exposure("mcp__gh__rare", Exposure::Hidden).unwrap();
+    assert_eq!(
+        reg.specs()
+            .iter()
+            .find(|s| s.name == "mcp__gh__rare")
+            .unwrap()
+            .exposure,
+        Exposure::Hidden
+    );
+}
+
+#[test]
+fn duplicate_names_and_identifier_collisions_are_refused() {
+    let reg = registry_with(vec![TestTool::new("my-tool", object_schema())]);
+    assert_eq!(
+        reg.register(Arc::new(TestTool::new("my-tool", object_schema()))),
+        Err(RegistryError::Duplicate("my-tool".into()))
+    );
+    let err = reg
+        .register(Arc::new(TestTool::new("my_tool", object_schema())))
+        .unwrap_err();
+    assert!(err.to_string().contains("tools.my_tool"), "{err}");
+    // A hidden tool is callable by nobody, so it cannot collide; making it visible would.
+    reg.register(Arc::new(
+        TestTool::new("my_tool", object_schema()).exposure(Exposure::Hidden),
+    ))
+    .unwrap();
+    assert!(matches!(
+        reg.set_exposure("my_tool", Exposure::Codemode),
+        Err(RegistryError::IdentifierCollision { .. })
+    ));
+}
+
+#[tokio::test]
+async fn only_mode_refuses_direct_model_calls_and_audits_them_but_scripts_may_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let bash = TestTool::new("bash", object_schema()).exposure(Exposure::Direct);
+    let runs = bash.runs.clone();
+    let reg = registry_with(vec![bash]);
+    let (audit, path) = audit_in(dir.path());
+    let gate = builder(&reg)
+        .mode(CodemodeMode::Only)
+        .audit(audit)
+        .build()
+        .unwrap();
+
+    let err = gate
+        .call(req("bash", json!({}), model_origin()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Resolve);
+    assert!(err.message.contains("tools.bash(...)"), "{}", err.message);
+    assert!(err.message.contains("only"), "{}", err.message);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    gate.call(req("bash", json!({}), script("sc1")))
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let lines = audit_lines(&path);
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["status"], "denied");
+    assert_eq!(lines[0]["stage"], "resolve");
+    assert_eq!(lines[0]["provenance"]["origin"], "model");
+    assert_eq!(lines[1]["status"], "ok");
+    assert_eq!(lines[1]["provenance"]["origin"], "script");
+    codemode_gate::verify(&path).unwrap();
+}
+
+#[tokio::test]
+async fn on_mode_lets_the_model_call_active_direct_tools_only() {
+    let reg = registry_with(vec![
+        TestTool::new("bash", object_schema()).exposure(Exposure::Direct),
+        TestTool::new("search", object_schema()),
+    ]);
+    let gate = builder(&reg).build().unwrap();
+    gate.call(req("bash", json!({}), model_origin()))
+        .await
+        .unwrap();
+    let err = gate
+        .call(req("search", json!({}), model_origin()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Resolve);
+    assert!(err.message.contains("tools.search(...)"), "{}", err.message);
+    reg.set_active("bash", false).unwrap();
+    assert!(
+        gate.call(req("bash", json!({}), model_origin()))
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn unknown_tools_get_close_names_and_hidden_tools_are_callable_by_nobody() {
+    let reg = registry_with(vec![
+        TestTool::new("read_file", object_schema()),
+        TestTool::new("secret", object_schema()).exposure(Exposure::Hidden),
+    ]);
+    let gate = builder(&reg).build().unwrap();
+    let err = gate
+        .call(req("read_fiel", json!({}), script("s")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Resolve);
+    assert!(
+        err.message.contains("did you mean `read_file`"),
+        "{}",
+        err.message
+    );
+
+    let err = gate
+        .call(req("nothing_like_it", json!({}), script("s")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("searchTools"), "{}", err.message);
+
+    for p in [script("s"), model_origin()] {
+        let err = gate.call(req("secret", json!({}), p)).await.unwrap_err();
+        assert_eq!(err.stage, Stage::Resolve);
+        assert!(err.message.contains("hidden"), "{}", err.message);
+    }
+    // A hidden tool is never suggested.
+    let err = gate
+        .call(req("secre", json!({}), script("s")))
+        .await
+        .unwrap_err();
+    assert!(!err.message.contains("`secret`"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn identifiers_resolve_to_their_tool() {
+    let reg = registry_with(vec![TestTool::new("my-tool", object_schema())]);
+    let gate = builder(&reg).build().unwrap();
+    let out = gate
+        .call(req("my_tool", json!({"path": "x"}), script("s")))
+        .await
+        .unwrap();
+    assert_eq!(out.value, json!({"echo": {"path": "x"}}));
+}
+
+#[tokio::test]
+async fn tools_hidden_deactivated_or_removed_mid_script_are_refused_at_their_next_call() {
+    let reg = registry_with(vec![
+        TestTool::new("bash", object_schema()).exposure(Exposure::Direct),
+        TestTool::new("search", object_schema()),
+        TestTool::new("gone", object_schema()),
+    ]);
+    let gate = builder(&reg).build().unwrap();
+    for name in ["bash", "search", "gone"] {
+        gate.call(req(name, json!({}), script("run")))
+            .await
+            .unwrap();
+    }
+    reg.set_active("bash", false).unwrap();
+    reg.set_exposure("search", Exposure::Hidden).unwrap();
+    reg.remove("gone");
+    let err = gate
+        .call(req("bash", json!({}), script("run")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("not active"), "{}", err.message);
+    let err = gate
+        .call(req("search", json!({}), script("run")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("hidden"), "{}", err.message);
+    let err = gate
+        .call(req("gone", json!({}), script("run")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("no tool named `gone`"),
+        "{}",
+        err.message
+    );
+    let records = gate.records_for_script("run");
+    assert_eq!(records.len(), 6);
+    assert_eq!(records.iter().filter(|r| r.status == "denied").count(), 3);
+}
+
+#[tokio::test]
+async fn a_cancelled_call_does_not_run() {
+    let tool = TestTool::new("t", object_schema());
+    let runs = tool.runs.clone();
+    let reg = registry_with(vec![tool]);
+    let gate = builder(&reg).build().unwrap();
+    let r = req("t", json!({}), script("s"));
+    r.cancel.cancel();
+    assert!(gate.call(r).await.is_err());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,110 @@
+//! Validation: every JSON type, no coercion, each problem with its path.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use codemode_gate::{Registry, Stage};
+use common::*;
+use serde_json::{Value, json};
+
+fn schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "s": {"type": "string"},
+            "i": {"type": "integer"},
+            "n": {"type": "number"},
+            "b": {"type": "boolean"},
+            "a": {"type": "array", "items": {"type": "string"}},
+            "o": {"type": "object", "properties": {"deep": {"type": "integer"}}, "required": ["deep"]},
+            "z": {"type": "null"}
+        },
+        "required": ["s"],
+        "additionalProperties": false
+    })
+}
+
+async fn refused(args: Value) -> String {
+    let tool = TestTool::new("t", schema());
+    let runs = tool.runs.clone();
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg).build().unwrap();
+    let err = gate.call(req("t", args, script("v"))).await.unwrap_err();
+    assert_eq!(err.stage, Stage::Validate, "{}", err.message);
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "invalid call must not run");
+    err.message
+}
+
+#[tokio::test]
+async fn wrong_type_of_every_json_kind_is_refused_without_coercion() {
+    // Each of these would be "fixed" by a coercing validator.
+    let cases = [
+        (json!({"s": 5}), "/s"),
+        (json!({"s": "x", "i": "5"}), "/i"),
+        (json!({"s": "x", "i": 1.5}), "/i"),
+        (json!({"s": "x", "n": "1.5"}), "/n"),
+        (json!({"s": "x", "b": "true"}), "/b"),
+        (json!({"s": "x", "a": "one"}), "/a"),
+        (json!({"s": "x", "a": ["ok", 2]}), "/a/1"),
+        (json!({"s": "x", "o": "{}"}), "/o"),
+        (json!({"s": "x", "o": {"deep": "1"}}), "/o/deep"),
+        (json!({"s": "x", "z": 0}), "/z"),
+        (json!({"s": null}), "/s"),
+    ];
+    for (args, path) in cases {
+        let msg = refused(args.clone()).await;
+        assert!(msg.contains(&format!("- {path}:")), "{args} → {msg}");
+        assert!(msg.contains("Received:"), "{msg}");
+    }
+    for not_object in [json!("s"), json!(1), json!(true), json!(null), json!([1])] {
+        let msg = refused(not_object.clone()).await;
+        assert!(msg.contains("- /:"), "{not_object} → {msg}");
+    }
+}
+
+#[tokio::test]
+async fn every_problem_is_listed() {
+    let msg = refused(json!({"i": "x", "b": 1, "extra": true})).await;
+    assert!(msg.contains("(4 problems)"), "{msg}");
+    assert!(msg.contains("- /i:"), "{msg}");
+    assert!(msg.contains("- /b:"), "{msg}");
+    assert!(
+        msg.contains("\"s\" is a required property") || msg.contains("required"),
+        "{msg}"
+    );
+    assert!(msg.contains("extra"), "{msg}");
+}
+
+#[tokio::test]
+async fn valid_arguments_pass_unchanged() {
+    let tool = TestTool::new("t", schema());
+    let seen = tool.seen.clone();
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg).build().unwrap();
+    let args =
+        json!({"s": "x", "i": 3, "n": 1.5, "b": false, "a": ["p"], "o": {"deep": 1}, "z": null});
+    gate.call(req("t", args.clone(), script("v")))
+        .await
+        .unwrap();
+    assert_eq!(seen.lock().unwrap()[0], args);
+}
+
+#[tokio::test]
+async fn a_tool_with_an_invalid_schema_is_refused_not_run() {
+    let tool = TestTool::new("bad", json!({"type": "no-such-type"}));
+    let runs = tool.runs.clone();
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg).build().unwrap();
+    let err = gate
+        .call(req("bad", json!({}), script("v")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Validate);
+    assert!(err.message.contains("schema is invalid"), "{}", err.message);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
