@@ -1,0 +1,125 @@
+//! Approvals asked of the person through their MCP client (elicitation).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use codemode_gate::{ApprovalAnswer, ApprovalRequest, Approver};
+use codemode_spec::BoxFuture;
+use rmcp::model::{ElicitRequestParams, ElicitationAction};
+use rmcp::service::{Peer, RoleServer};
+use serde_json::{Value, json};
+
+/// Routes the gate's approval questions to the MCP client of the session that made the call.
+///
+/// Build the gate with this approver (`Gate::builder().approver(Arc::new(router.clone()))`) and
+/// hand the same router to [`crate::serve_stdio`] or [`crate::serve_http`]. A question goes to the
+/// client as a form elicitation; a client that did not declare the elicitation capability, or a
+/// session that is gone, gets *no* (failing closed), with the reason in the log.
+#[derive(Clone, Default)]
+pub struct ElicitationApprover {
+    sessions: Arc<RwLock<HashMap<String, SessionPeer>>>,
+}
+
+#[derive(Clone)]
+struct SessionPeer {
+    peer: Peer<RoleServer>,
+    can_elicit: bool,
+}
+
+impl ElicitationApprover {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn register(&self, session_id: &str, peer: Peer<RoleServer>, can_elicit: bool) {
+        let mut sessions = self.sessions.write().unwrap_or_else(|e| e.into_inner());
+        sessions.insert(session_id.to_string(), SessionPeer { peer, can_elicit });
+    }
+
+    pub(crate) fn forget(&self, session_id: &str) {
+        let mut sessions = self.sessions.write().unwrap_or_else(|e| e.into_inner());
+        sessions.remove(session_id);
+    }
+
+    fn session(&self, session_id: &str) -> Option<SessionPeer> {
+        let sessions = self.sessions.read().unwrap_or_else(|e| e.into_inner());
+        sessions.get(session_id).cloned()
+    }
+
+    async fn ask(&self, req: &ApprovalRequest) -> ApprovalAnswer {
+        let session = &req.provenance.session_id;
+        let Some(target) = self.session(session) else {
+            tracing::warn!(%session, tool = %req.tool_name, "approval denied: no MCP client for this session");
+            return ApprovalAnswer::No;
+        };
+        if !target.can_elicit {
+            tracing::warn!(
+                %session,
+                tool = %req.tool_name,
+                "approval denied: the MCP client does not support elicitation, so nobody can be asked"
+            );
+            return ApprovalAnswer::No;
+        }
+        let params: ElicitRequestParams = match serde_json::from_value(question(req)) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "approval denied: could not build the elicitation");
+                return ApprovalAnswer::No;
+            }
+        };
+        match target.peer.create_elicitation(params).await {
+            Ok(answer) if answer.action == ElicitationAction::Accept => {
+                match answer
+                    .content
+                    .as_ref()
+                    .and_then(|c| c.get("decision"))
+                    .and_then(Value::as_str)
+                {
+                    Some("yes") => ApprovalAnswer::Yes,
+                    Some("always") => ApprovalAnswer::Always,
+                    _ => ApprovalAnswer::No,
+                }
+            }
+            Ok(_) => ApprovalAnswer::No,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "approval denied: the elicitation failed");
+                ApprovalAnswer::No
+            }
+        }
+    }
+}
+
+impl Approver for ElicitationApprover {
+    fn approve<'a>(&'a self, req: &'a ApprovalRequest) -> BoxFuture<'a, ApprovalAnswer> {
+        Box::pin(self.ask(req))
+    }
+}
+
+fn question(req: &ApprovalRequest) -> Value {
+    let mut args = req.args.to_string();
+    if args.len() > 2000 {
+        let cut = (0..=2000).rev().find(|i| args.is_char_boundary(*i)).unwrap_or(0);
+        args.truncate(cut);
+        args.push('…');
+    }
+    let mut message = format!("codemode wants to call `{}`.\n\nWhy approval is needed: {}\n\nArguments: {args}", req.tool_name, req.reason);
+    if !req.paths.is_empty() {
+        message.push_str(&format!("\nPaths: {}", req.paths.join(", ")));
+    }
+    json!({
+        "mode": "form",
+        "message": message,
+        "requestedSchema": {
+            "type": "object",
+            "properties": {
+                "decision": {
+                    "type": "string",
+                    "title": "Allow this call?",
+                    "enum": ["yes", "always", "no"],
+                    "description": "yes: this call; always: this tool for the rest of the script; no: refuse"
+                }
+            },
+            "required": ["decision"]
+        }
+    })
+}
