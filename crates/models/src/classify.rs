@@ -119,22 +119,27 @@ pub(crate) fn read_answers(input: &ClassifyInput, response: &Value) -> Result<Va
         .get("choices")
         .and_then(|c| c.get(0))
         .ok_or("the classifier's answer has no choices")?;
-    let tokens = logprob_tokens(choice);
-    // With log-probabilities, read the text they spell so offsets line up with the tokens.
-    let text = match &tokens {
-        Some(tokens) => tokens.iter().map(|t| t.text.as_str()).collect::<String>(),
-        None => choice
-            .pointer("/message/content")
-            .and_then(Value::as_str)
-            .ok_or("the classifier's answer has no message content")?
-            .to_string(),
+    let content = choice.pointer("/message/content").and_then(Value::as_str);
+    // With log-probabilities, read the text the tokens spell so offsets line up with them. Some
+    // servers report tokens that do not spell the content (byte-level pieces); then the content
+    // is read alone and each answer counts as certain.
+    let from_tokens = logprob_tokens(choice).and_then(|tokens| {
+        let text: String = tokens.iter().map(|t| t.text.as_str()).collect();
+        scan_flat_object(&text).ok().map(|found| (tokens, found))
+    });
+    let (tokens, found) = match from_tokens {
+        Some((tokens, found)) => (Some(tokens), found),
+        None => {
+            let text = content.ok_or("the classifier's answer has no message content")?;
+            let found = scan_flat_object(text).map_err(|e| {
+                format!(
+                    "the classifier's answer is not the requested JSON object ({e}): {}",
+                    clip(text)
+                )
+            })?;
+            (None, found)
+        }
     };
-    let found = scan_flat_object(&text).map_err(|e| {
-        format!(
-            "the classifier's answer is not the requested JSON object ({e}): {}",
-            clip(&text)
-        )
-    })?;
     let mut answers = Map::new();
     for (i, q) in input.questions.iter().enumerate() {
         let key = answer_key(i);

@@ -43,6 +43,8 @@ pub struct Knobs {
     pub omit_logprobs: bool,
     /// Generated images are PNG-headed data of this many bytes (default: [`TINY_PNG_BASE64`]).
     pub image_bytes: Option<usize>,
+    /// Answer chat requests with this message content (and no log-probabilities) instead.
+    pub content: Option<String>,
     /// Send answers in 64 KiB chunks without a Content-Length, so only reading can find the size.
     pub chunked: bool,
 }
@@ -58,6 +60,7 @@ impl Default for Knobs {
             omit_logprobs: false,
             image_bytes: None,
             chunked: false,
+            content: None,
         }
     }
 }
@@ -296,12 +299,14 @@ fn chat_answer(body: &Value, knobs: &Knobs) -> Value {
     } else {
         tokens.iter().filter_map(|t| t["token"].as_str()).collect()
     };
+    let replaced = knobs.content.is_some();
+    let content = knobs.content.clone().unwrap_or(content);
     let mut choice = json!({
         "index": 0,
         "message": { "role": "assistant", "content": content },
         "finish_reason": "stop",
     });
-    if !knobs.omit_logprobs && !properties.is_empty() {
+    if !knobs.omit_logprobs && !replaced && !properties.is_empty() {
         choice["logprobs"] = json!({ "content": tokens });
     }
     let mut answer = json!({

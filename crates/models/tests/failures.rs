@@ -55,6 +55,33 @@ async fn malformed_json_is_an_error_result() {
 }
 
 #[tokio::test]
+async fn an_unreadable_answer_is_an_error_result_that_still_reports_usage() {
+    let f = fixture().await;
+    for (content, needle) in [
+        ("I think it is positive.", "not the requested JSON object"),
+        (
+            "{\"q2\": \"A\"}",
+            "did not answer q1 (question \"sentiment\")",
+        ),
+        (
+            "{\"q1\": \"Q\"}",
+            "answered q1 (question \"sentiment\") with \"Q\", which is not one of its codes",
+        ),
+    ] {
+        f.provider
+            .configure(|k| k.content = Some(content.to_string()));
+        let out = gated(&f.classify, classify_args()).await.unwrap();
+        assert_error(&out.value, needle);
+        assert_eq!(
+            out.usage.unwrap().input_tokens,
+            100,
+            "the tokens were spent all the same"
+        );
+        assert_eq!(out.value["usage"]["inputTokens"], 100);
+    }
+}
+
+#[tokio::test]
 async fn a_slow_provider_times_out() {
     let f = fixture_with(ModelsHttpConfig {
         request_timeout: Duration::from_millis(300),
