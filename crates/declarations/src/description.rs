@@ -54,11 +54,11 @@ impl<'a> DescriptionInput<'a> {
     }
 }
 
-const INTRO: &str = "Run JavaScript that calls tools. The input is raw JS (no JSON, no code fence): the body of an async function in a QuickJS sandbox, so top-level `await` and `return` work. No Node, file system, network or timers.
-- `await tools.<name>(args)` resolves to the declared type and rejects with an Error on failure; a tool declared to return an object resolves to it on failure too, so check its fields. Calls still pending at the end are cancelled.
-- Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` stops. Several texts each start with `==> text N/M <==`; console lines come last in one `<console_output>` block.
-- `store(key, value)` / `load(key)`: JSON kept across runs.
-- Unlisted tools: `ALL_TOOLS`, `await searchTools(query, { limit?, namespace? })`, `await describeTool(name)`, `await describeNamespace(name)`.";
+const INTRO: &str = "Run JavaScript (raw source, not JSON or a code fence) as the body of an async function in a QuickJS sandbox: top-level `await` and `return` work; no Node, file system, network or timers.
+- `await tools.<name>(args)` resolves to the declared type or rejects with an Error; a tool declared to return an object resolves with it even on failure (check its fields). Calls still pending at the end are cancelled.
+- Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` stops. Several texts get `==> text N/M <==` headers; console lines come last, in `<console_output>`.
+- `store(key, value)`, `load(key)`: JSON kept across runs.
+- Unlisted tools: `ALL_TOOLS`, `await searchTools(query, {limit?, namespace?})`, `await describeTool(name)`, `await describeNamespace(name)`.";
 
 const OPTIONS_LINE: &str =
     "- Optional first line: `// @options: {\"max_output_tokens\": 10000, \"timeout_ms\": 60000}`";
@@ -118,9 +118,15 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
     let shown = select(&groups, input.inline_budget_tokens);
 
     out.push_str("\n\n```ts\ndeclare const tools: {\n");
-    for (group, shown_count) in groups.iter().zip(&shown) {
+    for (position, (group, shown_count)) in groups.iter().zip(&shown).enumerate() {
         let omitted = group.entries.len() - shown_count;
-        out.push_str(&group.heading(omitted));
+        let heading = group.heading(omitted);
+        // Blank lines separate namespaces, not the block's opening line from the first one.
+        out.push_str(if position == 0 {
+            heading.trim_start_matches('\n')
+        } else {
+            &heading
+        });
         let mut visible: Vec<&Entry> = group.entries[..*shown_count].iter().collect();
         visible.sort_by(|a, b| a.order.cmp(&b.order));
         for entry in visible {
@@ -240,7 +246,7 @@ fn tool_section(tool: &ToolSpec, collisions: &[IdentifierCollision]) -> String {
     let mut out = String::new();
     push_comment(&mut out, &lines, "");
     let key = member_key(tool, collisions);
-    out.push_str(&signature(tool, &key, &RenderOptions::default()));
+    out.push_str(&signature(tool, &key, &RenderOptions::default(), false));
     out.push('\n');
     out
 }

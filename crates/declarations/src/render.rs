@@ -37,7 +37,7 @@ impl Default for RenderOptions {
 pub const DEFAULT_MAX_TYPE_CHARS: usize = 16_000;
 
 /// An object whose members fit on a line this long stays on one line.
-const INLINE_MAX_CHARS: usize = 110;
+const INLINE_MAX_CHARS: usize = 150;
 const INDENT: &str = "  ";
 
 /// Converts a JSON Schema into a TypeScript type expression.
@@ -76,7 +76,7 @@ pub fn render_declaration(spec: &ToolSpec, opts: &RenderOptions) -> String {
     if opts.docs {
         push_comment(&mut out, &comment_lines(&spec.description), "");
     }
-    out.push_str(&signature(spec, &spec.identifier(), opts));
+    out.push_str(&signature(spec, &spec.identifier(), opts, opts.docs));
     out
 }
 
@@ -88,7 +88,7 @@ pub fn tool_sample(spec: &ToolSpec) -> String {
 
 pub(crate) fn sample_with_key(spec: &ToolSpec, key: &str) -> String {
     let description = spec.description.trim();
-    let declaration = signature(spec, key, &RenderOptions::default());
+    let declaration = signature(spec, key, &RenderOptions::default(), true);
     let block = format!("```ts\ndeclare const tools: {{\n{declaration}\n}};\n```");
     if description.is_empty() {
         block
@@ -98,12 +98,20 @@ pub(crate) fn sample_with_key(spec: &ToolSpec, key: &str) -> String {
 }
 
 /// `key(args: T): Promise<R>;` where `key` is the identifier, or the quoted raw name when the
-/// identifier is shared with another tool.
-pub(crate) fn signature(spec: &ToolSpec, key: &str, opts: &RenderOptions) -> String {
+/// identifier is shared with another tool. `output_docs` keeps comments in the result type; the
+/// description leaves them out (field names mostly speak for themselves, and `describeTool` has
+/// them), which saves many tokens on MCP tools with big output schemas.
+pub(crate) fn signature(
+    spec: &ToolSpec,
+    key: &str,
+    opts: &RenderOptions,
+    output_docs: bool,
+) -> String {
     let input = render_type(&spec.input_schema, opts);
     // Tags describe what a caller must send; on results they only cost tokens.
     let output_opts = RenderOptions {
         tags: false,
+        docs: output_docs && opts.docs,
         ..opts.clone()
     };
     let output = match &spec.output_schema {

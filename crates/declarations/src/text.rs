@@ -8,9 +8,9 @@
 /// sits in a markdown code fence.
 ///
 /// Every line terminator JavaScript knows ends a line (otherwise the rest would become code); other
-/// control characters become spaces; ```` ``` ```` is broken up so it cannot close the fence; `*/` is
-/// escaped so the text is also safe in a block comment. Runs of blank lines collapse to one, and
-/// leading and trailing blank lines are dropped.
+/// control characters become spaces; ```` ``` ```` is broken up so it cannot close the fence. (`*/`
+/// needs nothing: these are line comments, and escaping it would corrupt globs like `**/*.rs`.)
+/// Runs of blank lines collapse to one, and leading and trailing blank lines are dropped.
 pub(crate) fn comment_lines(text: &str) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
     let mut current = String::new();
@@ -32,7 +32,7 @@ pub(crate) fn comment_lines(text: &str) -> Vec<String> {
 
     let mut out: Vec<String> = Vec::with_capacity(lines.len());
     for line in lines {
-        let cleaned = line.trim_end().replace("*/", "*\\/").replace("```", "'''");
+        let cleaned = line.trim_end().replace("```", "'''");
         if cleaned.trim().is_empty() {
             if out.last().is_some_and(|l| !l.is_empty()) {
                 out.push(String::new());
@@ -58,7 +58,7 @@ pub(crate) fn one_line(text: &str) -> String {
             out.push(ch);
         }
     }
-    out.replace("*/", "*\\/").replace("```", "'''")
+    out.replace("```", "'''")
 }
 
 /// True when `key` can stand unquoted as a property name: an ASCII identifier. Reserved words are
@@ -89,7 +89,7 @@ mod tests {
     #[test]
     fn splits_every_line_terminator_and_neutralizes_markers() {
         let lines = comment_lines("a\r\nb\rc\u{2028}d */ ```x\u{7}y\n\n\n\ne\n\n");
-        assert_eq!(lines, vec!["a", "b", "c", "d *\\/ '''x y", "", "e"]);
+        assert_eq!(lines, vec!["a", "b", "c", "d */ '''x y", "", "e"]);
     }
 
     #[test]
