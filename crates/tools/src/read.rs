@@ -127,6 +127,14 @@ fn read_file(path: &Path, args: &ReadArgs, max_bytes: usize) -> Result<ToolOutpu
             bytes.len()
         )));
     }
+    if bytes.is_empty() {
+        // The script gets "", a person reading a direct call sees why nothing is there.
+        let mut out = text_output(String::new());
+        out.content = Some(vec![ContentBlock::Text {
+            text: format!("({} is empty)", path.display()),
+        }]);
+        return Ok(out);
+    }
     let text = String::from_utf8_lossy(&bytes);
     Ok(text_output(number_lines(
         &text,

@@ -377,3 +377,15 @@ async fn a_write_cancelled_before_it_starts_changes_nothing() {
     assert_eq!(err.kind, ToolErrorKind::Cancelled);
     assert_eq!(std::fs::read_to_string(b.path("e.txt")).unwrap(), "a");
 }
+
+#[tokio::test]
+async fn read_of_an_empty_file_is_empty_text_with_a_visible_note() {
+    let b = Bench::new();
+    b.put("empty.txt", "");
+    let out = b.call("read", json!({"path": "empty.txt"})).await.unwrap();
+    assert_eq!(out.value, json!(""));
+    match out.content.as_deref() {
+        Some([ContentBlock::Text { text }]) => assert!(text.contains("is empty"), "{text}"),
+        other => panic!("unexpected content {other:?}"),
+    }
+}
