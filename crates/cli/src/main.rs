@@ -1,1 +1,107 @@
-fn main() {}
+//! The `codemode` command line.
+
+mod approver;
+mod commands;
+mod demo;
+mod setup;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "codemode",
+    version,
+    about = "Run model-written JavaScript whose only powers are tool calls that pass one gate",
+    long_about = "Run model-written JavaScript whose only powers are tool calls that pass one gate.\n\n\
+Scripts call the built-in coding tools (read, write, edit, ls, find, grep, bash), the tools of \
+the MCP servers given with --mcp-config, and models from the catalog given with --models-config. \
+Every call is resolved, validated, decided by the Cedar policy, shown to hooks, approved when the \
+policy asks, charged to budgets and audited."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a script and print the text the model would read.
+    Run(commands::run::RunArgs),
+    /// Run a demo script against the built-in tools in a scratch project.
+    Demo(commands::run::DemoArgs),
+    /// List the tools a script can call, or print the codemode tool's description.
+    Tools(commands::tools::ToolsArgs),
+    /// Check, explain or print policies.
+    #[command(subcommand)]
+    Policy(commands::policy::PolicyCommand),
+    /// Verify an audit log.
+    #[command(subcommand)]
+    Audit(commands::audit::AuditCommand),
+    /// Trust a project, so that its settings may widen what your user settings allow.
+    Trust(commands::trust::TrustArgs),
+    /// Serve codemode over MCP (stdio by default, streamable HTTP with --listen).
+    Serve(commands::serve::ServeArgs),
+}
+
+/// Options every command that runs tools shares.
+#[derive(Args, Clone, Debug, Default)]
+pub struct SetupArgs {
+    /// Working directory for the built-in tools and the project whose settings apply.
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<PathBuf>,
+    /// The user's configuration directory, holding settings.json, mcp.json, models.json and the
+    /// list of trusted projects (default: ~/.config/codemode).
+    #[arg(long, value_name = "DIR")]
+    pub config_dir: Option<PathBuf>,
+    /// MCP servers, in the `mcpServers` JSON format other clients use (default: mcp.json in the
+    /// configuration directory, if present).
+    #[arg(long, value_name = "FILE")]
+    pub mcp_config: Option<PathBuf>,
+    /// Model catalog for `models.*` in scripts (default: models.json in the configuration
+    /// directory, if present).
+    #[arg(long, value_name = "FILE")]
+    pub models_config: Option<PathBuf>,
+    /// Cedar policy files; replaces the policy files of the settings (default: the built-in policy).
+    #[arg(long = "policy", value_name = "FILE")]
+    pub policies: Vec<PathBuf>,
+    /// Append every decision and outcome to this hash-chained audit log.
+    #[arg(long, value_name = "FILE")]
+    pub audit: Option<PathBuf>,
+    /// Codemode mode: `on` keeps direct tools declared, `only` refuses them outside scripts.
+    #[arg(long, value_name = "on|only")]
+    pub mode: Option<String>,
+    /// Leave out the built-in coding tools.
+    #[arg(long)]
+    pub no_builtins: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CODEMODE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => commands::run::run(args).await,
+        Command::Demo(args) => commands::run::demo(args).await,
+        Command::Tools(args) => commands::tools::run(args).await,
+        Command::Policy(cmd) => commands::policy::run(cmd),
+        Command::Audit(cmd) => commands::audit::run(cmd),
+        Command::Trust(args) => commands::trust::run(args),
+        Command::Serve(args) => commands::serve::run(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("codemode: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

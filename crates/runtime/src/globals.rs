@@ -68,16 +68,26 @@ fn search(args: &[Value], index: &ToolIndex) -> Result<Value, String> {
                 None | Some(Value::Null) => {}
                 Some(v) => match v.as_u64() {
                     Some(n) if n > 0 => opts.limit = n as usize,
-                    _ => return Err(format!("searchTools() limit must be a positive integer, got {v}")),
+                    _ => {
+                        return Err(format!(
+                            "searchTools() limit must be a positive integer, got {v}"
+                        ));
+                    }
                 },
             }
             match o.get("namespace") {
                 None | Some(Value::Null) => {}
                 Some(Value::String(ns)) => opts.namespace = Some(ns.clone()),
-                Some(v) => return Err(format!("searchTools() namespace must be a string, got {v}")),
+                Some(v) => {
+                    return Err(format!("searchTools() namespace must be a string, got {v}"));
+                }
             }
         }
-        Some(v) => return Err(format!("searchTools() options must be an object like {{ limit: 5, namespace: \"mcp__docs\" }}, got {v}")),
+        Some(v) => {
+            return Err(format!(
+                "searchTools() options must be an object like {{ limit: 5, namespace: \"mcp__docs\" }}, got {v}"
+            ));
+        }
     }
     let hits = index.search(query, &opts).map_err(|e| e.to_string())?;
     Ok(Value::Array(

@@ -132,7 +132,10 @@ impl HostState {
         args: Option<Value>,
     ) -> Result<Value, HostError> {
         let id = &self.identity;
-        let parent = id.parent_call_id.clone().unwrap_or_else(|| id.script_id.clone());
+        let parent = id
+            .parent_call_id
+            .clone()
+            .unwrap_or_else(|| id.script_id.clone());
         let provenance = Provenance {
             call_id: format!("{parent}/{}", call.id),
             parent_call_id: id.parent_call_id.clone(),
@@ -194,7 +197,7 @@ fn collect_images(value: &Value, into: &mut Vec<String>, global: &str) {
 
 fn gate_error(e: GateError) -> HostError {
     let mut props = Map::new();
-    props.insert("stage".into(), json!(e.stage.to_string()));
+    props.insert("stage".into(), json!(e.stage.as_str()));
     if !e.policy_ids.is_empty() {
         props.insert("policyIds".into(), json!(e.policy_ids));
     }
@@ -202,7 +205,11 @@ fn gate_error(e: GateError) -> HostError {
 }
 
 fn host_error(message: String, name: &str, properties: Map<String, Value>) -> HostError {
-    HostError { message, name: Some(name.to_string()), properties }
+    HostError {
+        message,
+        name: Some(name.to_string()),
+        properties,
+    }
 }
 
 fn lock(m: &Mutex<Spent>) -> std::sync::MutexGuard<'_, Spent> {

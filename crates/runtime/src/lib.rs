@@ -92,7 +92,10 @@ impl Codemode {
             tools: &tools,
             namespaces: &namespaces,
             mode: self.mode(),
-            globals: Globals { models: self.models_enabled() },
+            globals: Globals {
+                models: self.models_enabled(),
+                models_doc: None,
+            },
             inline_budget_tokens: self.inner.inline_budget_tokens,
         })
     }

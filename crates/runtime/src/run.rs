@@ -124,7 +124,11 @@ impl Codemode {
         }
         globals.sort();
         globals.dedup();
-        ScriptSurface { tools, globals, gated_globals }
+        ScriptSurface {
+            tools,
+            globals,
+            gated_globals,
+        }
     }
 
     /// Runs one script to the end and renders what the model reads.
@@ -191,13 +195,17 @@ impl Codemode {
         let spent = spent.take();
 
         if result.ok {
-            self.inner.stores.apply(
-                &req.session_id,
-                result.store_writes.iter().map(|w| (w.key.clone(), w.value.clone())),
-            );
+            self.inner
+                .stores
+                .apply(&req.session_id, &result.store_writes);
         }
-        let rendered =
-            codemode_sandbox::render_model_text(&result, result.options.max_output_tokens);
+        let rendered = codemode_sandbox::render_model_text(
+            &result,
+            result
+                .options
+                .max_output_tokens
+                .unwrap_or(result.limits.max_output_tokens as u64),
+        );
         let mut text = rendered.text;
         let usage = ledger.usage.clone();
         if !usage.is_empty() {
@@ -234,5 +242,8 @@ fn unshown_images(result: &ScriptResult, generated: &[String]) -> usize {
             _ => None,
         })
         .collect();
-    generated.iter().filter(|d| !shown.contains(d.as_str())).count()
+    generated
+        .iter()
+        .filter(|d| !shown.contains(d.as_str()))
+        .count()
 }

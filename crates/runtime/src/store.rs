@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
+use codemode_sandbox::StoreWrite;
 use serde_json::Value;
 
 #[derive(Default)]
@@ -16,11 +17,18 @@ impl SessionStores {
     }
 
     /// Applies a successful script's writes in the order it made them.
-    pub(crate) fn apply(&self, session: &str, writes: impl IntoIterator<Item = (String, Value)>) {
+    pub(crate) fn apply(&self, session: &str, writes: &[StoreWrite]) {
         let mut all = self.lock();
         let store = all.entry(session.to_string()).or_default();
-        for (key, value) in writes {
-            store.insert(key, value);
+        for write in writes {
+            match write {
+                StoreWrite::Set { key, value } => {
+                    store.insert(key.clone(), value.clone());
+                }
+                StoreWrite::Delete { key, .. } => {
+                    store.remove(key);
+                }
+            }
         }
     }
 

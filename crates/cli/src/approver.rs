@@ -1,0 +1,81 @@
+//! Asking the person at the terminal.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::Arc;
+
+use codemode_gate::{ApprovalAnswer, ApprovalRequest, Approver};
+use codemode_spec::BoxFuture;
+use futures::FutureExt;
+
+/// Asks y/n/always on the controlling terminal. One question at a time, however many calls wait.
+pub struct TerminalApprover {
+    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl TerminalApprover {
+    /// An approver when a person can answer (a terminal is attached), else `None`: then an `ask`
+    /// becomes a denial that names the policy.
+    pub fn if_interactive() -> Option<TerminalApprover> {
+        let tty = std::fs::File::open("/dev/tty").is_ok();
+        (tty && std::io::stderr().is_terminal()).then(|| TerminalApprover {
+            one_at_a_time: Arc::new(tokio::sync::Mutex::new(())),
+        })
+    }
+}
+
+impl Approver for TerminalApprover {
+    fn approve<'a>(&'a self, req: &'a ApprovalRequest) -> BoxFuture<'a, ApprovalAnswer> {
+        let question = question(req);
+        let lock = self.one_at_a_time.clone();
+        async move {
+            let _turn = lock.lock().await;
+            tokio::task::spawn_blocking(move || ask(&question))
+                .await
+                .unwrap_or(ApprovalAnswer::No)
+        }
+        .boxed()
+    }
+}
+
+fn ask(question: &str) -> ApprovalAnswer {
+    let Ok(tty) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+    else {
+        return ApprovalAnswer::No;
+    };
+    let mut out = &tty;
+    let _ = write!(
+        out,
+        "\n{question}\nAllow? [y]es / [n]o / [a]lways for this script: "
+    );
+    let _ = out.flush();
+    let mut line = String::new();
+    if std::io::BufReader::new(&tty).read_line(&mut line).is_err() {
+        return ApprovalAnswer::No;
+    }
+    match line.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => ApprovalAnswer::Yes,
+        "a" | "always" => ApprovalAnswer::Always,
+        _ => ApprovalAnswer::No,
+    }
+}
+
+fn question(req: &ApprovalRequest) -> String {
+    let args = serde_json::to_string(&req.args).unwrap_or_default();
+    let args = if args.chars().count() > 400 {
+        format!("{}…", args.chars().take(400).collect::<String>())
+    } else {
+        args
+    };
+    let policies = if req.policy_ids.is_empty() {
+        String::new()
+    } else {
+        format!(" (policy {})", req.policy_ids.join(", "))
+    };
+    format!(
+        "codemode: a script wants to call `{}` with {args}\nReason: {}{policies}",
+        req.tool_name, req.reason
+    )
+}

@@ -1,0 +1,82 @@
+//! `codemode policy check | explain | default | schema`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use codemode_gate::{ExplainInput, PolicySchema, PolicySet, Registry};
+use codemode_tools::{ToolsConfig, builtin_tools};
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCommand {
+    /// Parse a policy file and type-check it against the generated schema.
+    Check { file: PathBuf },
+    /// Say which policies decide a call described in JSON: {"tool": "bash", "args": {...}, ...}.
+    Explain {
+        /// The call, as JSON (fields: tool, args, kind, exposure, namespace, annotations, model,
+        /// paths, origin, depth, session_id, parent_call_id, script_hash, script, session).
+        call: PathBuf,
+        /// Policy files to use (default: the built-in policy).
+        #[arg(long = "policy", value_name = "FILE")]
+        policies: Vec<PathBuf>,
+    },
+    /// Print the built-in default policy, to copy and adapt.
+    Default,
+    /// Print the Cedar schema policies are checked against.
+    Schema,
+}
+
+pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
+    match cmd {
+        PolicyCommand::Check { file } => {
+            match codemode_gate::policy::check(&file, &builtin_registry()) {
+                Ok(()) => {
+                    println!("{}: valid", file.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    Ok(ExitCode::from(1))
+                }
+            }
+        }
+        PolicyCommand::Explain { call, policies } => {
+            let text = std::fs::read_to_string(&call)
+                .with_context(|| format!("could not read {}", call.display()))?;
+            let input: ExplainInput = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{} is not a call description; expected JSON like {{\"tool\": \"bash\", \"args\": {{\"command\": \"ls\"}}}}",
+                    call.display()
+                )
+            })?;
+            let set = if policies.is_empty() {
+                PolicySet::defaults()
+            } else {
+                PolicySet::load_files(&policies)?
+            };
+            let schema = PolicySchema::for_registry(&builtin_registry()).ok();
+            let explanation = codemode_gate::explain(&set, schema.as_ref(), &input);
+            println!("{}", serde_json::to_string_pretty(&explanation)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Default => {
+            print!("{}", codemode_gate::policy::DEFAULT_POLICIES);
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Schema => {
+            let schema = PolicySchema::for_registry(&builtin_registry())?;
+            print!("{}", schema.text());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// The built-in tools, so that policies naming them type-check.
+fn builtin_registry() -> Registry {
+    let registry = Registry::new();
+    for tool in builtin_tools(&ToolsConfig::default()) {
+        let _ = registry.register(tool);
+    }
+    registry
+}

@@ -1,0 +1,184 @@
+//! `codemode run` and `codemode demo`.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use codemode_runtime::{ScriptRequest, ScriptRun};
+use codemode_sandbox::Determinism;
+
+use crate::SetupArgs;
+use crate::setup::{LimitFlags, Setup};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The script file, or `-` for standard input.
+    #[arg(value_name = "FILE|-")]
+    pub file: Option<PathBuf>,
+    /// Print the structured result as one JSON object instead of the model's text.
+    #[arg(long)]
+    pub json: bool,
+    /// Print a trace of every call to standard error.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// Record the run's calls and results to this JSON Lines log (implies determinism).
+    #[arg(long, value_name = "LOG")]
+    pub record: Option<PathBuf>,
+    /// Replay a recorded log: no tool is called; a different call than the log's is an error.
+    #[arg(long, value_name = "LOG", conflicts_with = "record")]
+    pub replay: Option<PathBuf>,
+    /// Seed for Math.random (turns on deterministic mode).
+    #[arg(long)]
+    pub seed: Option<u32>,
+    /// Start time of the virtual clock, in ms since the epoch (turns on deterministic mode).
+    #[arg(long, value_name = "MS")]
+    pub start_ms: Option<f64>,
+    /// Session id: scripts of one session share `store()` values and session budgets.
+    #[arg(long, default_value = "cli")]
+    pub session: String,
+    #[command(flatten)]
+    pub limits: LimitFlags,
+    #[command(flatten)]
+    pub setup: SetupArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Print the structured result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Leave the scratch project in place and print its path.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+pub async fn run(args: RunArgs) -> Result<ExitCode> {
+    let source = read_source(args.file.as_ref())?;
+    if let Err(e) = codemode_sandbox::parse_source(&source) {
+        eprintln!("codemode: the script was refused before it ran: {e}");
+        return Ok(ExitCode::from(2));
+    }
+    let setup = Setup::build(&args.setup, &args.limits).await?;
+    let determinism = determinism(&args);
+    let mut request = ScriptRequest::new(source, args.session.clone());
+    request.determinism = determinism;
+    request.record = args.record.clone();
+    request.replay = args.replay.clone();
+    let run = setup.codemode.run_script(request).await;
+    if args.verbose {
+        print_trace(&run);
+    }
+    print_run(&run, args.json)?;
+    setup.shutdown().await;
+    Ok(if run.is_error {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+pub async fn demo(args: DemoArgs) -> Result<ExitCode> {
+    let dir = tempfile::Builder::new()
+        .prefix("codemode-demo-")
+        .tempdir()
+        .context("could not make a scratch directory for the demo")?;
+    crate::demo::make_project(dir.path()).context("could not write the demo project")?;
+    let setup_args = SetupArgs {
+        workdir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    };
+    let setup = Setup::build(&setup_args, &LimitFlags::default()).await?;
+    println!(
+        "codemode demo: running this script in {}\n",
+        dir.path().display()
+    );
+    for line in crate::demo::DEMO_SCRIPT.lines() {
+        println!("  | {line}");
+    }
+    println!("\n--- what the model reads ---");
+    let run = setup
+        .codemode
+        .run_script(ScriptRequest::new(crate::demo::DEMO_SCRIPT, "demo"))
+        .await;
+    print_run(&run, args.json)?;
+    println!("\n--- every call, as the gate saw it ---");
+    print_trace_to(&run, &mut std::io::stdout());
+    setup.shutdown().await;
+    if args.keep {
+        let kept = dir.keep();
+        println!("\nThe demo project is kept at {}", kept.display());
+    }
+    Ok(if run.is_error {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn determinism(args: &RunArgs) -> Option<Determinism> {
+    if args.seed.is_none() && args.start_ms.is_none() && args.record.is_none() {
+        return None;
+    }
+    Some(Determinism {
+        seed: args.seed.unwrap_or(0),
+        start_ms: args.start_ms.unwrap_or(0.0),
+    })
+}
+
+fn read_source(file: Option<&PathBuf>) -> Result<String> {
+    match file {
+        None => anyhow::bail!(
+            "no script given: name a file, or `-` to read the script from standard input"
+        ),
+        Some(p) if p.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("could not read the script from standard input")?;
+            Ok(s)
+        }
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("could not read the script {}", p.display())),
+    }
+}
+
+fn print_run(run: &ScriptRun, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(&run.structured())?);
+    } else {
+        println!("{}", run.text);
+    }
+    Ok(())
+}
+
+fn print_trace(run: &ScriptRun) {
+    print_trace_to(run, &mut std::io::stderr());
+}
+
+fn print_trace_to(run: &ScriptRun, out: &mut dyn std::io::Write) {
+    let Some(result) = &run.result else { return };
+    for call in &result.calls {
+        let usage = run
+            .usage_by_call
+            .get(&call.id)
+            .map(|u| {
+                format!(
+                    " [{} in / {} out tokens, ${:.6}]",
+                    u.input_tokens, u.output_tokens, u.cost_usd
+                )
+            })
+            .unwrap_or_default();
+        let error = call
+            .error
+            .as_deref()
+            .map(|e| format!(" — {e}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "#{} {} {} {:?} {:.2} ms{}{}",
+            call.id, call.name, call.args, call.status, call.duration_ms, usage, error
+        );
+    }
+}

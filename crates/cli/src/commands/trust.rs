@@ -1,0 +1,48 @@
+//! `codemode trust`: let a project's settings widen what the user's allow.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use codemode_gate::settings::{self, SettingsPaths};
+
+#[derive(Args, Debug)]
+pub struct TrustArgs {
+    /// The project directory (default: the current directory).
+    pub dir: Option<PathBuf>,
+    /// Withdraw trust instead.
+    #[arg(long)]
+    pub revoke: bool,
+    /// User configuration directory (default: ~/.config/codemode).
+    #[arg(long, value_name = "DIR")]
+    pub config_dir: Option<PathBuf>,
+}
+
+pub fn run(args: TrustArgs) -> Result<ExitCode> {
+    let dir = match args.dir {
+        Some(d) => d,
+        None => std::env::current_dir().context("could not read the current directory")?,
+    };
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("{} is not a directory codemode can open", dir.display()))?;
+    let paths = match args.config_dir {
+        Some(d) => SettingsPaths::new(d),
+        None => SettingsPaths::from_env().context("no home directory: pass --config-dir")?,
+    };
+    if args.revoke {
+        settings::untrust(&paths, &dir)?;
+        println!(
+            "{} is no longer trusted: its settings can only narrow yours.",
+            dir.display()
+        );
+    } else {
+        settings::trust(&paths, &dir)?;
+        println!(
+            "{} is trusted: its settings may now widen yours.",
+            dir.display()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,261 @@
+//! Everything a command needs to run scripts: settings, tools, MCP servers, models, the gate.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use codemode_gate::settings::{self, EffectiveSettings, SettingsPaths};
+use codemode_gate::{AuditLog, CommandHooks, Gate, Registry};
+use codemode_mcp::{ConnectOptions, McpConfig, McpHub};
+use codemode_models::{Catalog, ModelsHttpConfig};
+use codemode_runtime::Codemode;
+use codemode_sandbox::{Limits, SandboxConfig};
+use codemode_spec::CodemodeMode;
+use codemode_tools::{ToolsConfig, builtin_tools};
+
+use crate::SetupArgs;
+use crate::approver::TerminalApprover;
+
+/// Limits set on the command line. They are the operator's: a script may lower them, not raise them.
+#[derive(Args, Clone, Debug, Default)]
+pub struct LimitFlags {
+    /// Wall-clock deadline of a script, in ms (approval waits do not count).
+    #[arg(long, value_name = "MS")]
+    pub timeout_ms: Option<u64>,
+    /// Heap limit of a script, in MiB.
+    #[arg(long, value_name = "MIB")]
+    pub heap_mb: Option<usize>,
+    /// CPU budget for code that never yields, in ms.
+    #[arg(long, value_name = "MS")]
+    pub cpu_ms: Option<u64>,
+    /// Cut the model's text to about this many tokens (the whole text goes to a private file).
+    #[arg(long, value_name = "N")]
+    pub max_output_tokens: Option<u64>,
+    /// Most calls one script may make.
+    #[arg(long, value_name = "N")]
+    pub max_calls: Option<u64>,
+}
+
+pub struct Setup {
+    pub codemode: Codemode,
+    pub warnings: Vec<String>,
+    hub: Option<McpHub>,
+}
+
+impl Setup {
+    pub async fn build(args: &SetupArgs, flags: &LimitFlags) -> Result<Setup> {
+        let workdir = match &args.workdir {
+            Some(d) => d.clone(),
+            None => std::env::current_dir().context("could not read the current directory")?,
+        };
+        let workdir = workdir.canonicalize().with_context(|| {
+            format!("the working directory {} does not exist", workdir.display())
+        })?;
+        let paths = match &args.config_dir {
+            Some(d) => SettingsPaths::new(d.clone()),
+            None => SettingsPaths::from_env()
+                .context("no home directory to find settings in: pass --config-dir")?,
+        };
+        let eff =
+            settings::load(&paths, Some(&workdir)).context("the settings could not be read")?;
+        let trusted = eff.trusted;
+        let mut warnings = eff.warnings.clone();
+
+        let registry = Registry::new();
+        if !args.no_builtins {
+            let tools = builtin_tools(&ToolsConfig::new(&workdir));
+            for tool in tools {
+                registry.register(tool)?;
+            }
+        }
+
+        let hub = connect_mcp(args, &paths, &workdir, trusted, &registry, &mut warnings).await?;
+        warnings.extend(eff.apply_tools(&registry));
+
+        let mode = match args.mode.as_deref() {
+            Some("on") => CodemodeMode::On,
+            Some("only") => CodemodeMode::Only,
+            Some(other) => bail!("unknown mode `{other}`: use `on` or `only`"),
+            None => eff.settings.mode.unwrap_or_default(),
+        };
+        let policy = if args.policies.is_empty() {
+            eff.load_policies()?
+        } else {
+            codemode_gate::PolicySet::load_files(&args.policies)?
+        };
+        let mut builder = Gate::builder()
+            .registry(registry)
+            .policy(policy)
+            .budgets(eff.settings.budgets.clone())
+            .mode(mode)
+            .command_hooks(
+                CommandHooks::new(&eff.settings.hooks)
+                    .context("the hooks in the settings are not valid")?
+                    .with_cwd(workdir.clone()),
+            );
+        if let Some(approver) = TerminalApprover::if_interactive() {
+            builder = builder.approver(Arc::new(approver));
+        }
+        if let Some(path) = args.audit.as_ref().or(eff.settings.audit.path.as_ref()) {
+            let log = AuditLog::open(path)
+                .with_context(|| format!("the audit log {} could not be opened", path.display()))?;
+            builder = builder.audit(log);
+        }
+        let gate = builder.build()?;
+
+        let mut codemode = Codemode::builder()
+            .gate(gate)
+            .sandbox_config(sandbox_config(&eff, flags, &mut warnings));
+        if let Some(catalog) = load_models(args, &paths, &workdir, &eff, &mut warnings)? {
+            codemode = codemode.models(Arc::new(catalog), ModelsHttpConfig::default());
+        }
+        let codemode = codemode.build()?;
+        Ok(Setup {
+            codemode,
+            warnings,
+            hub,
+        })
+    }
+
+    pub async fn shutdown(self) {
+        if let Some(hub) = self.hub {
+            hub.shutdown().await;
+        }
+    }
+}
+
+async fn connect_mcp(
+    args: &SetupArgs,
+    paths: &SettingsPaths,
+    workdir: &Path,
+    trusted: bool,
+    registry: &Registry,
+    warnings: &mut Vec<String>,
+) -> Result<Option<McpHub>> {
+    let user_file = args
+        .mcp_config
+        .clone()
+        .unwrap_or_else(|| paths.user_dir.join("mcp.json"));
+    let project_file = workdir.join(".codemode").join("mcp.json");
+    if !user_file.exists() && !project_file.exists() {
+        if let Some(f) = &args.mcp_config {
+            bail!("the MCP config {} does not exist", f.display());
+        }
+        return Ok(None);
+    }
+    let (config, config_warnings) =
+        McpConfig::load(Some(&user_file), Some(&project_file), trusted)?;
+    warnings.extend(config_warnings);
+    if config.servers().is_empty() {
+        return Ok(None);
+    }
+    let hub = McpHub::connect(&config, ConnectOptions::default()).await;
+    for status in hub.status() {
+        if let codemode_mcp::ServerState::Failed(problem) = &status.state {
+            warnings.push(format!(
+                "MCP server `{}` is not connected: {problem}",
+                status.name
+            ));
+        }
+    }
+    for ns in hub.namespaces() {
+        registry.add_namespace(ns);
+    }
+    for tool in hub.tools() {
+        if let Err(e) = registry.register(tool) {
+            warnings.push(format!("an MCP tool was left out: {e}"));
+        }
+    }
+    Ok(Some(hub))
+}
+
+fn load_models(
+    args: &SetupArgs,
+    paths: &SettingsPaths,
+    workdir: &Path,
+    eff: &EffectiveSettings,
+    warnings: &mut Vec<String>,
+) -> Result<Option<Catalog>> {
+    let user_file: PathBuf = args
+        .models_config
+        .clone()
+        .unwrap_or_else(|| paths.user_dir.join("models.json"));
+    let project_file = workdir.join(".codemode").join("models.json");
+    if !user_file.exists() && !project_file.exists() {
+        if let Some(f) = &args.models_config {
+            bail!("the models config {} does not exist", f.display());
+        }
+        return Ok(None);
+    }
+    let (mut catalog, catalog_warnings) =
+        Catalog::load(Some(&user_file), Some(&project_file), eff.trusted)?;
+    warnings.extend(catalog_warnings);
+    let models = &eff.settings.models;
+    catalog.restrict(models.enabled.unwrap_or(true), models.allow.as_deref());
+    if models.enabled == Some(false) {
+        return Ok(None);
+    }
+    Ok(Some(catalog))
+}
+
+/// Settings limits are the operator's maximum and default; command-line flags set the default
+/// and may not pass the maximum.
+fn sandbox_config(
+    eff: &EffectiveSettings,
+    flags: &LimitFlags,
+    warnings: &mut Vec<String>,
+) -> SandboxConfig {
+    let mut config = SandboxConfig::default();
+    let s = &eff.settings.limits;
+    let apply = |l: &mut Limits| {
+        if let Some(v) = s.heap_bytes {
+            l.heap_bytes = v as usize;
+        }
+        if let Some(v) = s.stack_bytes {
+            l.stack_bytes = v as usize;
+        }
+        if let Some(v) = s.timeout_ms {
+            l.timeout_ms = v;
+        }
+        if let Some(v) = s.cpu_ms {
+            l.cpu_ms = v;
+        }
+        if let Some(v) = s.max_output_tokens {
+            l.max_output_tokens = v;
+        }
+        if let Some(v) = s.max_calls {
+            l.max_calls = v;
+        }
+        if let Some(v) = s.max_calls_in_flight {
+            l.max_calls_in_flight = v as usize;
+        }
+    };
+    apply(&mut config.maximum);
+    apply(&mut config.defaults);
+    let mut wanted = config.defaults.clone();
+    if let Some(v) = flags.timeout_ms {
+        wanted.timeout_ms = v;
+    }
+    if let Some(v) = flags.heap_mb {
+        wanted.heap_bytes = v.saturating_mul(1024 * 1024);
+    }
+    if let Some(v) = flags.cpu_ms {
+        wanted.cpu_ms = v;
+    }
+    if let Some(v) = flags.max_output_tokens {
+        wanted.max_output_tokens = v;
+    }
+    if let Some(v) = flags.max_calls {
+        wanted.max_calls = v;
+    }
+    let clamped = wanted.clamped_to(&config.maximum);
+    if clamped != wanted {
+        warnings.push(
+            "a limit on the command line is above the maximum in the settings; the maximum applies"
+                .into(),
+        );
+    }
+    config.defaults = clamped;
+    config
+}
