@@ -178,6 +178,12 @@ async fn send(shared: &Shared, model: &Model, path: &str, body: Value) -> Result
         .catalog
         .provider(&model.provider)
         .ok_or_else(|| format!("the provider \"{}\" is not in the catalog", model.provider))?;
+    if provider.base_url.starts_with("https://") && !cfg!(feature = "tls") {
+        return Err(format!(
+            "the provider \"{}\" uses https, but this build of codemode has no TLS; rebuild with the `tls` feature of codemode-models, or serve the provider over http on loopback",
+            model.provider
+        ));
+    }
     // An apiKeyCommand may block (a password manager), so it runs off the async threads.
     let api_key = {
         let catalog = shared.catalog.clone();

@@ -199,3 +199,13 @@ async fn a_cancelled_call_resolves_as_aborted() {
     let out = pending.await.unwrap();
     assert_eq!(out.value["stopReason"], "aborted");
 }
+
+#[cfg(not(feature = "tls"))]
+#[tokio::test]
+async fn an_https_provider_without_tls_says_how_to_fix_it() {
+    let catalog =
+        codemode_models::Catalog::from_json(&catalog_json("https://127.0.0.1:9/v1")).unwrap();
+    let tools = codemode_models::model_tools(std::sync::Arc::new(catalog), Default::default());
+    let out = gated(&tools[0], classify_args()).await.unwrap();
+    assert_error(&out.value, "rebuild with the `tls` feature");
+}
