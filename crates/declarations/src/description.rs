@@ -252,11 +252,14 @@ fn tool_section(tool: &ToolSpec, collisions: &[IdentifierCollision]) -> String {
 }
 
 /// How many entries of each group fit the budget (entries are taken from the front: cheapest
-/// first). Headings are charged first since they are always shown.
+/// first). Headings are charged first since they are always shown; when they alone exceed the
+/// budget, only headings are shown.
 fn select(groups: &[Group], budget: usize) -> Vec<usize> {
+    // Charged with the longer "(N tools not listed)" form, so the total stays within budget
+    // whichever form is printed.
     let headings: usize = groups
         .iter()
-        .map(|g| count_tokens(&g.heading(0), Encoding::O200kBase))
+        .map(|g| count_tokens(&g.heading(g.entries.len()), Encoding::O200kBase))
         .sum();
     let mut remaining = budget.saturating_sub(headings);
     let mut shown = vec![0usize; groups.len()];

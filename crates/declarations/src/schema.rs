@@ -79,7 +79,6 @@ const TYPE_KEYWORDS: &[&str] = &[
     "properties",
     "additionalProperties",
     "patternProperties",
-    "required",
     "items",
     "prefixItems",
     "$ref",

@@ -191,3 +191,212 @@ fn capitalize(word: &str) -> String {
         None => String::new(),
     }
 }
+
+/// Checks that brackets of every kind pair up in rendered TypeScript, ignoring string literals and
+/// `//` comments. Returns what is wrong.
+pub fn balanced(text: &str) -> Result<(), String> {
+    let mut stack: Vec<char> = Vec::new();
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '/' if chars.peek() == Some(&'/') => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '"' => {
+                let mut closed = false;
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => {
+                            closed = true;
+                            break;
+                        }
+                        '\n' => return Err(format!("newline inside a string literal in:\n{text}")),
+                        _ => {}
+                    }
+                }
+                if !closed {
+                    return Err(format!("unclosed string literal in:\n{text}"));
+                }
+            }
+            '{' | '[' | '(' | '<' => stack.push(ch),
+            '}' | ']' | ')' | '>' => {
+                let open = match ch {
+                    '}' => '{',
+                    ']' => '[',
+                    ')' => '(',
+                    _ => '<',
+                };
+                if stack.pop() != Some(open) {
+                    return Err(format!("unbalanced `{ch}` in:\n{text}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    if stack.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("unclosed {stack:?} in:\n{text}"))
+    }
+}
+
+/// A small deterministic generator (xorshift), so randomized tests replay exactly.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+}
+
+const NASTY_TEXT: &[&str] = &[
+    "plain words",
+    "ends a comment */ here",
+    "line\nbreak\r\nand\u{2028}separator",
+    "bell\u{7} and nul\u{0} and esc\u{1b}",
+    "```fence```",
+    "emoji 🚀 and ümlaut",
+    "",
+    "   ",
+    "quote \" and backslash \\",
+    "{[(<unbalanced",
+];
+const KEYS: &[&str] = &[
+    "a",
+    "path",
+    "old-name",
+    "with space",
+    "dot.ted",
+    "🚀",
+    "delete",
+    "class",
+    "1abc",
+    "",
+    "\"q\"",
+    "*/",
+    "a\nb",
+    "$ok",
+    "_",
+];
+const TYPES: &[&str] = &[
+    "string", "number", "integer", "boolean", "null", "array", "object", "bogus",
+];
+
+/// A random value to feed the schema renderer: mostly schema-like objects, with garbage mixed in.
+pub fn random_schema(rng: &mut Rng, depth: usize) -> Value {
+    if depth > 5 {
+        return json!({"type": rng.pick(TYPES)});
+    }
+    match rng.below(16) {
+        0 => json!(rng.below(2) == 0),
+        1 => Value::Null,
+        2 => json!(rng.next() as i64),
+        3 => json!(rng.pick(NASTY_TEXT)),
+        4 => json!([random_schema(rng, depth + 1)]),
+        5 => {
+            let items: Vec<Value> = (0..rng.below(4)).map(|_| random_literal(rng)).collect();
+            json!({"enum": items})
+        }
+        6 => json!({"const": random_literal(rng)}),
+        7 | 8 => {
+            let key = *rng.pick(&["anyOf", "oneOf", "allOf"]);
+            let branches: Vec<Value> = (0..rng.below(4))
+                .map(|_| random_schema(rng, depth + 1))
+                .collect();
+            json!({key: branches})
+        }
+        9 => {
+            json!({"$ref": rng.pick(&["#", "#/$defs/a", "#/$defs/b", "#/definitions/x~1y", "#/$defs/%zz", "http://remote/x", "#/properties/a", "nonsense"])})
+        }
+        10 => {
+            let n = rng.below(3);
+            let items: Vec<Value> = (0..n).map(|_| random_schema(rng, depth + 1)).collect();
+            match rng.below(3) {
+                0 => json!({"type": "array", "items": random_schema(rng, depth + 1)}),
+                1 => {
+                    json!({"type": "array", "prefixItems": items, "items": random_schema(rng, depth + 1)})
+                }
+                _ => json!({"type": "array", "items": items}),
+            }
+        }
+        11 => {
+            let types: Vec<Value> = (0..rng.below(4)).map(|_| json!(rng.pick(TYPES))).collect();
+            json!({"type": types, "nullable": rng.below(2) == 0})
+        }
+        _ => {
+            let mut properties = serde_json::Map::new();
+            for _ in 0..rng.below(5) {
+                let mut schema = random_schema(rng, depth + 1);
+                if let Value::Object(map) = &mut schema {
+                    if rng.below(2) == 0 {
+                        map.insert("description".into(), json!(rng.pick(NASTY_TEXT)));
+                    }
+                    match rng.below(6) {
+                        0 => {
+                            map.insert("minimum".into(), json!(rng.below(10)));
+                        }
+                        1 => {
+                            map.insert("maxLength".into(), json!("not a number"));
+                        }
+                        2 => {
+                            map.insert("pattern".into(), json!(rng.pick(NASTY_TEXT)));
+                        }
+                        3 => {
+                            map.insert("default".into(), random_literal(rng));
+                        }
+                        4 => {
+                            map.insert("exclusiveMinimum".into(), json!(true));
+                        }
+                        _ => {
+                            map.insert("deprecated".into(), json!(true));
+                        }
+                    }
+                }
+                properties.insert(rng.pick(KEYS).to_string(), schema);
+            }
+            let required: Vec<Value> = KEYS
+                .iter()
+                .filter(|_| rng.below(3) == 0)
+                .map(|k| json!(k))
+                .collect();
+            let mut out = json!({"type": "object", "properties": properties, "required": required});
+            match rng.below(4) {
+                0 => out["additionalProperties"] = random_schema(rng, depth + 1),
+                1 => {
+                    out["$defs"] =
+                        json!({"a": random_schema(rng, depth + 1), "b": {"$ref": "#/$defs/a"}})
+                }
+                2 => out["patternProperties"] = json!({"^x": random_schema(rng, depth + 1)}),
+                _ => {}
+            }
+            out
+        }
+    }
+}
+
+fn random_literal(rng: &mut Rng) -> Value {
+    match rng.below(6) {
+        0 => json!(rng.pick(NASTY_TEXT)),
+        1 => json!(rng.next() as i64 % 1000),
+        2 => json!(1.5e300),
+        3 => Value::Null,
+        4 => json!({"k": [1, "two"]}),
+        _ => json!(true),
+    }
+}

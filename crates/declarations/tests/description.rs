@@ -1,0 +1,224 @@
+//! The codemode description: what is listed, the shared budget, fairness and stability.
+
+mod support;
+
+use codemode_declarations::{
+    DescriptionInput, Encoding, codemode_description, count_tokens, identifier_collisions,
+};
+use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, ToolSpec};
+use serde_json::json;
+
+/// The listing block of a description (between the ```ts fence lines).
+fn listing(description: &str) -> &str {
+    let start = description
+        .find("```ts\n")
+        .map_or(description.len(), |i| i + 6);
+    let end = description.rfind("\n```").unwrap_or(description.len());
+    &description[start.min(end)..end]
+}
+
+/// How many tools of each namespace heading are listed, by heading order.
+fn listed_per_namespace(description: &str) -> Vec<(String, usize, bool)> {
+    let mut out: Vec<(String, usize, bool)> = Vec::new();
+    for line in listing(description).lines() {
+        if let Some(heading) = line.strip_prefix("// ## ") {
+            let name = heading.split(' ').next().unwrap().to_string();
+            out.push((name, 0, heading.contains("not listed")));
+        } else if line.contains("(args: ") && !line.starts_with("//") {
+            if let Some(last) = out.last_mut() {
+                last.1 += 1;
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn budget_bounds_the_listing_and_every_namespace_is_represented_first() {
+    let (tools, namespaces) = support::catalog(20);
+    let zero = DescriptionInput {
+        inline_budget_tokens: 0,
+        ..DescriptionInput::new(&tools, &namespaces)
+    };
+    let headings_only = count_tokens(listing(&codemode_description(&zero)), Encoding::O200kBase);
+    for budget in [600, 1200, 2000, 3000] {
+        let input = DescriptionInput {
+            inline_budget_tokens: budget,
+            ..DescriptionInput::new(&tools, &namespaces)
+        };
+        let text = codemode_description(&input);
+        let block = listing(&text);
+        let tokens = count_tokens(block, Encoding::O200kBase);
+        // The budget counts sections one by one; joined text may differ by a token per section.
+        let bound = budget.max(headings_only) + budget / 20;
+        assert!(
+            tokens <= bound,
+            "budget {budget}: listing took {tokens} tokens (headings alone {headings_only})"
+        );
+        let per_ns = listed_per_namespace(&text);
+        assert_eq!(per_ns.len(), 25, "every namespace has a heading");
+        let complete = per_ns.iter().any(|(_, n, _)| *n == 20);
+        let empty = per_ns.iter().any(|(_, n, _)| *n == 0);
+        assert!(
+            !(complete && empty),
+            "budget {budget}: a namespace is complete while another is empty: {per_ns:?}"
+        );
+        for (name, n, marked) in &per_ns {
+            assert_eq!(
+                *marked,
+                *n < 20,
+                "budget {budget}: {name} lists {n} of 20 but marked={marked}"
+            );
+        }
+        let counts: Vec<usize> = per_ns.iter().map(|(_, n, _)| *n).collect();
+        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        assert!(
+            max - min <= 1,
+            "budget {budget}: round-robin keeps namespaces within one tool: {counts:?}"
+        );
+    }
+    let zero = DescriptionInput {
+        inline_budget_tokens: 0,
+        ..DescriptionInput::new(&tools, &namespaces)
+    };
+    let text = codemode_description(&zero);
+    assert!(
+        listed_per_namespace(&text)
+            .iter()
+            .all(|(_, n, marked)| *n == 0 && *marked)
+    );
+    assert!(text.contains("// ## mcp__billing (20 tools not listed)"));
+}
+
+#[test]
+fn a_big_catalog_stays_small_and_lists_something_from_everywhere() {
+    let (tools, namespaces) = support::catalog(20);
+    let text = codemode_description(&DescriptionInput {
+        inline_budget_tokens: 1000,
+        ..DescriptionInput::new(&tools, &namespaces)
+    });
+    let tokens = count_tokens(&text, Encoding::O200kBase);
+    assert!(
+        tokens < 1500,
+        "500 tools at budget 1000 took {tokens} tokens"
+    );
+}
+
+#[test]
+fn registration_order_does_not_change_a_byte() {
+    let (mut tools, mut namespaces) = support::all_mcp();
+    tools.extend(support::coding_tools());
+    let expected = codemode_description(&DescriptionInput {
+        inline_budget_tokens: 1500,
+        ..DescriptionInput::new(&tools, &namespaces)
+    });
+    let mut rng = support::Rng(7);
+    for _ in 0..20 {
+        for i in (1..tools.len()).rev() {
+            let j = rng.below(i + 1);
+            tools.swap(i, j);
+        }
+        namespaces.reverse();
+        let again = codemode_description(&DescriptionInput {
+            inline_budget_tokens: 1500,
+            ..DescriptionInput::new(&tools, &namespaces)
+        });
+        assert_eq!(again, expected);
+    }
+}
+
+#[test]
+fn exposures_decide_what_is_listed() {
+    let mk = |name: &str, exposure: Exposure| {
+        let mut t = ToolSpec::new(
+            name,
+            format!("The {name} tool."),
+            json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+        );
+        t.exposure = exposure;
+        t
+    };
+    let tools = vec![
+        mk("listed_one", Exposure::Codemode),
+        mk("direct_one", Exposure::Direct),
+        mk("deferred_one", Exposure::Deferred),
+        mk("hidden_one", Exposure::Hidden),
+    ];
+    let on = codemode_description(&DescriptionInput::new(&tools, &[]));
+    assert!(on.contains("listed_one(args: "));
+    assert!(
+        !on.contains("direct_one(args: "),
+        "mode on: direct tools are declared to the model, not listed"
+    );
+    assert!(
+        on.contains("`tools.direct_one`"),
+        "mode on: direct tools are still named as callable"
+    );
+    assert!(!on.contains("deferred_one") && !on.contains("hidden_one"));
+
+    let only = codemode_description(&DescriptionInput {
+        mode: CodemodeMode::Only,
+        ..DescriptionInput::new(&tools, &[])
+    });
+    assert!(only.contains("listed_one(args: ") && only.contains("direct_one(args: "));
+    assert!(!only.contains("deferred_one") && !only.contains("hidden_one"));
+
+    // Deferred tools arriving later (an MCP server connecting) leave the text byte-identical.
+    let mut more = tools.clone();
+    for i in 0..30 {
+        more.push(mk(&format!("late_{i}"), Exposure::Deferred));
+    }
+    assert_eq!(codemode_description(&DescriptionInput::new(&more, &[])), on);
+}
+
+#[test]
+fn colliding_identifiers_are_both_declared_by_raw_name() {
+    let tools = vec![
+        ToolSpec::new("my-tool", "Dashes", json!({"type": "object"})),
+        ToolSpec::new("my_tool", "Underscore", json!({"type": "object"})),
+        ToolSpec::new("plain", "Plain", json!({"type": "object"})),
+    ];
+    let collisions = identifier_collisions(&tools);
+    assert_eq!(collisions.len(), 1);
+    assert_eq!(collisions[0].identifier, "my_tool");
+    assert_eq!(collisions[0].names, vec!["my-tool", "my_tool"]);
+    let text = codemode_description(&DescriptionInput::new(&tools, &[]));
+    assert!(text.contains("\"my-tool\"(args: "), "{text}");
+    assert!(text.contains("\"my_tool\"(args: "), "{text}");
+    assert!(text.contains("plain(args: "));
+    assert_eq!(
+        text.matches("is ambiguous (my-tool, my_tool)").count(),
+        2,
+        "{text}"
+    );
+}
+
+#[test]
+fn globals_and_namespace_descriptions_show() {
+    let mut tool = ToolSpec::new(
+        "mcp__docs__search",
+        "Search the docs.",
+        json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}),
+    );
+    tool.namespace = Some("mcp__docs".into());
+    let namespaces = vec![NamespaceSpec {
+        name: "mcp__docs".into(),
+        description: Some("Docs server".into()),
+        instructions: Some("Search first.".into()),
+    }];
+    let tools = vec![tool];
+    let plain = codemode_description(&DescriptionInput::new(&tools, &namespaces));
+    assert!(plain.contains("// ## mcp__docs\n// Docs server\n// Search the docs.\nmcp__docs__search(args: { q: string }): Promise<string>;"), "{plain}");
+    assert!(!plain.contains("`models`"));
+    let with_models = codemode_description(&DescriptionInput {
+        globals: codemode_declarations::Globals {
+            models: true,
+            models_doc: None,
+        },
+        ..DescriptionInput::new(&tools, &namespaces)
+    });
+    assert!(with_models.contains("`models`: classifiers and image generation"));
+    let none = codemode_description(&DescriptionInput::new(&[], &[]));
+    assert!(!none.contains("```ts"), "no tools, no listing block");
+    assert!(none.contains("searchTools") && none.contains("// @options:"));
+}
