@@ -22,7 +22,7 @@ use crate::result::{CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError};
 use crate::vm::Guard;
 
 /// A call result on its way back to the driver.
-pub(crate) type Completion = (u64, Result<Value, HostError>);
+pub(crate) type Completion = (u64, Result<String, HostError>);
 
 /// A call that has not been delivered to the script yet.
 pub(crate) struct InFlight {
@@ -56,6 +56,8 @@ pub(crate) struct RunState {
     pub done: RefCell<Option<Done>>,
     pub fatal: RefCell<Option<ScriptError>>,
     pub tx: UnboundedSender<Completion>,
+    /// Results of calls whose future finished on its first poll, inside the call itself.
+    pub ready: RefCell<Vec<Completion>>,
     pub recorder: RefCell<Option<Recorder>>,
     pub replay: Option<RefCell<ReplayLog>>,
 }
@@ -182,7 +184,7 @@ fn host_call<'js>(
         }
         return Ok(id as f64);
     }
-    let fut = state.host.call(HostCall {
+    let mut fut = state.host.call_json(HostCall {
         id,
         name,
         kind,
@@ -190,6 +192,23 @@ fn host_call<'js>(
         cancel: token,
         clock: state.clock.clone(),
     });
+    // Most host answers are immediate; polling once here saves a task and a wake-up per call.
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
+        Ok(std::task::Poll::Ready(r)) => {
+            state.ready.borrow_mut().push((id, r));
+            return Ok(id as f64);
+        }
+        Ok(std::task::Poll::Pending) => {}
+        Err(_) => {
+            state.ready.borrow_mut().push((
+                id,
+                Err(HostError::new("The host failed while running this call.")),
+            ));
+            return Ok(id as f64);
+        }
+    }
     let tx = state.tx.clone();
     tokio::task::spawn_local(async move {
         let result = match AssertUnwindSafe(fut).catch_unwind().await {

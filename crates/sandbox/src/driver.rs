@@ -1,7 +1,7 @@
 //! Runs one script on a prepared VM: setup, the job/await loop (approach B of rust-stack.md),
 //! limits, cancellation of leftover calls, and the result.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::bridge::{Completion, Done, RunState};
-use crate::host::{HostCallKind, HostError, Script};
+use crate::host::{HostError, Script};
 use crate::limits::Limits;
 use crate::replay::{LogEntry, Recorder, ReplayLog};
 use crate::result::{CallStatus, ErrorKind, ScriptError, ScriptResult, StoreWrite};
@@ -23,12 +23,14 @@ use crate::vm::{Stop, Vm};
 
 /// Jobs run between checks of the deadline, abort and CPU budget.
 const JOBS_PER_CHECK: u32 = 64;
+/// Heap peak above which the worker returns freed memory to the system after the script.
+const TRIM_AFTER_BYTES: usize = 8 << 20;
 
 struct Det {
     start_ms: f64,
     began: Instant,
     /// Results waiting for earlier calls to be delivered first.
-    buffered: BTreeMap<u64, Result<Value, HostError>>,
+    buffered: BTreeMap<u64, Result<String, HostError>>,
 }
 
 /// Runs `script` on `vm` (consumed: a VM serves one script) and builds the result.
@@ -44,7 +46,14 @@ pub(crate) async fn run_script(
         Ok(r) => r,
         Err(error) => ScriptResult::failed(error, options.clone(), limits.clone()),
     };
+    let peak = vm.heap.peak.get();
     drop(vm);
+    if peak > TRIM_AFTER_BYTES {
+        // Give a big script's memory back to the system instead of leaving it in this thread's
+        // malloc arena, where no other worker can reuse it.
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
+    }
     result.options = options;
     result.limits = limits;
     result.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -116,12 +125,15 @@ async fn execute(
         done: Default::default(),
         fatal: Default::default(),
         tx,
+        ready: Default::default(),
         recorder: std::cell::RefCell::new(recorder.take()),
         replay: replay.map(std::cell::RefCell::new),
     });
     vm.slot.set(state.clone());
     vm.heap.set_limit(limits.heap_bytes);
     vm.runtime.set_max_stack_size(limits.stack_bytes);
+    // Scripts are short-lived: collecting every few hundred KiB costs more than it saves.
+    vm.runtime.set_gc_threshold((limits.heap_bytes / 8).clamp(1 << 20, 32 << 20));
     *vm.guard.active.borrow_mut() = Some(crate::vm::ActiveLimits {
         timeout: Duration::from_millis(limits.timeout_ms),
         cpu: Duration::from_millis(limits.cpu_ms),
@@ -257,12 +269,21 @@ async fn drive(
     rx: &mut UnboundedReceiver<Completion>,
     mut det: Option<&mut Det>,
 ) -> Outcome {
+    let deadline = tokio::time::sleep(remaining(vm));
+    tokio::pin!(deadline);
     loop {
         if let Some(o) = drain(vm, state) {
             if matches!(o, Outcome::Done) && state.fatal.borrow().is_some() {
                 return Outcome::Fatal;
             }
             return o;
+        }
+        let ready = std::mem::take(&mut *state.ready.borrow_mut());
+        if !ready.is_empty() {
+            for (id, r) in ready {
+                receive(vm, state, id, r, det.as_deref_mut());
+            }
+            continue;
         }
         if state.inflight.borrow().is_empty() {
             return Outcome::Stalled;
@@ -272,6 +293,7 @@ async fn drive(
             let next = log.borrow_mut().results.pop_front();
             match next {
                 Some((id, at_ms, r)) if state.inflight.borrow().contains_key(&id) => {
+                    let r = r.map(|v| v.to_string());
                     deliver(vm, state, id, r, Some(at_ms));
                     continue;
                 }
@@ -287,13 +309,6 @@ async fn drive(
                 }
             }
         }
-        let remaining = {
-            let active = vm.guard.active.borrow();
-            match active.as_ref() {
-                Some(a) => a.timeout.saturating_sub(a.clock.running()),
-                None => Duration::from_secs(3600),
-            }
-        };
         let abort = state.abort.clone();
         tokio::select! {
             got = rx.recv() => {
@@ -304,10 +319,12 @@ async fn drive(
                     receive(vm, state, id, r, det.as_deref_mut());
                 }
             }
-            _ = tokio::time::sleep(remaining) => {
+            _ = &mut deadline => {
                 if let Some(r) = vm.guard.check() {
                     return stop_outcome(r);
                 }
+                // The clock was paused (approval): wait for the rest.
+                deadline.as_mut().reset(tokio::time::Instant::now() + remaining(vm));
             }
             _ = abort.cancelled() => {
                 vm.guard.reason.set(Some(Stop::Aborted));
@@ -317,12 +334,21 @@ async fn drive(
     }
 }
 
+/// Deadline time left, by the script's (pausable) clock.
+fn remaining(vm: &Vm) -> Duration {
+    let active = vm.guard.active.borrow();
+    match active.as_ref() {
+        Some(a) => a.timeout.saturating_sub(a.clock.running()),
+        None => Duration::from_secs(3600),
+    }
+}
+
 /// Records a completion and delivers it (in call-id order for deterministic runs).
 fn receive(
     vm: &Vm,
     state: &RunState,
     id: u64,
-    r: Result<Value, HostError>,
+    r: Result<String, HostError>,
     det: Option<&mut Det>,
 ) {
     let Some(det) = det else {
@@ -344,7 +370,7 @@ fn receive(
     }
 }
 
-fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<Value, HostError>, at_ms: Option<f64>) {
+fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_ms: Option<f64>) {
     let Some(inflight) = state.inflight.borrow_mut().remove(&id) else {
         return;
     };
@@ -365,7 +391,7 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<Value, HostError>, at_m
             id,
             at_ms: at_ms.unwrap_or_default(),
             ok: r.is_ok(),
-            value: r.as_ref().ok().cloned(),
+            value: r.as_ref().ok().map(|j| serde_json::from_str(j).unwrap_or(Value::Null)),
             error: r.as_ref().err().cloned(),
         });
     }
@@ -377,10 +403,7 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<Value, HostError>, at_m
         };
         let now = at_ms.map(|v| JsValue::new_float(ctx.clone(), v));
         let res = match &r {
-            Ok(v) => {
-                let json = serde_json::to_string(v).unwrap_or_else(|_| "null".into());
-                settle.call::<_, ()>((id as f64, true, json, (), (), now))
-            }
+            Ok(json) => settle.call::<_, ()>((id as f64, true, json.as_str(), (), (), now)),
             Err(e) => {
                 let props = if e.properties.is_empty() {
                     None
@@ -544,11 +567,3 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     }
     Ok(out)
 }
-
-#[allow(dead_code)]
-fn _assert_kind(k: HostCallKind) -> HostCallKind {
-    k
-}
-
-#[allow(dead_code)]
-fn _unused(_: BTreeSet<u64>) {}

@@ -16,6 +16,20 @@ use tokio_util::sync::CancellationToken;
 /// cheap), so it need not be `Send`; it may hop to another runtime itself if it has to.
 pub trait Host: Send + Sync + 'static {
     fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>>;
+
+    /// Like [`Host::call`], but answers with JSON text. The sandbox hands the text to the script
+    /// as is, so a host that already holds serialized JSON (an MCP response, a cached result)
+    /// overrides this to skip building and serializing a `Value`. The text must be valid JSON;
+    /// if it is not, the script's call rejects with a `TypeError`.
+    fn call_json(&self, call: HostCall) -> LocalBoxFuture<'static, Result<String, HostError>> {
+        let fut = self.call(call);
+        Box::pin(async move {
+            let value = fut.await?;
+            serde_json::to_string(&value).map_err(|e| {
+                HostError::new(format!("The host's answer cannot be sent to the script as JSON: {e}"))
+            })
+        })
+    }
 }
 
 /// Whether a call came from `tools.<name>` or from a host global such as `models.classify`.

@@ -21,6 +21,7 @@ mod driver;
 mod host;
 mod limits;
 mod model_text;
+mod native;
 mod pool;
 mod replay;
 mod result;

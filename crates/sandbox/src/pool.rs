@@ -32,6 +32,8 @@ pub(crate) struct Job {
 struct State {
     queue: VecDeque<Job>,
     idle: usize,
+    /// Workers preparing a VM; they will be idle shortly.
+    preparing: usize,
     threads: usize,
     shutdown: bool,
 }
@@ -76,6 +78,7 @@ impl Pool {
             .is_ok();
         if spawned {
             s.threads += 1;
+            s.preparing += 1;
         }
         spawned
     }
@@ -86,7 +89,7 @@ impl Pool {
             return Err(job);
         }
         s.queue.push_back(job);
-        if s.idle < s.queue.len() && s.threads < pool.max && !Pool::spawn(pool, &mut s) && s.threads == 0 {
+        if s.idle + s.preparing < s.queue.len() && s.threads < pool.max && !Pool::spawn(pool, &mut s) && s.threads == 0 {
             let job = s.queue.pop_back();
             drop(s);
             return match job {
@@ -107,6 +110,7 @@ impl Pool {
     /// Waits for the next job; `None` when this worker should exit.
     fn next_job(&self) -> Option<Job> {
         let mut s = lock(&self.state);
+        s.preparing = s.preparing.saturating_sub(1);
         s.idle += 1;
         let mut since = Instant::now();
         loop {
@@ -136,7 +140,9 @@ fn worker(pool: Arc<Pool>) {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("codemode sandbox worker could not start tokio: {e}");
-            lock(&pool.state).threads -= 1;
+            let mut s = lock(&pool.state);
+            s.threads -= 1;
+            s.preparing = s.preparing.saturating_sub(1);
             return;
         }
     };
@@ -177,5 +183,6 @@ fn worker(pool: Arc<Pool>) {
             ),
         };
         let _ = reply.send(result);
+        lock(&pool.state).preparing += 1;
     }
 }

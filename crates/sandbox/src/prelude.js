@@ -1,7 +1,7 @@
 // Evaluated once per VM, before any script is known, as a sloppy-mode expression that yields a
 // function. Rust calls that function with its bridge functions; it locks the VM down and returns
 // { init, run, settle }. Everything the bridge uses is captured here, before the script can run.
-(function (hostCall, hostOutput, hostDone) {
+(function (hostCall, hostOutput, hostDone, nativeFreeze) {
   "use strict";
   const G = globalThis;
   const O = Object;
@@ -117,53 +117,45 @@
   for (let i = 0; i < banned.length; i++) delete G[banned[i]];
 
   // ---- lockdown: freeze every reachable built-in ----
+  // Data properties that scripts commonly assign on their own objects ("override mistake") become
+  // accessors first, so `this.name = ...` in an Error subclass still works once prototypes freeze.
   function lockdown() {
-    const seen = new SetCtor();
-    const stack = [G];
     const extra = [
       getPrototypeOf(function* () {}),
       getPrototypeOf(async function () {}),
       getPrototypeOf(async function* () {}),
       getPrototypeOf((function* () {})()),
       getPrototypeOf((async function* () {})()),
+      getPrototypeOf(getPrototypeOf((function* () {})())),
+      getPrototypeOf(getPrototypeOf((async function* () {})())),
       getPrototypeOf([][Symbol.iterator]()),
+      getPrototypeOf(getPrototypeOf([][Symbol.iterator]())),
       getPrototypeOf(new MapCtor().entries()),
       getPrototypeOf(new SetCtor().entries()),
       getPrototypeOf(""[Symbol.iterator]()),
       getPrototypeOf(/a/[Symbol.matchAll]("")),
       getPrototypeOf(Int8Array),
+      getPrototypeOf(Int8Array).prototype,
     ];
     try {
       if (typeof Iterator === "function" && Iterator.prototype.map) extra.push(getPrototypeOf([].values().map((x) => x)));
     } catch (_) {}
-    for (let i = 0; i < extra.length; i++) stack.push(extra[i]);
-    const all = [];
-    while (stack.length > 0) {
-      const o = stack.pop();
-      if ((typeof o !== "object" && typeof o !== "function") || o === null) continue;
-      if (apply(setHas, seen, [o])) continue;
-      apply(setAdd, seen, [o]);
-      all.push(o);
-      const ks = ownKeys(o);
-      for (let i = 0; i < ks.length; i++) {
-        const d = getOwnPropertyDescriptor(o, ks[i]);
-        if (!d) continue;
-        if ("value" in d) stack.push(d.value);
-        else {
-          if (d.get) stack.push(d.get);
-          if (d.set) stack.push(d.set);
-        }
-      }
-      stack.push(getPrototypeOf(o));
+    // Only where scripts really assign: Object.prototype members, Function.prototype, and the
+    // name/message of errors (`this.name = "MyError"` in a subclass).
+    const targets = [ObjectPrototype, Function.prototype];
+    const gk = ownKeys(G);
+    for (let i = 0; i < gk.length; i++) {
+      const d = getOwnPropertyDescriptor(G, gk[i]);
+      if (!d || !("value" in d) || typeof d.value !== "function") continue;
+      const pd = getOwnPropertyDescriptor(d.value, "prototype");
+      if (pd && "value" in pd && (pd.value === ErrorCtor.prototype || (pd.value !== null && typeof pd.value === "object" && getPrototypeOf(pd.value) === ErrorCtor.prototype))) targets.push(pd.value);
     }
-    const overridable = new SetCtor(["constructor", "name", "message", "toString", "toLocaleString", "valueOf", "toJSON"]);
-    for (let n = 0; n < all.length; n++) {
-      const o = all[n];
-      if (o === G) continue;
-      const ks = ownKeys(o);
+    const overridable = ["constructor", "name", "message", "toString", "toLocaleString", "valueOf", "toJSON"];
+    for (let n = 0; n < targets.length; n++) {
+      const o = targets[n];
+      const ks = o === ObjectPrototype ? ownKeys(o) : overridable;
       for (let i = 0; i < ks.length; i++) {
         const k = ks[i];
-        if (!(o === ObjectPrototype || apply(setHas, overridable, [k]))) continue;
         const d = getOwnPropertyDescriptor(o, k);
         if (!d || !("value" in d) || !d.writable || !d.configurable) continue;
         const value = d.value;
@@ -178,9 +170,10 @@
           configurable: false,
         });
       }
-      freeze(o);
     }
-    const gk = ownKeys(G);
+    const roots = [G];
+    for (let i = 0; i < extra.length; i++) roots.push(extra[i]);
+    nativeFreeze(roots);
     for (let i = 0; i < gk.length; i++) {
       const d = getOwnPropertyDescriptor(G, gk[i]);
       if (d && d.configurable && "value" in d) defineProperty(G, gk[i], { writable: false, configurable: false });
@@ -251,7 +244,14 @@
     if (!p) return;
     apply(mapDelete, pending, [id]);
     if (ok) {
-      p.resolve(payload === undefined ? undefined : parse(payload));
+      let v;
+      try {
+        v = payload === undefined ? undefined : parse(payload);
+      } catch (e) {
+        p.reject(new TypeErrorCtor("The host answered call " + id + " with text that is not valid JSON."));
+        return;
+      }
+      p.resolve(v);
       return;
     }
     const e = new ErrorCtor(payload);

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use codemode_spec::DeadlineClock;
 use rquickjs::allocator::Allocator;
-use rquickjs::context::EvalOptions;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use tokio_util::sync::CancellationToken;
 
@@ -22,12 +21,20 @@ const PRELUDE: &str = include_str!("prelude.js");
 pub(crate) struct HeapState {
     used: Cell<usize>,
     limit: Cell<usize>,
+    pub(crate) peak: Cell<usize>,
     pub(crate) hit_limit: Cell<bool>,
 }
 
 impl HeapState {
     pub(crate) fn set_limit(&self, limit: usize) {
         self.limit.set(limit);
+    }
+    fn grow(&self, n: usize) {
+        let used = self.used.get() + n;
+        self.used.set(used);
+        if used > self.peak.get() {
+            self.peak.set(used);
+        }
     }
     fn admit(&self, extra: usize) -> bool {
         if self.used.get().saturating_add(extra) > self.limit.get() {
@@ -55,7 +62,7 @@ unsafe impl Allocator for CountingAllocator {
         // SAFETY: plain libc allocation.
         let p = unsafe { libc::malloc(size.max(1)) }.cast::<u8>();
         if !p.is_null() {
-            self.0.used.set(self.0.used.get() + usable(p));
+            self.0.grow(usable(p));
         }
         p
     }
@@ -70,7 +77,7 @@ unsafe impl Allocator for CountingAllocator {
         // SAFETY: plain libc allocation.
         let p = unsafe { libc::calloc(count.max(1), size.max(1)) }.cast::<u8>();
         if !p.is_null() {
-            self.0.used.set(self.0.used.get() + usable(p));
+            self.0.grow(usable(p));
         }
         p
     }
@@ -100,9 +107,8 @@ unsafe impl Allocator for CountingAllocator {
         // SAFETY: ptr is ours; on failure libc leaves it untouched.
         let p = unsafe { libc::realloc(ptr.cast(), new_size) }.cast::<u8>();
         if !p.is_null() {
-            self.0
-                .used
-                .set(self.0.used.get().saturating_sub(old) + usable(p));
+            self.0.used.set(self.0.used.get().saturating_sub(old));
+            self.0.grow(usable(p));
         }
         p
     }
@@ -224,11 +230,12 @@ impl Vm {
         let context = Context::full(&runtime).map_err(|e| PrepareError(e.to_string()))?;
         let slot = Rc::new(BridgeSlot::default());
         let fns = context.with(|ctx| -> Result<PreludeFns, String> {
-            let make = eval_prelude(&ctx).map_err(|e| describe(&ctx, e))?;
+            let make = crate::native::eval_prelude(&ctx, PRELUDE, "codemode-prelude.js")?;
             let (call, output, done) = install_bridge(&ctx, slot.clone(), guard.clone())
                 .map_err(|e| describe(&ctx, e))?;
+            let freeze = crate::native::freeze_function(&ctx).map_err(|e| describe(&ctx, e))?;
             let api: Object = make
-                .call((call, output, done))
+                .call((call, output, done, freeze))
                 .map_err(|e| describe(&ctx, e))?;
             let get = |name: &str| -> Result<Persistent<Function<'static>>, String> {
                 let f: Function = api.get(name).map_err(|e| describe(&ctx, e))?;
@@ -251,13 +258,6 @@ impl Vm {
             slot,
         })
     }
-}
-
-fn eval_prelude<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Function<'js>> {
-    let mut opts = EvalOptions::default();
-    opts.strict = false;
-    opts.filename = Some("codemode-prelude.js".into());
-    ctx.eval_with_options(PRELUDE, opts)
 }
 
 /// Text of a pending exception, for errors that happen outside any script.
