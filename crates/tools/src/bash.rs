@@ -227,6 +227,11 @@ async fn run(
     }
 
     if !matches!(ending, Ending::Finished) {
+        tracing::debug!(
+            pgid = group.pgid,
+            timed_out = matches!(ending, Ending::TimedOut),
+            "killing the command's process group"
+        );
         group.kill();
         if status.is_none() {
             status = child.wait().await.ok();
