@@ -5,7 +5,10 @@ use std::sync::{Arc, RwLock};
 
 use codemode_gate::{ApprovalAnswer, ApprovalRequest, Approver};
 use codemode_spec::BoxFuture;
-use rmcp::model::{ElicitRequestParams, ElicitationAction};
+use rmcp::model::{
+    ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ServerRequest,
+};
 use rmcp::service::{Peer, RoleServer};
 use serde_json::{Value, json};
 
@@ -67,7 +70,16 @@ impl ElicitationApprover {
                 return ApprovalAnswer::No;
             }
         };
-        match target.peer.create_elicitation(params).await {
+        let asked = target
+            .peer
+            .send_request(ServerRequest::ElicitRequest(ElicitRequest::new(params)))
+            .await
+            .and_then(|r| match r {
+                ClientResult::ElicitResult(answer) => Ok(answer),
+                _ => Err(rmcp::ServiceError::UnexpectedResponse),
+            });
+        let asked: Result<ElicitResult, _> = asked;
+        match asked {
             Ok(answer) if answer.action == ElicitationAction::Accept => {
                 match answer
                     .content
@@ -98,11 +110,17 @@ impl Approver for ElicitationApprover {
 fn question(req: &ApprovalRequest) -> Value {
     let mut args = req.args.to_string();
     if args.len() > 2000 {
-        let cut = (0..=2000).rev().find(|i| args.is_char_boundary(*i)).unwrap_or(0);
+        let cut = (0..=2000)
+            .rev()
+            .find(|i| args.is_char_boundary(*i))
+            .unwrap_or(0);
         args.truncate(cut);
         args.push('…');
     }
-    let mut message = format!("codemode wants to call `{}`.\n\nWhy approval is needed: {}\n\nArguments: {args}", req.tool_name, req.reason);
+    let mut message = format!(
+        "codemode wants to call `{}`.\n\nWhy approval is needed: {}\n\nArguments: {args}",
+        req.tool_name, req.reason
+    );
     if !req.paths.is_empty() {
         message.push_str(&format!("\nPaths: {}", req.paths.join(", ")));
     }

@@ -9,9 +9,9 @@ use codemode_spec::{CodemodeMode, ContentBlock as SpecBlock, ToolOutput, ToolSpe
 use rmcp::ErrorData;
 use rmcp::ServerHandler;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Content, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
+    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use serde_json::{Map, Value, json};
@@ -36,7 +36,11 @@ struct Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        let id = self.id.get().cloned().unwrap_or_else(|| self.fallback_id.clone());
+        let id = self
+            .id
+            .get()
+            .cloned()
+            .unwrap_or_else(|| self.fallback_id.clone());
         self.codemode.end_session(&id);
         self.approvals.forget(&id);
     }
@@ -75,7 +79,8 @@ impl CodemodeHandler {
             .peer
             .peer_info()
             .is_some_and(|info| info.capabilities.elicitation.is_some());
-        self.approvals.register(id, context.peer.clone(), can_elicit);
+        self.approvals
+            .register(id, context.peer.clone(), can_elicit);
         id.clone()
     }
 
@@ -184,7 +189,8 @@ impl ServerHandler for CodemodeHandler {
         } else {
             // Mode `only` is enforced by the gate, which refuses a model's direct call and says
             // to call the tool from a script instead.
-            self.run_direct(&request.name, request.arguments, context).await
+            self.run_direct(&request.name, request.arguments, context)
+                .await
         };
         Ok(CallToolResponse::Complete(result))
     }

@@ -21,7 +21,10 @@ use crate::McpError;
 /// Serves one MCP client over this process's stdin/stdout until the client disconnects.
 ///
 /// Use the same `approvals` as the gate's approver, so that `ask` decisions reach this client.
-pub async fn serve_stdio(codemode: Codemode, approvals: ElicitationApprover) -> Result<(), McpError> {
+pub async fn serve_stdio(
+    codemode: Codemode,
+    approvals: ElicitationApprover,
+) -> Result<(), McpError> {
     let handler = CodemodeHandler::new(codemode, approvals, "stdio");
     let service = handler
         .serve(rmcp::transport::stdio())
@@ -86,14 +89,23 @@ pub async fn serve_http(
         config = config.disable_allowed_hosts();
     }
     let service = StreamableHttpService::new(
-        move || Ok(CodemodeHandler::new(codemode.clone(), approvals.clone(), "http")),
+        move || {
+            Ok(CodemodeHandler::new(
+                codemode.clone(),
+                approvals.clone(),
+                "http",
+            ))
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );
     let mut router = axum::Router::new().nest_service("/mcp", service);
     if let Some(token) = token {
         let expected: Arc<[u8]> = Arc::from(Sha256::digest(token.as_bytes()).to_vec());
-        router = router.layer(axum::middleware::from_fn_with_state(expected, require_token));
+        router = router.layer(axum::middleware::from_fn_with_state(
+            expected,
+            require_token,
+        ));
     }
     let listener = tokio::net::TcpListener::bind(addr)
         .await
