@@ -64,13 +64,13 @@ impl AuditLog {
         } else {
             GENESIS.to_string()
         };
-        if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() {
-                std::fs::create_dir_all(dir).map_err(|e| AuditError::Open {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
-            }
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(|e| AuditError::Open {
+                path: path.display().to_string(),
+                message: e.to_string(),
+            })?;
         }
         let file = OpenOptions::new()
             .create(true)

@@ -108,36 +108,36 @@ fn over(
 }
 
 fn check(scope: &str, s: &LedgerSnapshot, l: &BudgetLimits, kind: CallKind) -> Result<(), String> {
-    if let Some(max) = l.max_calls {
-        if s.calls >= max {
-            return Err(over(scope, "max_calls", s.calls, max));
-        }
+    if let Some(max) = l.max_calls
+        && s.calls >= max
+    {
+        return Err(over(scope, "max_calls", s.calls, max));
     }
-    if let Some(max) = l.max_bytes {
-        if s.bytes >= max {
-            return Err(over(scope, "max_bytes", s.bytes, max));
-        }
+    if let Some(max) = l.max_bytes
+        && s.bytes >= max
+    {
+        return Err(over(scope, "max_bytes", s.bytes, max));
     }
     if kind == CallKind::Model {
-        if let Some(max) = l.max_model_calls {
-            if s.model_calls >= max {
-                return Err(over(scope, "max_model_calls", s.model_calls, max));
-            }
+        if let Some(max) = l.max_model_calls
+            && s.model_calls >= max
+        {
+            return Err(over(scope, "max_model_calls", s.model_calls, max));
         }
-        if let Some(max) = l.max_tokens {
-            if s.usage.total_tokens() >= max {
-                return Err(over(scope, "max_tokens", s.usage.total_tokens(), max));
-            }
+        if let Some(max) = l.max_tokens
+            && s.usage.total_tokens() >= max
+        {
+            return Err(over(scope, "max_tokens", s.usage.total_tokens(), max));
         }
-        if let Some(max) = l.max_cost_usd {
-            if s.usage.cost_usd >= max {
-                return Err(over(
-                    scope,
-                    "max_cost_usd",
-                    format!("${:.6}", s.usage.cost_usd),
-                    format!("${max}"),
-                ));
-            }
+        if let Some(max) = l.max_cost_usd
+            && s.usage.cost_usd >= max
+        {
+            return Err(over(
+                scope,
+                "max_cost_usd",
+                format!("${:.6}", s.usage.cost_usd),
+                format!("${max}"),
+            ));
         }
     }
     Ok(())
@@ -186,13 +186,14 @@ impl Ledger {
                 s.usage.add(u);
             }
             s.bytes += bytes;
-            if let Some(max) = l.max_bytes {
-                if s.bytes > max && crossed.is_none() {
-                    crossed = Some(format!(
-                        "the result ({bytes} bytes) crosses the {scope} budget `max_bytes` ({} used of {max}); it was withheld. Ask for less (filter or slice the data in the tool call), or raise budgets.{scope}.max_bytes in settings",
-                        s.bytes
-                    ));
-                }
+            if let Some(max) = l.max_bytes
+                && s.bytes > max
+                && crossed.is_none()
+            {
+                crossed = Some(format!(
+                    "the result ({bytes} bytes) crosses the {scope} budget `max_bytes` ({} used of {max}); it was withheld. Ask for less (filter or slice the data in the tool call), or raise budgets.{scope}.max_bytes in settings",
+                    s.bytes
+                ));
             }
         };
         let session = inner.sessions.entry(p.session_id.clone()).or_default();

@@ -370,7 +370,7 @@ impl Gate {
     /// Finds the tool and checks that this caller may reach it at all.
     fn resolve(&self, name: &str, origin: Origin) -> Result<Resolved, GateError> {
         let found = match self.inner.registry.lookup(name) {
-            Lookup::Found(r) => r,
+            Lookup::Found(r) => *r,
             Lookup::Missing { suggestions } => {
                 let hint = if suggestions.is_empty() {
                     "`await searchTools(\"...\")` lists the tools that exist".to_string()

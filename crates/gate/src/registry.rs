@@ -62,7 +62,7 @@ pub(crate) struct Resolved {
 
 /// The outcome of looking a name up, before the caller's rights are considered.
 pub(crate) enum Lookup {
-    Found(Resolved),
+    Found(Box<Resolved>),
     Missing { suggestions: Vec<String> },
 }
 
@@ -159,6 +159,16 @@ impl Registry {
         self.read().tools.values().map(Entry::spec).collect()
     }
 
+    /// Every tool's spec with the exposure it declared itself, before any change. Settings are
+    /// applied from these, so applying them twice gives the same result.
+    pub(crate) fn declared_specs(&self) -> Vec<ToolSpec> {
+        self.read()
+            .tools
+            .values()
+            .map(|e| e.tool.spec().clone())
+            .collect()
+    }
+
     /// What a script may call now: codemode and deferred tools, and direct tools while active.
     pub fn script_callable(&self) -> Vec<ToolSpec> {
         self.read()
@@ -195,12 +205,12 @@ impl Registry {
                 .find(|e| e.exposure != Exposure::Hidden && e.tool.spec().identifier() == name)
         });
         match entry {
-            Some(e) => Lookup::Found(Resolved {
+            Some(e) => Lookup::Found(Box::new(Resolved {
                 tool: e.tool.clone(),
                 spec: e.spec(),
                 active: e.active,
                 validator: e.validator.clone(),
-            }),
+            })),
             None => {
                 let candidates: Vec<&str> = inner
                     .tools

@@ -406,8 +406,14 @@ impl EffectiveSettings {
             .map(|p| p.display().to_string())
             .unwrap_or_default();
         let mut n = Narrowing::new(source, self.trusted);
-        for spec in registry.specs() {
-            let mut exposure = spec.exposure;
+        let current: BTreeMap<String, Exposure> = registry
+            .specs()
+            .into_iter()
+            .map(|s| (s.name, s.exposure))
+            .collect();
+        for spec in registry.declared_specs() {
+            let declared = spec.exposure;
+            let mut exposure = declared;
             for (pattern, rule) in &self.settings.tools {
                 if matches(pattern, &spec.name) {
                     if let Some(e) = rule.exposure {
@@ -422,16 +428,19 @@ impl EffectiveSettings {
                 if !matches(pattern, &spec.name) {
                     continue;
                 }
-                if rule.disabled == Some(true) {
-                    exposure = Exposure::Hidden;
-                } else if rule.disabled == Some(false)
-                    && exposure == Exposure::Hidden
-                    && !self.trusted
-                {
-                    n.ignore(
-                        &format!("tools.{pattern}.disabled"),
-                        "the user disabled or hid this tool",
-                    );
+                match rule.disabled {
+                    Some(true) => exposure = Exposure::Hidden,
+                    Some(false) if exposure == Exposure::Hidden && declared != Exposure::Hidden => {
+                        if self.trusted {
+                            exposure = declared;
+                        } else {
+                            n.ignore(
+                                &format!("tools.{pattern}.disabled"),
+                                "the user disabled or hid this tool",
+                            );
+                        }
+                    }
+                    _ => {}
                 }
                 if rule.exposure.is_some() {
                     exposure = n.visibility(
@@ -441,10 +450,10 @@ impl EffectiveSettings {
                     );
                 }
             }
-            if exposure != spec.exposure {
-                if let Err(e) = registry.set_exposure(&spec.name, exposure) {
-                    n.ignore(&format!("tools.{}", spec.name), &e.to_string());
-                }
+            if current.get(&spec.name) != Some(&exposure)
+                && let Err(e) = registry.set_exposure(&spec.name, exposure)
+            {
+                n.ignore(&format!("tools.{}", spec.name), &e.to_string());
             }
         }
         n.into_warnings()

@@ -1,0 +1,420 @@
+//! Hooks: trait hooks and command hooks run as real `sh` processes.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use codemode_gate::{
+    AfterDecision, CommandHooks, Gate, Hook, HookDecision, HookEvent, HookSettings, PolicySet,
+    Registry, Stage,
+};
+use codemode_spec::{BoxFuture, ToolOutput};
+use common::*;
+use serde_json::{Value, json};
+
+struct Fixed(HookDecision);
+impl Hook for Fixed {
+    fn before<'a>(&'a self, _ev: &'a HookEvent) -> BoxFuture<'a, HookDecision> {
+        let d = self.0.clone();
+        Box::pin(async move { d })
+    }
+}
+
+struct Redact;
+impl Hook for Redact {
+    fn after<'a>(
+        &'a self,
+        _ev: &'a HookEvent,
+        _out: &'a ToolOutput,
+    ) -> BoxFuture<'a, AfterDecision> {
+        Box::pin(async { AfterDecision::Replace(ToolOutput::value(json!("[redacted]"))) })
+    }
+}
+
+fn one_tool(name: &str) -> (Registry, Arc<TestTool>) {
+    let reg = Registry::new();
+    let tool = Arc::new(TestTool::new(
+        name,
+        json!({"type": "object", "properties": {"command": {"type": "string"}}, "additionalProperties": false}),
+    ));
+    reg.register(tool.clone()).unwrap();
+    (reg, tool)
+}
+
+#[tokio::test]
+async fn trait_hooks_deny_rewrite_and_redact() {
+    let (reg, tool) = one_tool("bash");
+    let gate = builder(&reg)
+        .hook(Arc::new(Fixed(HookDecision::Deny("not today".into()))))
+        .build()
+        .unwrap();
+    let err = gate
+        .call(req("bash", json!({"command": "ls"}), script("h")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Hook);
+    assert!(err.message.contains("not today"));
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 0);
+
+    let gate = builder(&reg)
+        .hook(Arc::new(Fixed(HookDecision::Rewrite(
+            json!({"command": "ls -la"}),
+        ))))
+        .hook(Arc::new(Redact))
+        .build()
+        .unwrap();
+    let out = gate
+        .call(req("bash", json!({"command": "ls"}), script("h")))
+        .await
+        .unwrap();
+    assert_eq!(out.value, json!("[redacted]"));
+    assert_eq!(
+        tool.seen.lock().unwrap().last().unwrap(),
+        &json!({"command": "ls -la"})
+    );
+}
+
+#[tokio::test]
+async fn a_rewrite_into_invalid_arguments_is_refused() {
+    let (reg, tool) = one_tool("bash");
+    for bad in [json!({"command": 5}), json!({"other": "x"}), json!("ls")] {
+        let gate = builder(&reg)
+            .hook(Arc::new(Fixed(HookDecision::Rewrite(bad.clone()))))
+            .build()
+            .unwrap();
+        let err = gate
+            .call(req("bash", json!({"command": "ls"}), script("h")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stage, Stage::Hook, "{bad}");
+        assert!(
+            err.message
+                .contains("rewrote the arguments into invalid ones"),
+            "{}",
+            err.message
+        );
+    }
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_rewrite_is_decided_by_the_policy_again() {
+    let (reg, tool) = one_tool("bash");
+    let policy = PolicySet::parse(
+        "p.cedar",
+        "@id(\"all\") permit(principal, action, resource);\n@id(\"no-rm\") forbid(principal, action, resource) when { context.args has command && context.args.command like \"rm*\" };",
+    )
+    .unwrap();
+    let gate = Gate::builder()
+        .registry(reg)
+        .policy(policy)
+        .hook(Arc::new(Fixed(HookDecision::Rewrite(
+            json!({"command": "rm -rf /"}),
+        ))))
+        .build()
+        .unwrap();
+    let err = gate
+        .call(req("bash", json!({"command": "ls"}), script("h")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Policy);
+    assert_eq!(err.policy_ids, ["no-rm"]);
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_hook_asking_without_an_approver_denies() {
+    let (reg, tool) = one_tool("bash");
+    let gate = builder(&reg)
+        .hook(Arc::new(Fixed(HookDecision::Ask("check this".into()))))
+        .build()
+        .unwrap();
+    let err = gate
+        .call(req("bash", json!({}), script("h")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Approval);
+    assert!(err.message.contains("check this"), "{}", err.message);
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 0);
+}
+
+fn script_file(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    format!("sh {}", path.display())
+}
+
+fn command_hooks(pre: &[(&str, &str, u64)], post: &[(&str, &str)]) -> CommandHooks {
+    let entry = |m: &str, c: &str, t: Option<u64>| json!({"matcher": m, "hooks": [{"type": "command", "command": c, "timeout": t}]});
+    let settings: HookSettings = serde_json::from_value(json!({
+        "PreToolUse": pre.iter().map(|(m, c, t)| entry(m, c, Some(*t))).collect::<Vec<_>>(),
+        "PostToolUse": post.iter().map(|(m, c)| entry(m, c, Some(10))).collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    CommandHooks::new(&settings).unwrap()
+}
+
+async fn run_with(
+    hooks: CommandHooks,
+    tool: &str,
+    args: Value,
+) -> (Result<ToolOutput, codemode_gate::GateError>, Arc<TestTool>) {
+    let (reg, t) = one_tool(tool);
+    let gate = builder(&reg).command_hooks(hooks).build().unwrap();
+    (gate.call(req(tool, args, script("cmd"))).await, t)
+}
+
+#[tokio::test]
+async fn command_hook_receives_the_event_on_stdin_and_allows_with_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("event.json");
+    let cmd = script_file(
+        dir.path(),
+        "cap.sh",
+        &format!("cat > {}", capture.display()),
+    );
+    let (res, t) = run_with(
+        command_hooks(&[("bash|write", &cmd, 10)], &[]),
+        "bash",
+        json!({"command": "ls"}),
+    )
+    .await;
+    res.unwrap();
+    assert_eq!(t.runs.load(Ordering::SeqCst), 1);
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&capture).unwrap()).unwrap();
+    assert_eq!(ev["hook_event_name"], "PreToolUse");
+    assert_eq!(ev["tool_name"], "bash");
+    assert_eq!(ev["tool_input"], json!({"command": "ls"}));
+    assert_eq!(ev["session_id"], "s1");
+    assert_eq!(ev["provenance"]["origin"], "script");
+    assert_eq!(ev["provenance"]["parent_call_id"], "cm-1");
+    assert_eq!(ev["provenance"]["script_hash"], "abc123");
+}
+
+#[tokio::test]
+async fn command_hooks_block_by_exit_2_or_by_json_and_matchers_select_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let exit2 = script_file(
+        dir.path(),
+        "e2.sh",
+        "echo 'rm is not allowed here' >&2; exit 2",
+    );
+    let (res, t) = run_with(
+        command_hooks(&[("bash|write", &exit2, 10)], &[]),
+        "bash",
+        json!({}),
+    )
+    .await;
+    let err = res.unwrap_err();
+    assert_eq!(err.stage, Stage::Hook);
+    assert!(
+        err.message.contains("rm is not allowed here"),
+        "{}",
+        err.message
+    );
+    assert_eq!(t.runs.load(Ordering::SeqCst), 0);
+
+    // The matcher is anchored: `bash|write` does not match `bash_extra` or `read`.
+    for other in ["read", "bash_extra"] {
+        let (res, _) = run_with(
+            command_hooks(&[("bash|write", &exit2, 10)], &[]),
+            other,
+            json!({}),
+        )
+        .await;
+        res.unwrap();
+    }
+
+    let block = script_file(
+        dir.path(),
+        "b.sh",
+        r#"echo '{"decision":"block","reason":"policy says no"}'"#,
+    );
+    let (res, _) = run_with(command_hooks(&[("*", &block, 10)], &[]), "bash", json!({})).await;
+    assert!(res.unwrap_err().message.contains("policy says no"));
+
+    let deny = script_file(
+        dir.path(),
+        "d.sh",
+        r#"echo '{"hookSpecificOutput":{"hookEventName":"PreToolUse","permissionDecision":"deny","permissionDecisionReason":"nope"}}'"#,
+    );
+    let (res, _) = run_with(command_hooks(&[("", &deny, 10)], &[]), "bash", json!({})).await;
+    assert!(res.unwrap_err().message.contains("nope"));
+
+    let ask = script_file(
+        dir.path(),
+        "a.sh",
+        r#"echo '{"hookSpecificOutput":{"permissionDecision":"ask","permissionDecisionReason":"looks risky"}}'"#,
+    );
+    let (res, _) = run_with(command_hooks(&[("", &ask, 10)], &[]), "bash", json!({})).await;
+    let err = res.unwrap_err();
+    assert_eq!(err.stage, Stage::Approval);
+    assert!(err.message.contains("looks risky"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn command_hook_may_rewrite_the_input_which_is_validated_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let rewrite = script_file(
+        dir.path(),
+        "r.sh",
+        r#"echo '{"hookSpecificOutput":{"updatedInput":{"command":"ls --safe"}}}'"#,
+    );
+    let (res, t) = run_with(
+        command_hooks(&[("bash", &rewrite, 10)], &[]),
+        "bash",
+        json!({"command": "ls"}),
+    )
+    .await;
+    res.unwrap();
+    assert_eq!(t.seen.lock().unwrap()[0], json!({"command": "ls --safe"}));
+
+    let bad = script_file(
+        dir.path(),
+        "rb.sh",
+        r#"echo '{"hookSpecificOutput":{"updatedInput":{"command":["ls"]}}}'"#,
+    );
+    let (res, t) = run_with(
+        command_hooks(&[("bash", &bad, 10)], &[]),
+        "bash",
+        json!({"command": "ls"}),
+    )
+    .await;
+    let err = res.unwrap_err();
+    assert_eq!(err.stage, Stage::Hook);
+    assert!(err.message.contains("/command"), "{}", err.message);
+    assert_eq!(t.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn crashing_or_garbled_hooks_fail_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let crash = script_file(dir.path(), "c.sh", "echo boom >&2; exit 1");
+    let (res, t) = run_with(command_hooks(&[("", &crash, 10)], &[]), "bash", json!({})).await;
+    let err = res.unwrap_err();
+    assert!(
+        err.message.contains("failed, so the call is blocked"),
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains("status 1") && err.message.contains("boom"),
+        "{}",
+        err.message
+    );
+    assert_eq!(t.runs.load(Ordering::SeqCst), 0);
+
+    let garbled = script_file(dir.path(), "g.sh", "echo 'sure, go ahead'");
+    let (res, _) = run_with(command_hooks(&[("", &garbled, 10)], &[]), "bash", json!({})).await;
+    assert!(res.unwrap_err().message.contains("not JSON"));
+
+    let killed = script_file(dir.path(), "k.sh", "kill -9 $$");
+    let (res, _) = run_with(command_hooks(&[("", &killed, 10)], &[]), "bash", json!({})).await;
+    let m = res.unwrap_err().message;
+    assert!(m.contains("signal") || m.contains("status 137"), "{m}");
+
+    let (res, _) = run_with(
+        command_hooks(&[("", "/no/such/hook-binary", 10)], &[]),
+        "bash",
+        json!({}),
+    )
+    .await;
+    assert!(res.unwrap_err().message.contains("status 127"));
+}
+
+#[tokio::test]
+async fn a_hanging_hook_times_out_and_its_whole_process_group_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("bg.pid");
+    let hang = script_file(
+        dir.path(),
+        "hang.sh",
+        &format!("sleep 300 &\necho $! > {}\nsleep 300", pidfile.display()),
+    );
+    let started = Instant::now();
+    let (res, t) = run_with(command_hooks(&[("", &hang, 1)], &[]), "bash", json!({})).await;
+    let err = res.unwrap_err();
+    assert!(
+        err.message.contains("timed out after 1 s"),
+        "{}",
+        err.message
+    );
+    assert_eq!(t.runs.load(Ordering::SeqCst), 0);
+    // Generous bound: the point is that a 300 s hook does not hold the call.
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // The background child was in the hook's group: it must be gone (or a zombie being reaped).
+    let mut alive = true;
+    for _ in 0..100 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.contains(") Z") {
+            alive = false;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !alive,
+        "the hook's background process {pid} survived the timeout"
+    );
+}
+
+#[tokio::test]
+async fn post_hooks_see_the_response_and_may_replace_or_withhold_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = dir.path().join("post.json");
+    let replace = script_file(
+        dir.path(),
+        "p.sh",
+        &format!(
+            "cat > {}\necho '{{\"hookSpecificOutput\":{{\"updatedToolOutput\":\"[redacted]\"}}}}'",
+            capture.display()
+        ),
+    );
+    let (res, _) = run_with(
+        command_hooks(&[], &[("bash", &replace)]),
+        "bash",
+        json!({"command": "env"}),
+    )
+    .await;
+    assert_eq!(res.unwrap().value, json!("[redacted]"));
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&capture).unwrap()).unwrap();
+    assert_eq!(ev["hook_event_name"], "PostToolUse");
+    assert_eq!(ev["tool_response"], json!({"echo": {"command": "env"}}));
+
+    let withhold = script_file(dir.path(), "w.sh", "echo 'contains a secret' >&2; exit 2");
+    let (res, t) = run_with(
+        command_hooks(&[], &[("bash", &withhold)]),
+        "bash",
+        json!({}),
+    )
+    .await;
+    let err = res.unwrap_err();
+    assert_eq!(err.stage, Stage::AfterHook);
+    assert!(err.message.contains("contains a secret"), "{}", err.message);
+    assert_eq!(
+        t.runs.load(Ordering::SeqCst),
+        1,
+        "the tool ran; only its result is withheld"
+    );
+}
+
+#[test]
+fn bad_hook_settings_are_errors() {
+    let s: HookSettings =
+        serde_json::from_value(json!({"PreToolUse": [{"matcher": "(", "hooks": []}]})).unwrap();
+    assert!(CommandHooks::new(&s).is_err());
+    let s: HookSettings = serde_json::from_value(
+        json!({"PreToolUse": [{"matcher": "", "hooks": [{"type": "prompt", "command": "x"}]}]}),
+    )
+    .unwrap();
+    assert!(CommandHooks::new(&s).is_err());
+    assert!(serde_json::from_value::<HookSettings>(json!({"PreTooluse": []})).is_err());
+}
