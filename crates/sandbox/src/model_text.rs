@@ -1,22 +1,190 @@
-//! The text the model reads after a script: a header, the output, the error and the calls made.
+//! The text the model reads after a script: a header, the output, the error and the calls made,
+//! cut to the token budget with the whole text kept in a private file.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use crate::result::{CallStatus, ErrorKind, OutputItem, ScriptResult};
 
-/// What goes back to the model. `full_output_path` names the private file holding the whole
-/// text when it had to be shortened.
+/// What goes back to the model. `full_output_path` names the private (0600) file holding the
+/// whole output when it had to be shortened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelText {
     pub text: String,
     pub full_output_path: Option<PathBuf>,
 }
 
+/// Characters per token, the same rough rule the reference uses.
+const CHARS_PER_TOKEN: u64 = 4;
+
+/// Renders `result` for the model. Images appear as a one-line label (the caller sends the image
+/// blocks themselves alongside).
 pub fn render_model_text(result: &ScriptResult, max_output_tokens: u64) -> ModelText {
-    todo_render(result, max_output_tokens)
+    let mut header = String::new();
+    let _ = write!(
+        header,
+        "{}\nWall time {:.1} seconds\nOutput:\n",
+        if result.ok { "Script completed" } else { "Script failed" },
+        result.wall_ms / 1000.0
+    );
+    let body = render_body(result);
+    let budget = max_output_tokens.saturating_mul(CHARS_PER_TOKEN) as usize;
+    let len = body.chars().count();
+    if len <= budget {
+        return ModelText {
+            text: header + &body,
+            full_output_path: None,
+        };
+    }
+    let (file_line, path) = match save_full_output(&body) {
+        Ok(p) => (
+            format!("[Full output: {} (read with offset/limit)]", p.display()),
+            Some(p),
+        ),
+        Err(e) => (format!("[Could not save the full output: {e}]"), None),
+    };
+    let head_len = budget / 2;
+    let tail_len = budget - head_len;
+    let head: String = body.chars().take(head_len).collect();
+    let tail: String = body.chars().skip(len - tail_len).collect();
+    let removed = len - head_len - tail_len;
+    let text = format!(
+        "{header}Warning: output truncated (about {} tokens in all)\nTotal output lines: {}\n\n{head}…{} tokens truncated…{tail}\n\n{file_line}",
+        len.div_ceil(CHARS_PER_TOKEN as usize),
+        body.split('\n').count(),
+        removed.div_ceil(CHARS_PER_TOKEN as usize),
+    );
+    ModelText {
+        text,
+        full_output_path: path,
+    }
 }
 
-fn todo_render(result: &ScriptResult, _max: u64) -> ModelText {
-    let _ = (CallStatus::Ok, ErrorKind::Script, &result.output.first().map(|o| matches!(o, OutputItem::Image { .. })));
-    ModelText { text: String::new(), full_output_path: None }
+fn render_body(result: &ScriptResult) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut console: Vec<&str> = Vec::new();
+    let mut items: Vec<Part<'_>> = Vec::new();
+    for item in &result.output {
+        match item {
+            OutputItem::Text { text, console: true } => console.push(text),
+            OutputItem::Text { text, .. } => items.push(Part::Text(text)),
+            OutputItem::Image { data, mime_type } => items.push(Part::Image(mime_type, data.len())),
+        }
+    }
+    let value_text;
+    if result.ok {
+        if let Some(v) = &result.value {
+            value_text = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            items.push(Part::Text(&value_text));
+        }
+    }
+    let total = items.iter().filter(|p| matches!(p, Part::Text(_))).count();
+    let mut n = 0;
+    for p in items {
+        match p {
+            Part::Text(t) => {
+                n += 1;
+                if total > 1 {
+                    parts.push(format!("==> text {n}/{total} <==\n{t}"));
+                } else {
+                    parts.push(t.to_string());
+                }
+            }
+            Part::Image(mime, b64_len) => {
+                parts.push(format!("[Image ({mime}, {})]", format_size(b64_len / 4 * 3)));
+            }
+        }
+    }
+    if !console.is_empty() {
+        parts.push(format!("<console_output>\n{}\n</console_output>", console.join("\n")));
+    }
+    if let Some(err) = result.error.as_ref().filter(|_| !result.ok) {
+        let head = match err.kind {
+            ErrorKind::Script => err.stack.clone().unwrap_or_else(|| {
+                format!("{}: {}", err.name.as_deref().unwrap_or("Error"), err.message)
+            }),
+            ErrorKind::Timeout => format!("Script timed out: {}", err.message),
+            ErrorKind::Aborted => format!("Script aborted: {}", err.message),
+            ErrorKind::Sandbox => format!("Script sandbox failed: {}", err.message),
+        };
+        let calls = if result.calls.is_empty() {
+            "No tool calls were made.".to_string()
+        } else {
+            let list: Vec<String> = result
+                .calls
+                .iter()
+                .map(|c| {
+                    let status = match c.status {
+                        CallStatus::Ok => "ok",
+                        CallStatus::Error => "error",
+                        CallStatus::Cancelled => "cancelled",
+                    };
+                    format!("{} ({status})", c.name)
+                })
+                .collect();
+            format!(
+                "Tool calls made before the failure (they are not undone): {}",
+                list.join(", ")
+            )
+        };
+        parts.push(format!("Script error:\n{head}\n\n{calls}"));
+    }
+    join_text(&parts)
+}
+
+enum Part<'a> {
+    Text(&'a str),
+    Image(&'a str, usize),
+}
+
+/// Joins parts with a newline unless the previous part already ends with one.
+fn join_text(parts: &[String]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(p);
+    }
+    out
+}
+
+fn format_size(bytes: usize) -> String {
+    if bytes < 1024 {
+        format!("{bytes}B")
+    } else if bytes < 1024 * 1024 {
+        format!("{:.1}KB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1}MB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
+fn random_hex() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Writes the whole output to a new file only this user can read.
+fn save_full_output(text: &str) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = std::env::temp_dir().join(format!("codemode-output-{}.txt", random_hex()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(text.as_bytes())?;
+    Ok(path)
 }

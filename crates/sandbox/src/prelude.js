@@ -140,15 +140,16 @@
     try {
       if (typeof Iterator === "function" && Iterator.prototype.map) extra.push(getPrototypeOf([].values().map((x) => x)));
     } catch (_) {}
-    // Only where scripts really assign: Object.prototype members, Function.prototype, and the
-    // name/message of errors (`this.name = "MyError"` in a subclass).
-    const targets = [ObjectPrototype, Function.prototype];
+    // Object.prototype members, and the usual override targets on every built-in prototype
+    // (`this.name = "MyError"` in an Error subclass, `obj.toString = ...`).
+    const targets = [ObjectPrototype];
+    for (let i = 0; i < extra.length; i++) targets.push(extra[i]);
     const gk = ownKeys(G);
     for (let i = 0; i < gk.length; i++) {
       const d = getOwnPropertyDescriptor(G, gk[i]);
       if (!d || !("value" in d) || typeof d.value !== "function") continue;
       const pd = getOwnPropertyDescriptor(d.value, "prototype");
-      if (pd && "value" in pd && (pd.value === ErrorCtor.prototype || (pd.value !== null && typeof pd.value === "object" && getPrototypeOf(pd.value) === ErrorCtor.prototype))) targets.push(pd.value);
+      if (pd && "value" in pd && pd.value !== null && typeof pd.value === "object" && pd.value !== ObjectPrototype) targets.push(pd.value);
     }
     const overridable = ["constructor", "name", "message", "toString", "toLocaleString", "valueOf", "toJSON"];
     for (let n = 0; n < targets.length; n++) {
