@@ -274,7 +274,7 @@ impl<'a> Builder<'a> {
         let index = if !extra.is_empty() {
             Some(union(extra))
         } else if props.is_empty()
-            && !map.contains_key("properties")
+            && !matches!(map.get("properties"), Some(Value::Object(_)))
             && !map.contains_key("additionalProperties")
         {
             // Nothing said about the keys: any keys.

@@ -1,0 +1,132 @@
+//! The rendered TypeScript parses and type-checks: declarations for many schemas (fixtures, golden
+//! cases, random ones) and whole description blocks go through the real compiler
+//! (testbed/node_modules/typescript, `tsc --noEmit --strict`).
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use codemode_declarations::{
+    DescriptionInput, RenderOptions, codemode_description, render_declaration,
+};
+use codemode_spec::{CodemodeMode, ToolSpec};
+use serde_json::json;
+
+fn tsc() -> String {
+    let path = format!("{}/typescript/bin/tsc", support::TESTBED_MODULES);
+    assert!(
+        Path::new(&path).exists(),
+        "{path} is missing: run the test command in README / npm ci in testbed"
+    );
+    path
+}
+
+/// The ```ts block of a description.
+fn block(description: &str) -> String {
+    let start = description.find("```ts\n").expect("a listing block") + 6;
+    let end = description.rfind("```").unwrap();
+    description[start..end].to_string()
+}
+
+#[test]
+fn rendered_declarations_type_check() {
+    let tsc = tsc();
+    let dir = tempfile::tempdir().unwrap();
+
+    let mut tools: Vec<ToolSpec> = support::coding_tools();
+    let (mcp, namespaces) = support::all_mcp();
+    tools.extend(mcp.iter().cloned());
+    let mut rng = support::Rng(0xdec1_a7e5);
+    for i in 0..600 {
+        let mut tool = ToolSpec::new(
+            format!("random_{i}"),
+            "random",
+            support::random_schema(&mut rng, 0),
+        );
+        if i % 3 == 0 {
+            tool.output_schema = Some(support::random_schema(&mut rng, 0));
+        }
+        tools.push(tool);
+    }
+    let hostile = ToolSpec::new(
+        "hostile",
+        "ends */ a comment\nnew line\u{2028}separator ```fence``` \u{1b}[0m",
+        json!({"type": "object", "properties": {"*/": {"type": "string", "description": "*/ oops"}, "a\nb": {"type": "null"}}}),
+    );
+    tools.push(hostile);
+
+    let mut declarations = String::from("export {};\ndeclare const tools: {\n");
+    for tool in &tools {
+        declarations.push_str(&render_declaration(tool, &RenderOptions::default()));
+        declarations.push('\n');
+    }
+    declarations.push_str("};\n");
+    let mut files = vec![("declarations.d.ts".to_string(), declarations)];
+
+    // Whole description blocks, including quoted keys for colliding identifiers.
+    let mut colliding = tools.clone();
+    colliding.push(ToolSpec::new(
+        "my-tool",
+        "Dashes",
+        json!({"type": "object"}),
+    ));
+    colliding.push(ToolSpec::new(
+        "my_tool",
+        "Underscore",
+        json!({"type": "object"}),
+    ));
+    for (i, (mode, budget)) in [
+        (CodemodeMode::Only, 1_000_000),
+        (CodemodeMode::On, 2000),
+        (CodemodeMode::Only, 0),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let input = DescriptionInput {
+            mode,
+            inline_budget_tokens: budget,
+            ..DescriptionInput::new(&colliding, &namespaces)
+        };
+        files.push((
+            format!("description{i}.d.ts"),
+            format!("export {{}};\n{}", block(&codemode_description(&input))),
+        ));
+    }
+
+    let mut args = vec![
+        "--noEmit".to_string(),
+        "--strict".to_string(),
+        "--pretty".to_string(),
+        "false".to_string(),
+    ];
+    for (name, text) in &files {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        args.push(path.display().to_string());
+    }
+    let output = Command::new("node")
+        .arg(&tsc)
+        .args(&args)
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        // Show the offending lines, not just the compiler's positions.
+        let mut report = String::new();
+        for line in stdout.lines().take(20) {
+            report.push_str(line);
+            report.push('\n');
+            if let Some((file, rest)) = line.split_once('(') {
+                let number: usize = rest.split(',').next().unwrap_or("0").parse().unwrap_or(0);
+                if let Ok(text) = std::fs::read_to_string(file) {
+                    if let Some(source) = text.lines().nth(number.saturating_sub(1)) {
+                        report.push_str(&format!("    > {source}\n"));
+                    }
+                }
+            }
+        }
+        panic!("tsc rejected the rendered declarations:\n{report}");
+    }
+}
