@@ -70,6 +70,9 @@ async fn execute(
     parsed: ParsedSource,
     limits: &Limits,
 ) -> Result<ScriptResult, ScriptError> {
+    if script.abort.is_cancelled() {
+        return Err(ScriptError::new(ErrorKind::Aborted, "Execution aborted before the script started"));
+    }
     check_tools(&script.tools).map_err(sandbox_err)?;
     check_globals(&script.globals).map_err(sandbox_err)?;
     let sha = hex::encode(Sha256::digest(script.source.as_bytes()));
@@ -273,8 +276,13 @@ async fn drive(
     tokio::pin!(deadline);
     loop {
         if let Some(o) = drain(vm, state) {
-            if matches!(o, Outcome::Done) && state.fatal.borrow().is_some() {
+            if state.fatal.borrow().is_some() {
                 return Outcome::Fatal;
+            }
+            // An interrupt inside the script body surfaces as a rejection; the reason we stopped
+            // it is what the caller needs to see.
+            if let Some(stop @ (Stop::Timeout | Stop::Cpu | Stop::Aborted)) = vm.guard.reason.get() {
+                return Outcome::Stopped(stop);
             }
             return o;
         }

@@ -33,7 +33,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             heap_bytes: 256 * 1024 * 1024,
-            stack_bytes: 512 * 1024,
+            stack_bytes: 1024 * 1024,
             timeout_ms: 60_000,
             cpu_ms: 60_000,
             max_output_chars: 16 * 1024 * 1024,
