@@ -85,6 +85,21 @@ impl AuditLog {
         })
     }
 
+    /// A log writing to an already open file, starting a new chain (tests use a read-only file
+    /// to simulate a disk that refuses writes).
+    #[cfg(test)]
+    pub(crate) fn with_file(path: PathBuf, file: File) -> Self {
+        AuditLog {
+            inner: Some(Arc::new((
+                path,
+                Mutex::new(Writer {
+                    file,
+                    prev: GENESIS.to_string(),
+                }),
+            ))),
+        }
+    }
+
     pub fn path(&self) -> Option<&Path> {
         self.inner.as_ref().map(|i| i.0.as_path())
     }

@@ -19,6 +19,7 @@ use crate::error::{GateError, Stage};
 use crate::hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent};
 use crate::policy::{Decision, PolicyError, PolicyInput, PolicySchema, PolicySet, decide};
 use crate::registry::{CODEMODE_TOOL, Lookup, Registry, Resolved};
+use crate::settings::ModelsSettings;
 use crate::validate::check_args;
 
 /// One call as it arrives at the gate.
@@ -61,6 +62,10 @@ struct Inner {
     ledger: Ledger,
     /// (script or session id, tool) pairs a person answered "always" for.
     always: Mutex<HashSet<(String, String)>>,
+    /// Set when an audit line could not be written: later calls are refused rather than run
+    /// unrecorded.
+    audit_failure: Mutex<Option<String>>,
+    models: ModelsSettings,
 }
 
 /// The one place that decides every call. Cheap to clone; share it between the runtime, the MCP
@@ -79,9 +84,16 @@ pub struct GateBuilder {
     budgets: Budgets,
     audit: AuditLog,
     mode: CodemodeMode,
+    models: ModelsSettings,
 }
 
 impl GateBuilder {
+    /// Which model operations may run at all (`models.enabled`, `models.allow` in settings),
+    /// checked before the policy for every model call.
+    pub fn models(mut self, models: ModelsSettings) -> Self {
+        self.models = models;
+        self
+    }
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
         self
@@ -132,6 +144,8 @@ impl GateBuilder {
                 mode: self.mode,
                 ledger: Ledger::default(),
                 always: Mutex::new(HashSet::new()),
+                audit_failure: Mutex::new(None),
+                models: self.models,
             }),
         })
     }
@@ -159,6 +173,7 @@ impl Gate {
             budgets: Budgets::default(),
             audit: AuditLog::disabled(),
             mode: CodemodeMode::On,
+            models: ModelsSettings::default(),
         }
     }
 
@@ -238,6 +253,20 @@ impl Gate {
                 "the call was cancelled before it started",
             ));
         }
+        if let Some(e) = self
+            .inner
+            .audit_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            return Err(GateError::new(
+                Stage::Resolve,
+                format!(
+                    "calls are refused because the audit log cannot be written ({e}); fix the log's location and restart"
+                ),
+            ));
+        }
         let resolved = self.resolve(&req.name, req.provenance.origin)?;
         let spec = resolved.spec.clone();
         trail.name = spec.name.clone();
@@ -250,6 +279,7 @@ impl Gate {
         let mut facts = facts_of(resolved.tool.as_ref(), &spec.name, &args)?;
         trail.paths = facts.paths.clone();
 
+        self.check_model_settings(&spec, &facts)?;
         let policy = self.policy_state();
         let mut ask = self.ask_policy(&policy, &spec, &args, &facts, p, trail)?;
 
@@ -259,6 +289,7 @@ impl Gate {
                 kind: spec.kind,
                 args: args.clone(),
                 paths: facts.paths.clone(),
+                model: facts.model.clone(),
                 provenance: p.clone(),
             };
             match hook.before(&ev).await {
@@ -333,6 +364,7 @@ impl Gate {
             kind: spec.kind,
             args: args.clone(),
             paths: facts.paths.clone(),
+            model: facts.model.clone(),
             provenance: p.clone(),
         };
         for hook in &self.inner.hooks {
@@ -365,6 +397,40 @@ impl Gate {
             .charge(&self.inner.budgets, p, output.usage.as_ref(), bytes)
             .map_err(|m| GateError::new(Stage::Budget, m))?;
         Ok(output)
+    }
+
+    /// Applies `models.enabled` and `models.allow` from settings to model calls.
+    fn check_model_settings(&self, spec: &ToolSpec, facts: &CallFacts) -> Result<(), GateError> {
+        if spec.kind != CallKind::Model {
+            return Ok(());
+        }
+        let m = &self.inner.models;
+        if m.enabled == Some(false) {
+            return Err(GateError::new(
+                Stage::Policy,
+                format!(
+                    "`{}` is refused: model operations are turned off in settings (`models.enabled`)",
+                    spec.name
+                ),
+            ));
+        }
+        if let Some(allow) = &m.allow {
+            let id = facts
+                .model
+                .as_ref()
+                .map(|f| format!("{}/{}", f.provider, f.id))
+                .unwrap_or_default();
+            if !allow.contains(&id) {
+                return Err(GateError::new(
+                    Stage::Policy,
+                    format!(
+                        "model `{id}` is not in `models.allow` in settings; use one of: {}",
+                        allow.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Finds the tool and checks that this caller may reach it at all.
@@ -580,6 +646,11 @@ impl Gate {
         record.insert("bytes".into(), json!(trail.bytes));
         if let Err(e) = self.inner.audit.append(record) {
             tracing::error!("{e}");
+            *self
+                .inner
+                .audit_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
         }
         if let Some(script_id) = &p.script_id {
             self.inner.ledger.record(
@@ -636,4 +707,49 @@ fn utc_now() -> String {
         rem % 60,
         now.subsec_millis()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use codemode_spec::{BoxFuture, ToolError};
+
+    struct Echo(ToolSpec);
+    impl Tool for Echo {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+            Box::pin(async move { Ok(ToolOutput::value(call.args)) })
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_are_refused_once_an_audit_line_cannot_be_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        std::fs::write(&path, "").unwrap();
+        let read_only = std::fs::File::open(&path).unwrap();
+        let reg = Registry::new();
+        reg.register(Arc::new(Echo(ToolSpec::new("t", "", json!({})))))
+            .unwrap();
+        let policy = PolicySet::parse("p", "permit(principal, action, resource);").unwrap();
+        let gate = Gate::builder()
+            .registry(reg)
+            .policy(policy)
+            .audit(AuditLog::with_file(path, read_only))
+            .build()
+            .unwrap();
+        let p = Provenance::model("c1", "s");
+        let mut spec_call = CallRequest::new("t", json!({}), p.clone());
+        spec_call.provenance.origin = Origin::Script;
+        gate.call(spec_call.clone()).await.unwrap();
+        let err = gate.call(spec_call).await.unwrap_err();
+        assert_eq!(err.stage, Stage::Resolve);
+        assert!(
+            err.message.contains("audit log cannot be written"),
+            "{}",
+            err.message
+        );
+    }
 }

@@ -260,3 +260,104 @@ fn user_policy_paths_are_relative_to_the_config_dir() {
     let eff = settings::load(&d.paths, None).unwrap();
     assert_eq!(eff.load_policies().unwrap().ids(), ["mine"]);
 }
+
+#[tokio::test]
+async fn configure_turns_settings_into_a_gate() {
+    let user = json!({
+        "mode": "only",
+        "budgets": {"script": {"max_calls": 1}},
+        "tools": {"mcp__gh__*": {"exposure": "deferred"}},
+        "models": {"allow": ["acme/small"]},
+        "audit": {"path": "logs/audit.jsonl"},
+        "policy": ["all.cedar"]
+    });
+    let d = dirs(user, Some(json!({"models": {"enabled": false}})));
+    std::fs::write(
+        d.paths.user_dir.join("all.cedar"),
+        "@id(\"all\") permit(principal, action, resource);",
+    )
+    .unwrap();
+    // Relative audit paths are taken as given (relative to the working directory); use an absolute one here.
+    let audit_path = d.paths.user_dir.join("logs/audit.jsonl");
+    let mut eff = settings::load(&d.paths, Some(&d.project)).unwrap();
+    eff.settings.audit.path = Some(audit_path.clone());
+    let reg = registry();
+    reg.register(Arc::new(TestTool::model(
+        "models.classify",
+        "acme",
+        "small",
+        Default::default(),
+    )))
+    .unwrap();
+    let (builder, warnings) = eff.configure(Gate::builder(), &reg).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let gate = builder.build().unwrap();
+    assert_eq!(gate.mode(), CodemodeMode::Only);
+    assert_eq!(
+        exposure_of(gate.registry(), "mcp__gh__search"),
+        Exposure::Deferred
+    );
+
+    let err = gate
+        .call(req("bash", json!({}), model_origin()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Resolve, "only mode");
+    let err = gate
+        .call(req("models.classify", json!({"text": "x"}), script("cfg")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("models.enabled"),
+        "project turned models off: {}",
+        err.message
+    );
+    gate.call(req("read", json!({}), script("cfg")))
+        .await
+        .unwrap();
+    let err = gate
+        .call(req("read", json!({}), script("cfg")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Budget);
+    assert_eq!(codemode_gate::verify(&audit_path).unwrap().lines, 4);
+}
+
+#[tokio::test]
+async fn models_allow_list_is_enforced_by_the_gate() {
+    let reg = Registry::new();
+    reg.register(Arc::new(TestTool::model(
+        "models.a",
+        "acme",
+        "small",
+        Default::default(),
+    )))
+    .unwrap();
+    reg.register(Arc::new(TestTool::model(
+        "models.b",
+        "acme",
+        "big",
+        Default::default(),
+    )))
+    .unwrap();
+    let gate = builder(&reg)
+        .models(settings::ModelsSettings {
+            enabled: None,
+            allow: Some(vec!["acme/small".into()]),
+        })
+        .build()
+        .unwrap();
+    gate.call(req("models.a", json!({"text": "x"}), script("m")))
+        .await
+        .unwrap();
+    let err = gate
+        .call(req("models.b", json!({"text": "x"}), script("m")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Policy);
+    assert!(
+        err.message.contains("`acme/big` is not in `models.allow`"),
+        "{}",
+        err.message
+    );
+}

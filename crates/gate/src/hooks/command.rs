@@ -134,6 +134,7 @@ fn event_json(name: &str, ev: &HookEvent, response: Option<&ToolOutput>) -> Valu
         "tool_input": ev.args,
         "session_id": ev.provenance.session_id,
         "paths": ev.paths,
+        "model": ev.model,
         "provenance": ev.provenance,
     });
     if let Some(out) = response {

@@ -2,7 +2,7 @@
 
 mod command;
 
-use codemode_spec::{BoxFuture, CallKind, Provenance, ToolOutput};
+use codemode_spec::{BoxFuture, CallKind, ModelFacts, Provenance, ToolOutput};
 use serde_json::Value;
 
 pub use command::{CommandHooks, HookCommand, HookConfigError, HookMatcher, HookSettings};
@@ -16,6 +16,8 @@ pub struct HookEvent {
     pub args: Value,
     /// Resolved paths from the tool's facts.
     pub paths: Vec<String>,
+    /// For a model call: the model it spends on.
+    pub model: Option<ModelFacts>,
     pub provenance: Provenance,
 }
 

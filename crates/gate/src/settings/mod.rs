@@ -15,8 +15,10 @@ use codemode_spec::{CodemodeMode, Exposure};
 use globset::Glob;
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{AuditError, AuditLog};
 use crate::budget::{BudgetLimits, Budgets};
-use crate::hooks::HookSettings;
+use crate::gate::GateBuilder;
+use crate::hooks::{CommandHooks, HookConfigError, HookSettings};
 use crate::policy::{PolicyError, PolicySet};
 use crate::registry::Registry;
 
@@ -35,6 +37,17 @@ pub enum SettingsError {
         key: String,
         message: String,
     },
+}
+
+/// Why settings could not be turned into a gate.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Hooks(#[from] HookConfigError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
 }
 
 /// Where the user's configuration lives. Injectable so tests never touch the real home.
@@ -457,6 +470,40 @@ impl EffectiveSettings {
             }
         }
         n.into_warnings()
+    }
+
+    /// Sets everything the gate takes from settings on `builder`, for the tools in `registry`:
+    /// tool rules (applied to the registry now), policies, command hooks (run in the project
+    /// directory), budgets, the audit log, the mode and the model switches. Returns the builder
+    /// and the warnings of [`EffectiveSettings::apply_tools`].
+    pub fn configure(
+        &self,
+        builder: GateBuilder,
+        registry: &Registry,
+    ) -> Result<(GateBuilder, Vec<String>), ApplyError> {
+        let warnings = self.apply_tools(registry);
+        let mut hooks = CommandHooks::new(&self.settings.hooks)?;
+        if let Some(dir) = self
+            .project_file
+            .as_ref()
+            .and_then(|f| f.parent())
+            .and_then(Path::parent)
+        {
+            hooks = hooks.with_cwd(dir.to_path_buf());
+        }
+        let mut builder = builder
+            .registry(registry.clone())
+            .policy(self.load_policies()?)
+            .budgets(self.settings.budgets.clone())
+            .mode(self.settings.mode.unwrap_or_default())
+            .models(self.settings.models.clone());
+        if !self.settings.hooks.is_empty() {
+            builder = builder.command_hooks(hooks);
+        }
+        if let Some(path) = &self.settings.audit.path {
+            builder = builder.audit(AuditLog::open(path)?);
+        }
+        Ok((builder, warnings))
     }
 
     /// Loads the policy files, or the default policies when none are listed. Files from an
