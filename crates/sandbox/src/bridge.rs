@@ -88,6 +88,66 @@ impl BridgeSlot {
     }
 }
 
+/// Parses JSON text from the VM. `JSON.stringify` writes a lone surrogate as a `\uD8xx` escape,
+/// which is valid JavaScript but not valid Unicode; such escapes become U+FFFD.
+pub(crate) fn parse_vm_json(json: &str) -> Result<Value, serde_json::Error> {
+    match serde_json::from_str(json) {
+        Ok(v) => Ok(v),
+        Err(e) if json.contains("\\u") || json.contains("\\U") || e.to_string().contains("surrogate") => {
+            serde_json::from_str(&repair_lone_surrogates(json))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn hex4(b: &[u8]) -> Option<u16> {
+    let s = std::str::from_utf8(b.get(..4)?).ok()?;
+    u16::from_str_radix(s, 16).ok()
+}
+
+/// Rewrites `\uXXXX` escapes of unpaired surrogates to `\ufffd`, leaving everything else alone.
+fn repair_lone_surrogates(json: &str) -> String {
+    let b = json.as_bytes();
+    let mut out = String::with_capacity(json.len());
+    let mut i = 0;
+    let mut copied = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        if b.get(i + 1) != Some(&b'u') {
+            i += 2;
+            continue;
+        }
+        let Some(unit) = hex4(&b[i + 2..]) else {
+            i += 2;
+            continue;
+        };
+        let is_high = (0xD800..0xDC00).contains(&unit);
+        let is_low = (0xDC00..0xE000).contains(&unit);
+        if is_high {
+            let next_low = b.get(i + 6) == Some(&b'\\')
+                && b.get(i + 7) == Some(&b'u')
+                && b.get(i + 8..).and_then(hex4).is_some_and(|u| (0xDC00..0xE000).contains(&u));
+            if next_low {
+                i += 12;
+                continue;
+            }
+        }
+        if is_high || is_low {
+            out.push_str(&json[copied..i]);
+            out.push_str("\\ufffd");
+            i += 6;
+            copied = i;
+            continue;
+        }
+        i += 6;
+    }
+    out.push_str(&json[copied..]);
+    out
+}
+
 /// Short argument preview for call records.
 pub(crate) fn preview(json: &str, max: usize) -> String {
     if json.chars().count() <= max {
@@ -138,7 +198,7 @@ fn host_call<'js>(
             ),
         ));
     }
-    let args: Value = match serde_json::from_str(&json) {
+    let args: Value = match parse_vm_json(&json) {
         Ok(v) => v,
         Err(e) => {
             state.fail_fatal(

@@ -518,7 +518,7 @@ fn finish(vm: &Vm, state: &RunState, outcome: Outcome) -> Result<ScriptResult, S
         Some(Done::Ok { value, writes }) => {
             res.ok = true;
             if let Some(v) = value {
-                res.value = Some(serde_json::from_str(&v).map_err(|e| {
+                res.value = Some(crate::bridge::parse_vm_json(&v).map_err(|e| {
                     sandbox_err(format!("Sandbox bridge broken: the returned value is not valid JSON ({e}). The script may have modified built-ins."))
                 })?);
             }
@@ -565,7 +565,7 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
         let Some(key) = it.next() else { continue };
         match it.next() {
             Some(json) => {
-                let value = serde_json::from_str(&json).map_err(|e| {
+                let value = crate::bridge::parse_vm_json(&json).map_err(|e| {
                     sandbox_err(format!("Sandbox bridge broken: the stored value of {key} is not valid JSON ({e})."))
                 })?;
                 out.push(StoreWrite::Set { key, value });

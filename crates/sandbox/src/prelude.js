@@ -44,6 +44,12 @@
   const strStartsWith = String.prototype.startsWith;
   const arrayJoin = Array.prototype.join;
   const arrayIsArray = Array.isArray;
+  const toWellFormed = String.prototype.toWellFormed;
+  const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
+  // Output crosses to Rust as UTF-8, which cannot hold a lone surrogate: replace it with U+FFFD.
+  function wellFormed(s) {
+    return typeof toWellFormed === "function" ? apply(toWellFormed, s, []) : apply(strReplace, s, [LONE_SURROGATE, "\uFFFD"]);
+  }
   const RealDate = Date;
   const realDateNow = Date.now;
   const realPerfNow = typeof performance === "object" && performance && typeof performance.now === "function"
@@ -367,7 +373,7 @@
       if (s === undefined) s = StringFn(value);
     }
     account(s.length);
-    hostOutput(0, s, undefined);
+    hostOutput(0, wellFormed(s), undefined);
   }
   function consoleLine() {
     if (finished) return;
@@ -375,7 +381,7 @@
     for (let i = 0; i < arguments.length; i++) parts.push(format(arguments[i]));
     const s = apply(arrayJoin, parts, [" "]);
     account(s.length);
-    hostOutput(1, s, undefined);
+    hostOutput(1, wellFormed(s), undefined);
   }
   const consoleObj = create(ObjectPrototype);
   const levels = ["log", "info", "warn", "error", "debug"];
