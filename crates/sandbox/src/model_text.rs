@@ -69,7 +69,7 @@ fn render_body(result: &ScriptResult) -> String {
         match item {
             OutputItem::Text { text, console: true } => console.push(text),
             OutputItem::Text { text, .. } => items.push(Part::Text(text)),
-            OutputItem::Image { data, mime_type } => items.push(Part::Image(mime_type, data.len())),
+            OutputItem::Image { data, mime_type } => items.push(Part::Image(mime_type, decoded_len(data))),
         }
     }
     let value_text;
@@ -94,8 +94,8 @@ fn render_body(result: &ScriptResult) -> String {
                     parts.push(t.to_string());
                 }
             }
-            Part::Image(mime, b64_len) => {
-                parts.push(format!("[Image ({mime}, {})]", format_size(b64_len / 4 * 3)));
+            Part::Image(mime, bytes) => {
+                parts.push(format!("[Image ({mime}, {})]", format_size(bytes)));
             }
         }
     }
@@ -151,6 +151,12 @@ fn join_text(parts: &[String]) -> String {
         out.push_str(p);
     }
     out
+}
+
+/// Bytes encoded by clean base64 text.
+fn decoded_len(b64: &str) -> usize {
+    let pad = b64.bytes().rev().take_while(|b| *b == b'=').count();
+    (b64.len() / 4 * 3).saturating_sub(pad)
 }
 
 fn format_size(bytes: usize) -> String {
