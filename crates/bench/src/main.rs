@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use codemode_sandbox::{ErrorKind, Host, HostCall, HostError, Sandbox, SandboxConfig, Script, ScriptError};
+use codemode_sandbox::{
+    ErrorKind, Host, HostCall, HostError, Sandbox, SandboxConfig, Script, ScriptError,
+};
 use futures::FutureExt;
 use futures::future::LocalBoxFuture;
 use serde::Deserialize;
@@ -109,14 +111,23 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut config = SandboxConfig::default();
-    config.defaults.timeout_ms = 120_000;
-    config.defaults.cpu_ms = 120_000;
+    let defaults = codemode_sandbox::Limits {
+        timeout_ms: 120_000,
+        cpu_ms: 120_000,
+        ..Default::default()
+    };
+    let config = SandboxConfig {
+        defaults,
+        ..Default::default()
+    };
     let sandbox = Sandbox::new(config)?;
     let rows = rows();
     let rows_json: Arc<str> = serde_json::to_string(&rows)?.into();
     let host: Arc<dyn Host> = Arc::new(BenchHost { rows, rows_json });
-    let tools = [("echo", "Return the arguments"), ("rows", "Return 20,000 rows")];
+    let tools = [
+        ("echo", "Return the arguments"),
+        ("rows", "Return 20,000 rows"),
+    ];
 
     rt.block_on(async {
         for w in &spec.workloads {

@@ -93,7 +93,11 @@ impl BridgeSlot {
 pub(crate) fn parse_vm_json(json: &str) -> Result<Value, serde_json::Error> {
     match serde_json::from_str(json) {
         Ok(v) => Ok(v),
-        Err(e) if json.contains("\\u") || json.contains("\\U") || e.to_string().contains("surrogate") => {
+        Err(e)
+            if json.contains("\\u")
+                || json.contains("\\U")
+                || e.to_string().contains("surrogate") =>
+        {
             serde_json::from_str(&repair_lone_surrogates(json))
         }
         Err(e) => Err(e),
@@ -129,7 +133,9 @@ fn repair_lone_surrogates(json: &str) -> String {
         if is_high {
             let next_low = b.get(i + 6) == Some(&b'\\')
                 && b.get(i + 7) == Some(&b'u')
-                && b.get(i + 8..).and_then(hex4).is_some_and(|u| (0xDC00..0xE000).contains(&u));
+                && b.get(i + 8..)
+                    .and_then(hex4)
+                    .is_some_and(|u| (0xDC00..0xE000).contains(&u));
             if next_low {
                 i += 12;
                 continue;

@@ -10,7 +10,7 @@ use rquickjs::{Ctx, Function, Object, Value as JsValue};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::bridge::{Completion, Done, RunState};
 use crate::host::{HostError, Script};
@@ -71,7 +71,10 @@ async fn execute(
     limits: &Limits,
 ) -> Result<ScriptResult, ScriptError> {
     if script.abort.is_cancelled() {
-        return Err(ScriptError::new(ErrorKind::Aborted, "Execution aborted before the script started"));
+        return Err(ScriptError::new(
+            ErrorKind::Aborted,
+            "Execution aborted before the script started",
+        ));
     }
     check_tools(&script.tools).map_err(sandbox_err)?;
     check_globals(&script.globals).map_err(sandbox_err)?;
@@ -136,7 +139,8 @@ async fn execute(
     vm.heap.set_limit(limits.heap_bytes);
     vm.runtime.set_max_stack_size(limits.stack_bytes);
     // Scripts are short-lived: collecting every few hundred KiB costs more than it saves.
-    vm.runtime.set_gc_threshold((limits.heap_bytes / 8).clamp(1 << 20, 32 << 20));
+    vm.runtime
+        .set_gc_threshold((limits.heap_bytes / 8).clamp(1 << 20, 32 << 20));
     *vm.guard.active.borrow_mut() = Some(crate::vm::ActiveLimits {
         timeout: Duration::from_millis(limits.timeout_ms),
         cpu: Duration::from_millis(limits.cpu_ms),
@@ -145,16 +149,30 @@ async fn execute(
     });
 
     let config = build_config(&script, limits, determinism.as_ref());
-    let fns = vm.fns.as_ref().ok_or_else(|| sandbox_err("the VM was already used"))?;
+    let fns = vm
+        .fns
+        .as_ref()
+        .ok_or_else(|| sandbox_err("the VM was already used"))?;
 
     // Setup and first run of the script body.
     vm.guard.enter();
     let setup = vm.context.with(|ctx| -> Result<(), ScriptError> {
-        let init = fns.init.clone().restore(&ctx).map_err(|e| sandbox_err(e.to_string()))?;
-        let run = fns.run.clone().restore(&ctx).map_err(|e| sandbox_err(e.to_string()))?;
-        let env: Object = init
-            .call((config,))
-            .map_err(|e| sandbox_err(format!("sandbox setup failed: {}", crate::vm::describe(&ctx, e))))?;
+        let init = fns
+            .init
+            .clone()
+            .restore(&ctx)
+            .map_err(|e| sandbox_err(e.to_string()))?;
+        let run = fns
+            .run
+            .clone()
+            .restore(&ctx)
+            .map_err(|e| sandbox_err(e.to_string()))?;
+        let env: Object = init.call((config,)).map_err(|e| {
+            sandbox_err(format!(
+                "sandbox setup failed: {}",
+                crate::vm::describe(&ctx, e)
+            ))
+        })?;
         let tools: JsValue = env.get("tools").map_err(|e| sandbox_err(e.to_string()))?;
         let console: JsValue = env.get("console").map_err(|e| sandbox_err(e.to_string()))?;
         let wrapper = format!("(async (tools, console) => {{{}\n}})", parsed.code);
@@ -200,10 +218,10 @@ fn report_exception(ctx: &Ctx<'_>, fns: &crate::vm::PreludeFns, e: rquickjs::Err
             Err(_) => JsValue::new_null(ctx.clone()),
         }
     };
-    if let Ok(f) = fns.finish_err.clone().restore(ctx) {
-        if f.call::<_, ()>((value,)).is_err() {
-            ctx.catch();
-        }
+    if let Ok(f) = fns.finish_err.clone().restore(ctx)
+        && f.call::<_, ()>((value,)).is_err()
+    {
+        ctx.catch();
     }
 }
 
@@ -211,9 +229,7 @@ fn build_config(script: &Script, limits: &Limits, det: Option<&crate::Determinis
     let tools: Vec<Value> = script
         .tools
         .iter()
-        .map(|t| {
-            serde_json::json!([t.name, codemode_spec::to_identifier(&t.name), t.description])
-        })
+        .map(|t| serde_json::json!([t.name, codemode_spec::to_identifier(&t.name), t.description]))
         .collect();
     let store: serde_json::Map<String, Value> = script
         .store
@@ -235,24 +251,26 @@ fn drain(vm: &Vm, state: &RunState) -> Option<Outcome> {
     let guard = &vm.guard;
     guard.enter();
     let mut n: u32 = 0;
-    let outcome = vm.context.with(|ctx| loop {
-        if state.fatal.borrow().is_some() {
-            return Some(Outcome::Fatal);
-        }
-        if state.done.borrow().is_some() {
-            return Some(Outcome::Done);
-        }
-        if let Some(r) = guard.reason.get() {
-            return Some(stop_outcome(r));
-        }
-        n = n.wrapping_add(1);
-        if n % JOBS_PER_CHECK == 0 {
-            if let Some(r) = guard.check() {
+    let outcome = vm.context.with(|ctx| {
+        loop {
+            if state.fatal.borrow().is_some() {
+                return Some(Outcome::Fatal);
+            }
+            if state.done.borrow().is_some() {
+                return Some(Outcome::Done);
+            }
+            if let Some(r) = guard.reason.get() {
                 return Some(stop_outcome(r));
             }
-        }
-        if !ctx.execute_pending_job() {
-            return None;
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(JOBS_PER_CHECK)
+                && let Some(r) = guard.check()
+            {
+                return Some(stop_outcome(r));
+            }
+            if !ctx.execute_pending_job() {
+                return None;
+            }
         }
     });
     guard.leave();
@@ -281,7 +299,8 @@ async fn drive(
             }
             // An interrupt inside the script body surfaces as a rejection; the reason we stopped
             // it is what the caller needs to see.
-            if let Some(stop @ (Stop::Timeout | Stop::Cpu | Stop::Aborted)) = vm.guard.reason.get() {
+            if let Some(stop @ (Stop::Timeout | Stop::Cpu | Stop::Aborted)) = vm.guard.reason.get()
+            {
                 return Outcome::Stopped(stop);
             }
             return o;
@@ -382,8 +401,10 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_
     let Some(inflight) = state.inflight.borrow_mut().remove(&id) else {
         return;
     };
-    if let Some(i) = inflight.record {
-        if let Some(rec) = state.calls.borrow_mut().get_mut(i) {
+    if let Some(i) = inflight.record
+        && let Some(rec) = state.calls.borrow_mut().get_mut(i)
+    {
+        {
             rec.duration_ms = inflight.started.elapsed().as_secs_f64() * 1000.0;
             match &r {
                 Ok(_) => rec.status = CallStatus::Ok,
@@ -399,7 +420,10 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_
             id,
             at_ms: at_ms.unwrap_or_default(),
             ok: r.is_ok(),
-            value: r.as_ref().ok().map(|j| serde_json::from_str(j).unwrap_or(Value::Null)),
+            value: r
+                .as_ref()
+                .ok()
+                .map(|j| serde_json::from_str(j).unwrap_or(Value::Null)),
             error: r.as_ref().err().cloned(),
         });
     }
@@ -418,7 +442,14 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_
                 } else {
                     serde_json::to_string(&e.properties).ok()
                 };
-                settle.call::<_, ()>((id as f64, false, e.message.clone(), e.name.clone(), props, now))
+                settle.call::<_, ()>((
+                    id as f64,
+                    false,
+                    e.message.clone(),
+                    e.name.clone(),
+                    props,
+                    now,
+                ))
             }
         };
         if let Err(e) = res {
@@ -471,7 +502,11 @@ fn finish(vm: &Vm, state: &RunState, outcome: Outcome) -> Result<ScriptResult, S
             }
         }
     }
-    let record_error = state.recorder.borrow_mut().as_mut().and_then(|r| r.finish());
+    let record_error = state
+        .recorder
+        .borrow_mut()
+        .as_mut()
+        .and_then(|r| r.finish());
     let limits = &state.limits;
     let mut res = ScriptResult {
         ok: false,
@@ -529,7 +564,12 @@ fn finish(vm: &Vm, state: &RunState, outcome: Outcome) -> Result<ScriptResult, S
             res.error = Some(match desc {
                 None if oom => oom_error(limits),
                 None => sandbox_err("The script failed, and its error could not be described."),
-                Some(d) if oom && (d.is_null || (d.name.as_deref() == Some("InternalError") && d.message.contains("out of memory"))) => {
+                Some(d)
+                    if oom
+                        && (d.is_null
+                            || (d.name.as_deref() == Some("InternalError")
+                                && d.message.contains("out of memory"))) =>
+                {
                     oom_error(limits)
                 }
                 Some(d) => ScriptError {
@@ -556,9 +596,14 @@ fn finish(vm: &Vm, state: &RunState, outcome: Outcome) -> Result<ScriptResult, S
 }
 
 fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
-    let Some(w) = writes else { return Ok(Vec::new()) };
-    let raw: Vec<Vec<String>> = serde_json::from_str(w)
-        .map_err(|e| sandbox_err(format!("Sandbox bridge broken: store writes are not valid JSON ({e}).")))?;
+    let Some(w) = writes else {
+        return Ok(Vec::new());
+    };
+    let raw: Vec<Vec<String>> = serde_json::from_str(w).map_err(|e| {
+        sandbox_err(format!(
+            "Sandbox bridge broken: store writes are not valid JSON ({e})."
+        ))
+    })?;
     let mut out = Vec::with_capacity(raw.len());
     for entry in raw {
         let mut it = entry.into_iter();
@@ -566,7 +611,9 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
         match it.next() {
             Some(json) => {
                 let value = crate::bridge::parse_vm_json(&json).map_err(|e| {
-                    sandbox_err(format!("Sandbox bridge broken: the stored value of {key} is not valid JSON ({e})."))
+                    sandbox_err(format!(
+                        "Sandbox bridge broken: the stored value of {key} is not valid JSON ({e})."
+                    ))
                 })?;
                 out.push(StoreWrite::Set { key, value });
             }

@@ -26,7 +26,9 @@ pub trait Host: Send + Sync + 'static {
         Box::pin(async move {
             let value = fut.await?;
             serde_json::to_string(&value).map_err(|e| {
-                HostError::new(format!("The host's answer cannot be sent to the script as JSON: {e}"))
+                HostError::new(format!(
+                    "The host's answer cannot be sent to the script as JSON: {e}"
+                ))
             })
         })
     }

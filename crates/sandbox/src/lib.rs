@@ -36,12 +36,12 @@ use std::time::Instant;
 pub use codemode_spec::to_identifier;
 pub use host::{Determinism, Host, HostCall, HostCallKind, HostError, Script, ToolEntry};
 pub use limits::{Limits, SandboxConfig};
-pub use model_text::{render_model_text, ModelText};
+pub use model_text::{ModelText, render_model_text};
 pub use replay::LogEntry;
 pub use result::{
     CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError, ScriptResult, StoreWrite,
 };
-pub use source::{parse_source, ParsedSource, ScriptOptions, SourceError};
+pub use source::{ParsedSource, ScriptOptions, SourceError, parse_source};
 
 use pool::{Job, Pool};
 

@@ -25,7 +25,11 @@ pub fn render_model_text(result: &ScriptResult, max_output_tokens: u64) -> Model
     let _ = write!(
         header,
         "{}\nWall time {:.1} seconds\nOutput:\n",
-        if result.ok { "Script completed" } else { "Script failed" },
+        if result.ok {
+            "Script completed"
+        } else {
+            "Script failed"
+        },
         result.wall_ms / 1000.0
     );
     let body = render_body(result);
@@ -67,20 +71,25 @@ fn render_body(result: &ScriptResult) -> String {
     let mut items: Vec<Part<'_>> = Vec::new();
     for item in &result.output {
         match item {
-            OutputItem::Text { text, console: true } => console.push(text),
+            OutputItem::Text {
+                text,
+                console: true,
+            } => console.push(text),
             OutputItem::Text { text, .. } => items.push(Part::Text(text)),
-            OutputItem::Image { data, mime_type } => items.push(Part::Image(mime_type, decoded_len(data))),
+            OutputItem::Image { data, mime_type } => {
+                items.push(Part::Image(mime_type, decoded_len(data)))
+            }
         }
     }
     let value_text;
-    if result.ok {
-        if let Some(v) = &result.value {
-            value_text = match v {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            items.push(Part::Text(&value_text));
-        }
+    if result.ok
+        && let Some(v) = &result.value
+    {
+        value_text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        items.push(Part::Text(&value_text));
     }
     let total = items.iter().filter(|p| matches!(p, Part::Text(_))).count();
     let mut n = 0;
@@ -100,12 +109,19 @@ fn render_body(result: &ScriptResult) -> String {
         }
     }
     if !console.is_empty() {
-        parts.push(format!("<console_output>\n{}\n</console_output>", console.join("\n")));
+        parts.push(format!(
+            "<console_output>\n{}\n</console_output>",
+            console.join("\n")
+        ));
     }
     if let Some(err) = result.error.as_ref().filter(|_| !result.ok) {
         let head = match err.kind {
             ErrorKind::Script => err.stack.clone().unwrap_or_else(|| {
-                format!("{}: {}", err.name.as_deref().unwrap_or("Error"), err.message)
+                format!(
+                    "{}: {}",
+                    err.name.as_deref().unwrap_or("Error"),
+                    err.message
+                )
             }),
             ErrorKind::Timeout => format!("Script timed out: {}", err.message),
             ErrorKind::Aborted => format!("Script aborted: {}", err.message),

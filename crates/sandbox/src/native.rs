@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::ffi::CString;
 use std::sync::OnceLock;
 
-use rquickjs::{qjs, Ctx, Function, Value};
+use rquickjs::{Ctx, Function, Value, qjs};
 
 static PRELUDE_BYTECODE: OnceLock<Result<Vec<u8>, String>> = OnceLock::new();
 
@@ -58,7 +58,12 @@ pub(crate) fn eval_prelude<'js>(
     let raw = ctx.as_raw().as_ptr();
     // SAFETY: the bytecode was written by this same engine build; JS_EvalFunction consumes `obj`.
     let value = unsafe {
-        let obj = qjs::JS_ReadObject(raw, bytes.as_ptr(), bytes.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
+        let obj = qjs::JS_ReadObject(
+            raw,
+            bytes.as_ptr(),
+            bytes.len() as _,
+            qjs::JS_READ_OBJ_BYTECODE as i32,
+        );
         if qjs::JS_IsException(obj) {
             return Err(take_exception(ctx));
         }
@@ -142,8 +147,7 @@ pub(crate) fn freeze_reachable<'js>(ctx: &Ctx<'js>, roots: &[Value<'js>]) {
 
 /// `nativeFreeze(roots)` for the prelude; only the prelude ever holds it.
 pub(crate) fn freeze_function<'js>(ctx: &Ctx<'js>) -> rquickjs::Result<Function<'js>> {
-    Function::new(
-        ctx.clone(),
-        |ctx: Ctx<'js>, roots: Vec<Value<'js>>| freeze_reachable(&ctx, &roots),
-    )
+    Function::new(ctx.clone(), |ctx: Ctx<'js>, roots: Vec<Value<'js>>| {
+        freeze_reachable(&ctx, &roots)
+    })
 }

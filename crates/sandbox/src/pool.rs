@@ -83,17 +83,21 @@ impl Pool {
         spawned
     }
 
-    pub fn submit(pool: &Arc<Pool>, job: Job) -> Result<(), Job> {
+    pub fn submit(pool: &Arc<Pool>, job: Job) -> Result<(), Box<Job>> {
         let mut s = lock(&pool.state);
         if s.shutdown {
-            return Err(job);
+            return Err(Box::new(job));
         }
         s.queue.push_back(job);
-        if s.idle + s.preparing < s.queue.len() && s.threads < pool.max && !Pool::spawn(pool, &mut s) && s.threads == 0 {
+        if s.idle + s.preparing < s.queue.len()
+            && s.threads < pool.max
+            && !Pool::spawn(pool, &mut s)
+            && s.threads == 0
+        {
             let job = s.queue.pop_back();
             drop(s);
             return match job {
-                Some(j) => Err(j),
+                Some(j) => Err(Box::new(j)),
                 None => Ok(()),
             };
         }
@@ -136,7 +140,10 @@ impl Pool {
 }
 
 fn worker(pool: Arc<Pool>) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("codemode sandbox worker could not start tokio: {e}");
@@ -170,7 +177,10 @@ fn worker(pool: Arc<Pool>) {
                 match outcome {
                     Ok(r) => r,
                     Err(_) => ScriptResult::failed(
-                        ScriptError::new(ErrorKind::Sandbox, "The sandbox worker failed while running the script."),
+                        ScriptError::new(
+                            ErrorKind::Sandbox,
+                            "The sandbox worker failed while running the script.",
+                        ),
                         Default::default(),
                         limits,
                     ),

@@ -112,9 +112,8 @@ impl ReplayLog {
             if line.trim().is_empty() {
                 continue;
             }
-            let entry: LogEntry = serde_json::from_str(&line).map_err(|e| {
-                format!("line {} of the replay log is not a log entry: {e}", n + 1)
-            })?;
+            let entry: LogEntry = serde_json::from_str(&line)
+                .map_err(|e| format!("line {} of the replay log is not a log entry: {e}", n + 1))?;
             match entry {
                 LogEntry::Header {
                     script_sha256,

@@ -5,7 +5,15 @@ use std::collections::{BTreeSet, HashMap};
 use crate::host::ToolEntry;
 
 const RESERVED: &[&str] = &[
-    "tools", "ALL_TOOLS", "console", "text", "image", "exit", "globalThis", "store", "load",
+    "tools",
+    "ALL_TOOLS",
+    "console",
+    "text",
+    "image",
+    "exit",
+    "globalThis",
+    "store",
+    "load",
 ];
 
 /// Two tools must not map to the same script identifier: one would silently shadow the other.

@@ -10,7 +10,7 @@ use rquickjs::allocator::Allocator;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use tokio_util::sync::CancellationToken;
 
-use crate::bridge::{install_bridge, BridgeSlot};
+use crate::bridge::{BridgeSlot, install_bridge};
 
 const PRELUDE: &str = include_str!("prelude.js");
 
@@ -86,7 +86,9 @@ unsafe impl Allocator for CountingAllocator {
         if ptr.is_null() {
             return;
         }
-        self.0.used.set(self.0.used.get().saturating_sub(usable(ptr)));
+        self.0
+            .used
+            .set(self.0.used.get().saturating_sub(usable(ptr)));
         // SAFETY: ptr is ours (see the trait contract).
         unsafe { libc::free(ptr.cast()) };
     }
@@ -231,8 +233,8 @@ impl Vm {
         let slot = Rc::new(BridgeSlot::default());
         let fns = context.with(|ctx| -> Result<PreludeFns, String> {
             let make = crate::native::eval_prelude(&ctx, PRELUDE, "codemode-prelude.js")?;
-            let (call, output, done) = install_bridge(&ctx, slot.clone(), guard.clone())
-                .map_err(|e| describe(&ctx, e))?;
+            let (call, output, done) =
+                install_bridge(&ctx, slot.clone(), guard.clone()).map_err(|e| describe(&ctx, e))?;
             let freeze = crate::native::freeze_function(&ctx).map_err(|e| describe(&ctx, e))?;
             let api: Object = make
                 .call((call, output, done, freeze))

@@ -5,7 +5,10 @@ use serde_json::json;
 
 fn det(src: &str, seed: u32) -> Script {
     let mut s = script(src);
-    s.determinism = Some(Determinism { seed, start_ms: 1_000_000.0 });
+    s.determinism = Some(Determinism {
+        seed,
+        start_ms: 1_000_000.0,
+    });
     s
 }
 
@@ -17,7 +20,18 @@ async fn seeded_random_virtual_clock_and_utc() {
     let c = sandbox().run(det(src, 43)).await.value.unwrap();
     assert_eq!(a, b);
     assert_ne!(a[0], c[0]);
-    assert_eq!(&a.as_array().unwrap()[2..], &[json!(1_000_000), json!(1_000_000), json!(0), json!(0), json!(0), json!("undefined"), json!(true)]);
+    assert_eq!(
+        &a.as_array().unwrap()[2..],
+        &[
+            json!(1_000_000),
+            json!(1_000_000),
+            json!(0),
+            json!(0),
+            json!(0),
+            json!("undefined"),
+            json!(true)
+        ]
+    );
     // Time moves only when a result is delivered, never backwards.
     let v = sandbox().run(det("const a = Date.now(); for (let i = 0; i < 1e6; i++); const b = Date.now(); await tools.sleep({ms: 30}); const c = Date.now(); return [a, b, c]", 1)).await.value.unwrap();
     assert_eq!(v[0], v[1]);
@@ -30,7 +44,10 @@ async fn seeded_random_virtual_clock_and_utc() {
 #[tokio::test]
 async fn results_are_delivered_in_call_order() {
     let src = "const order = []; await Promise.all([tools.sleep({ms: 80}).then(() => order.push(1)), tools.sleep({ms: 1}).then(() => order.push(2)), tools.echo(3).then(() => order.push(3))]); return order";
-    assert_eq!(sandbox().run(det(src, 7)).await.value, Some(json!([1, 2, 3])));
+    assert_eq!(
+        sandbox().run(det(src, 7)).await.value,
+        Some(json!([1, 2, 3]))
+    );
 }
 
 #[tokio::test]
@@ -46,7 +63,11 @@ async fn record_then_replay_without_the_host() {
     s.record = Some(log.clone());
     let first = sandbox().run(s).await;
     assert!(first.ok, "{:?}", first.error);
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines[0]["type"], "header");
     assert_eq!(lines[0]["seed"], 9);
     assert_eq!(lines.iter().filter(|l| l["type"] == "call").count(), 4);
@@ -58,22 +79,44 @@ async fn record_then_replay_without_the_host() {
     s.replay = Some(log.clone());
     let second = sandbox().run(s).await;
     assert!(second.ok, "{:?}", second.error);
-    assert_eq!(host().calls.lock().unwrap().len(), calls_before, "replay must not touch the host");
+    assert_eq!(
+        host().calls.lock().unwrap().len(),
+        calls_before,
+        "replay must not touch the host"
+    );
     assert_eq!(second.value, first.value);
     assert_eq!(second.output, first.output);
 
     // A different script is refused; a script that diverges names the step and both calls.
     let mut s = script("return 1");
     s.replay = Some(log.clone());
-    assert!(sandbox().run(s).await.error.unwrap().message.contains("another script"));
+    assert!(
+        sandbox()
+            .run(s)
+            .await
+            .error
+            .unwrap()
+            .message
+            .contains("another script")
+    );
     let mut lines = std::fs::read_to_string(&log).unwrap();
-    lines = lines.replacen("\"name\":\"echo\",\"kind\":\"tool\",\"args\":\"y\"", "\"name\":\"echo\",\"kind\":\"tool\",\"args\":\"z\"", 1);
+    lines = lines.replacen(
+        "\"name\":\"echo\",\"kind\":\"tool\",\"args\":\"y\"",
+        "\"name\":\"echo\",\"kind\":\"tool\",\"args\":\"z\"",
+        1,
+    );
     let bad = dir.path().join("bad.jsonl");
     std::fs::write(&bad, lines).unwrap();
     let mut s = script(src);
     s.replay = Some(bad);
     let e = sandbox().run(s).await.error.unwrap();
     assert_eq!(e.kind, ErrorKind::Sandbox);
-    assert!(e.message.contains("call 3") && e.message.contains("echo(\"y\")") && e.message.contains("echo(\"z\")"), "{}", e.message);
+    assert!(
+        e.message.contains("call 3")
+            && e.message.contains("echo(\"y\")")
+            && e.message.contains("echo(\"z\")"),
+        "{}",
+        e.message
+    );
     healthy().await;
 }

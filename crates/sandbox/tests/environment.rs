@@ -7,29 +7,71 @@ use serde_json::json;
 async fn values_text_and_console() {
     let r = run(r#"text(undefined); text(null); text(7); text(NaN); text("s"); text({a:1}); text([1,undefined]); text(()=>1); text(Symbol("q"))"#).await;
     assert!(r.ok, "{:?}", r.error);
-    assert_eq!(texts(&r), ["undefined", "null", "7", "NaN", "s", "{\"a\":1}", "[1,null]", "()=>1", "Symbol(q)"]);
+    assert_eq!(
+        texts(&r),
+        [
+            "undefined",
+            "null",
+            "7",
+            "NaN",
+            "s",
+            "{\"a\":1}",
+            "[1,null]",
+            "()=>1",
+            "Symbol(q)"
+        ]
+    );
     let r = run(r#"console.log("a", 1, {a:1}, NaN, -Infinity, undefined, null)"#).await;
-    assert_eq!(r.output, vec![OutputItem::Text { text: "a 1 {\"a\":1} NaN -Infinity undefined null".into(), console: true }]);
+    assert_eq!(
+        r.output,
+        vec![OutputItem::Text {
+            text: "a 1 {\"a\":1} NaN -Infinity undefined null".into(),
+            console: true
+        }]
+    );
     let r = run(r#"console.error(new TypeError("bad"))"#).await;
     let t = &texts(&r)[0];
-    assert!(t.starts_with("TypeError: bad\n    at ") && t.contains("codemode.js:1:"), "{t}");
-    assert_eq!(value(r#"const c={}; c.c=c; try { text(c) } catch (e) { return e.name }"#).await, json!("TypeError"));
+    assert!(
+        t.starts_with("TypeError: bad\n    at ") && t.contains("codemode.js:1:"),
+        "{t}"
+    );
+    assert_eq!(
+        value(r#"const c={}; c.c=c; try { text(c) } catch (e) { return e.name }"#).await,
+        json!("TypeError")
+    );
     let e = error("return 10n").await;
-    assert_eq!((e.kind, e.name.as_deref()), (ErrorKind::Script, Some("TypeError")));
+    assert_eq!(
+        (e.kind, e.name.as_deref()),
+        (ErrorKind::Script, Some("TypeError"))
+    );
     let e = error("throw { code: 7 }").await;
-    assert_eq!((e.message.as_str(), e.name.is_none(), e.stack.is_none()), ("{\"code\":7}", true, true));
+    assert_eq!(
+        (e.message.as_str(), e.name.is_none(), e.stack.is_none()),
+        ("{\"code\":7}", true, true)
+    );
     assert_eq!(error("throw 'plain'").await.message, "plain");
     let e = error("const a = 1;\nconst b = ;\nreturn a").await;
     assert_eq!(e.name.as_deref(), Some("SyntaxError"));
-    assert!(e.stack.as_deref().unwrap_or("").contains("codemode.js:2"), "{e:?}");
+    assert!(
+        e.stack.as_deref().unwrap_or("").contains("codemode.js:2"),
+        "{e:?}"
+    );
     let r = run("console.log(new Error('inner'));\nthrow new RangeError('outer')").await;
     let e = r.error.clone().unwrap();
     let stack = e.stack.unwrap();
-    assert!(stack.starts_with("RangeError: outer\n    at ") && stack.contains("codemode.js:2"), "{stack}");
-    assert!(texts(&r)[0].starts_with("Error: inner\n    at ") && texts(&r)[0].contains("codemode.js:1"));
+    assert!(
+        stack.starts_with("RangeError: outer\n    at ") && stack.contains("codemode.js:2"),
+        "{stack}"
+    );
+    assert!(
+        texts(&r)[0].starts_with("Error: inner\n    at ") && texts(&r)[0].contains("codemode.js:1")
+    );
     assert!(!stack.contains("prelude"));
     let e = error(r#"class MyError extends Error { constructor(m){ super(m); this.name = "MyError" } } throw new MyError("m")"#).await;
-    assert_eq!((e.name.as_deref(), e.message.as_str()), (Some("MyError"), "m"));
+    assert_eq!(
+        (e.name.as_deref(), e.message.as_str()),
+        (Some("MyError"), "m")
+    );
     assert!(e.stack.unwrap().starts_with("MyError: m"));
     let e = error("// @options: {}\nthrow new Error(\"x\")").await;
     assert!(e.stack.unwrap().contains("codemode.js:2:"));
@@ -41,44 +83,96 @@ async fn tools_guard_and_identifiers() {
     let e = error("return await tools.missing()").await;
     assert_eq!(e.name.as_deref(), Some("TypeError"));
     assert!(e.message.starts_with("tools.missing does not exist. Available: echo, fail, slow, rows, sleep, fail_props, image_tool."), "{}", e.message);
-    assert!(e.message.contains("ALL_TOOLS lists every tool") && e.message.ends_with("Check for a member with \"missing\" in tools."));
+    assert!(
+        e.message.contains("ALL_TOOLS lists every tool")
+            && e.message
+                .ends_with("Check for a member with \"missing\" in tools.")
+    );
     let e = error("tools.Echo").await;
-    assert!(e.message.starts_with("tools.Echo does not exist. Did you mean tools.echo?"), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("tools.Echo does not exist. Did you mean tools.echo?"),
+        "{}",
+        e.message
+    );
     assert_eq!(value(r#"return ["missing" in tools, "echo" in tools, typeof tools.then, typeof tools.toJSON]"#).await, json!([false, true, "undefined", "undefined"]));
-    assert_eq!(error("return typeof tools.extra").await.name.as_deref(), Some("TypeError"));
+    assert_eq!(
+        error("return typeof tools.extra").await.name.as_deref(),
+        Some("TypeError")
+    );
     assert_eq!(value("return await tools.echo(1, 2)").await, json!(1));
-    assert_eq!(value("return [await tools.echo(), await tools.echo(null)]").await, json!([null, null]));
+    assert_eq!(
+        value("return [await tools.echo(), await tools.echo(null)]").await,
+        json!([null, null])
+    );
     assert_eq!(value("try{tools.echo=()=>'nope'}catch{} try{globalThis.tools=null}catch{} return await tools.echo('still')").await, json!("still"));
-    assert_eq!(value("return ALL_TOOLS.map(t => t.name)").await, json!(["echo", "fail", "slow", "rows", "sleep", "fail_props", "image_tool"]));
+    assert_eq!(
+        value("return ALL_TOOLS.map(t => t.name)").await,
+        json!([
+            "echo",
+            "fail",
+            "slow",
+            "rows",
+            "sleep",
+            "fail_props",
+            "image_tool"
+        ])
+    );
     assert_eq!(value("try { ALL_TOOLS.push(1) } catch {} return [ALL_TOOLS.length, Object.isFrozen(ALL_TOOLS), Object.isFrozen(ALL_TOOLS[0])]").await, json!([7, true, true]));
 
-    let s = Script::new("return [await tools.my_tool('a'), await tools['my-tool']('b')]", host())
-        .with_tools([("my-tool", "Dashes"), ("echo", "e")]);
+    let s = Script::new(
+        "return [await tools.my_tool('a'), await tools['my-tool']('b')]",
+        host(),
+    )
+    .with_tools([("my-tool", "Dashes"), ("echo", "e")]);
     let r = sandbox().run(s).await;
     assert_eq!(r.value, Some(json!(["a", "b"])));
-    assert!(r.calls.iter().all(|c| c.name == "my-tool"), "the host sees the raw name");
-    let s = Script::new("return Object.keys(tools)", host()).with_tools([("my-tool", "Dashes"), ("echo", "e")]);
-    assert_eq!(sandbox().run(s).await.value, Some(json!(["my_tool", "my-tool", "echo"])));
-    let s = Script::new("return 1", host()).with_tools([("my-tool", "Dashes"), ("my_tool", "Shadowed")]);
+    assert!(
+        r.calls.iter().all(|c| c.name == "my-tool"),
+        "the host sees the raw name"
+    );
+    let s = Script::new("return Object.keys(tools)", host())
+        .with_tools([("my-tool", "Dashes"), ("echo", "e")]);
+    assert_eq!(
+        sandbox().run(s).await.value,
+        Some(json!(["my_tool", "my-tool", "echo"]))
+    );
+    let s = Script::new("return 1", host())
+        .with_tools([("my-tool", "Dashes"), ("my_tool", "Shadowed")]);
     let r = sandbox().run(s).await;
     let e = r.error.unwrap();
     assert_eq!(e.kind, ErrorKind::Sandbox);
-    assert!(e.message.contains("\"my-tool\"") && e.message.contains("\"my_tool\""), "{}", e.message);
+    assert!(
+        e.message.contains("\"my-tool\"") && e.message.contains("\"my_tool\""),
+        "{}",
+        e.message
+    );
     healthy().await;
 }
 
 #[tokio::test]
 async fn calls_errors_and_cancellation() {
-    let r = run("try { await tools.fail() } catch (e) { return [e instanceof Error, e.name, e.message] }").await;
+    let r = run(
+        "try { await tools.fail() } catch (e) { return [e instanceof Error, e.name, e.message] }",
+    )
+    .await;
     assert_eq!(r.value, Some(json!([true, "Error", "tool exploded"])));
     assert_eq!(r.calls.len(), 1);
-    assert_eq!((r.calls[0].name.as_str(), r.calls[0].status, r.calls[0].id), ("fail", CallStatus::Error, 1));
+    assert_eq!(
+        (r.calls[0].name.as_str(), r.calls[0].status, r.calls[0].id),
+        ("fail", CallStatus::Error, 1)
+    );
     let e = error("await tools.fail()").await;
-    assert_eq!((e.kind, e.name.as_deref(), e.message.as_str()), (ErrorKind::Script, Some("Error"), "tool exploded"));
+    assert_eq!(
+        (e.kind, e.name.as_deref(), e.message.as_str()),
+        (ErrorKind::Script, Some("Error"), "tool exploded")
+    );
     assert_eq!(e.stack.as_deref(), Some("Error: tool exploded"));
     let r = run("try { await tools.echo(1n) } catch (e) { return e.name }").await;
     assert_eq!((r.value, r.calls.len()), (Some(json!("TypeError")), 0));
-    let r = run("try { await tools.fail_props() } catch (e) { return [e.name, e.message, e.code] }").await;
+    let r =
+        run("try { await tools.fail_props() } catch (e) { return [e.name, e.message, e.code] }")
+            .await;
     assert_eq!(r.value, Some(json!(["ToolError", "nope", 7])));
     let before = host().cancelled.load(std::sync::atomic::Ordering::SeqCst);
     let r = run("tools.slow(); return 'early'").await;
@@ -86,23 +180,39 @@ async fn calls_errors_and_cancellation() {
     assert_eq!(r.calls[0].status, CallStatus::Cancelled);
     // The slow tool saw its token cancelled.
     for _ in 0..100 {
-        if host().cancelled.load(std::sync::atomic::Ordering::SeqCst) > before { break; }
+        if host().cancelled.load(std::sync::atomic::Ordering::SeqCst) > before {
+            break;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(host().cancelled.load(std::sync::atomic::Ordering::SeqCst) > before);
-    let r = run("return await Promise.all([tools.echo(1), tools.echo(2), tools.sleep({ms: 5})])").await;
+    let r =
+        run("return await Promise.all([tools.echo(1), tools.echo(2), tools.sleep({ms: 5})])").await;
     assert_eq!(r.value, Some(json!([1, 2, {"ms": 5}])));
-    assert_eq!(r.calls.iter().map(|c| (c.id, c.status)).collect::<Vec<_>>(), vec![(1, CallStatus::Ok), (2, CallStatus::Ok), (3, CallStatus::Ok)]);
+    assert_eq!(
+        r.calls.iter().map(|c| (c.id, c.status)).collect::<Vec<_>>(),
+        vec![
+            (1, CallStatus::Ok),
+            (2, CallStatus::Ok),
+            (3, CallStatus::Ok)
+        ]
+    );
     assert_eq!(r.calls[0].args, "1");
     let e = error("await tools.echo(1); await new Promise(() => {}); return 'never'").await;
     assert_eq!(e.kind, ErrorKind::Script);
-    assert!(e.message.contains("waiting on a promise that nothing can settle"), "{}", e.message);
+    assert!(
+        e.message
+            .contains("waiting on a promise that nothing can settle"),
+        "{}",
+        e.message
+    );
     assert_eq!(value("tools.echo(2); return 'early'").await, json!("early"));
     let results = futures::future::join_all([
         run("globalThis.shared = 'a'; return globalThis.shared"),
         run("globalThis.shared = 'b'; return globalThis.shared"),
         run("return typeof globalThis.shared"),
-    ]).await;
+    ])
+    .await;
     let values: Vec<_> = results.into_iter().map(|r| r.value.unwrap()).collect();
     assert_eq!(values, vec![json!("a"), json!("b"), json!("undefined")]);
     healthy().await;
@@ -110,31 +220,53 @@ async fn calls_errors_and_cancellation() {
 
 #[tokio::test]
 async fn host_globals_and_namespaces() {
-    let mut s = script("return [await searchTools('x', {limit: 2}), await models.classify('m', undefined), typeof models]");
+    let mut s = script(
+        "return [await searchTools('x', {limit: 2}), await models.classify('m', undefined), typeof models]",
+    );
     s.globals = vec!["searchTools".into(), "models.classify".into()];
     let r = sandbox().run(s).await;
     assert!(r.ok, "{:?}", r.error);
-    assert_eq!(r.value, Some(json!([
-        {"global": "searchTools", "args": ["x", {"limit": 2}]},
-        {"global": "models.classify", "args": ["m", null]},
-        "object"
-    ])));
+    assert_eq!(
+        r.value,
+        Some(json!([
+            {"global": "searchTools", "args": ["x", {"limit": 2}]},
+            {"global": "models.classify", "args": ["m", null]},
+            "object"
+        ]))
+    );
     assert!(r.calls.is_empty(), "globals are not recorded as tool calls");
     let mut s = script("return models.nope");
     s.globals = vec!["models.classify".into()];
     let e = sandbox().run(s).await.error.unwrap();
-    assert!(e.message.starts_with("models.nope does not exist. Available: classify."), "{}", e.message);
+    assert!(
+        e.message
+            .starts_with("models.nope does not exist. Available: classify."),
+        "{}",
+        e.message
+    );
     assert!(!e.message.contains("ALL_TOOLS"));
     for bad in ["store", "tools", "console", "not-valid", "a.b.c", "tools.x"] {
         let mut s = script("return 1");
         s.globals = vec![bad.into()];
         let e = sandbox().run(s).await.error.unwrap();
         assert_eq!(e.kind, ErrorKind::Sandbox);
-        assert!(e.message.contains("Invalid global name"), "{bad}: {}", e.message);
+        assert!(
+            e.message.contains("Invalid global name"),
+            "{bad}: {}",
+            e.message
+        );
     }
     let mut s = script("return 1");
     s.globals = vec!["models".into(), "models.list".into()];
-    assert!(sandbox().run(s).await.error.unwrap().message.contains("conflicts with the namespace"));
+    assert!(
+        sandbox()
+            .run(s)
+            .await
+            .error
+            .unwrap()
+            .message
+            .contains("conflicts with the namespace")
+    );
     healthy().await;
 }
 
@@ -143,18 +275,42 @@ async fn exit_store_and_load() {
     let r = run(r#"text("before"); store("k", 1); await tools.echo(1); try { exit() } catch {} ; text("after"); return "x""#).await;
     assert!(r.ok && r.value.is_none(), "{r:?}");
     assert_eq!(texts(&r), ["before"]);
-    assert_eq!(r.store_writes, vec![StoreWrite::Set { key: "k".into(), value: json!(1) }]);
+    assert_eq!(
+        r.store_writes,
+        vec![StoreWrite::Set {
+            key: "k".into(),
+            value: json!(1)
+        }]
+    );
     let r = run("try { exit() } finally { text('late'); }").await;
     assert!(r.ok && r.output.is_empty());
     let r = run("try { exit() } finally { while (true) {} }").await;
-    assert!(r.ok, "exit() then a spinning finally still succeeds: {:?}", r.error);
+    assert!(
+        r.ok,
+        "exit() then a spinning finally still succeeds: {:?}",
+        r.error
+    );
 
-    let mut s = script(r#"const s=load("counter"); store("counter", s+1); store("old", undefined); return [s, load("counter"), load("missing"), load("old")]"#);
+    let mut s = script(
+        r#"const s=load("counter"); store("counter", s+1); store("old", undefined); return [s, load("counter"), load("missing"), load("old")]"#,
+    );
     s.store.insert("counter".into(), json!(41));
     s.store.insert("old".into(), json!("x"));
     let r = sandbox().run(s).await;
     assert_eq!(r.value, Some(json!([41, 42, null, null])));
-    assert_eq!(r.store_writes, vec![StoreWrite::Set { key: "counter".into(), value: json!(42) }, StoreWrite::Delete { key: "old".into(), delete: true }]);
+    assert_eq!(
+        r.store_writes,
+        vec![
+            StoreWrite::Set {
+                key: "counter".into(),
+                value: json!(42)
+            },
+            StoreWrite::Delete {
+                key: "old".into(),
+                delete: true
+            }
+        ]
+    );
     let msgs = value(r#"const out = [];
         for (const f of [() => store(1, "x"), () => load({}), () => store("fn", () => 1), () => store("big", "x".repeat(300*1024)),
                          () => { for (let i = 0; i < 8; i++) store("k" + i, "y".repeat(200 * 1024)) }]) {
@@ -164,10 +320,19 @@ async fn exit_store_and_load() {
     let msgs: Vec<String> = serde_json::from_value(msgs).unwrap();
     assert_eq!(msgs[0], "TypeError: store() key must be a string");
     assert_eq!(msgs[1], "TypeError: load() key must be a string");
-    assert_eq!(msgs[2], "TypeError: store(\"fn\") value is not JSON-serializable");
+    assert_eq!(
+        msgs[2],
+        "TypeError: store(\"fn\") value is not JSON-serializable"
+    );
     assert!(msgs[3].starts_with("RangeError: store(\"big\") value has 307202 characters of JSON, more than the limit of 262144."), "{}", msgs[3]);
-    assert!(msgs[4].starts_with("RangeError: store is full"), "{}", msgs[4]);
-    let mut s = script(r#"const v=load("obj"); v.a=2; const k={b:1}; store("kept",k); k.b=2; return [load("obj").a, load("kept").b]"#);
+    assert!(
+        msgs[4].starts_with("RangeError: store is full"),
+        "{}",
+        msgs[4]
+    );
+    let mut s = script(
+        r#"const v=load("obj"); v.a=2; const k={b:1}; store("kept",k); k.b=2; return [load("obj").a, load("kept").b]"#,
+    );
     s.store.insert("obj".into(), json!({"a": 1}));
     assert_eq!(sandbox().run(s).await.value, Some(json!([1, 1])));
     let r = run(r#"store("a",1); throw new Error("boom")"#).await;
@@ -179,41 +344,93 @@ async fn exit_store_and_load() {
 async fn images() {
     let r = run(r#"image("data:image/png;base64,iVBORw0KGgo="); image({image_url:"data:image/jpeg;base64,/9j/4A=="}); image({type:"image", data:"R0lGODlh", mimeType:"image/png"}); image("data:image/png;base64,UklGRgAAAABXRUJQ")"#).await;
     assert!(r.ok, "{:?}", r.error);
-    let mimes: Vec<_> = r.output.iter().map(|o| match o { OutputItem::Image { mime_type, .. } => mime_type.clone(), _ => String::new() }).collect();
-    assert_eq!(mimes, ["image/png", "image/jpeg", "image/gif", "image/webp"]);
+    let mimes: Vec<_> = r
+        .output
+        .iter()
+        .map(|o| match o {
+            OutputItem::Image { mime_type, .. } => mime_type.clone(),
+            _ => String::new(),
+        })
+        .collect();
+    assert_eq!(
+        mimes,
+        ["image/png", "image/jpeg", "image/gif", "image/webp"]
+    );
     let msgs = value(r#"const out = [];
       for (const a of ["", "https://x/y.png", "data:image/png,raw", {type:"text"}, {type:"image",data:""}, 42,
                        "data:image/png;base64,AAAAA", "data:image/png;base64,QUJD"]) {
         try { image(a); out.push("no error") } catch (e) { out.push(e.name + ": " + e.message) }
       }
       return out"#).await;
-    assert_eq!(msgs, json!([
-        "TypeError: image expects a non-empty image URL string, an object with image_url, or an image block { type: \"image\", data, mimeType }",
-        "TypeError: remote image URLs are not supported in tool outputs. Pass a base64 data URI instead",
-        "TypeError: invalid image output. Pass a base64 data URI instead",
-        "TypeError: image only accepts image blocks, got \"text\"",
-        "TypeError: image expected image block data",
-        "TypeError: image expects a non-empty image URL string, an object with image_url, or an image block { type: \"image\", data, mimeType }",
-        "TypeError: invalid image output. The image data is not valid base64 (truncated or corrupted?)",
-        "TypeError: invalid image output. The image data is not a PNG, JPEG, GIF, or WebP image",
-    ]));
+    assert_eq!(
+        msgs,
+        json!([
+            "TypeError: image expects a non-empty image URL string, an object with image_url, or an image block { type: \"image\", data, mimeType }",
+            "TypeError: remote image URLs are not supported in tool outputs. Pass a base64 data URI instead",
+            "TypeError: invalid image output. Pass a base64 data URI instead",
+            "TypeError: image only accepts image blocks, got \"text\"",
+            "TypeError: image expected image block data",
+            "TypeError: image expects a non-empty image URL string, an object with image_url, or an image block { type: \"image\", data, mimeType }",
+            "TypeError: invalid image output. The image data is not valid base64 (truncated or corrupted?)",
+            "TypeError: invalid image output. The image data is not a PNG, JPEG, GIF, or WebP image",
+        ])
+    );
     let r = run("image(\"data:image/png;base64,iVBORw0K\\r\\nGgo=\\n\")").await;
-    assert_eq!(r.output, vec![OutputItem::Image { data: "iVBORw0KGgo=".into(), mime_type: "image/png".into() }]);
+    assert_eq!(
+        r.output,
+        vec![OutputItem::Image {
+            data: "iVBORw0KGgo=".into(),
+            mime_type: "image/png".into()
+        }]
+    );
     let r = run("image(await tools.image_tool({}))").await;
-    assert_eq!(r.output, vec![OutputItem::Image { data: PNG.into(), mime_type: "image/png".into() }]);
+    assert_eq!(
+        r.output,
+        vec![OutputItem::Image {
+            data: PNG.into(),
+            mime_type: "image/png".into()
+        }]
+    );
     healthy().await;
 }
 
 #[tokio::test]
 async fn lockdown_and_absent_capabilities() {
     let v = value("return [typeof process, typeof require, typeof setTimeout, typeof fetch, typeof WebAssembly, typeof std, typeof os, typeof structuredClone, typeof Intl, typeof Atomics, typeof WeakRef, typeof FinalizationRegistry]").await;
-    assert!(v.as_array().unwrap().iter().all(|t| t == "undefined"), "{v}");
-    assert_eq!(value("try { await import('node:fs') } catch (e) { return e.name }").await, json!("ReferenceError"));
+    assert!(
+        v.as_array().unwrap().iter().all(|t| t == "undefined"),
+        "{v}"
+    );
+    assert_eq!(
+        value("try { await import('node:fs') } catch (e) { return e.name }").await,
+        json!("ReferenceError")
+    );
     assert_eq!(value("return [eval('typeof process'), new Function('return 1+1')(), tools.echo.constructor('return typeof require')()]").await, json!(["undefined", 2, "undefined"]));
-    assert_eq!(value("Array.prototype.toJSON = () => 'x'; return JSON.stringify([1])").await, json!("[1]"));
+    assert_eq!(
+        value("Array.prototype.toJSON = () => 'x'; return JSON.stringify([1])").await,
+        json!("[1]")
+    );
     assert_eq!(value("try { Array.prototype.toString = () => 'x' } catch (e) { return e.message } return 'no error'").await, json!("Cannot assign to read only property 'toString' of a built-in"));
-    assert_eq!(value("return (function(){ return this === undefined })()").await, json!(false));
-    assert_eq!(value("return Object.keys(globalThis)").await, json!(["store", "load", "tools", "ALL_TOOLS", "console", "text", "image", "exit"]));
-    assert_eq!(value("const o = {}; o.toString = () => 'mine'; return String(o)").await, json!("mine"));
+    assert_eq!(
+        value("return (function(){ return this === undefined })()").await,
+        json!(false)
+    );
+    assert_eq!(
+        value("return Object.keys(globalThis)").await,
+        json!([
+            "store",
+            "load",
+            "tools",
+            "ALL_TOOLS",
+            "console",
+            "text",
+            "image",
+            "exit"
+        ])
+    );
+    assert_eq!(
+        value("const o = {}; o.toString = () => 'mine'; return String(o)").await,
+        json!("mine")
+    );
     healthy().await;
 }

@@ -9,7 +9,11 @@ use serde_json::json;
 async fn contained(src: &str) -> ScriptResult {
     let t = Instant::now();
     let r = run(src).await;
-    assert!(t.elapsed() < Duration::from_secs(30), "{src} took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "{src} took {:?}",
+        t.elapsed()
+    );
     healthy().await;
     r
 }
@@ -20,11 +24,18 @@ async fn spinning_and_memory_bombs() {
     assert_eq!(r.error.unwrap().kind, ErrorKind::Timeout);
     let r = contained("// @options: {\"timeout_ms\": 200}\nwhile(true) await null").await;
     assert_eq!(r.error.unwrap().kind, ErrorKind::Timeout);
-    for bomb in ["let s = 'x'.repeat(1 << 20); const a = []; while (true) a.push(s + a.length)", "const a = []; while (true) a.push(new Array(1e6).fill(1))", "'x'.repeat(2 ** 29)"] {
+    for bomb in [
+        "let s = 'x'.repeat(1 << 20); const a = []; while (true) a.push(s + a.length)",
+        "const a = []; while (true) a.push(new Array(1e6).fill(1))",
+        "'x'.repeat(2 ** 29)",
+    ] {
         let e = contained(bomb).await.error.unwrap();
         assert!(e.message.contains("out of memory"), "{bomb}: {e:?}");
     }
-    let e = contained("function f(n){ return [f(n+1)] } f(0)").await.error.unwrap();
+    let e = contained("function f(n){ return [f(n+1)] } f(0)")
+        .await
+        .error
+        .unwrap();
     assert_eq!(e.name.as_deref(), Some("RangeError"));
 }
 
@@ -33,7 +44,10 @@ async fn many_pending_promises() {
     let r = contained("const ps = []; for (let i = 0; i < 1e6; i++) ps.push(new Promise(() => {})); await Promise.all(ps)").await;
     let e = r.error.unwrap();
     // A million never-settling promises either fit (a stall) or exhaust the heap: both are clear.
-    assert!(e.message.contains("nothing can settle") || e.message.contains("out of memory"), "{e:?}");
+    assert!(
+        e.message.contains("nothing can settle") || e.message.contains("out of memory"),
+        "{e:?}"
+    );
     let r = contained("const ps = []; for (let i = 0; i < 1e5; i++) ps.push(new Promise(() => {})); await Promise.all(ps)").await;
     assert!(r.error.unwrap().message.contains("nothing can settle"));
     let r = contained("let n = 0; const ps = []; for (let i = 0; i < 1e5; i++) ps.push(Promise.resolve(i).then(() => n++)); await Promise.all(ps); return n").await;
@@ -52,18 +66,26 @@ async fn prototype_pollution_cannot_fool_the_bridge() {
         try { Function.prototype.call = () => "polluted"; Reflect.apply = () => "polluted" } catch {}
         const r = await tools.echo({ a: [1, 2], b: "x" });
         return [r, JSON.stringify([1]), typeof Promise.prototype.then]"#).await;
-    assert_eq!(r.value, Some(json!([{"a": [1, 2], "b": "x"}, "[1]", "function"])), "{:?}", r.error);
+    assert_eq!(
+        r.value,
+        Some(json!([{"a": [1, 2], "b": "x"}, "[1]", "function"])),
+        "{:?}",
+        r.error
+    );
     assert_eq!(r.calls.len(), 1);
 }
 
 #[tokio::test]
 async fn overriding_globals_does_not_break_the_bridge() {
-    let r = contained(r#"
+    let r = contained(
+        r#"
         text = null; image = null; exit = null; store = null;
         globalThis.tools = {}; globalThis.console = null; delete globalThis.text;
         try { Object.defineProperty(globalThis, "text", { value: () => "fake" }) } catch {}
         text("still"); console.log("logged");
-        return await tools.echo("ok")"#).await;
+        return await tools.echo("ok")"#,
+    )
+    .await;
     assert_eq!(r.value, Some(json!("ok")), "{:?}", r.error);
     assert_eq!(texts(&r), ["still", "logged"]);
     // `tools` and `console` are parameters of the script function, as in the reference: rebinding
@@ -75,14 +97,23 @@ async fn overriding_globals_does_not_break_the_bridge() {
 
 #[tokio::test]
 async fn odd_values() {
-    for (src, name) in [("throw null", None), ("throw undefined", None), ("throw 42", None), ("throw Symbol('s')", None), ("throw new Proxy({}, {})", None)] {
+    for (src, name) in [
+        ("throw null", None),
+        ("throw undefined", None),
+        ("throw 42", None),
+        ("throw Symbol('s')", None),
+        ("throw new Proxy({}, {})", None),
+    ] {
         let e = contained(src).await.error.unwrap();
         assert_eq!((e.kind, e.name.clone()), (ErrorKind::Script, name), "{src}");
     }
     assert_eq!(contained("throw null").await.error.unwrap().message, "null");
     let e = contained("return 10n").await.error.unwrap();
     assert_eq!(e.name.as_deref(), Some("TypeError"));
-    let e = contained("const a = {}; a.a = a; return a").await.error.unwrap();
+    let e = contained("const a = {}; a.a = a; return a")
+        .await
+        .error
+        .unwrap();
     assert_eq!(e.name.as_deref(), Some("TypeError"));
     let r = contained(r#"text("a\uD800b"); console.log("\uDC00"); return ["x\uD800", await tools.echo("\uDFFF")]"#).await;
     assert!(r.ok, "{:?}", r.error);
@@ -94,7 +125,9 @@ async fn odd_values() {
 
 #[tokio::test]
 async fn huge_output_is_cut_off() {
-    let r = contained("const chunk = 'x'.repeat(1 << 20); for (let i = 0; i < 100; i++) text(chunk)").await;
+    let r =
+        contained("const chunk = 'x'.repeat(1 << 20); for (let i = 0; i < 100; i++) text(chunk)")
+            .await;
     let e = r.error.unwrap();
     assert_eq!(e.name.as_deref(), Some("RangeError"));
     assert_eq!(r.output.len(), 16);
@@ -104,11 +137,23 @@ async fn huge_output_is_cut_off() {
 
 #[tokio::test]
 async fn invalid_images_and_syntax_errors() {
-    let e = contained("image('data:image/png;base64,////')").await.error.unwrap();
+    let e = contained("image('data:image/png;base64,////')")
+        .await
+        .error
+        .unwrap();
     assert!(e.message.contains("not a PNG, JPEG, GIF, or WebP"));
-    let e = contained("image({ type: 'image', data: 'not base64!' })").await.error.unwrap();
+    let e = contained("image({ type: 'image', data: 'not base64!' })")
+        .await
+        .error
+        .unwrap();
     assert!(e.message.contains("not valid base64"));
-    for src in ["return (", "}}}", "await await", "const = 1", "return 1 +* 2"] {
+    for src in [
+        "return (",
+        "}}}",
+        "await await",
+        "const = 1",
+        "return 1 +* 2",
+    ] {
         let e = contained(src).await.error.unwrap();
         assert_eq!(e.name.as_deref(), Some("SyntaxError"), "{src}: {e:?}");
     }
@@ -122,10 +167,14 @@ async fn hundreds_of_concurrent_scripts_keep_their_limits() {
     let mut handles = Vec::new();
     for i in 0..300 {
         let src = match i % 5 {
-            0 => format!("let s = 0; for (let j = 0; j < 20; j++) s += (await tools.echo({{ j }})).j; return s + {i}"),
+            0 => format!(
+                "let s = 0; for (let j = 0; j < 20; j++) s += (await tools.echo({{ j }})).j; return s + {i}"
+            ),
             1 => "// @options: {\"timeout_ms\": 500}\nwhile (true) {}".to_string(),
             2 => "// @options: {\"timeout_ms\": 500}\nawait tools.slow()".to_string(),
-            3 => format!("globalThis.mine = {i}; await tools.sleep({{ms: 20}}); return globalThis.mine"),
+            3 => format!(
+                "globalThis.mine = {i}; await tools.sleep({{ms: 20}}); return globalThis.mine"
+            ),
             _ => "tools.slow(); return 'early'".to_string(),
         };
         let s = script(&src);
@@ -146,9 +195,17 @@ async fn hundreds_of_concurrent_scripts_keep_their_limits() {
         match i % 5 {
             _ if aborted && i % 50 == 49 => {}
             0 => assert_eq!(r.value, Some(json!(190 + i)), "{i}: {:?}", r.error),
-            1 | 2 => assert_eq!(r.error.as_ref().map(|e| e.kind), Some(ErrorKind::Timeout), "{i}: {:?}", r.error),
+            1 | 2 => assert_eq!(
+                r.error.as_ref().map(|e| e.kind),
+                Some(ErrorKind::Timeout),
+                "{i}: {:?}",
+                r.error
+            ),
             3 => assert_eq!(r.value, Some(json!(i)), "{i}: {:?}", r.error),
-            _ => assert_eq!((r.value, r.calls[0].status), (Some(json!("early")), CallStatus::Cancelled)),
+            _ => assert_eq!(
+                (r.value, r.calls[0].status),
+                (Some(json!("early")), CallStatus::Cancelled)
+            ),
         }
     }
     assert!(t.elapsed() < Duration::from_secs(120));

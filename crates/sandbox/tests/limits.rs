@@ -9,13 +9,19 @@ use serde_json::json;
 fn small() -> Sandbox {
     static SB: OnceLock<Sandbox> = OnceLock::new();
     SB.get_or_init(|| {
-        let mut cfg = SandboxConfig::default();
-        cfg.defaults.heap_bytes = 64 * 1024 * 1024;
-        cfg.defaults.max_calls = 50;
-        cfg.defaults.max_calls_in_flight = 10;
-        cfg.defaults.cpu_ms = 2_000;
-        cfg.warm = 1;
-        Sandbox::new(cfg).unwrap()
+        let defaults = Limits {
+            heap_bytes: 64 * 1024 * 1024,
+            max_calls: 50,
+            max_calls_in_flight: 10,
+            cpu_ms: 2_000,
+            ..Limits::default()
+        };
+        Sandbox::new(SandboxConfig {
+            defaults,
+            warm: 1,
+            ..Default::default()
+        })
+        .unwrap()
     })
     .clone()
 }
@@ -26,13 +32,22 @@ async fn run_small(src: &str) -> ScriptResult {
 
 #[tokio::test]
 async fn deadline_stops_spinning_and_awaiting_scripts() {
-    for src in ["while (true) {}", "while (true) await null", "while (true) { try { while (true) {} } catch {} }", "await tools.slow()"] {
+    for src in [
+        "while (true) {}",
+        "while (true) await null",
+        "while (true) { try { while (true) {} } catch {} }",
+        "await tools.slow()",
+    ] {
         let t = Instant::now();
         let r = run(&format!("// @options: {{\"timeout_ms\": 300}}\n{src}")).await;
         let e = r.error.clone().unwrap();
         assert_eq!(e.kind, ErrorKind::Timeout, "{src}: {e:?}");
         assert_eq!(e.message, "Execution timed out after 300 ms");
-        assert!(t.elapsed() < Duration::from_secs(5), "{src} took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{src} took {:?}",
+            t.elapsed()
+        );
         assert_eq!(r.limits.timeout_ms, 300);
     }
     let r = run("// @options: {\"timeout_ms\": 300}\nawait tools.slow()").await;
@@ -43,7 +58,10 @@ async fn deadline_stops_spinning_and_awaiting_scripts() {
 #[tokio::test]
 async fn cpu_budget_stops_code_that_never_yields() {
     let t = Instant::now();
-    let e = run_small("let x = 0; while (true) { x++ }").await.error.unwrap();
+    let e = run_small("let x = 0; while (true) { x++ }")
+        .await
+        .error
+        .unwrap();
     assert_eq!(e.kind, ErrorKind::Timeout);
     assert!(e.message.contains("CPU budget of 2000 ms"), "{}", e.message);
     assert!(t.elapsed() < Duration::from_secs(10));
@@ -54,7 +72,8 @@ async fn cpu_budget_stops_code_that_never_yields() {
 
 #[tokio::test]
 async fn approval_pauses_do_not_count_against_the_deadline() {
-    let s = script("// @options: {\"timeout_ms\": 300}\nawait tools.sleep({ms: 600}); return 'done'");
+    let s =
+        script("// @options: {\"timeout_ms\": 300}\nawait tools.sleep({ms: 600}); return 'done'");
     let clock = s.clock.clone();
     let pause = clock.pause();
     let handle = tokio::spawn(sandbox().run(s));
@@ -66,7 +85,11 @@ async fn approval_pauses_do_not_count_against_the_deadline() {
 
 #[tokio::test]
 async fn abort_stops_even_a_spinning_script() {
-    for src in ["while (true) {}", "await tools.slow()", "while (true) await null"] {
+    for src in [
+        "while (true) {}",
+        "await tools.slow()",
+        "while (true) await null",
+    ] {
         let s = script(src);
         let abort = s.abort.clone();
         let handle = tokio::spawn(sandbox().run(s));
@@ -82,7 +105,10 @@ async fn abort_stops_even_a_spinning_script() {
     }
     let s = script("return 1");
     s.abort.cancel();
-    assert_eq!(sandbox().run(s).await.error.unwrap().kind, ErrorKind::Aborted);
+    assert_eq!(
+        sandbox().run(s).await.error.unwrap().kind,
+        ErrorKind::Aborted
+    );
     healthy().await;
 }
 
@@ -92,9 +118,18 @@ async fn memory_limit_is_catchable_and_reported_when_not() {
     let v = v.value.unwrap();
     assert_eq!(v[0], json!("InternalError: out of memory"));
     assert!(v[1].as_u64().unwrap() < 64);
-    for src in [r#"let a=[]; while(true) a.push("x".repeat(1<<20)+a.length)"#, "const big = 'x'.repeat(2 ** 27); return big.length", "const a = []; while (true) a.push({ i: a.length, t: 'row' })", "new Array(1e9).fill(0)"] {
+    for src in [
+        r#"let a=[]; while(true) a.push("x".repeat(1<<20)+a.length)"#,
+        "const big = 'x'.repeat(2 ** 27); return big.length",
+        "const a = []; while (true) a.push({ i: a.length, t: 'row' })",
+        "new Array(1e9).fill(0)",
+    ] {
         let e = run_small(src).await.error.unwrap();
-        assert_eq!((e.kind, e.name.as_deref()), (ErrorKind::Script, Some("InternalError")), "{src}: {e:?}");
+        assert_eq!(
+            (e.kind, e.name.as_deref()),
+            (ErrorKind::Script, Some("InternalError")),
+            "{src}: {e:?}"
+        );
         assert!(e.message.contains("out of memory"), "{src}: {}", e.message);
     }
     assert_eq!(small().run(script("return 1")).await.value, Some(json!(1)));
@@ -115,7 +150,10 @@ async fn output_limits() {
     let r = run(r#"try { for (let i=0;i<100001;i++) text("") } catch (e) { text("caught"); return "caught" }"#).await;
     let e = r.error.clone().unwrap();
     assert_eq!(e.name.as_deref(), Some("RangeError"));
-    assert_eq!(e.message, "script output exceeded the limit of 16777216 characters or 100000 text(), image(), and console calls. Print a summary instead, or write large data to a file with a tool.");
+    assert_eq!(
+        e.message,
+        "script output exceeded the limit of 16777216 characters or 100000 text(), image(), and console calls. Print a summary instead, or write large data to a file with a tool."
+    );
     assert_eq!(r.output.len(), 100000);
     let r = run(r#"text("x".repeat(16*1024*1024)); text("y")"#).await;
     assert!(!r.ok);
@@ -133,7 +171,21 @@ async fn call_limits() {
     assert!(v[1].as_str().unwrap().contains("at most 50"), "{v}");
     let r = run_small("const ps = []; for (let i = 0; i < 11; i++) ps.push(tools.sleep({ms: 20})); const s = await Promise.allSettled(ps); return s.map(x => x.status)").await;
     let v = r.value.unwrap();
-    assert_eq!(v.as_array().unwrap().iter().filter(|s| *s == "rejected").count(), 1, "{v}");
+    assert_eq!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == "rejected")
+            .count(),
+        1,
+        "{v}"
+    );
     let r = run_small("try { await Promise.all(Array.from({length: 11}, () => tools.sleep({ms: 5}))) } catch (e) { return e.message }").await;
-    assert!(r.value.unwrap().as_str().unwrap().contains("Too many calls at once"));
+    assert!(
+        r.value
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .contains("Too many calls at once")
+    );
 }

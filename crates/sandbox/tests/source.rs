@@ -2,7 +2,9 @@ use codemode_sandbox::*;
 
 #[test]
 fn options_line_is_parsed_and_line_numbers_kept() {
-    let p = parse_source("// @options: {\"max_output_tokens\": 2000, \"timeout_ms\": 30000}\nreturn 1").unwrap();
+    let p =
+        parse_source("// @options: {\"max_output_tokens\": 2000, \"timeout_ms\": 30000}\nreturn 1")
+            .unwrap();
     assert_eq!(p.code, "\nreturn 1");
     assert_eq!(p.options.max_output_tokens, Some(2000));
     assert_eq!(p.options.timeout_ms, Some(30000));
@@ -12,7 +14,13 @@ fn options_line_is_parsed_and_line_numbers_kept() {
     let p = parse_source("return 2").unwrap();
     assert_eq!(p.code, "return 2");
     assert_eq!(p.options, ScriptOptions::default());
-    assert_eq!(parse_source("// @options: {\"max_output_tokens\": 0}\nx").unwrap().options.max_output_tokens, Some(0));
+    assert_eq!(
+        parse_source("// @options: {\"max_output_tokens\": 0}\nx")
+            .unwrap()
+            .options
+            .max_output_tokens,
+        Some(0)
+    );
 }
 
 #[test]
@@ -24,10 +32,17 @@ fn bad_input_is_rejected_before_running() {
     assert!(err("x\n// @options: {}").contains("line 2"));
     assert!(err("x\n   // @options: {}").contains("line 2"));
     for bad in ["0", "2147483648", "1.5", "\"5\""] {
-        assert!(err(&format!("// @options: {{\"timeout_ms\": {bad}}}\nx")).contains("`timeout_ms` must be a positive integer"), "{bad}");
+        assert!(
+            err(&format!("// @options: {{\"timeout_ms\": {bad}}}\nx"))
+                .contains("`timeout_ms` must be a positive integer"),
+            "{bad}"
+        );
     }
     for bad in ["-1", "1.5"] {
-        assert!(err(&format!("// @options: {{\"max_output_tokens\": {bad}}}\nx")).contains("`max_output_tokens` must be a non-negative safe integer"));
+        assert!(
+            err(&format!("// @options: {{\"max_output_tokens\": {bad}}}\nx"))
+                .contains("`max_output_tokens` must be a non-negative safe integer")
+        );
     }
     assert!(err("// @options: {}").contains("must be followed by JavaScript"));
     assert!(err("// @options: {\"timeout_ms\": 5}\n\n").contains("must be followed by JavaScript"));
@@ -39,18 +54,36 @@ fn bad_input_is_rejected_before_running() {
 #[test]
 fn options_lower_or_pick_within_the_maximum() {
     let defaults = Limits::default();
-    let maximum = Limits { timeout_ms: 120_000, max_output_tokens: 20_000, ..Limits::default() };
-    let o = ScriptOptions { timeout_ms: Some(500), max_output_tokens: Some(100) };
+    let maximum = Limits {
+        timeout_ms: 120_000,
+        max_output_tokens: 20_000,
+        ..Limits::default()
+    };
+    let o = ScriptOptions {
+        timeout_ms: Some(500),
+        max_output_tokens: Some(100),
+    };
     let l = Limits::effective(&defaults, &maximum, &o);
     assert_eq!((l.timeout_ms, l.max_output_tokens), (500, 100));
-    let o = ScriptOptions { timeout_ms: Some(10_000_000), max_output_tokens: Some(10_000_000) };
+    let o = ScriptOptions {
+        timeout_ms: Some(10_000_000),
+        max_output_tokens: Some(10_000_000),
+    };
     let l = Limits::effective(&defaults, &maximum, &o);
     assert_eq!((l.timeout_ms, l.max_output_tokens), (120_000, 20_000));
 }
 
 #[test]
 fn identifiers_follow_the_reference() {
-    for (raw, id) in [("mcp__docs__search", "mcp__docs__search"), ("my-tool", "my_tool"), ("1abc", "_abc"), ("", "_"), ("ä", "_"), ("a.b", "a_b"), ("$x", "$x")] {
+    for (raw, id) in [
+        ("mcp__docs__search", "mcp__docs__search"),
+        ("my-tool", "my_tool"),
+        ("1abc", "_abc"),
+        ("", "_"),
+        ("ä", "_"),
+        ("a.b", "a_b"),
+        ("$x", "$x"),
+    ] {
         assert_eq!(to_identifier(raw), id);
     }
 }

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use codemode_sandbox::*;
-use futures::future::LocalBoxFuture;
 use futures::FutureExt;
-use serde_json::{json, Value};
+use futures::future::LocalBoxFuture;
+use serde_json::{Value, json};
 
 #[derive(Default)]
 pub struct TestHost {
@@ -45,7 +45,9 @@ impl Host for TestHost {
                 }
                 "rows" => Ok(rows()),
                 "image_tool" => Ok(json!({"type": "image", "data": PNG, "mimeType": "image/png"})),
-                "searchTools" | "models.classify" => Ok(json!({"global": call.name, "args": call.args})),
+                "searchTools" | "models.classify" => {
+                    Ok(json!({"global": call.name, "args": call.args}))
+                }
                 other => Err(HostError::new(format!("no tool {other}"))),
             }
         }
@@ -73,9 +75,11 @@ pub fn host() -> Arc<TestHost> {
 pub fn sandbox() -> Sandbox {
     static SB: OnceLock<Sandbox> = OnceLock::new();
     SB.get_or_init(|| {
-        let mut cfg = SandboxConfig::default();
-        cfg.warm = 2;
-        Sandbox::new(cfg).unwrap()
+        Sandbox::new(SandboxConfig {
+            warm: 2,
+            ..Default::default()
+        })
+        .unwrap()
     })
     .clone()
 }
@@ -112,7 +116,10 @@ pub async fn error(src: &str) -> ScriptError {
 
 /// The sandbox still works after something hostile.
 pub async fn healthy() {
-    assert_eq!(value("return (await tools.echo({ x: 41 })).x + 1").await, json!(42));
+    assert_eq!(
+        value("return (await tools.echo({ x: 41 })).x + 1").await,
+        json!(42)
+    );
 }
 
 pub fn texts(r: &ScriptResult) -> Vec<String> {
