@@ -31,6 +31,10 @@ pub(crate) struct RuntimeHost {
 
 struct HostState {
     gate: Gate,
+    /// The embedder's runtime. Calls run there, not on the sandbox's worker thread: tools such as
+    /// HTTP clients and MCP connections spawn tasks on the runtime that first polls them, and a
+    /// sandbox worker stops polling its runtime between scripts, which would strand those tasks.
+    io: Option<tokio::runtime::Handle>,
     identity: ScriptIdentity,
     /// Tools and namespaces as the script saw them at start, for the discovery helpers.
     tools: Vec<ToolSpec>,
@@ -52,6 +56,7 @@ pub(crate) struct Spent {
 impl RuntimeHost {
     pub(crate) fn new(
         gate: Gate,
+        io: Option<tokio::runtime::Handle>,
         identity: ScriptIdentity,
         tools: Vec<ToolSpec>,
         namespaces: Vec<codemode_spec::NamespaceSpec>,
@@ -61,6 +66,7 @@ impl RuntimeHost {
         RuntimeHost {
             state: Arc::new(HostState {
                 gate,
+                io,
                 identity,
                 tools,
                 namespaces,
@@ -154,7 +160,19 @@ impl HostState {
             cancel: call.cancel.clone(),
             clock: Some(call.clock.clone()),
         };
-        match self.gate.call(request).await {
+        let outcome = match &self.io {
+            Some(io) => {
+                let gate = self.gate.clone();
+                let task = AbortOnDrop(io.spawn(async move { gate.call(request).await }));
+                match task.wait().await {
+                    Ok(outcome) => outcome,
+                    Err(message) => return Err(host_error(message, "Error", Map::new())),
+                }
+            }
+            // Not inside a tokio runtime: the call runs on the sandbox's worker.
+            None => self.gate.call(request).await,
+        };
+        match outcome {
             Ok(output) => {
                 let mut spent = lock(&self.spent);
                 if let Some(usage) = output.usage.as_ref().filter(|u| !u.is_empty()) {
@@ -214,4 +232,22 @@ fn host_error(message: String, name: &str, properties: Map<String, Value>) -> Ho
 
 fn lock(m: &Mutex<Spent>) -> std::sync::MutexGuard<'_, Spent> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A task on the embedder's runtime that is aborted when the sandbox stops waiting for it (the
+/// script ended or cancelled the call), so no call outlives its script.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    async fn wait(mut self) -> Result<T, String> {
+        (&mut self.0)
+            .await
+            .map_err(|e| format!("the call stopped unexpectedly: {e}"))
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -171,6 +171,7 @@ impl Codemode {
             .collect();
         let host = RuntimeHost::new(
             self.gate().clone(),
+            tokio::runtime::Handle::try_current().ok(),
             identity,
             tool_specs,
             self.gate().registry().namespaces(),
