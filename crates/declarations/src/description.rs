@@ -128,7 +128,7 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
             &heading
         });
         let mut visible: Vec<&Entry> = group.entries[..*shown_count].iter().collect();
-        visible.sort_by(|a, b| a.order.cmp(&b.order));
+        visible.sort_by_key(|a| a.order);
         for entry in visible {
             out.push_str(&entry.section);
         }

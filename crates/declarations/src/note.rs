@@ -85,11 +85,11 @@ fn fields(schema: &Value, root: &Value, depth: usize) -> Option<String> {
             if let Some(value) = field.get("const") {
                 part.push_str(": ");
                 part.push_str(&crate::schema::literal(value));
-            } else if depth > 0 {
-                if let Some(nested) = fields(field, root, depth - 1) {
-                    part.push_str(": ");
-                    part.push_str(&nested);
-                }
+            } else if depth > 0
+                && let Some(nested) = fields(field, root, depth - 1)
+            {
+                part.push_str(": ");
+                part.push_str(&nested);
             }
             part
         })

@@ -306,18 +306,17 @@ impl<'a> Builder<'a> {
             return String::new();
         };
         for key in ["description", "title"] {
-            if let Some(Value::String(text)) = map.get(key) {
-                if !text.trim().is_empty() {
-                    return text.clone();
-                }
+            if let Some(Value::String(text)) = map.get(key)
+                && !text.trim().is_empty()
+            {
+                return text.clone();
             }
         }
-        if let Some(Value::String(reference)) = map.get("$ref") {
-            if let Some(Value::Object(target)) = resolve_ref(reference, self.root) {
-                if let Some(Value::String(text)) = target.get("description") {
-                    return text.clone();
-                }
-            }
+        if let Some(Value::String(reference)) = map.get("$ref")
+            && let Some(Value::Object(target)) = resolve_ref(reference, self.root)
+            && let Some(Value::String(text)) = target.get("description")
+        {
+            return text.clone();
         }
         String::new()
     }

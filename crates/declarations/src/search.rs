@@ -201,15 +201,14 @@ impl ToolIndex {
 
         let mut ranked: Vec<(bool, usize, f64, usize)> = Vec::new();
         for (doc_index, doc) in self.docs.iter().enumerate() {
-            if let Some(namespace) = &opts.namespace {
-                if !doc
+            if let Some(namespace) = &opts.namespace
+                && !doc
                     .tool
                     .namespace
                     .as_deref()
                     .is_some_and(|n| namespace_matches(n, namespace))
-                {
-                    continue;
-                }
+            {
+                continue;
             }
             let is_exact = !exact.is_empty() && doc.exact_names.contains(&exact);
             let Some((mut score, _)) = scores.get(&doc_index).copied() else {
@@ -283,13 +282,13 @@ impl ToolIndex {
     pub fn describe_namespace(&self, name: &str) -> Option<Value> {
         let mut candidates: Vec<NamespaceSpec> = self.namespaces.clone();
         for doc in &self.docs {
-            if let Some(ns) = &doc.tool.namespace {
-                if !candidates.iter().any(|c| &c.name == ns) {
-                    candidates.push(NamespaceSpec {
-                        name: ns.clone(),
-                        ..NamespaceSpec::default()
-                    });
-                }
+            if let Some(ns) = &doc.tool.namespace
+                && !candidates.iter().any(|c| &c.name == ns)
+            {
+                candidates.push(NamespaceSpec {
+                    name: ns.clone(),
+                    ..NamespaceSpec::default()
+                });
             }
         }
         candidates.sort_by(|a, b| a.name.cmp(&b.name));
@@ -445,10 +444,10 @@ fn is_cjk(ch: char) -> bool {
 }
 
 fn singular(word: String) -> String {
-    if let Some(stem) = word.strip_suffix("ies") {
-        if stem.chars().count() >= 2 {
-            return format!("{stem}y");
-        }
+    if let Some(stem) = word.strip_suffix("ies")
+        && stem.chars().count() >= 2
+    {
+        return format!("{stem}y");
     }
     for suffix in ["ches", "shes", "sses", "xes", "zes"] {
         if word.ends_with(suffix) {

@@ -24,10 +24,11 @@ fn listed_per_namespace(description: &str) -> Vec<(String, usize, bool)> {
         if let Some(heading) = line.strip_prefix("// ## ") {
             let name = heading.split(' ').next().unwrap().to_string();
             out.push((name, 0, heading.contains("not listed")));
-        } else if line.contains("(args: ") && !line.starts_with("//") {
-            if let Some(last) = out.last_mut() {
-                last.1 += 1;
-            }
+        } else if line.contains("(args: ")
+            && !line.starts_with("//")
+            && let Some(last) = out.last_mut()
+        {
+            last.1 += 1;
         }
     }
     out

@@ -120,10 +120,10 @@ fn rendered_declarations_type_check() {
             report.push('\n');
             if let Some((file, rest)) = line.split_once('(') {
                 let number: usize = rest.split(',').next().unwrap_or("0").parse().unwrap_or(0);
-                if let Ok(text) = std::fs::read_to_string(file) {
-                    if let Some(source) = text.lines().nth(number.saturating_sub(1)) {
-                        report.push_str(&format!("    > {source}\n"));
-                    }
+                if let Ok(text) = std::fs::read_to_string(file)
+                    && let Some(source) = text.lines().nth(number.saturating_sub(1))
+                {
+                    report.push_str(&format!("    > {source}\n"));
                 }
             }
         }

@@ -11,10 +11,15 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
-    let schema = serde_json::from_slice(data).unwrap_or(serde_json::Value::String(text.to_string()));
+    let schema =
+        serde_json::from_slice(data).unwrap_or(serde_json::Value::String(text.to_string()));
     let rendered = render_type(&schema, &RenderOptions::default());
     assert_balanced(&rendered);
-    let tool = ToolSpec::new(text.chars().take(40).collect::<String>(), text.to_string(), schema);
+    let tool = ToolSpec::new(
+        text.chars().take(40).collect::<String>(),
+        text.to_string(),
+        schema,
+    );
     assert_balanced(&render_declaration(&tool, &RenderOptions::default()));
     let _ = tool_sample(&tool);
     let tools = [tool];
