@@ -204,10 +204,10 @@ fn collect_images(value: &Value, into: &mut Vec<String>, global: &str) {
     }
     if let Some(blocks) = value.get("output").and_then(Value::as_array) {
         for block in blocks {
-            if block.get("type").and_then(Value::as_str) == Some("image") {
-                if let Some(data) = block.get("data").and_then(Value::as_str) {
-                    into.push(data.to_string());
-                }
+            if block.get("type").and_then(Value::as_str) == Some("image")
+                && let Some(data) = block.get("data").and_then(Value::as_str)
+            {
+                into.push(data.to_string());
             }
         }
     }

@@ -81,10 +81,10 @@ impl Drop for PauseGuard {
     fn drop(&mut self) {
         let mut s = lock(&self.inner);
         s.pauses_held = s.pauses_held.saturating_sub(1);
-        if s.pauses_held == 0 {
-            if let Some(since) = s.paused_since.take() {
-                s.paused_total += since.elapsed();
-            }
+        if s.pauses_held == 0
+            && let Some(since) = s.paused_since.take()
+        {
+            s.paused_total += since.elapsed();
         }
     }
 }

@@ -20,7 +20,7 @@ pub const PERMIT_ALL: &str = "@id(\"everything\")\npermit (principal, action, re
 pub struct Echo(pub ToolSpec);
 
 impl Echo {
-    pub fn new(name: &str, kind: CallKind, exposure: Exposure) -> Arc<dyn Tool> {
+    pub fn tool(name: &str, kind: CallKind, exposure: Exposure) -> Arc<dyn Tool> {
         let mut spec = ToolSpec::new(name, format!("Echo tool {name}"), json!({"type": "object"}));
         spec.kind = kind;
         spec.exposure = exposure;
@@ -107,22 +107,22 @@ pub async fn world(opts: Options) -> World {
     let provider = TestProvider::start().await.unwrap();
     let registry = Registry::new();
     registry
-        .register(Echo::new("echo", CallKind::Tool, Exposure::Codemode))
+        .register(Echo::tool("echo", CallKind::Tool, Exposure::Codemode))
         .unwrap();
     registry
-        .register(Echo::new("my-tool", CallKind::Tool, Exposure::Codemode))
+        .register(Echo::tool("my-tool", CallKind::Tool, Exposure::Codemode))
         .unwrap();
     registry
-        .register(Echo::new("lookup", CallKind::Tool, Exposure::Deferred))
+        .register(Echo::tool("lookup", CallKind::Tool, Exposure::Deferred))
         .unwrap();
     registry
-        .register(Echo::new("shell", CallKind::Tool, Exposure::Direct))
+        .register(Echo::tool("shell", CallKind::Tool, Exposure::Direct))
         .unwrap();
     registry
-        .register(Echo::new("secret", CallKind::Tool, Exposure::Hidden))
+        .register(Echo::tool("secret", CallKind::Tool, Exposure::Hidden))
         .unwrap();
     registry
-        .register(Echo::new("notify", CallKind::Global, Exposure::Codemode))
+        .register(Echo::tool("notify", CallKind::Global, Exposure::Codemode))
         .unwrap();
     let recorder = Arc::new(Recorder::default());
     let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
