@@ -22,7 +22,7 @@ fn listed_per_namespace(description: &str) -> Vec<(String, usize, bool)> {
     let mut out: Vec<(String, usize, bool)> = Vec::new();
     for line in listing(description).lines() {
         if let Some(heading) = line.strip_prefix("// ## ") {
-            let name = heading.split(' ').next().unwrap().to_string();
+            let name = heading.split([' ', ':']).next().unwrap().to_string();
             out.push((name, 0, heading.contains("not listed")));
         } else if line.contains("(args: ")
             && !line.starts_with("//")
@@ -88,7 +88,7 @@ fn budget_bounds_the_listing_and_every_namespace_is_represented_first() {
             .iter()
             .all(|(_, n, marked)| *n == 0 && *marked)
     );
-    assert!(text.contains("// ## mcp__billing (20 tools not listed)"));
+    assert!(text.contains("// ## mcp__billing: The billing service: manage billing data through its API (20 not listed)\n"), "{text}");
 }
 
 #[test]
@@ -209,7 +209,7 @@ fn globals_and_namespace_descriptions_show() {
     }];
     let tools = vec![tool];
     let plain = codemode_description(&DescriptionInput::new(&tools, &namespaces));
-    assert!(plain.contains("// ## mcp__docs\n// Docs server\n// Search the docs.\nmcp__docs__search(args: { q: string }): Promise<string>;"), "{plain}");
+    assert!(plain.contains("// ## mcp__docs: Docs server\n// Search the docs.\nmcp__docs__search(args: { q: string }): Promise<string>;"), "{plain}");
     assert!(!plain.contains("`models`"));
     let with_models = codemode_description(&DescriptionInput {
         globals: codemode_declarations::Globals {
