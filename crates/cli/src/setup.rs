@@ -44,7 +44,19 @@ pub struct Setup {
 }
 
 impl Setup {
+    /// Set-up for a command at a terminal: `ask` decisions go to the person there, if any.
     pub async fn build(args: &SetupArgs, flags: &LimitFlags) -> Result<Setup> {
+        let approver = TerminalApprover::if_interactive()
+            .map(|a| Arc::new(a) as Arc<dyn codemode_gate::Approver>);
+        Self::build_with(args, flags, approver).await
+    }
+
+    /// Set-up with a given approver (`None`: every `ask` is denied, naming the policy).
+    pub async fn build_with(
+        args: &SetupArgs,
+        flags: &LimitFlags,
+        approver: Option<Arc<dyn codemode_gate::Approver>>,
+    ) -> Result<Setup> {
         let workdir = match &args.workdir {
             Some(d) => d.clone(),
             None => std::env::current_dir().context("could not read the current directory")?,
@@ -94,8 +106,8 @@ impl Setup {
                     .context("the hooks in the settings are not valid")?
                     .with_cwd(workdir.clone()),
             );
-        if let Some(approver) = TerminalApprover::if_interactive() {
-            builder = builder.approver(Arc::new(approver));
+        if let Some(approver) = approver {
+            builder = builder.approver(approver);
         }
         if let Some(path) = args.audit.as_ref().or(eff.settings.audit.path.as_ref()) {
             let log = AuditLog::open(path)

@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use clap::Args;
@@ -31,21 +32,33 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
             );
         }
     }
-    let setup = Setup::build(&args.setup, &args.limits).await?;
+    // Questions go to the person through their MCP client (elicitation), never to a terminal:
+    // stdin and stdout carry the protocol.
+    let approvals = codemode_mcp::ElicitationApprover::new();
+    let setup =
+        Setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
     for warning in &setup.warnings {
         tracing::warn!("{warning}");
     }
-    #[cfg(feature = "serve")]
     let result = match args.listen {
         Some(addr) => {
-            codemode_mcp::serve_http(setup.codemode.clone(), addr, args.token.clone()).await
+            match codemode_mcp::serve_http(
+                setup.codemode.clone(),
+                addr,
+                args.token.clone(),
+                approvals,
+            )
+            .await
+            {
+                Ok(server) => {
+                    eprintln!("codemode: serving MCP at http://{}/mcp", server.local_addr);
+                    server.wait().await
+                }
+                Err(e) => Err(e),
+            }
         }
-        None => codemode_mcp::serve_stdio(setup.codemode.clone()).await,
+        None => codemode_mcp::serve_stdio(setup.codemode.clone(), approvals).await,
     };
-    #[cfg(not(feature = "serve"))]
-    let result: Result<()> = Err(anyhow::anyhow!(
-        "this build of codemode has no MCP server: build it with the `serve` feature"
-    ));
     setup.shutdown().await;
     result?;
     Ok(ExitCode::SUCCESS)
