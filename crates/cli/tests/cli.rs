@@ -10,13 +10,22 @@ fn codemode(args: &[&str], config_dir: &Path, stdin: Option<&str>) -> Output {
     cmd.args(args)
         .arg("--config-dir")
         .arg(config_dir)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("codemode starts");
     if let Some(text) = stdin {
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
     }
     child.wait_with_output().unwrap()
 }
@@ -47,7 +56,10 @@ fn the_demo_runs_and_the_gate_refuses_the_write_without_a_person() {
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("Script completed"), "{stdout}");
     assert!(stdout.contains("write refused by the gate"), "{stdout}");
-    assert!(stdout.contains("ask-writes"), "the denial names the policy: {stdout}");
+    assert!(
+        stdout.contains("ask-writes"),
+        "the denial names the policy: {stdout}"
+    );
     assert!(stdout.contains("src/main.rs"), "{stdout}");
 }
 
@@ -55,10 +67,19 @@ fn the_demo_runs_and_the_gate_refuses_the_write_without_a_person() {
 fn refused_input_exits_non_zero_with_the_reason_on_stderr() {
     let (work, config) = project();
     let w = work.path().to_str().unwrap();
-    for bad in ["", "   \n", "// @options: {\"colour\": 1}\nreturn 1", "return 1\n// @options: {}"] {
+    for bad in [
+        "",
+        "   \n",
+        "// @options: {\"colour\": 1}\nreturn 1",
+        "return 1\n// @options: {}",
+    ] {
         let out = codemode(&["run", "--workdir", w, "-"], config.path(), Some(bad));
         assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stdout));
-        assert!(text(&out.stderr).contains("refused"), "{bad:?}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("refused"),
+            "{bad:?}: {}",
+            text(&out.stderr)
+        );
     }
 }
 
@@ -67,7 +88,11 @@ fn json_output_uses_the_reference_field_names() {
     let (work, config) = project();
     let w = work.path().to_str().unwrap();
     let script = "const t = await tools.read({ path: \"notes.txt\" }); text(t); console.log(\"hi\"); return 7";
-    let out = codemode(&["run", "--json", "--workdir", w, "-"], config.path(), Some(script));
+    let out = codemode(
+        &["run", "--json", "--workdir", w, "-"],
+        config.path(),
+        Some(script),
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(v["ok"], true);
@@ -91,8 +116,14 @@ fn a_failed_script_exits_one_and_names_its_calls() {
     );
     assert_eq!(out.status.code(), Some(1));
     let stdout = text(&out.stdout);
-    assert!(stdout.contains("boom") && stdout.contains("codemode.js:2"), "{stdout}");
-    assert!(stdout.contains("ls"), "the calls already made are listed: {stdout}");
+    assert!(
+        stdout.contains("boom") && stdout.contains("codemode.js:2"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ls"),
+        "the calls already made are listed: {stdout}"
+    );
 }
 
 #[test]
@@ -102,16 +133,31 @@ fn record_then_replay_gives_the_same_run_without_calling_tools() {
     let log = work.path().join("run.jsonl");
     let log_s = log.to_str().unwrap();
     let script = "const a = await tools.read({ path: \"notes.txt\" }); return { a, r: Math.random(), t: Date.now() }";
-    let first = codemode(&["run", "--json", "--record", log_s, "--workdir", w, "-"], config.path(), Some(script));
+    let first = codemode(
+        &["run", "--json", "--record", log_s, "--workdir", w, "-"],
+        config.path(),
+        Some(script),
+    );
     assert!(first.status.success(), "{}", text(&first.stderr));
     std::fs::remove_file(work.path().join("notes.txt")).unwrap();
-    let again = codemode(&["run", "--json", "--replay", log_s, "--workdir", w, "-"], config.path(), Some(script));
+    let again = codemode(
+        &["run", "--json", "--replay", log_s, "--workdir", w, "-"],
+        config.path(),
+        Some(script),
+    );
     assert!(again.status.success(), "{}", text(&again.stdout));
     let a: Value = serde_json::from_str(&text(&first.stdout)).unwrap();
     let b: Value = serde_json::from_str(&text(&again.stdout)).unwrap();
-    assert_eq!(a["value"], b["value"], "replay gives the same value with the file gone");
+    assert_eq!(
+        a["value"], b["value"],
+        "replay gives the same value with the file gone"
+    );
     let other = "await tools.ls({}); return 1";
-    let diverged = codemode(&["run", "--replay", log_s, "--workdir", w, "-"], config.path(), Some(other));
+    let diverged = codemode(
+        &["run", "--replay", log_s, "--workdir", w, "-"],
+        config.path(),
+        Some(other),
+    );
     assert_eq!(diverged.status.code(), Some(1));
     let msg = text(&diverged.stdout);
     assert!(msg.to_lowercase().contains("diverge"), "{msg}");
@@ -121,10 +167,18 @@ fn record_then_replay_gives_the_same_run_without_calling_tools() {
 fn policy_check_reports_syntax_errors_and_accepts_the_default() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.cedar");
-    std::fs::write(&bad, "permit (principal, action, resource)\nwhen { resource.nme == }").unwrap();
+    std::fs::write(
+        &bad,
+        "permit (principal, action, resource)\nwhen { resource.nme == }",
+    )
+    .unwrap();
     let out = plain(&["policy", "check", bad.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("bad.cedar"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("bad.cedar"),
+        "{}",
+        text(&out.stderr)
+    );
     let good = dir.path().join("default.cedar");
     std::fs::write(&good, text(&plain(&["policy", "default"]).stdout)).unwrap();
     let out = plain(&["policy", "check", good.to_str().unwrap()]);
@@ -149,13 +203,20 @@ fn the_audit_log_verifies_and_detects_tampering() {
     let w = work.path().to_str().unwrap();
     let log = work.path().join("audit.jsonl");
     let script = "await tools.ls({}); await tools.read({ path: \"notes.txt\" }); try { await tools.write({ path: \"x\", content: \"y\" }) } catch {} return 1";
-    let out = codemode(&["run", "--audit", log.to_str().unwrap(), "--workdir", w, "-"], config.path(), Some(script));
+    let out = codemode(
+        &["run", "--audit", log.to_str().unwrap(), "--workdir", w, "-"],
+        config.path(),
+        Some(script),
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let ok = plain(&["audit", "verify", log.to_str().unwrap()]);
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     let body = std::fs::read_to_string(&log).unwrap();
     assert!(body.lines().count() >= 3);
-    assert!(body.contains("ask-writes"), "the denial and its policy are audited");
+    assert!(
+        body.contains("ask-writes"),
+        "the denial and its policy are audited"
+    );
     let tampered = body.replacen("notes.txt", "other.txt", 1);
     std::fs::write(&log, tampered).unwrap();
     let bad = plain(&["audit", "verify", log.to_str().unwrap()]);
@@ -178,19 +239,41 @@ fn an_untrusted_project_cannot_widen_but_a_trusted_one_can() {
     )
     .unwrap();
     let script = "return { names: ALL_TOOLS.map(t => t.name) }";
-    let out = codemode(&["run", "--json", "--workdir", w, "-"], config.path(), Some(script));
+    let out = codemode(
+        &["run", "--json", "--workdir", w, "-"],
+        config.path(),
+        Some(script),
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     let names = v["value"]["names"].to_string();
-    assert!(!names.contains("\"bash\""), "the project may not re-enable bash: {names}");
-    assert!(!names.contains("\"ls\""), "the project may hide ls: {names}");
+    assert!(
+        !names.contains("\"bash\""),
+        "the project may not re-enable bash: {names}"
+    );
+    assert!(
+        !names.contains("\"ls\""),
+        "the project may hide ls: {names}"
+    );
     assert!(names.contains("\"read\""));
-    assert!(v["limits"]["timeout_ms"] == 5000, "the project may not raise a limit: {}", v["limits"]);
+    assert!(
+        v["limits"]["timeout_ms"] == 5000,
+        "the project may not raise a limit: {}",
+        v["limits"]
+    );
     let trust = plain(&["trust", w, "--config-dir", config.path().to_str().unwrap()]);
     assert!(trust.status.success(), "{}", text(&trust.stderr));
-    let out = codemode(&["run", "--json", "--workdir", w, "-"], config.path(), Some(script));
+    let out = codemode(
+        &["run", "--json", "--workdir", w, "-"],
+        config.path(),
+        Some(script),
+    );
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
-    assert!(v["value"]["names"].to_string().contains("\"bash\""), "trusted: {}", v["value"]);
+    assert!(
+        v["value"]["names"].to_string().contains("\"bash\""),
+        "trusted: {}",
+        v["value"]
+    );
 }
 
 #[test]
@@ -203,9 +286,24 @@ fn tools_lists_exposure_and_token_counts() {
     for name in ["read", "write", "edit", "ls", "find", "grep", "bash"] {
         assert!(listing.contains(name), "{listing}");
     }
-    let out = codemode(&["tools", "--tokens", "--mode", "only", "--workdir", w], config.path(), None);
+    let out = codemode(
+        &["tools", "--tokens", "--mode", "only", "--workdir", w],
+        config.path(),
+        None,
+    );
     let tokens = text(&out.stdout);
-    assert!(tokens.contains("o200k_base") && tokens.contains("cl100k_base"), "{tokens}");
-    let described = codemode(&["tools", "--describe", "--mode", "only", "--workdir", w], config.path(), None);
-    assert!(text(&described.stdout).contains("bash"), "{}", text(&described.stdout));
+    assert!(
+        tokens.contains("o200k_base") && tokens.contains("cl100k_base"),
+        "{tokens}"
+    );
+    let described = codemode(
+        &["tools", "--describe", "--mode", "only", "--workdir", w],
+        config.path(),
+        None,
+    );
+    assert!(
+        text(&described.stdout).contains("bash"),
+        "{}",
+        text(&described.stdout)
+    );
 }

@@ -1,0 +1,110 @@
+//! `codemode serve --listen` driven by the official MCP SDK client over streamable HTTP.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+fn testbed() -> PathBuf {
+    let p = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testbed/node_modules"
+    ));
+    assert!(
+        p.join("@modelcontextprotocol/sdk").exists(),
+        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
+    );
+    p
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the server on a free loopback port and returns it with its URL.
+fn serve(extra: &[&str]) -> (Server, String, tempfile::TempDir) {
+    let config = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
+        .arg(config.path())
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the server printed its address")
+            .unwrap();
+        if let Some(rest) = line.split("serving MCP at ").nth(1) {
+            break rest.trim().to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (Server(child), url, config)
+}
+
+fn client(url: &str, token: &str) -> Value {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/http-client.cjs"
+    );
+    let out = Command::new("node")
+        .arg(script)
+        .arg(testbed())
+        .arg(url)
+        .arg(token)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
+}
+
+#[test]
+fn two_http_sessions_keep_their_own_store_and_the_token_is_required() {
+    let (_server, url, _config) = serve(&["--token", "s3cret", "--mode", "only"]);
+    let v = client(&url, "s3cret");
+    assert_eq!(v["unauthorized"], 401, "{v}");
+    assert_eq!(
+        v["tools"],
+        serde_json::json!(["codemode"]),
+        "mode only offers codemode alone"
+    );
+    assert_eq!(v["stored"]["value"], "a");
+    assert_eq!(v["again"]["value"], "a", "the same session sees its store");
+    assert_eq!(v["other"]["value"], Value::Null, "another session does not");
+    let many: Vec<i64> = v["many"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
+    assert_eq!(many, (0..20).map(|i| i * 2).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_public_address_without_a_token_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_codemode"))
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env_remove("CODEMODE_SERVE_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--token"));
+}
