@@ -33,27 +33,30 @@ struct Det {
     buffered: BTreeMap<u64, Result<String, HostError>>,
 }
 
-/// Runs `script` on `vm` (consumed: a VM serves one script) and builds the result.
+/// Drops a used VM. After a big script, gives the memory back to the system instead of leaving
+/// it in this thread's malloc arena, where no other worker can reuse it.
+pub(crate) fn discard(vm: Vm) {
+    let peak = vm.heap.peak.get();
+    drop(vm);
+    if peak > TRIM_AFTER_BYTES {
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
+    }
+}
+
+/// Runs `script` on `vm` and builds the result. A VM serves one script: the caller discards it.
 pub(crate) async fn run_script(
-    vm: Vm,
+    vm: &Vm,
     script: Script,
     parsed: ParsedSource,
     limits: Limits,
     started: Instant,
 ) -> ScriptResult {
     let options = parsed.options.clone();
-    let mut result = match execute(&vm, script, parsed, &limits).await {
+    let mut result = match execute(vm, script, parsed, &limits).await {
         Ok(r) => r,
         Err(error) => ScriptResult::failed(error, options.clone(), limits.clone()),
     };
-    let peak = vm.heap.peak.get();
-    drop(vm);
-    if peak > TRIM_AFTER_BYTES {
-        // Give a big script's memory back to the system instead of leaving it in this thread's
-        // malloc arena, where no other worker can reuse it.
-        // SAFETY: malloc_trim has no preconditions.
-        unsafe { libc::malloc_trim(0) };
-    }
     result.options = options;
     result.limits = limits;
     result.wall_ms = started.elapsed().as_secs_f64() * 1000.0;

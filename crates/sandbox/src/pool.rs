@@ -163,10 +163,10 @@ fn worker(pool: Arc<Pool>) {
             started,
             reply,
         } = job;
-        let result = match vm {
+        let (result, used) = match vm {
             Ok(vm) => {
                 let local = tokio::task::LocalSet::new();
-                let run = crate::driver::run_script(vm, script, parsed, limits.clone(), started);
+                let run = crate::driver::run_script(&vm, script, parsed, limits.clone(), started);
                 let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
                     let r = rt.block_on(local.run_until(run));
                     // Let cancelled calls see their token once before their tasks are dropped.
@@ -174,7 +174,7 @@ fn worker(pool: Arc<Pool>) {
                     drop(local);
                     r
                 }));
-                match outcome {
+                let result = match outcome {
                     Ok(r) => r,
                     Err(_) => ScriptResult::failed(
                         ScriptError::new(
@@ -184,15 +184,23 @@ fn worker(pool: Arc<Pool>) {
                         Default::default(),
                         limits,
                     ),
-                }
+                };
+                (result, Some(vm))
             }
-            Err(e) => ScriptResult::failed(
-                ScriptError::new(ErrorKind::Sandbox, e.to_string()),
-                Default::default(),
-                limits,
+            Err(e) => (
+                ScriptResult::failed(
+                    ScriptError::new(ErrorKind::Sandbox, e.to_string()),
+                    Default::default(),
+                    limits,
+                ),
+                None,
             ),
         };
         let _ = reply.send(result);
         lock(&pool.state).preparing += 1;
+        // Freeing the VM happens after the caller has its result.
+        if let Some(vm) = used {
+            crate::driver::discard(vm);
+        }
     }
 }
