@@ -318,6 +318,7 @@ impl Gate {
                     // New arguments may touch other paths: the policy decides again.
                     facts = facts_of(resolved.tool.as_ref(), &spec.name, &args)?;
                     trail.paths = facts.paths.clone();
+                    self.check_model_settings(&spec, &facts)?;
                     if let Some(again) = self.ask_policy(&policy, &spec, &args, &facts, p, trail)? {
                         ask = Some(again);
                     }

@@ -404,3 +404,46 @@ async fn hidden_exposure_is_a_resource_attribute_policies_can_use() {
     let gate = Gate::builder().registry(reg).policy(set).build().unwrap();
     gate.call(req("d", json!({}), script("h"))).await.unwrap();
 }
+
+#[tokio::test]
+async fn the_shipped_examples_validate_and_decide_as_documented() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/policies/examples.cedar"
+    ))
+    .unwrap();
+    let reg = Registry::new();
+    reg.register(Arc::new(TestTool::new(
+        "bash",
+        json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+    )))
+    .unwrap();
+    reg.register(Arc::new(TestTool::model(
+        "models.classify",
+        "acme",
+        "small",
+        Default::default(),
+    )))
+    .unwrap();
+    let mut set = PolicySet::parse("examples.cedar", &text).unwrap();
+    set.extend(PolicySet::defaults()).unwrap();
+    let gate = Gate::builder().registry(reg).policy(set).build().unwrap();
+    let err = gate
+        .call(req("bash", json!({"command": "rm -rf /"}), script("ex")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.policy_ids, ["no-rm-rf-from-scripts"]);
+    gate.call(req("models.classify", json!({"text": "x"}), script("ex")))
+        .await
+        .unwrap();
+}
+
+#[test]
+fn the_gate_and_its_call_future_are_send() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<Gate>();
+    let gate = Gate::builder().build().unwrap();
+    let fut = gate.call(req("x", json!({}), script("s")));
+    send(&fut);
+}
