@@ -200,6 +200,13 @@ impl Gate {
         Ok(())
     }
 
+    /// Which of the current policies decide the described call, typed against the current
+    /// schema (for `codemode policy explain CALL.json` inside a running session).
+    pub fn explain(&self, input: &crate::policy::ExplainInput) -> crate::policy::Explanation {
+        let state = self.policy_state();
+        crate::policy::explain(&state.set, Some(&state.schema), input)
+    }
+
     fn policy_state(&self) -> Arc<PolicyState> {
         self.inner
             .policy

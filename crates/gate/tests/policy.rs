@@ -447,3 +447,14 @@ fn the_gate_and_its_call_future_are_send() {
     let fut = gate.call(req("x", json!({}), script("s")));
     send(&fut);
 }
+
+#[test]
+fn gate_explain_uses_its_own_policies() {
+    let (reg, _) = coding_tools();
+    let gate = Gate::builder().registry(reg).build().unwrap();
+    let input: ExplainInput =
+        serde_json::from_value(json!({"tool": "write", "args": {"path": "a"}})).unwrap();
+    let ex = gate.explain(&input);
+    assert_eq!(ex.decision, "ask");
+    assert_eq!(ex.policies[0].id, "ask-writes");
+}
