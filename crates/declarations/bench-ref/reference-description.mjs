@@ -1,5 +1,6 @@
 // Prints the reference's codemode description (pi-coding-agent 1.6.0, createCodemodeDescription)
-// for the tools given on stdin as {tools: [ToolSpec JSON], namespaces: [NamespaceSpec], inlineBudget}.
+// for the tools given on stdin as {tools: [ToolSpec JSON], namespaces: [NamespaceSpec], inlineBudget}
+// (a null budget lists every tool).
 // The package is looked up in $PI_REF_DIR/node_modules, then in ./node_modules next to this file.
 // Exit code 3 means the reference is not installed.
 import { existsSync } from "node:fs";
@@ -30,5 +31,5 @@ const namespaces = new Map(
   input.tools.filter((t) => t.namespace).map((t) => [t.name, byName.get(t.namespace) ?? { name: t.namespace }]),
 );
 process.stdout.write(
-  createCodemodeDescription(tools, { models: false, namespaces, inlineBudget: input.inlineBudget }),
+  createCodemodeDescription(tools, { models: false, namespaces, inlineBudget: input.inlineBudget ?? undefined }),
 );

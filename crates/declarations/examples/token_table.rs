@@ -52,17 +52,30 @@ fn main() {
             budget: DEFAULT_INLINE_BUDGET_TOKENS,
         });
     }
-    let (tools, namespaces) = support::all_mcp();
-    rows.push(Row {
-        label: format!("3 MCP servers ({})", tools.len()),
-        tools,
-        namespaces,
-        budget: DEFAULT_INLINE_BUDGET_TOKENS,
-    });
-    for budget in [DEFAULT_INLINE_BUDGET_TOKENS, 1000] {
-        let (tools, namespaces) = support::catalog(20);
+    for budget in [usize::MAX, DEFAULT_INLINE_BUDGET_TOKENS] {
+        let (tools, namespaces) = support::all_mcp();
+        let shown = if budget == usize::MAX {
+            "none".to_string()
+        } else {
+            budget.to_string()
+        };
         rows.push(Row {
-            label: format!("catalog 500/25ns, budget {budget}"),
+            label: format!("3 MCP servers ({}), budget {shown}", tools.len()),
+            tools,
+            namespaces,
+            budget,
+        });
+    }
+    // usize::MAX: no budget, every tool listed on both sides (same information, a clean ratio).
+    for budget in [usize::MAX, DEFAULT_INLINE_BUDGET_TOKENS, 1000] {
+        let (tools, namespaces) = support::catalog(20);
+        let shown = if budget == usize::MAX {
+            "none".to_string()
+        } else {
+            budget.to_string()
+        };
+        rows.push(Row {
+            label: format!("catalog 500/25ns, budget {shown}"),
             tools,
             namespaces,
             budget,
@@ -151,8 +164,12 @@ fn reference_description(row: &Row) -> Option<String> {
         env!("CARGO_MANIFEST_DIR"),
         "/bench-ref/reference-description.mjs"
     );
-    let input =
-        json!({"tools": row.tools, "namespaces": row.namespaces, "inlineBudget": row.budget});
+    let budget = if row.budget == usize::MAX {
+        None
+    } else {
+        Some(row.budget)
+    };
+    let input = json!({"tools": row.tools, "namespaces": row.namespaces, "inlineBudget": budget});
     let mut child = Command::new("node")
         .arg(script)
         .stdin(Stdio::piped())

@@ -223,3 +223,21 @@ fn globals_and_namespace_descriptions_show() {
     assert!(!none.contains("```ts"), "no tools, no listing block");
     assert!(none.contains("searchTools") && none.contains("// @options:"));
 }
+
+#[test]
+fn rendering_500_declarations_is_fast() {
+    use codemode_declarations::{RenderOptions, render_declaration};
+    let (tools, namespaces) = support::catalog(20);
+    let start = std::time::Instant::now();
+    let mut chars = 0;
+    for tool in &tools {
+        chars += render_declaration(tool, &RenderOptions::default()).len();
+    }
+    let took = start.elapsed();
+    assert!(chars > 100_000);
+    // The target is 50 ms in release (about 3 ms measured); debug builds on a busy machine get 20x.
+    assert!(took.as_millis() < 1000, "500 declarations took {took:?}");
+    let start = std::time::Instant::now();
+    let _ = codemode_description(&DescriptionInput::new(&tools, &namespaces));
+    assert!(start.elapsed().as_secs() < 5);
+}
