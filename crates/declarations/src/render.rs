@@ -87,7 +87,8 @@ pub fn tool_sample(spec: &ToolSpec) -> String {
 }
 
 pub(crate) fn sample_with_key(spec: &ToolSpec, key: &str) -> String {
-    let description = spec.description.trim();
+    // Same cleaning as comments: no stray control characters, no fence that closes the block early.
+    let description = comment_lines(&spec.description).join("\n");
     let declaration = signature(spec, key, &RenderOptions::default(), true);
     let block = format!("```ts\ndeclare const tools: {{\n{declaration}\n}};\n```");
     if description.is_empty() {

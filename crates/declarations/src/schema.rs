@@ -341,7 +341,10 @@ fn nullable(map: &Map<String, Value>, ty: Ty) -> Ty {
 
 /// A JSON value as a TypeScript literal type. JSON text is valid TypeScript type syntax.
 pub(crate) fn literal(value: &Value) -> String {
-    serde_json::to_string(value).unwrap_or_else(|_| "unknown".to_string())
+    match serde_json::to_string(value) {
+        Ok(json) => crate::text::escape_invisible(&json),
+        Err(_) => "unknown".to_string(),
+    }
 }
 
 /// A union with nested unions flattened, `never` removed, duplicates removed, and `unknown`

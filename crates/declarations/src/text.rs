@@ -79,7 +79,29 @@ pub(crate) fn property_key(key: &str) -> String {
 /// A JSON string literal, which is also a valid TypeScript string literal.
 pub(crate) fn json_string(text: &str) -> String {
     // Serializing a &str cannot fail; the fallback keeps the promise of never panicking anyway.
-    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_string())
+    escape_invisible(&serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_string()))
+}
+
+/// JSON text with the characters serde_json leaves raw but a reader cannot see (DEL, C1 controls,
+/// line and paragraph separators) written as `\uXXXX`. Outside strings JSON text is plain ASCII,
+/// so such characters can only sit inside string literals, where the escape means the same.
+pub(crate) fn escape_invisible(json: &str) -> String {
+    if !json.chars().any(needs_escape) {
+        return json.to_string();
+    }
+    let mut out = String::with_capacity(json.len() + 8);
+    for ch in json.chars() {
+        if needs_escape(ch) {
+            out.push_str(&format!("\\u{:04x}", ch as u32));
+        } else {
+            out.push(ch);
+        }
+    }
+    out
+}
+
+fn needs_escape(ch: char) -> bool {
+    ch.is_control() || ch == '\u{2028}' || ch == '\u{2029}'
 }
 
 #[cfg(test)]
@@ -103,5 +125,6 @@ mod tests {
         assert_eq!(property_key("delete"), "delete");
         assert_eq!(property_key("old-name"), "\"old-name\"");
         assert_eq!(property_key("a\"b"), "\"a\\\"b\"");
+        assert_eq!(property_key("del\u{7f}\u{2028}"), "\"del\\u007f\\u2028\"");
     }
 }

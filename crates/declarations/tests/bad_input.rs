@@ -220,6 +220,15 @@ fn weird_names_and_descriptions() {
         assert!(signature.starts_with(&format!("{}(args: ", codemode_spec::to_identifier(name))));
         let sample = tool_sample(&tool);
         assert!(sample.contains("```ts\ndeclare const tools: {\n"));
+        assert_eq!(
+            sample.matches("```").count(),
+            2,
+            "the description cannot close the fence: {sample}"
+        );
+        assert!(
+            !sample.chars().any(|c| c.is_control() && c != '\n'),
+            "{sample:?}"
+        );
         assert!(direct_tool_note(&tool).starts_with("Codemode: `tools."));
         tools.push(tool);
     }
