@@ -100,6 +100,7 @@ impl Setup {
             .registry(registry)
             .policy(policy)
             .budgets(eff.settings.budgets.clone())
+            .models(eff.settings.models.clone())
             .mode(mode)
             .command_hooks(
                 CommandHooks::new(&eff.settings.hooks)

@@ -556,23 +556,11 @@ impl Gate {
         {
             return Ok(());
         }
-        let named = if policy_ids.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " by policy {}",
-                policy_ids
-                    .iter()
-                    .map(|i| format!("`{i}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
         let Some(approver) = &self.inner.approver else {
             return Err(GateError::new(
                 Stage::Approval,
                 format!(
-                    "`{}` needs approval{named} ({reason}), but nobody is available to approve, so it is denied",
+                    "`{}` needs approval ({reason}), but nobody is available to approve, so it is denied",
                     spec.name
                 ),
             )
