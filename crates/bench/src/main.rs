@@ -32,7 +32,6 @@ struct Workload {
 /// Like the reference runner's tool, `rows` hands out data it already holds: here as JSON text,
 /// through the sandbox's `call_json` fast path.
 struct BenchHost {
-    rows: Value,
     rows_json: Arc<str>,
 }
 
@@ -40,7 +39,9 @@ impl Host for BenchHost {
     fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
         let r = match call.name.as_str() {
             "echo" => Ok(call.args),
-            "rows" => Ok(self.rows.clone()),
+            "rows" => {
+                serde_json::from_str(&self.rows_json).map_err(|e| HostError::new(e.to_string()))
+            }
             other => Err(HostError::new(format!("unknown tool {other}"))),
         };
         async move { r }.boxed_local()
@@ -121,9 +122,8 @@ fn main() -> Result<()> {
         ..Default::default()
     };
     let sandbox = Sandbox::new(config)?;
-    let rows = rows();
-    let rows_json: Arc<str> = serde_json::to_string(&rows)?.into();
-    let host: Arc<dyn Host> = Arc::new(BenchHost { rows, rows_json });
+    let rows_json: Arc<str> = serde_json::to_string(&rows())?.into();
+    let host: Arc<dyn Host> = Arc::new(BenchHost { rows_json });
     let tools = [
         ("echo", "Return the arguments"),
         ("rows", "Return 20,000 rows"),

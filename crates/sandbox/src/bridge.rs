@@ -175,7 +175,7 @@ fn host_call<'js>(
     kind: i32,
     name: String,
     json: String,
-) -> rquickjs::Result<f64> {
+) -> rquickjs::Result<i32> {
     let Some(state) = slot.get() else {
         return Err(throw(ctx, "The sandbox is not running a script."));
     };
@@ -215,6 +215,13 @@ fn host_call<'js>(
         }
     };
     let id = issued + 1;
+    // Small integers keep the prelude's pending-call Map fast (float keys hash badly).
+    let Ok(js_id) = i32::try_from(id) else {
+        return Err(throw(
+            ctx,
+            "Call limit reached: too many calls in one script.",
+        ));
+    };
     state.next_id.set(id);
     if let Some(rec) = state.recorder.borrow_mut().as_mut() {
         rec.call(id, &name, kind, &args);
@@ -248,7 +255,7 @@ fn host_call<'js>(
             state.fail_fatal(guard, message);
             return Err(throw(ctx, "replay diverged"));
         }
-        return Ok(id as f64);
+        return Ok(js_id);
     }
     let mut fut = state.host.call_json(HostCall {
         id,
@@ -264,7 +271,7 @@ fn host_call<'js>(
     match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
         Ok(std::task::Poll::Ready(r)) => {
             state.ready.borrow_mut().push((id, r));
-            return Ok(id as f64);
+            return Ok(js_id);
         }
         Ok(std::task::Poll::Pending) => {}
         Err(_) => {
@@ -272,7 +279,7 @@ fn host_call<'js>(
                 id,
                 Err(HostError::new("The host failed while running this call.")),
             ));
-            return Ok(id as f64);
+            return Ok(js_id);
         }
     }
     let tx = state.tx.clone();
@@ -283,7 +290,7 @@ fn host_call<'js>(
         };
         let _ = tx.send((id, result));
     });
-    Ok(id as f64)
+    Ok(js_id)
 }
 
 /// Creates the bridge functions bound to `slot`.

@@ -438,7 +438,7 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_
         };
         let now = at_ms.map(|v| JsValue::new_float(ctx.clone(), v));
         let res = match &r {
-            Ok(json) => settle.call::<_, ()>((id as f64, true, json.as_str(), (), (), now)),
+            Ok(json) => settle.call::<_, ()>((id as i32, true, json.as_str(), (), (), now)),
             Err(e) => {
                 let props = if e.properties.is_empty() {
                     None
@@ -446,7 +446,7 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_
                     serde_json::to_string(&e.properties).ok()
                 };
                 settle.call::<_, ()>((
-                    id as f64,
+                    id as i32,
                     false,
                     e.message.clone(),
                     e.name.clone(),

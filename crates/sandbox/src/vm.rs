@@ -229,6 +229,8 @@ impl Vm {
         let g = guard.clone();
         runtime.set_interrupt_handler(Some(Box::new(move || g.check().is_some())));
         runtime.set_max_stack_size(1024 * 1024);
+        // No collection while the prelude builds the environment; the script sets its own threshold.
+        runtime.set_gc_threshold(usize::MAX);
         let context = Context::full(&runtime).map_err(|e| PrepareError(e.to_string()))?;
         let slot = Rc::new(BridgeSlot::default());
         let fns = context.with(|ctx| -> Result<PreludeFns, String> {
