@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use codemode_spec::{Exposure, NamespaceSpec, ToolSpec, to_identifier};
 use serde_json::{Map, Value, json};
+use unicode_normalization::UnicodeNormalization;
 
 use crate::description::sorted_unique;
 use crate::identifiers::{IdentifierCollision, identifier_collisions, member_key};
@@ -386,7 +387,7 @@ fn schema_words(schema: &Value, out: &mut String, budget: &mut usize, depth: usi
 
 /// Lower-case letters and digits only: how exact-name matches compare.
 fn normalize(text: &str) -> String {
-    text.chars()
+    text.nfkc()
         .filter(|c| c.is_alphanumeric())
         .flat_map(char::to_lowercase)
         .collect()
@@ -397,12 +398,13 @@ const STOP_WORDS: &[&str] = &[
     "or", "that", "the", "this", "to", "with",
 ];
 
-/// Search terms: words split at non-alphanumerics and camelCase humps (`readFile`, `HTTPServer`,
-/// `snake_case`, `kebab-case`), lower-cased, stop words removed, simple plurals made singular.
-/// Ideographic and kana characters are terms on their own, since those scripts do not use spaces.
+/// Search terms: text in NFKC form split at non-alphanumerics and camelCase humps (`readFile`,
+/// `HTTPServer`, `snake_case`, `kebab-case`), lower-cased, stop words removed, simple plurals made
+/// singular. Ideographic and kana characters are terms on their own, since those scripts do not
+/// use spaces.
 pub(crate) fn tokenize(text: &str) -> Vec<String> {
     let mut words: Vec<String> = Vec::new();
-    let chars: Vec<char> = text.chars().collect();
+    let chars: Vec<char> = text.nfkc().collect();
     let mut current = String::new();
     for (i, &ch) in chars.iter().enumerate() {
         if is_cjk(ch) {
@@ -480,6 +482,8 @@ mod tests {
             vec!["フ", "ァ", "イ", "ル", "読", "む"]
         );
         assert_eq!(tokenize("class address"), vec!["class", "address"]);
+        // Decomposed and composed forms, fullwidth letters: the same terms.
+        assert_eq!(tokenize("cafe\u{301} ＦＩＬＥ"), tokenize("café file"));
     }
 
     #[test]
