@@ -257,14 +257,22 @@ fn host_call<'js>(
         }
         return Ok(js_id);
     }
-    let mut fut = state.host.call_json(HostCall {
+    let call = HostCall {
         id,
         name,
         kind,
         args,
         cancel: token,
         clock: state.clock.clone(),
-    });
+    };
+    let host = state.host.clone();
+    let Ok(mut fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call))) else {
+        state.ready.borrow_mut().push((
+            id,
+            Err(HostError::new("The host failed while starting this call.")),
+        ));
+        return Ok(js_id);
+    };
     // Most host answers are immediate; polling once here saves a task and a wake-up per call.
     let waker = futures::task::noop_waker();
     let mut cx = std::task::Context::from_waker(&waker);

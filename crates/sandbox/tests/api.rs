@@ -1,0 +1,68 @@
+mod common;
+use std::sync::Arc;
+
+use codemode_sandbox::*;
+use common::*;
+use futures::future::LocalBoxFuture;
+use serde_json::{Value, json};
+
+fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+fn assert_send_static<T: Send + 'static>(_: &T) {}
+
+#[test]
+fn sandbox_is_shareable_and_run_is_send() {
+    assert_send_sync::<Sandbox>();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let fut = sandbox().run(script("return 1"));
+    assert_send_static(&fut);
+    assert_eq!(rt.block_on(fut).value, Some(json!(1)));
+}
+
+struct PanickyHost;
+impl Host for PanickyHost {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        if call.name == "now" {
+            panic!("host bug");
+        }
+        Box::pin(async move { panic!("host bug later") })
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_host_fails_the_call_not_the_process() {
+    let s = Script::new(
+        "const out = []; for (const t of ['now', 'later']) { try { await tools[t]() } catch (e) { out.push(e.message) } } return out",
+        Arc::new(PanickyHost),
+    )
+    .with_tools([("now", ""), ("later", "")]);
+    let r = sandbox().run(s).await;
+    let v = r.value.unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2, "{v}");
+    assert!(v[0].as_str().unwrap().contains("host failed"));
+    healthy().await;
+}
+
+#[test]
+fn bad_configuration_is_refused() {
+    assert!(
+        Sandbox::new(SandboxConfig {
+            max_concurrent: 0,
+            ..Default::default()
+        })
+        .is_err()
+    );
+    let defaults = Limits {
+        heap_bytes: 1000,
+        ..Default::default()
+    };
+    assert!(
+        Sandbox::new(SandboxConfig {
+            defaults,
+            ..Default::default()
+        })
+        .is_err()
+    );
+}
