@@ -230,9 +230,14 @@ fn group_by_namespace(
         .into_iter()
         .map(|(name, mut entries)| {
             entries.sort_by(|a, b| a.cost.cmp(&b.cost).then(a.order.cmp(&b.order)));
+            // With duplicate specs for one name, the smallest wins, whatever their order.
             let description = name
                 .as_ref()
-                .and_then(|n| namespaces.iter().find(|ns| &ns.name == n))
+                .and_then(|n| {
+                    namespaces.iter().filter(|ns| &ns.name == n).min_by(|a, b| {
+                        (&a.description, &a.instructions).cmp(&(&b.description, &b.instructions))
+                    })
+                })
                 .and_then(|ns| ns.description.as_deref())
                 .map(comment_lines)
                 .unwrap_or_default();

@@ -99,6 +99,16 @@ impl ToolIndex {
             .cloned()
             .collect();
         let collisions = identifier_collisions(&tools);
+        // Sorted and one per name, so duplicate specs resolve the same whatever their order.
+        let mut namespaces = namespaces.to_vec();
+        namespaces.sort_by(|a, b| {
+            (&a.name, &a.description, &a.instructions).cmp(&(
+                &b.name,
+                &b.description,
+                &b.instructions,
+            ))
+        });
+        namespaces.dedup_by(|a, b| a.name == b.name);
         let mut postings: HashMap<String, Vec<(usize, usize, u32)>> = HashMap::new();
         let mut doc_freq: HashMap<String, usize> = HashMap::new();
         let mut totals = [0usize; FIELDS];
@@ -108,7 +118,7 @@ impl ToolIndex {
             let namespace = tool
                 .namespace
                 .as_ref()
-                .map(|n| namespace_text(n, namespaces))
+                .map(|n| namespace_text(n, &namespaces))
                 .unwrap_or_default();
             let texts = [tool.name.clone(), tool_text(&tool), namespace];
             let mut lengths = [0usize; FIELDS];
@@ -156,7 +166,7 @@ impl ToolIndex {
         let average_lengths = totals.map(|t| (t as f64 / count).max(1.0));
         ToolIndex {
             docs,
-            namespaces: namespaces.to_vec(),
+            namespaces,
             postings,
             doc_freq,
             average_lengths,

@@ -109,6 +109,12 @@ fn a_big_catalog_stays_small_and_lists_something_from_everywhere() {
 fn registration_order_does_not_change_a_byte() {
     let (mut tools, mut namespaces) = support::all_mcp();
     tools.extend(support::coding_tools());
+    // A second, different spec for one namespace: which one shows must not depend on order.
+    namespaces.push(NamespaceSpec {
+        name: "mcp__memory".into(),
+        description: Some("Another memory".into()),
+        instructions: None,
+    });
     let expected = codemode_description(&DescriptionInput {
         inline_budget_tokens: 1500,
         ..DescriptionInput::new(&tools, &namespaces)

@@ -248,3 +248,40 @@ fn shared_identifiers_are_reported_not_shadowed() {
         vec!["my-tool", "my.tool"]
     );
 }
+
+#[test]
+fn order_is_exact_then_coverage_then_score() {
+    let mk =
+        |name: &str, description: &str| ToolSpec::new(name, description, json!({"type": "object"}));
+    let tools = vec![
+        mk("upload_report", "Send a report file to storage."),
+        mk("report", "Build the weekly report."),
+        mk(
+            "weekly_digest",
+            "A digest of the week's report and report summary report.",
+        ),
+        mk("storage_stats", "Storage usage numbers."),
+    ];
+    let index = ToolIndex::new(&tools, &[]);
+    let opts = SearchOptions::default();
+    // Exact name first even though other tools mention "report" more often.
+    assert_eq!(names(&index, "report", &opts)[0], "report");
+    // Two query words covered beats one word matched many times.
+    let hits = names(&index, "upload storage", &opts);
+    assert_eq!(hits[0], "upload_report");
+    assert_eq!(hits[1], "storage_stats");
+    // Same coverage: the name field outweighs the description.
+    let hits = names(&index, "digest", &opts);
+    assert_eq!(hits, vec!["weekly_digest"]);
+    let hits = index.search("storage", &opts).unwrap();
+    assert_eq!(hits[0].name, "storage_stats", "{hits:?}");
+    assert!(hits[0].score > hits[1].score);
+    // Registration order does not matter.
+    let mut reversed = tools.clone();
+    reversed.reverse();
+    let again = ToolIndex::new(&reversed, &[]);
+    assert_eq!(
+        names(&again, "report storage", &opts),
+        names(&index, "report storage", &opts)
+    );
+}
