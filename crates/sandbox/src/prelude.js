@@ -89,7 +89,10 @@
   }
   function DateShim(...args) {
     if (new.target === undefined) return new RealDate(currentMs()).toString();
-    return construct(RealDate, args.length === 0 ? [currentMs()] : args, new.target);
+    if (args.length === 0) return construct(RealDate, [currentMs()], new.target);
+    // Deterministic runs are in UTC: read local-time components as UTC ones.
+    if (deterministic && args.length >= 2) return construct(RealDate, [apply(RealDate.UTC, RealDate, args)], new.target);
+    return construct(RealDate, args, new.target);
   }
   O.setPrototypeOf(DateShim, RealDate);
   defineProperty(DateShim, "prototype", { value: RealDate.prototype, writable: false, enumerable: false, configurable: false });
@@ -109,12 +112,27 @@
   }
   const realTzo = dp.getTimezoneOffset;
   defineProperty(dp, "getTimezoneOffset", { value: function getTimezoneOffset() { return deterministic ? 0 : apply(realTzo, this, []); }, writable: true, configurable: true });
-  const realToString = dp.toString;
-  const toISO = dp.toISOString;
-  defineProperty(dp, "toString", { value: function toString() {
-    if (!deterministic) return apply(realToString, this, []);
-    return apply(dp.toUTCString, this, []) + " GMT+0000";
-  }, writable: true, configurable: true });
+  const realToUTCString = dp.toUTCString;
+  const realToISOString = dp.toISOString;
+  // "Thu Jan 01 1970 00:00:00 GMT+0000 (Coordinated Universal Time)", the local format at UTC.
+  function utcText(d, date, time) {
+    const u = apply(realToUTCString, d, []); // "Thu, 01 Jan 1970 00:00:00 GMT"
+    if (u === "Invalid Date") return u;
+    const p = apply(strSplit, u, [" "]);
+    const iso = apply(realToISOString, d, []);
+    const year = apply(strSlice, iso, [0, apply(strIndexOf, iso, ["-", 1])]);
+    const dateText = apply(strSlice, p[0], [0, 3]) + " " + p[2] + " " + p[1] + " " + year;
+    const timeText = p[4] + " GMT+0000 (Coordinated Universal Time)";
+    return date && time ? dateText + " " + timeText : date ? dateText : timeText;
+  }
+  const localTexts = [["toString", true, true], ["toDateString", true, false], ["toTimeString", false, true]];
+  for (let i = 0; i < localTexts.length; i++) {
+    const [name, date, time] = localTexts[i];
+    const real = dp[name];
+    defineProperty(dp, name, { value: { [name]() {
+      return deterministic ? utcText(this, date, time) : apply(real, this, []);
+    } }[name], writable: true, configurable: true });
+  }
 
   const perf = create(null);
   defineProperty(perf, "now", { value: function now() { return clock ? clock.now - clock.start : realPerfNow(); }, enumerable: true });

@@ -32,6 +32,16 @@ async fn seeded_random_virtual_clock_and_utc() {
             json!(true)
         ]
     );
+    let v = sandbox().run(det("return [String(new Date(0)), new Date(0).toDateString(), new Date(2020, 0, 2, 3).getTime() === Date.UTC(2020, 0, 2, 3), new Date(86400000).getDate()]", 1)).await.value.unwrap();
+    assert_eq!(
+        v,
+        json!([
+            "Thu Jan 01 1970 00:00:00 GMT+0000 (Coordinated Universal Time)",
+            "Thu Jan 01 1970",
+            true,
+            2
+        ])
+    );
     // Time moves only when a result is delivered, never backwards.
     let v = sandbox().run(det("const a = Date.now(); for (let i = 0; i < 1e6; i++); const b = Date.now(); await tools.sleep({ms: 30}); const c = Date.now(); return [a, b, c]", 1)).await.value.unwrap();
     assert_eq!(v[0], v[1]);
