@@ -437,22 +437,29 @@ fn deliver(vm: &Vm, state: &RunState, id: u64, r: Result<String, HostError>, at_
             return;
         };
         let now = at_ms.map(|v| JsValue::new_float(ctx.clone(), v));
-        let res = match &r {
-            Ok(json) => settle.call::<_, ()>((id as i32, true, json.as_str(), (), (), now)),
+        let res = match r {
+            // Parsed straight from the Rust text: no intermediate JS string.
+            Ok(json) => match ctx.json_parse(json) {
+                Ok(value) => settle.call::<_, ()>((id as i32, true, value, (), (), now)),
+                Err(_) => {
+                    ctx.catch();
+                    settle.call::<_, ()>((
+                        id as i32,
+                        false,
+                        format!("The host answered call {id} with text that is not valid JSON."),
+                        "TypeError",
+                        (),
+                        now,
+                    ))
+                }
+            },
             Err(e) => {
                 let props = if e.properties.is_empty() {
                     None
                 } else {
                     serde_json::to_string(&e.properties).ok()
                 };
-                settle.call::<_, ()>((
-                    id as i32,
-                    false,
-                    e.message.clone(),
-                    e.name.clone(),
-                    props,
-                    now,
-                ))
+                settle.call::<_, ()>((id as i32, false, e.message, e.name, props, now))
             }
         };
         if let Err(e) = res {

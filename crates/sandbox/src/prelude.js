@@ -274,14 +274,7 @@
     pending[id] = undefined;
     pendingCount--;
     if (ok) {
-      let v;
-      try {
-        v = payload === undefined ? undefined : parse(payload);
-      } catch (e) {
-        p.reject(new TypeErrorCtor("The host answered call " + id + " with text that is not valid JSON."));
-        return;
-      }
-      p.resolve(v);
+      p.resolve(payload);
       return;
     }
     const e = new ErrorCtor(payload);

@@ -66,3 +66,36 @@ fn bad_configuration_is_refused() {
         .is_err()
     );
 }
+
+struct RawJsonHost;
+impl Host for RawJsonHost {
+    fn call(&self, _call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        Box::pin(async { Ok(json!("unused")) })
+    }
+    fn call_json(&self, call: HostCall) -> LocalBoxFuture<'static, Result<String, HostError>> {
+        let text = if call.name == "good" {
+            r#"{"rows":[1,2,3]}"#
+        } else {
+            "{not json"
+        };
+        Box::pin(async move { Ok(text.to_string()) })
+    }
+}
+
+#[tokio::test]
+async fn hosts_may_answer_with_json_text() {
+    let s = Script::new(
+        "const g = await tools.good(); try { await tools.bad() } catch (e) { return [g, e.name, e.message] }",
+        Arc::new(RawJsonHost),
+    )
+    .with_tools([("good", ""), ("bad", "")]);
+    let r = sandbox().run(s).await;
+    assert_eq!(
+        r.value,
+        Some(
+            json!([{"rows": [1, 2, 3]}, "TypeError", "The host answered call 2 with text that is not valid JSON."])
+        ),
+        "{:?}",
+        r.error
+    );
+}
