@@ -231,7 +231,22 @@ impl Vm {
         runtime.set_max_stack_size(1024 * 1024);
         // No collection while the prelude builds the environment; the script sets its own threshold.
         runtime.set_gc_threshold(usize::MAX);
-        let context = Context::full(&runtime).map_err(|e| PrepareError(e.to_string()))?;
+        // Everything ECMAScript needs, without WeakRef/FinalizationRegistry (collection-timed
+        // callbacks would break determinism) or DOMException (not part of ECMAScript).
+        use rquickjs::context::intrinsic as i;
+        let context = Context::custom::<(
+            i::Date,
+            i::Eval,
+            i::RegExpCompiler,
+            i::RegExp,
+            i::Json,
+            i::Proxy,
+            i::MapSet,
+            i::TypedArrays,
+            i::Promise,
+            i::Performance,
+        )>(&runtime)
+        .map_err(|e| PrepareError(e.to_string()))?;
         let slot = Rc::new(BridgeSlot::default());
         let fns = context.with(|ctx| -> Result<PreludeFns, String> {
             let make = crate::native::eval_prelude(&ctx, PRELUDE, "codemode-prelude.js")?;
