@@ -1,9 +1,23 @@
 //! `codemode-sandbox` runs one untrusted, model-written JavaScript script in native QuickJS.
 //!
 //! The sandbox knows nothing of what a tool means: a script's only powers are calls into a
-//! [`Host`]. Each script gets a fresh VM (prepared ahead of time on a worker thread and thrown
-//! away afterwards), its own limits, and an environment compatible with the reference codemode:
-//! `tools`, `ALL_TOOLS`, `text`, `image`, `console`, `exit`, `store`/`load` and host globals.
+//! [`Host`]. The environment matches the reference codemode so its scripts run unchanged:
+//! `tools` (guarded proxy, identifiers from [`to_identifier`]), `ALL_TOOLS`, `text`, `image`,
+//! `console`, `exit`, `store`/`load`, and host globals such as `searchTools` or `models.classify`.
+//!
+//! Design, and why:
+//! * **A fresh VM per script.** Nothing of one script (globals, prototypes, heap) can reach the
+//!   next. VMs are prepared ahead of time (runtime, locked-down prelude) on pooled worker threads,
+//!   because QuickJS runtimes are `!Send` and must live on the thread that runs them.
+//! * **Host calls run on the script's own thread.** A host future is polled once inside the call
+//!   (most answers are immediate) and otherwise spawned on the worker's `LocalSet`; results come
+//!   back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
+//! * **Limits are enforced from outside the script:** heap (counting allocator), stack, wall
+//!   deadline by the pausable [`codemode_spec::DeadlineClock`], CPU budget and abort through the
+//!   interrupt handler and between promise jobs, output and call counts in the bridge.
+//! * **Failures are results, never panics or Rust errors:** [`Sandbox::run`] always yields a
+//!   [`ScriptResult`]. Invalid input (see [`parse_source`]) is reported as a script error named
+//!   `SourceError`; callers that want the bare message call [`parse_source`] first.
 //!
 //! ```no_run
 //! # use std::sync::Arc;
