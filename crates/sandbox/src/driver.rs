@@ -103,6 +103,13 @@ async fn execute(
         }),
         None => script.determinism,
     };
+    if let Some(d) = &determinism
+        && !(d.start_ms.is_finite() && d.start_ms >= 0.0)
+    {
+        return Err(sandbox_err(
+            "determinism.start_ms must be a finite, non-negative number of milliseconds since the epoch.",
+        ));
+    }
     let mut recorder = match &script.record {
         Some(p) => {
             let Some(d) = determinism else {

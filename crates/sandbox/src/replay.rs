@@ -163,7 +163,13 @@ impl ReplayLog {
         args: &Value,
     ) -> Result<(), String> {
         let made = format!("{name}({})", compact(args));
-        match self.calls.iter().find(|c| c.0 == id) {
+        // Calls are logged in id order, so call `id` is normally at index id - 1.
+        let at = usize::try_from(id.saturating_sub(1)).ok();
+        let logged = at
+            .and_then(|i| self.calls.get(i))
+            .filter(|c| c.0 == id)
+            .or_else(|| self.calls.iter().find(|c| c.0 == id));
+        match logged {
             None => Err(format!(
                 "Replay diverged at call {id}: the script called {made}, but the log has no call {id}."
             )),

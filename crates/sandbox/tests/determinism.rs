@@ -46,6 +46,15 @@ async fn seeded_random_virtual_clock_and_utc() {
     let v = sandbox().run(det("const a = Date.now(); for (let i = 0; i < 1e6; i++); const b = Date.now(); await tools.sleep({ms: 30}); const c = Date.now(); return [a, b, c]", 1)).await.value.unwrap();
     assert_eq!(v[0], v[1]);
     assert!(v[2].as_f64().unwrap() >= 1_000_030.0, "{v}");
+    let mut bad = det("return 1", 1);
+    bad.determinism = Some(Determinism {
+        seed: 1,
+        start_ms: f64::NAN,
+    });
+    assert_eq!(
+        sandbox().run(bad).await.error.unwrap().kind,
+        ErrorKind::Sandbox
+    );
     // Without determinism the clock is real.
     let v = value("return Date.now() > 1.7e12").await;
     assert_eq!(v, json!(true));
