@@ -226,16 +226,15 @@
       else if (want.length > 0 && c.length > 0 && (apply(strIndexOf, c, [want]) >= 0 || apply(strIndexOf, want, [c]) >= 0)) close.push(label + "." + names[i]);
     }
     const matches = exact.length > 0 ? exact : close;
-    let msg = label + "." + prop + " does not exist.";
+    let msg = label + "." + prop + " is not a known name.";
     if (matches.length > 0) {
       const top = [];
       for (let i = 0; i < matches.length && i < 5; i++) top.push(matches[i]);
-      msg += " Did you mean " + apply(arrayJoin, top, [", "]) + "?";
+      msg += " Closest: " + apply(arrayJoin, top, [", "]) + ".";
     } else if (names.length <= 20) {
-      msg += " Available: " + apply(arrayJoin, names, [", "]) + ".";
+      msg += " Known names: " + apply(arrayJoin, names, [", "]) + ".";
     }
     if (hint) msg += hint;
-    msg += ' Check for a member with "' + prop + '" in ' + label + ".";
     return msg;
   }
   function guard(target, label, names, hint) {
@@ -406,7 +405,7 @@
   }
   freeze(consoleObj);
 
-  const IMAGE_SHAPE = 'image expects a non-empty image URL string, an object with image_url, or an image block { type: "image", data, mimeType }';
+  const IMAGE_SHAPE = 'image() takes a base64 data URL, { image_url: dataUrl }, or an image block { type: "image", data, mimeType }';
   function image(input) {
     if (finished) return;
     let url;
@@ -414,21 +413,21 @@
     else if (input !== null && typeof input === "object") {
       if (typeof input.image_url === "string") url = input.image_url;
       else if (input.type !== undefined) {
-        if (input.type !== "image") throw new TypeErrorCtor('image only accepts image blocks, got "' + StringFn(input.type) + '"');
-        if (typeof input.data !== "string" || input.data === "") throw new TypeErrorCtor("image expected image block data");
+        if (input.type !== "image") throw new TypeErrorCtor('image() takes blocks of type "image", not "' + StringFn(input.type) + '"');
+        if (typeof input.data !== "string" || input.data === "") throw new TypeErrorCtor("image() got an image block without data");
         url = apply(strStartsWith, input.data, ["data:"]) ? input.data : "data:;base64," + input.data;
       }
     }
     if (typeof url !== "string" || url === "") throw new TypeErrorCtor(IMAGE_SHAPE);
-    if (apply(strTest, /^https?:/i, [url])) throw new TypeErrorCtor("remote image URLs are not supported in tool outputs. Pass a base64 data URI instead");
+    if (apply(strTest, /^https?:/i, [url])) throw new TypeErrorCtor("image() does not fetch remote URLs; pass the picture as a base64 data URL or an image block");
     const comma = apply(strIndexOf, url, [","]);
     const header = comma < 0 ? "" : apply(strSlice, url, [0, comma]);
     if (!apply(strTest, /^data:/i, [header]) || !apply(strTest, /;base64(;|$)/i, [header])) {
-      throw new TypeErrorCtor("invalid image output. Pass a base64 data URI instead");
+      throw new TypeErrorCtor("image() got a string that is not a base64 data URL (data:<type>;base64,<data>)");
     }
     const data = apply(strReplace, apply(strSlice, url, [comma + 1]), [/\s+/g, ""]);
     if (data.length % 4 !== 0 || !apply(strTest, /^[A-Za-z0-9+/]+={0,2}$/, [data])) {
-      throw new TypeErrorCtor("invalid image output. The image data is not valid base64 (truncated or corrupted?)");
+      throw new TypeErrorCtor("image() data is not valid base64; it may be cut short or damaged");
     }
     const head = apply(strSlice, data, [0, 16]);
     let mime;
@@ -436,7 +435,7 @@
     else if (apply(strTest, /^\/9j\/(?!9)/, [head])) mime = "image/jpeg";
     else if (apply(strTest, /^R0lGOD[dl]h/, [head])) mime = "image/gif";
     else if (apply(strTest, /^UklG.{8}RUJQ/, [head])) mime = "image/webp";
-    else throw new TypeErrorCtor("invalid image output. The image data is not a PNG, JPEG, GIF, or WebP image");
+    else throw new TypeErrorCtor("image() data is not a PNG, JPEG, GIF or WebP picture");
     account(data.length);
     hostOutput(2, data, mime);
   }
@@ -449,9 +448,9 @@
   // ---- store ----
   const STORE_VALUE_LIMIT = 262144;
   const STORE_TOTAL_LIMIT = 1048576;
-  const STORE_HINT = " store() is for small state such as IDs or summaries. Show images with image(), keep large data in variables, or write it to a file with a tool.";
+  const STORE_HINT = " Keep store() for small state such as ids and short summaries; keep big data in variables, show pictures with image(), or save large data with a tool.";
   function store(key, value) {
-    if (typeof key !== "string") throw new TypeErrorCtor("store() key must be a string");
+    if (typeof key !== "string") throw new TypeErrorCtor("store() needs a string key");
     if (value === undefined) {
       if (apply(mapHas, storeJson, [key])) {
         storeSize -= key.length + apply(mapGet, storeJson, [key]).length;
@@ -464,23 +463,23 @@
     try {
       json = stringify(value);
     } catch (e) {
-      throw new TypeErrorCtor('store("' + key + '") value is not JSON-serializable: ' + (e && e.message !== undefined ? e.message : StringFn(e)));
+       throw new TypeErrorCtor('store("' + key + '"): the value cannot be turned into JSON: ' + (e && e.message !== undefined ? e.message : StringFn(e)));
     }
-    if (json === undefined) throw new TypeErrorCtor('store("' + key + '") value is not JSON-serializable');
+    if (json === undefined) throw new TypeErrorCtor('store("' + key + '"): the value cannot be turned into JSON');
     if (json.length > STORE_VALUE_LIMIT) {
-      throw new RangeErrorCtor('store("' + key + '") value has ' + json.length + " characters of JSON, more than the limit of " + STORE_VALUE_LIMIT + "." + STORE_HINT);
+      throw new RangeErrorCtor('store("' + key + '"): the value is ' + json.length + " characters of JSON; one value may be at most " + STORE_VALUE_LIMIT + "." + STORE_HINT);
     }
     const old = apply(mapHas, storeJson, [key]) ? key.length + apply(mapGet, storeJson, [key]).length : 0;
     const next = storeSize - old + key.length + json.length;
     if (next > STORE_TOTAL_LIMIT) {
-      throw new RangeErrorCtor("store is full: stored values would exceed " + STORE_TOTAL_LIMIT + " characters of JSON. Delete keys with store(key, undefined)." + STORE_HINT);
+      throw new RangeErrorCtor("store() is full: all values together may be at most " + STORE_TOTAL_LIMIT + " characters of JSON; remove keys with store(key, undefined)." + STORE_HINT);
     }
     storeSize = next;
     apply(mapSet, storeJson, [key, json]);
     writes.push([key, json]);
   }
   function load(key) {
-    if (typeof key !== "string") throw new TypeErrorCtor("load() key must be a string");
+    if (typeof key !== "string") throw new TypeErrorCtor("load() needs a string key");
     if (!apply(mapHas, storeJson, [key])) return null;
     return parse(apply(mapGet, storeJson, [key]));
   }
@@ -521,7 +520,7 @@
       if (!(raw in toolsTarget)) defineProperty(toolsTarget, raw, { value: fn, enumerable: true });
     }
     freeze(toolsTarget);
-    const tools = guard(toolsTarget, "tools", toolNames, " ALL_TOOLS lists every tool; searchTools(query) finds tools by topic.");
+    const tools = guard(toolsTarget, "tools", toolNames, " Every tool is in ALL_TOOLS; await searchTools(\"topic\") finds tools by what they do.");
     setGlobal("store", store);
     setGlobal("load", load);
     setGlobal("tools", tools);

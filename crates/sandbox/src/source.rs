@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 const OPTIONS_PREFIX: &str = "// @options:";
-const SUPPORTED: &str = "supported fields `max_output_tokens` and `timeout_ms`";
+const SUPPORTED: &str = "the keys `max_output_tokens` and `timeout_ms` (both optional)";
 
 /// Options a script may set on its first line. Both can only tighten or pick within the
 /// operator's maximum (see [`crate::Limits::effective`]).
@@ -65,16 +65,22 @@ pub fn parse_source(input: &str) -> Result<ParsedSource, SourceError> {
         None => String::new(),
     };
     if code.trim().is_empty() {
-        return fail("The @options line must be followed by JavaScript source on the next lines.");
+        return fail(
+            "After the // @options: line comes the script itself, but there is none. Add the JavaScript on the following lines.",
+        );
     }
     let directive = directive.trim();
-    let not_object = || format!("@options must be a JSON object with {SUPPORTED}.");
+    let not_object = || format!("The // @options: line needs a JSON object, with {SUPPORTED}.");
     if directive.is_empty() {
         return fail(not_object());
     }
     let value: serde_json::Value = match serde_json::from_str(directive) {
         Ok(v) => v,
-        Err(e) => return fail(format!("@options must be valid JSON with {SUPPORTED}: {e}")),
+        Err(e) => {
+            return fail(format!(
+                "The // @options: line is not valid JSON ({e}); write a JSON object with {SUPPORTED}."
+            ));
+        }
     };
     let Some(map) = value.as_object() else {
         return fail(not_object());
@@ -87,7 +93,7 @@ pub fn parse_source(input: &str) -> Result<ParsedSource, SourceError> {
                 Some(n) => options.max_output_tokens = Some(n),
                 None => {
                     return fail(
-                        "@options field `max_output_tokens` must be a non-negative safe integer",
+                        "In // @options:, `max_output_tokens` takes a whole number from 0 to 2^53-1",
                     );
                 }
             },
@@ -95,13 +101,13 @@ pub fn parse_source(input: &str) -> Result<ParsedSource, SourceError> {
                 Some(n) => options.timeout_ms = Some(n),
                 None => {
                     return fail(
-                        "@options field `timeout_ms` must be a positive integer up to 2147483647",
+                        "In // @options:, `timeout_ms` takes a whole number of milliseconds from 1 to 2147483647",
                     );
                 }
             },
             other => {
                 return fail(format!(
-                    "@options only supports `max_output_tokens` and `timeout_ms`; got `{other}`"
+                    "// @options: does not know the key `{other}`; it takes only `max_output_tokens` and `timeout_ms`"
                 ));
             }
         }

@@ -82,16 +82,16 @@ async fn values_text_and_console() {
 async fn tools_guard_and_identifiers() {
     let e = error("return await tools.missing()").await;
     assert_eq!(e.name.as_deref(), Some("TypeError"));
-    assert!(e.message.starts_with("tools.missing does not exist. Available: echo, fail, slow, rows, sleep, fail_props, image_tool."), "{}", e.message);
+    assert!(e.message.starts_with("tools.missing is not a known name. Known names: echo, fail, slow, rows, sleep, fail_props, image_tool."), "{}", e.message);
     assert!(
-        e.message.contains("ALL_TOOLS lists every tool")
+        e.message.contains("Every tool is in ALL_TOOLS")
             && e.message
-                .ends_with("Check for a member with \"missing\" in tools.")
+                .ends_with("await searchTools(\"topic\") finds tools by what they do.")
     );
     let e = error("tools.Echo").await;
     assert!(
         e.message
-            .starts_with("tools.Echo does not exist. Did you mean tools.echo?"),
+            .starts_with("tools.Echo is not a known name. Closest: tools.echo."),
         "{}",
         e.message
     );
@@ -240,7 +240,7 @@ async fn host_globals_and_namespaces() {
     let e = sandbox().run(s).await.error.unwrap();
     assert!(
         e.message
-            .starts_with("models.nope does not exist. Available: classify."),
+            .starts_with("models.nope is not a known name. Known names: classify."),
         "{}",
         e.message
     );
@@ -318,15 +318,15 @@ async fn exit_store_and_load() {
         }
         return out"#).await;
     let msgs: Vec<String> = serde_json::from_value(msgs).unwrap();
-    assert_eq!(msgs[0], "TypeError: store() key must be a string");
-    assert_eq!(msgs[1], "TypeError: load() key must be a string");
+    assert_eq!(msgs[0], "TypeError: store() needs a string key");
+    assert_eq!(msgs[1], "TypeError: load() needs a string key");
     assert_eq!(
         msgs[2],
-        "TypeError: store(\"fn\") value is not JSON-serializable"
+        "TypeError: store(\"fn\"): the value cannot be turned into JSON"
     );
-    assert!(msgs[3].starts_with("RangeError: store(\"big\") value has 307202 characters of JSON, more than the limit of 262144."), "{}", msgs[3]);
+    assert!(msgs[3].starts_with("RangeError: store(\"big\"): the value is 307202 characters of JSON; one value may be at most 262144."), "{}", msgs[3]);
     assert!(
-        msgs[4].starts_with("RangeError: store is full"),
+        msgs[4].starts_with("RangeError: store() is full"),
         "{}",
         msgs[4]
     );
@@ -365,14 +365,14 @@ async fn images() {
     assert_eq!(
         msgs,
         json!([
-            "TypeError: image expects a non-empty image URL string, an object with image_url, or an image block { type: \"image\", data, mimeType }",
-            "TypeError: remote image URLs are not supported in tool outputs. Pass a base64 data URI instead",
-            "TypeError: invalid image output. Pass a base64 data URI instead",
-            "TypeError: image only accepts image blocks, got \"text\"",
-            "TypeError: image expected image block data",
-            "TypeError: image expects a non-empty image URL string, an object with image_url, or an image block { type: \"image\", data, mimeType }",
-            "TypeError: invalid image output. The image data is not valid base64 (truncated or corrupted?)",
-            "TypeError: invalid image output. The image data is not a PNG, JPEG, GIF, or WebP image",
+            "TypeError: image() takes a base64 data URL, { image_url: dataUrl }, or an image block { type: \"image\", data, mimeType }",
+            "TypeError: image() does not fetch remote URLs; pass the picture as a base64 data URL or an image block",
+            "TypeError: image() got a string that is not a base64 data URL (data:<type>;base64,<data>)",
+            "TypeError: image() takes blocks of type \"image\", not \"text\"",
+            "TypeError: image() got an image block without data",
+            "TypeError: image() takes a base64 data URL, { image_url: dataUrl }, or an image block { type: \"image\", data, mimeType }",
+            "TypeError: image() data is not valid base64; it may be cut short or damaged",
+            "TypeError: image() data is not a PNG, JPEG, GIF or WebP picture",
         ])
     );
     let r = run("image(\"data:image/png;base64,iVBORw0K\\r\\nGgo=\\n\")").await;

@@ -141,7 +141,7 @@ async fn invalid_images_and_syntax_errors() {
         .await
         .error
         .unwrap();
-    assert!(e.message.contains("not a PNG, JPEG, GIF, or WebP"));
+    assert!(e.message.contains("not a PNG, JPEG, GIF or WebP"));
     let e = contained("image({ type: 'image', data: 'not base64!' })")
         .await
         .error

@@ -28,27 +28,27 @@ fn bad_input_is_rejected_before_running() {
     let err = |s: &str| parse_source(s).unwrap_err().message;
     assert!(err("").contains("empty"));
     assert!(err("  \n ").contains("empty"));
-    assert!(err("// @options: {\"yield\": 1}\ntext(1)").contains("got `yield`"));
+    assert!(err("// @options: {\"yield\": 1}\ntext(1)").contains("the key `yield`"));
     assert!(err("x\n// @options: {}").contains("line 2"));
     assert!(err("x\n   // @options: {}").contains("line 2"));
     for bad in ["0", "2147483648", "1.5", "\"5\""] {
         assert!(
             err(&format!("// @options: {{\"timeout_ms\": {bad}}}\nx"))
-                .contains("`timeout_ms` must be a positive integer"),
+                .contains("`timeout_ms` takes a whole number of milliseconds"),
             "{bad}"
         );
     }
     for bad in ["-1", "1.5"] {
         assert!(
             err(&format!("// @options: {{\"max_output_tokens\": {bad}}}\nx"))
-                .contains("`max_output_tokens` must be a non-negative safe integer")
+                .contains("`max_output_tokens` takes a whole number")
         );
     }
-    assert!(err("// @options: {}").contains("must be followed by JavaScript"));
-    assert!(err("// @options: {\"timeout_ms\": 5}\n\n").contains("must be followed by JavaScript"));
-    assert!(err("// @options: nope\nx").starts_with("@options must be valid JSON"));
-    assert!(err("// @options: []\nx").starts_with("@options must be a JSON object"));
-    assert!(err("// @options:\nx").starts_with("@options must be a JSON object"));
+    assert!(err("// @options: {}").contains("comes the script itself"));
+    assert!(err("// @options: {\"timeout_ms\": 5}\n\n").contains("comes the script itself"));
+    assert!(err("// @options: nope\nx").starts_with("The // @options: line is not valid JSON"));
+    assert!(err("// @options: []\nx").starts_with("The // @options: line needs a JSON object"));
+    assert!(err("// @options:\nx").starts_with("The // @options: line needs a JSON object"));
 }
 
 #[test]
