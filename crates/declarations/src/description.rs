@@ -17,6 +17,30 @@ use crate::tokens::{Encoding, count_tokens};
 /// Default inline budget, in o200k tokens, for everything below the fixed API text.
 pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 3000;
 
+/// The inline budget for a catalog far larger than [`DEFAULT_INLINE_BUDGET_TOKENS`].
+pub const LARGE_CATALOG_BUDGET_TOKENS: usize = 1000;
+
+/// The budget to use when the operator set none. A catalog that fits in three default budgets
+/// gets [`DEFAULT_INLINE_BUDGET_TOKENS`]; a larger one gets [`LARGE_CATALOG_BUDGET_TOKENS`]:
+/// once most tools cannot be listed anyway, the model finds them with `searchTools`, and every
+/// request is cheaper for a smaller listing.
+pub fn default_inline_budget(input: &DescriptionInput) -> usize {
+    let unbudgeted = DescriptionInput {
+        inline_budget_tokens: usize::MAX,
+        globals: input.globals.clone(),
+        ..*input
+    };
+    let full = crate::count_tokens(
+        &codemode_description(&unbudgeted),
+        crate::Encoding::O200kBase,
+    );
+    if full > 3 * DEFAULT_INLINE_BUDGET_TOKENS {
+        LARGE_CATALOG_BUDGET_TOKENS
+    } else {
+        DEFAULT_INLINE_BUDGET_TOKENS
+    }
+}
+
 /// Optional script globals that change what the description says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Globals {

@@ -23,7 +23,8 @@ mod text;
 mod tokens;
 
 pub use description::{
-    DEFAULT_INLINE_BUDGET_TOKENS, DescriptionInput, Globals, codemode_description,
+    DEFAULT_INLINE_BUDGET_TOKENS, DescriptionInput, Globals, LARGE_CATALOG_BUDGET_TOKENS,
+    codemode_description, default_inline_budget,
 };
 pub use identifiers::{IdentifierCollision, identifier_collisions};
 pub use note::direct_tool_note;

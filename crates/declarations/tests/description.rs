@@ -247,3 +247,48 @@ fn rendering_500_declarations_is_fast() {
     let _ = codemode_description(&DescriptionInput::new(&tools, &namespaces));
     assert!(start.elapsed().as_secs() < 5);
 }
+
+#[test]
+fn a_large_catalog_gets_a_small_surface_and_a_small_one_is_listed_whole() {
+    use codemode_declarations::{
+        DEFAULT_INLINE_BUDGET_TOKENS, Encoding, LARGE_CATALOG_BUDGET_TOKENS, count_tokens,
+        default_inline_budget,
+    };
+    use codemode_spec::{NamespaceSpec, ToolSpec};
+    let mut tools = Vec::new();
+    let mut namespaces = Vec::new();
+    for n in 0..25 {
+        let ns = format!("mcp__service{n}");
+        namespaces.push(NamespaceSpec {
+            name: ns.clone(),
+            description: Some(format!("Service number {n}: records, reports and settings.")),
+            instructions: None,
+        });
+        for t in 0..20 {
+            let mut spec = ToolSpec::new(
+                format!("{ns}__action_{t}"),
+                format!("Performs action {t} of service {n} on one record and returns its new state."),
+                serde_json::json!({"type": "object", "properties": {
+                    "id": {"type": "string", "description": "Record id"},
+                    "dry_run": {"type": "boolean"},
+                    "limit": {"type": "integer", "minimum": 1}
+                }, "required": ["id"]}),
+            );
+            spec.namespace = Some(ns.clone());
+            tools.push(spec);
+        }
+    }
+    let mut input = codemode_declarations::DescriptionInput::new(&tools, &namespaces);
+    assert_eq!(default_inline_budget(&input), LARGE_CATALOG_BUDGET_TOKENS);
+    input.inline_budget_tokens = default_inline_budget(&input);
+    let surface = codemode_declarations::codemode_description(&input);
+    let tokens = count_tokens(&surface, Encoding::O200kBase);
+    assert!(tokens < 1500, "500 tools in 25 namespaces cost {tokens} tokens");
+    // Every namespace still has its heading, so the model knows where to search.
+    for n in 0..25 {
+        assert!(surface.contains(&format!("mcp__service{n}")), "namespace {n} is missing");
+    }
+    let few = &tools[..5];
+    let small = codemode_declarations::DescriptionInput::new(few, &namespaces);
+    assert_eq!(default_inline_budget(&small), DEFAULT_INLINE_BUDGET_TOKENS);
+}

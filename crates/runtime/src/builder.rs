@@ -30,9 +30,6 @@ pub struct CodemodeBuilder {
     inline_budget_tokens: Option<usize>,
 }
 
-/// The codemode description's default inline budget, in tokens.
-pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 3000;
-
 impl CodemodeBuilder {
     /// The gate every call passes. Its registry is what scripts can call.
     pub fn gate(mut self, gate: Gate) -> Self {
@@ -59,6 +56,8 @@ impl CodemodeBuilder {
         self
     }
 
+    /// How many tokens of tool declarations the codemode description may list. Without it, the
+    /// budget follows the catalog's size: 3000 tokens, or 1000 for a catalog too large to list.
     pub fn inline_budget_tokens(mut self, tokens: usize) -> Self {
         self.inline_budget_tokens = Some(tokens);
         self
@@ -84,9 +83,7 @@ impl CodemodeBuilder {
                 gate,
                 sandbox,
                 catalog,
-                inline_budget_tokens: self
-                    .inline_budget_tokens
-                    .unwrap_or(DEFAULT_INLINE_BUDGET_TOKENS),
+                inline_budget_tokens: self.inline_budget_tokens,
                 stores: SessionStores::default(),
                 next_id: AtomicU64::new(1),
             }),

@@ -45,7 +45,8 @@ struct Inner {
     gate: Gate,
     sandbox: Sandbox,
     catalog: Option<Arc<Catalog>>,
-    inline_budget_tokens: usize,
+    /// `None`: chosen by the size of the catalog (see `default_inline_budget`).
+    inline_budget_tokens: Option<usize>,
     stores: store::SessionStores,
     next_id: std::sync::atomic::AtomicU64,
 }
@@ -88,7 +89,7 @@ impl Codemode {
     pub fn description(&self) -> String {
         let tools = self.script_tools();
         let namespaces = self.inner.gate.registry().namespaces();
-        codemode_declarations::codemode_description(&DescriptionInput {
+        let mut input = DescriptionInput {
             tools: &tools,
             namespaces: &namespaces,
             mode: self.mode(),
@@ -96,8 +97,13 @@ impl Codemode {
                 models: self.models_enabled(),
                 models_doc: None,
             },
-            inline_budget_tokens: self.inner.inline_budget_tokens,
-        })
+            inline_budget_tokens: 0,
+        };
+        input.inline_budget_tokens = match self.inner.inline_budget_tokens {
+            Some(budget) => budget,
+            None => codemode_declarations::default_inline_budget(&input),
+        };
+        codemode_declarations::codemode_description(&input)
     }
 
     /// The direct tools to declare to the model beside `codemode`: none in mode `only`. Each one's
