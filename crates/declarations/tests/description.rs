@@ -261,13 +261,17 @@ fn a_large_catalog_gets_a_small_surface_and_a_small_one_is_listed_whole() {
         let ns = format!("mcp__service{n}");
         namespaces.push(NamespaceSpec {
             name: ns.clone(),
-            description: Some(format!("Service number {n}: records, reports and settings.")),
+            description: Some(format!(
+                "Service number {n}: records, reports and settings."
+            )),
             instructions: None,
         });
         for t in 0..20 {
             let mut spec = ToolSpec::new(
                 format!("{ns}__action_{t}"),
-                format!("Performs action {t} of service {n} on one record and returns its new state."),
+                format!(
+                    "Performs action {t} of service {n} on one record and returns its new state."
+                ),
                 serde_json::json!({"type": "object", "properties": {
                     "id": {"type": "string", "description": "Record id"},
                     "dry_run": {"type": "boolean"},
@@ -283,10 +287,16 @@ fn a_large_catalog_gets_a_small_surface_and_a_small_one_is_listed_whole() {
     input.inline_budget_tokens = default_inline_budget(&input);
     let surface = codemode_declarations::codemode_description(&input);
     let tokens = count_tokens(&surface, Encoding::O200kBase);
-    assert!(tokens < 1500, "500 tools in 25 namespaces cost {tokens} tokens");
+    assert!(
+        tokens < 1500,
+        "500 tools in 25 namespaces cost {tokens} tokens"
+    );
     // Every namespace still has its heading, so the model knows where to search.
     for n in 0..25 {
-        assert!(surface.contains(&format!("mcp__service{n}")), "namespace {n} is missing");
+        assert!(
+            surface.contains(&format!("mcp__service{n}")),
+            "namespace {n} is missing"
+        );
     }
     let few = &tools[..5];
     let small = codemode_declarations::DescriptionInput::new(few, &namespaces);

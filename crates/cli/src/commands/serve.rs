@@ -25,12 +25,13 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> Result<ExitCode> {
-    if let Some(addr) = args.listen {
-        if !addr.ip().is_loopback() && args.token.is_none() {
-            bail!(
-                "{addr} is reachable from other machines: pass --token (or CODEMODE_SERVE_TOKEN) so that every request must carry it, or listen on 127.0.0.1"
-            );
-        }
+    if let Some(addr) = args.listen
+        && !addr.ip().is_loopback()
+        && args.token.is_none()
+    {
+        bail!(
+            "{addr} is reachable from other machines: pass --token (or CODEMODE_SERVE_TOKEN) so that every request must carry it, or listen on 127.0.0.1"
+        );
     }
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
