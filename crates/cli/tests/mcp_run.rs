@@ -1,0 +1,119 @@
+//! `codemode run --mcp-config` against the real npm MCP servers of the testbed.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+fn testbed() -> PathBuf {
+    let p = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testbed/node_modules"
+    ));
+    assert!(
+        p.join("@modelcontextprotocol/server-everything").exists(),
+        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
+    );
+    p
+}
+
+struct Env {
+    work: tempfile::TempDir,
+    config: tempfile::TempDir,
+}
+
+fn env() -> Env {
+    let work = tempfile::tempdir().unwrap();
+    std::fs::write(work.path().join("hello.txt"), "hello from a file\n").unwrap();
+    let config = tempfile::tempdir().unwrap();
+    let tb = testbed();
+    let servers = json!({ "mcpServers": {
+        "everything": { "command": "node", "args": [tb.join("@modelcontextprotocol/server-everything/dist/index.js"), "stdio"] },
+        "fs": { "command": "node", "args": [tb.join("@modelcontextprotocol/server-filesystem/dist/index.js"), work.path()] },
+        "memory": { "command": "node", "args": [tb.join("@modelcontextprotocol/server-memory/dist/index.js")],
+                    "env": { "MEMORY_FILE_PATH": work.path().join("memory.json") } }
+    }});
+    std::fs::write(config.path().join("mcp.json"), servers.to_string()).unwrap();
+    Env { work, config }
+}
+
+fn run(env: &Env, script: &str, policy: Option<&str>) -> (Option<i32>, Value, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
+    cmd.args(["run", "--json", "--no-builtins", "--workdir"])
+        .arg(env.work.path())
+        .arg("--config-dir")
+        .arg(env.config.path());
+    if let Some(p) = policy {
+        let file = env.work.path().join("policy.cedar");
+        std::fs::write(&file, p).unwrap();
+        cmd.arg("--policy").arg(file);
+    }
+    let mut child = cmd
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.code(),
+        value,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const PERMIT_MCP: &str = "@id(\"mcp-servers\")\npermit (principal, action == Action::\"tool_call\", resource)\nwhen { resource.namespace like \"mcp__*\" };\n";
+
+#[test]
+fn a_script_reads_through_one_server_and_stores_in_another() {
+    let env = env();
+    let path = env.work.path().join("hello.txt");
+    let script = format!(
+        r#"const file = await tools.mcp__fs__read_text_file({{ path: {path:?} }});
+           const text = file.content[0].text;
+           await tools.mcp__memory__create_entities({{ entities: [{{ name: "greeting", entityType: "note", observations: [text] }}] }});
+           const graph = JSON.parse((await tools.mcp__memory__read_graph({{}})).content[0].text);
+           const echoed = await tools.mcp__everything__echo({{ message: "hi" }});
+           return {{ text, entities: graph.entities.map(e => e.name), echoed: echoed.content[0].text }}"#
+    );
+    let (code, v, stderr) = run(&env, &script, Some(PERMIT_MCP));
+    assert_eq!(code, Some(0), "{v}\n{stderr}");
+    assert_eq!(v["value"]["text"], "hello from a file\n");
+    assert_eq!(v["value"]["entities"], json!(["greeting"]));
+    assert!(v["value"]["echoed"].as_str().unwrap().contains("hi"), "{v}");
+}
+
+#[test]
+fn the_default_policy_runs_read_only_mcp_tools_and_refuses_the_rest() {
+    let env = env();
+    let script = r#"const graph = await tools.mcp__memory__read_graph({});
+        let write;
+        try { await tools.mcp__memory__create_entities({ entities: [] }); write = "ran" } catch (e) { write = e.message }
+        return { read: graph.isError === true ? "error" : "ok", write }"#;
+    let (code, v, stderr) = run(&env, script, None);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(v["value"]["read"], "ok", "{v}");
+    let msg = v["value"]["write"].as_str().unwrap_or_default();
+    assert!(msg.contains("no policy permits"), "{msg}");
+}
+
+#[test]
+fn fifty_concurrent_calls_over_the_same_servers() {
+    let env = env();
+    let script = r#"const rs = await Promise.all(Array.from({ length: 50 }, (_, i) =>
+                      tools.mcp__everything__echo({ message: "m" + i })));
+                    return rs.map(r => r.content[0].text).filter(t => t.includes("m")).length"#;
+    let (code, v, stderr) = run(&env, script, Some(PERMIT_MCP));
+    assert_eq!(code, Some(0), "{v}\n{stderr}");
+    assert_eq!(v["value"], 50);
+}
