@@ -77,7 +77,10 @@ fn client(url: &str, token: &str) -> Value {
 
 #[test]
 fn two_http_sessions_keep_their_own_store_and_the_token_is_required() {
-    let (_server, url, _config) = serve(&["--token", "s3cret", "--mode", "only"]);
+    let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let audit_s = audit.to_str().unwrap().to_string();
+    let (_server, url, _config) =
+        serve(&["--token", "s3cret", "--mode", "only", "--audit", &audit_s]);
     let v = client(&url, "s3cret");
     assert_eq!(v["unauthorized"], 401, "{v}");
     assert_eq!(
@@ -95,6 +98,12 @@ fn two_http_sessions_keep_their_own_store_and_the_token_is_required() {
         .map(|x| x.as_i64().unwrap())
         .collect();
     assert_eq!(many, (0..20).map(|i| i * 2).collect::<Vec<_>>());
+    assert_eq!(v["listed"]["value"], true, "{v}");
+    let audit = std::fs::read_to_string(&audit).unwrap();
+    assert!(
+        audit.contains("client-a"),
+        "the audit log names the MCP client: {audit}"
+    );
 }
 
 #[test]
