@@ -69,7 +69,11 @@ fn question(req: &ApprovalRequest) -> String {
     } else {
         args
     };
-    let policies = if req.policy_ids.is_empty() {
+    let policies = if req
+        .policy_ids
+        .iter()
+        .all(|id| req.reason.contains(id.as_str()))
+    {
         String::new()
     } else {
         format!(" (policy {})", req.policy_ids.join(", "))
