@@ -17,6 +17,10 @@ use crate::result::{ErrorKind, ScriptError, ScriptResult};
 use crate::source::ParsedSource;
 use crate::vm::Vm;
 
+/// Most workers preparing a VM at once before a new script waits for one instead of starting
+/// another worker.
+const MAX_PREPARING: usize = 8;
+
 /// Workers above the warm count exit after this long without work.
 const IDLE_EXIT: Duration = Duration::from_secs(30);
 
@@ -89,7 +93,11 @@ impl Pool {
             return Err(Box::new(job));
         }
         s.queue.push_back(job);
-        if s.idle + s.preparing < s.queue.len()
+        // Without an idle worker, start another even while some are preparing: a VM takes about
+        // half a millisecond of CPU to prepare, and a burst of scripts should find VMs ready
+        // rather than wait for one. The cap keeps a burst from starting a thread per script.
+        if s.idle < s.queue.len()
+            && s.preparing < MAX_PREPARING
             && s.threads < pool.max
             && !Pool::spawn(pool, &mut s)
             && s.threads == 0
