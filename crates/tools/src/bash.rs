@@ -17,7 +17,7 @@ use tokio::time::sleep_until;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::parse;
-use crate::paths::path_text;
+use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, make_spec};
 use crate::truncate::HeadTail;
 
@@ -84,10 +84,7 @@ impl Tool for BashTool {
     /// The command can touch anything; the path the policy sees is where it runs.
     fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
         let _: BashArgs = parse("bash", args)?;
-        Ok(CallFacts {
-            paths: vec![path_text(&self.ctx.workdir)?],
-            model: None,
-        })
+        path_facts(&self.ctx.workdir)
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {

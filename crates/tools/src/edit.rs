@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::args::parse;
 use crate::fs_atomic::atomic_write;
-use crate::paths::path_text;
+use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_change, text_output};
 
 #[derive(Deserialize)]
@@ -60,10 +60,7 @@ impl Tool for EditTool {
     fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
         let args: EditArgs = parse("edit", args)?;
         let path = self.ctx.resolve(&args.path)?;
-        Ok(CallFacts {
-            paths: vec![path_text(&path)?],
-            model: None,
-        })
+        path_facts(&path)
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {

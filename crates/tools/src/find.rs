@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::paths::path_text;
+use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, StopFlag, make_spec, run_blocking, text_output};
 use crate::walk::{PathGlob, walk};
 
@@ -61,10 +61,7 @@ impl Tool for FindTool {
     fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
         let args: FindArgs = parse("find", args)?;
         let root = self.ctx.resolve_root(args.path.as_deref())?;
-        Ok(CallFacts {
-            paths: vec![path_text(&root)?],
-            model: None,
-        })
+        path_facts(&root)
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::paths::path_text;
+use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, StopFlag, make_spec, run_blocking, text_output};
 use crate::walk::{PathGlob, walk};
 
@@ -71,10 +71,7 @@ impl Tool for GrepTool {
     fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
         let args: GrepArgs = parse("grep", args)?;
         let root = self.ctx.resolve_root(args.path.as_deref())?;
-        Ok(CallFacts {
-            paths: vec![path_text(&root)?],
-            model: None,
-        })
+        path_facts(&root)
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {

@@ -64,6 +64,14 @@ pub(crate) fn path_text(path: &Path) -> Result<String, ToolError> {
     })
 }
 
+/// The facts of a call that touches one resolved path: what path rules in the policy judge.
+pub(crate) fn path_facts(path: &Path) -> Result<codemode_spec::CallFacts, ToolError> {
+    Ok(codemode_spec::CallFacts {
+        paths: vec![path_text(path)?],
+        model: None,
+    })
+}
+
 fn expand_home(raw: &str) -> Result<PathBuf, ToolError> {
     let rest = if raw == "~" {
         ""

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::paths::path_text;
+use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, text_output};
 
 /// Lines shown when the call gives no limit.
@@ -74,10 +74,7 @@ impl Tool for ReadTool {
     fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
         let args: ReadArgs = parse("read", args)?;
         let path = self.ctx.resolve(&args.path)?;
-        Ok(CallFacts {
-            paths: vec![path_text(&path)?],
-            model: None,
-        })
+        path_facts(&path)
     }
 
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
