@@ -21,7 +21,7 @@ mod store;
 
 pub use builder::{CodemodeBuilder, RuntimeError};
 pub use globals::READ_ONLY_GLOBALS;
-pub use run::{ScriptRequest, ScriptRun, ScriptSurface};
+pub use run::{GateRecord, ScriptRequest, ScriptRun, ScriptSurface};
 
 use std::sync::Arc;
 

@@ -63,6 +63,18 @@ pub struct ScriptRun {
     pub usage: Usage,
     /// Usage per call, by the call's id in the script.
     pub usage_by_call: HashMap<u64, Usage>,
+    /// What the gate decided for each of the script's calls, in the order they reached it.
+    pub gate_records: Vec<GateRecord>,
+}
+
+/// The gate's record of one call, with the call's id in the script.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateRecord {
+    /// The call's id in the script (its `seq`), when the gate saw one.
+    pub id: Option<u64>,
+    #[serde(flatten)]
+    pub record: codemode_gate::CallRecord,
 }
 
 impl ScriptRun {
@@ -76,12 +88,42 @@ impl ScriptRun {
             json!({ "ok": false, "error": { "kind": "sandbox", "message": format!("the result could not be serialized: {e}") } })
         });
         if let Some(calls) = value.get_mut("calls").and_then(Value::as_array_mut) {
-            for call in calls {
+            let mut seen = std::collections::HashSet::new();
+            for call in calls.iter_mut() {
                 let id = call.get("id").and_then(Value::as_u64);
+                if let Some(id) = id {
+                    seen.insert(id);
+                }
                 if let Some(usage) = id.and_then(|id| self.usage_by_call.get(&id)) {
                     call["usage"] = json!(usage);
                 }
+                if let Some(r) = self
+                    .gate_records
+                    .iter()
+                    .find(|r| r.id.is_some() && r.id == id)
+                {
+                    call["decision"] = json!(r.record.decision);
+                    call["policyIds"] = json!(r.record.policy_ids);
+                }
             }
+            // Model calls and host globals are not among the sandbox's tool calls; the gate saw
+            // them, so they are listed from its records, with what they spent.
+            for r in &self.gate_records {
+                if r.id.is_some_and(|id| seen.contains(&id)) {
+                    continue;
+                }
+                calls.push(json!({
+                    "id": r.id,
+                    "name": r.record.name,
+                    "kind": if r.record.name.starts_with("models.") { "model" } else { "global" },
+                    "status": r.record.status,
+                    "decision": r.record.decision,
+                    "policyIds": r.record.policy_ids,
+                    "durationMs": r.record.duration_ms,
+                    "usage": r.record.usage,
+                }));
+            }
+            calls.sort_by_key(|c| c.get("id").and_then(Value::as_u64).unwrap_or(u64::MAX));
         }
         if !self.usage.is_empty() {
             value["usage"] = json!(self.usage);
@@ -144,6 +186,7 @@ impl Codemode {
                 result: None,
                 usage: Usage::default(),
                 usage_by_call: HashMap::new(),
+                gate_records: Vec::new(),
             };
         }
         let script_hash = hex::encode(Sha256::digest(req.source.as_bytes()));
@@ -230,6 +273,14 @@ impl Codemode {
             result: Some(result),
             usage,
             usage_by_call: spent.usage_by_call,
+            gate_records: ledger
+                .records
+                .iter()
+                .map(|r| GateRecord {
+                    id: r.call_id.rsplit('/').next().and_then(|n| n.parse().ok()),
+                    record: r.clone(),
+                })
+                .collect(),
         }
     }
 }

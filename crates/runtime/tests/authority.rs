@@ -115,8 +115,23 @@ async fn a_model_call_budget_lets_exactly_that_many_run() {
         assert_eq!(r.authorization.as_deref(), Some("Bearer codemode-runtime"));
         assert!(r.path.ends_with("/chat/completions"), "{}", r.path);
     }
-    // Usage lands on the run and in the text the model reads.
+    // Usage lands on the run, on each model call's record, and in the text the model reads.
     assert_eq!(run.usage.input_tokens, 10 * 100);
+    let structured = run.structured();
+    let rows: Vec<&serde_json::Value> = structured["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["name"] == "models.classify")
+        .collect();
+    assert_eq!(rows.len(), 1000, "every model call has a record");
+    assert_eq!(rows.iter().filter(|c| c["status"] == "ok").count(), 10);
+    assert!(
+        rows.iter().any(|c| c["usage"]["inputTokens"] == 100),
+        "{:?}",
+        rows[0]
+    );
+    assert!(rows.iter().all(|c| c["kind"] == "model"));
     assert!(run.text.contains("Model usage"), "{}", run.text);
 }
 

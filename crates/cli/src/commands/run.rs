@@ -158,27 +158,58 @@ fn print_trace(run: &ScriptRun) {
 }
 
 fn print_trace_to(run: &ScriptRun, out: &mut dyn std::io::Write) {
-    let Some(result) = &run.result else { return };
-    for call in &result.calls {
-        let usage = run
-            .usage_by_call
-            .get(&call.id)
+    let structured = run.structured();
+    let Some(calls) = structured.get("calls").and_then(|c| c.as_array()) else {
+        return;
+    };
+    for call in calls {
+        let field = |k: &str| {
+            call.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let policies = call
+            .get("policyIds")
+            .and_then(|p| p.as_array())
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let ids: Vec<&str> = p.iter().filter_map(|i| i.as_str()).collect();
+                format!(" by {}", ids.join(", "))
+            })
+            .unwrap_or_default();
+        let usage = call
+            .get("usage")
+            .filter(|u| !u.is_null())
             .map(|u| {
                 format!(
                     " [{} in / {} out tokens, ${:.6}]",
-                    u.input_tokens, u.output_tokens, u.cost_usd
+                    u["inputTokens"],
+                    u["outputTokens"],
+                    u["costUsd"].as_f64().unwrap_or(0.0)
                 )
             })
             .unwrap_or_default();
         let error = call
-            .error
-            .as_deref()
+            .get("error")
+            .and_then(|e| e.as_str())
             .map(|e| format!(" — {e}"))
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "#{} {} {} {:?} {:.2} ms{}{}",
-            call.id, call.name, call.args, call.status, call.duration_ms, usage, error
+            "#{} {} {} {} (gate: {}{policies}) {:.2} ms{usage}{error}",
+            call.get("id").map(|i| i.to_string()).unwrap_or_default(),
+            field("name"),
+            field("args"),
+            field("status"),
+            if field("decision").is_empty() {
+                "-".to_string()
+            } else {
+                field("decision")
+            },
+            call.get("durationMs")
+                .and_then(|d| d.as_f64())
+                .unwrap_or(0.0),
         );
     }
 }
