@@ -78,11 +78,11 @@ impl<'a> DescriptionInput<'a> {
     }
 }
 
-const INTRO: &str = "Run JavaScript (raw source, not JSON or a code fence) as the body of an async function in a QuickJS sandbox: top-level `await` and `return` work; no Node, file system, network or timers.
-- `await tools.<name>(args)` resolves to the declared type or rejects with an Error; a tool declared to return an object resolves with it even on failure (check its fields). Calls still pending at the end are cancelled.
-- Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` stops. Several texts get `==> text N/M <==` headers; console lines come last, in `<console_output>`.
-- `store(key, value)`, `load(key)`: JSON kept across runs.
-- Unlisted tools: `ALL_TOOLS`, `await searchTools(query, {limit?, namespace?})`, `await describeTool(name)`, `await describeNamespace(name)`.";
+const INTRO: &str = "Write the body of an async JavaScript function (plain source; no JSON wrapper, no code fence). It runs in QuickJS with no Node APIs, files, network or timers; top-level `await` and `return` work.
+- `await tools.<name>(args)` gives the declared result; a failure throws an Error, except that a tool declared to return an object returns it on failure too (read its fields). Calls still running when the script ends are cancelled.
+- Show results with `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)` or `return v`; `exit()` ends early. Several texts appear under `==> text N/M <==` headers; console lines come last, in `<console_output>`.
+- `store(key, value)` / `load(key)` keep JSON between runs.
+- Tools not listed here: `ALL_TOOLS`, `await searchTools(query, {limit?, namespace?})`, `await describeTool(name)`, `await describeNamespace(name)`.";
 
 const OPTIONS_LINE: &str =
     "- Optional first line: `// @options: {\"max_output_tokens\": 10000, \"timeout_ms\": 60000}`";
