@@ -40,8 +40,13 @@ pub struct LimitFlags {
 pub struct Setup {
     pub codemode: Codemode,
     pub warnings: Vec<String>,
-    hub: Option<McpHub>,
+    eff: EffectiveSettings,
+    hub: Option<Arc<McpHub>>,
+    refresher: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// Called after the registry took in a changed MCP tool list.
+pub type OnToolsChanged = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl Setup {
     /// Set-up for a command at a terminal: `ask` decisions go to the person there, if any.
@@ -124,18 +129,85 @@ impl Setup {
             codemode = codemode.models(Arc::new(catalog), ModelsHttpConfig::default());
         }
         let codemode = codemode.build()?;
+        let hub = hub.map(Arc::new);
         Ok(Setup {
             codemode,
             warnings,
+            eff,
             hub,
+            refresher: None,
         })
     }
 
+    /// Keeps the registry in step with the MCP servers' tool lists (`notifications/tools/
+    /// list_changed`), re-applying the settings' tool rules, then calls `then`.
+    pub fn follow_tool_changes(&mut self, then: Option<OnToolsChanged>) {
+        let Some(hub) = self.hub.clone() else { return };
+        let codemode = self.codemode.clone();
+        let eff = self.eff.clone();
+        let mut changes = hub.on_tools_changed();
+        self.refresher = Some(tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let registry = codemode.gate().registry();
+                for warning in sync_mcp_tools(registry, &hub) {
+                    tracing::warn!("{warning}");
+                }
+                for warning in eff.apply_tools(registry) {
+                    tracing::warn!("{warning}");
+                }
+                if let Some(then) = &then {
+                    then().await;
+                }
+            }
+        }));
+    }
+
     pub async fn shutdown(self) {
-        if let Some(hub) = self.hub {
+        if let Some(task) = self.refresher {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Some(hub) = self.hub.and_then(|h| Arc::try_unwrap(h).ok()) {
             hub.shutdown().await;
         }
     }
+}
+
+/// Makes the registry's MCP tools match the hub's: new tools registered, vanished ones removed,
+/// changed ones replaced. A changed tool is briefly absent while it is replaced.
+fn sync_mcp_tools(registry: &Registry, hub: &McpHub) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let fresh = hub.tools();
+    let fresh_names: std::collections::HashSet<String> =
+        fresh.iter().map(|t| t.spec().name.clone()).collect();
+    let current = registry.specs();
+    for spec in &current {
+        let from_mcp = spec
+            .namespace
+            .as_deref()
+            .is_some_and(|n| n.starts_with("mcp__"));
+        if from_mcp && !fresh_names.contains(&spec.name) {
+            registry.remove(&spec.name);
+        }
+    }
+    for ns in hub.namespaces() {
+        registry.add_namespace(ns);
+    }
+    for tool in fresh {
+        let name = tool.spec().name.clone();
+        if let Some(old) = current.iter().find(|s| s.name == name) {
+            let same = old.input_schema == tool.spec().input_schema
+                && old.description == tool.spec().description;
+            if same {
+                continue;
+            }
+            registry.remove(&name);
+        }
+        if let Err(e) = registry.register(tool) {
+            warnings.push(format!("an MCP tool was left out: {e}"));
+        }
+    }
+    warnings
 }
 
 async fn connect_mcp(

@@ -117,3 +117,55 @@ fn fifty_concurrent_calls_over_the_same_servers() {
     assert_eq!(code, Some(0), "{v}\n{stderr}");
     assert_eq!(v["value"], 50);
 }
+
+#[test]
+fn serve_follows_an_upstream_tool_list_change_and_tells_the_client() {
+    let config = tempfile::tempdir().unwrap();
+    let tb = testbed();
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../mcp/tests/fixtures/misbehaving-server.cjs"
+    );
+    let servers = json!({ "mcpServers": { "bad": { "command": "node", "args": [fixture, tb] } } });
+    std::fs::write(config.path().join("mcp.json"), servers.to_string()).unwrap();
+    let policy = config.path().join("policy.cedar");
+    std::fs::write(&policy, PERMIT_MCP).unwrap();
+    let args = json!([
+        "serve",
+        "--no-builtins",
+        "--config-dir",
+        config.path(),
+        "--policy",
+        policy,
+        "--workdir",
+        config.path()
+    ]);
+    let client = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/list-changed-client.cjs"
+    );
+    let out = Command::new("node")
+        .arg(client)
+        .arg(&tb)
+        .arg(env!("CARGO_BIN_EXE_codemode"))
+        .arg(args.to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(v["added"], "added", "{v}");
+    assert_eq!(
+        v["notified"], true,
+        "the client is told the list changed: {v}"
+    );
+    assert_eq!(v["extraBefore"], false, "{v}");
+    assert_eq!(
+        v["extraAfter"], true,
+        "the codemode description lists the new tool: {v}"
+    );
+    assert_eq!(v["extra"], "extra works", "{v}");
+}

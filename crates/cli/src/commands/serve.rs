@@ -36,8 +36,13 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
     let approvals = codemode_mcp::ElicitationApprover::new();
-    let setup =
+    let mut setup =
         Setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
+    let notifier = approvals.clone();
+    setup.follow_tool_changes(Some(Arc::new(move || {
+        let notifier = notifier.clone();
+        Box::pin(async move { notifier.notify_tool_list_changed().await })
+    })));
     for warning in &setup.warnings {
         tracing::warn!("{warning}");
     }

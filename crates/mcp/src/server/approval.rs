@@ -44,6 +44,21 @@ impl ElicitationApprover {
         sessions.remove(session_id);
     }
 
+    /// Tells every connected client that the tool list changed (the `codemode` description
+    /// follows the registry), so it lists the tools again. The router knows every session's
+    /// client, which is why this lives here.
+    pub async fn notify_tool_list_changed(&self) {
+        let peers: Vec<Peer<RoleServer>> = {
+            let sessions = self.sessions.read().unwrap_or_else(|e| e.into_inner());
+            sessions.values().map(|s| s.peer.clone()).collect()
+        };
+        for peer in peers {
+            if let Err(e) = peer.notify_tool_list_changed().await {
+                tracing::debug!(error = %e, "a client did not take the tool-list notification");
+            }
+        }
+    }
+
     fn session(&self, session_id: &str) -> Option<SessionPeer> {
         let sessions = self.sessions.read().unwrap_or_else(|e| e.into_inner());
         sessions.get(session_id).cloned()

@@ -155,7 +155,12 @@ impl CodemodeHandler {
 
 impl ServerHandler for CodemodeHandler {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let mut info = ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        );
         info.server_info = Implementation::new("codemode", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
             "Call the `codemode` tool with a short JavaScript program that calls tools as \
