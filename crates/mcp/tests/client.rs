@@ -468,3 +468,40 @@ async fn streamable_http_server_with_headers() {
     hub.shutdown().await;
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn shutting_down_stops_what_a_stdio_server_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("child.pid");
+    // Like `npx`: the server runs beside a child of its launcher.
+    let launcher = format!(
+        "sleep 300 & echo $! > {}; exec node {FIXTURE} {TESTBED}",
+        pidfile.display()
+    );
+    let hub = hub(json!({"bad": {"command": "sh", "args": ["-c", launcher]}})).await;
+    assert!(
+        matches!(hub.status()[0].state, ServerState::Connected { .. }),
+        "{:?}",
+        hub.status()
+    );
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    };
+    assert!(
+        alive(pid),
+        "the launcher's child runs while the server does"
+    );
+    hub.shutdown().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while alive(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!alive(pid), "the server's process group is stopped with it");
+}

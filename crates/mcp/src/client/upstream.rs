@@ -71,6 +71,21 @@ pub(crate) struct Upstream {
 struct Live {
     peer: Peer<RoleClient>,
     service: Service,
+    /// Dropped after the service, so the server's leftover children go with it.
+    _group: Option<ProcessGroup>,
+}
+
+/// A stdio server's process group. Dropping it kills every process still in the group: a
+/// server that exits cleanly can leave children behind (`npx` runs the real server as one).
+struct ProcessGroup(libc::pid_t);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: killpg only sends a signal; a group that is already gone gives ESRCH.
+        unsafe {
+            libc::killpg(self.0, libc::SIGKILL);
+        }
+    }
 }
 
 impl Upstream {
@@ -126,7 +141,7 @@ impl Upstream {
             return Ok(peer);
         }
         match tokio::time::timeout(self.connect_timeout, self.start()).await {
-            Ok(Ok((service, catalog))) => {
+            Ok(Ok((service, catalog, group))) => {
                 let peer = service.peer().clone();
                 let changed = read(&self.catalog).tools != catalog.tools;
                 *write(&self.catalog) = catalog;
@@ -137,6 +152,7 @@ impl Upstream {
                 *write(&self.live) = Some(Live {
                     peer: peer.clone(),
                     service,
+                    _group: group,
                 });
                 Ok(peer)
             }
@@ -176,12 +192,13 @@ impl Upstream {
             .filter(|p| !p.is_transport_closed())
     }
 
-    async fn start(&self) -> Result<(Service, Catalog), String> {
+    async fn start(&self) -> Result<(Service, Catalog, Option<ProcessGroup>), String> {
         lock(&self.stderr_tail).clear();
         let handler = Handler {
             server: Arc::from(self.name()),
             list_changed: self.list_changed.clone(),
         };
+        let mut group = None;
         let service = match &self.config.transport {
             ServerTransport::Stdio {
                 command,
@@ -199,10 +216,18 @@ impl Upstream {
                 if let Some(cwd) = cwd {
                     cmd.current_dir(cwd);
                 }
-                let (transport, stderr) = TokioChildProcess::builder(cmd)
+                // Its own process group, so that stopping the server also stops whatever it
+                // started (`npx` runs the real server as a grandchild).
+                let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
+                wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
+                let (transport, stderr) = TokioChildProcess::builder(wrapped)
                     .stderr(Stdio::piped())
                     .spawn()
                     .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+                group = transport
+                    .id()
+                    .and_then(|id| libc::pid_t::try_from(id).ok())
+                    .map(ProcessGroup);
                 if let Some(stderr) = stderr {
                     self.log_stderr(stderr);
                 }
@@ -244,7 +269,7 @@ impl Upstream {
                 .and_then(|i| i.server_info.as_ref())
                 .and_then(|s| s.description.clone()),
         };
-        Ok((service, catalog))
+        Ok((service, catalog, group))
     }
 
     fn log_stderr(&self, stderr: tokio::process::ChildStderr) {
