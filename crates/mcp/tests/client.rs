@@ -505,3 +505,42 @@ async fn shutting_down_stops_what_a_stdio_server_started() {
     }
     assert!(!alive(pid), "the server's process group is stopped with it");
 }
+
+#[tokio::test]
+async fn a_server_that_failed_to_start_is_tried_again_and_its_tools_arrive() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("ready");
+    let launcher = format!(
+        "test -f {} || exit 3; exec node {FIXTURE} {TESTBED}",
+        flag.display()
+    );
+    let hub = McpHub::connect(
+        &config(json!({"late": {"command": "sh", "args": ["-c", launcher]}})),
+        ConnectOptions {
+            retry_after: Some(Duration::from_millis(200)),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(
+        matches!(hub.status()[0].state, ServerState::Failed(_)),
+        "{:?}",
+        hub.status()
+    );
+    assert!(hub.tools().is_empty());
+    let mut changes = hub.on_tools_changed();
+    std::fs::write(&flag, "").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), changes.changed())
+        .await
+        .expect("the late server's tools are announced")
+        .unwrap();
+    assert!(
+        matches!(hub.status()[0].state, ServerState::Connected { .. }),
+        "{:?}",
+        hub.status()
+    );
+    let echo = find(&hub, "mcp__late__echo");
+    let out = echo.call(call(json!({"text": "back"}))).await.unwrap();
+    assert!(text_of(&out.value).contains("back"), "{}", out.value);
+    hub.shutdown().await;
+}

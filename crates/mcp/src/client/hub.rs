@@ -20,13 +20,20 @@ pub struct ConnectOptions {
     /// How long a call may go without a result or a progress notification, unless the server's
     /// `timeout` says otherwise.
     pub call_timeout: Duration,
+    /// A server that fails to start is tried again after this long, then after twice as long
+    /// each time, up to a minute apart; `None` leaves it failed.
+    pub retry_after: Option<Duration>,
 }
+
+/// The longest wait between two attempts to start a server that failed.
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
             connect_timeout: Duration::from_secs(30),
             call_timeout: Duration::from_secs(60),
+            retry_after: Some(Duration::from_secs(2)),
         }
     }
 }
@@ -43,6 +50,7 @@ pub struct McpHub {
     disabled: Vec<String>,
     generation: watch::Receiver<u64>,
     refresher: tokio::task::JoinHandle<()>,
+    retrier: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl McpHub {
@@ -66,7 +74,19 @@ impl McpHub {
                 generation_tx.clone(),
             )));
         }
-        futures::future::join_all(upstreams.iter().map(|u| u.connect())).await;
+        let started = futures::future::join_all(upstreams.iter().map(|u| u.connect())).await;
+        let failed: Vec<Arc<Upstream>> = upstreams
+            .iter()
+            .zip(&started)
+            .filter(|(_, r)| r.is_err())
+            .map(|(u, _)| u.clone())
+            .collect();
+        // Servers that failed to start are tried again in the background; one that comes up
+        // bumps the generation, so whoever follows `on_tools_changed` registers its tools.
+        let retrier = match opts.retry_after {
+            Some(first) if !failed.is_empty() => Some(tokio::spawn(retry_failed(failed, first))),
+            _ => None,
+        };
         let watched = upstreams.clone();
         let refresher = tokio::spawn(async move {
             while let Some(server) = changes.recv().await {
@@ -80,6 +100,7 @@ impl McpHub {
             disabled,
             generation,
             refresher,
+            retrier,
         }
     }
 
@@ -149,8 +170,11 @@ impl McpHub {
     }
 
     /// Closes every connection and stops every server process this hub started.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.refresher.abort();
+        if let Some(retrier) = self.retrier.take() {
+            retrier.abort();
+        }
         futures::future::join_all(self.upstreams.iter().map(|u| u.shutdown())).await;
     }
 }
@@ -158,5 +182,23 @@ impl McpHub {
 impl Drop for McpHub {
     fn drop(&mut self) {
         self.refresher.abort();
+        if let Some(retrier) = &self.retrier {
+            retrier.abort();
+        }
+    }
+}
+
+async fn retry_failed(mut pending: Vec<Arc<Upstream>>, first: Duration) {
+    let mut delay = first;
+    while !pending.is_empty() {
+        tokio::time::sleep(delay).await;
+        let results = futures::future::join_all(pending.iter().map(|u| u.connect())).await;
+        pending = pending
+            .into_iter()
+            .zip(results)
+            .filter(|(_, r)| r.is_err())
+            .map(|(u, _)| u)
+            .collect();
+        delay = (delay * 2).min(RETRY_MAX);
     }
 }
