@@ -41,6 +41,8 @@ pub struct Setup {
     pub codemode: Codemode,
     pub warnings: Vec<String>,
     eff: EffectiveSettings,
+    /// Policy files from the command line, which replace the settings' policies.
+    policy_files: Vec<PathBuf>,
     hub: Option<Arc<McpHub>>,
     refresher: Option<tokio::task::JoinHandle<()>>,
 }
@@ -134,6 +136,7 @@ impl Setup {
             codemode,
             warnings,
             eff,
+            policy_files: args.policies.clone(),
             hub,
             refresher: None,
         })
@@ -145,7 +148,10 @@ impl Setup {
         let Some(hub) = self.hub.clone() else { return };
         let codemode = self.codemode.clone();
         let eff = self.eff.clone();
+        let policy_files = self.policy_files.clone();
         let mut changes = hub.on_tools_changed();
+        // What the hub has now is registered already; wait for the next change.
+        changes.borrow_and_update();
         self.refresher = Some(tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 let registry = codemode.gate().registry();
@@ -154,6 +160,19 @@ impl Setup {
                 }
                 for warning in eff.apply_tools(registry) {
                     tracing::warn!("{warning}");
+                }
+                // The policy schema types `context.args` from the registered tools: derive it
+                // again so policies can speak of the new tools' arguments.
+                let policies = if policy_files.is_empty() {
+                    eff.load_policies()
+                } else {
+                    codemode_gate::PolicySet::load_files(&policy_files)
+                };
+                match policies.and_then(|set| codemode.gate().set_policy(set)) {
+                    Ok(()) => {}
+                    Err(e) => tracing::warn!(
+                        "the policies were kept as they were: checking them against the new tools failed: {e}"
+                    ),
                 }
                 if let Some(then) = &then {
                     then().await;
