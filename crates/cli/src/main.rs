@@ -92,7 +92,7 @@ async fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args).await,
         Command::Demo(args) => commands::run::demo(args).await,
         Command::Tools(args) => commands::tools::run(args).await,
-        Command::Policy(cmd) => commands::policy::run(cmd),
+        Command::Policy(cmd) => commands::policy::run(cmd).await,
         Command::Audit(cmd) => commands::audit::run(cmd),
         Command::Trust(args) => commands::trust::run(args),
         Command::Serve(args) => commands::serve::run(args).await,

@@ -169,3 +169,41 @@ fn serve_follows_an_upstream_tool_list_change_and_tells_the_client() {
     );
     assert_eq!(v["extra"], "extra works", "{v}");
 }
+
+#[test]
+fn policy_check_knows_the_arguments_of_mcp_tools() {
+    let env = env();
+    let policy = env.work.path().join("echo.cedar");
+    std::fs::write(
+        &policy,
+        "@id(\"no-secrets-echoed\")\nforbid (principal, action == Action::\"tool_call\", resource == Tool::\"mcp__everything__echo\")\nwhen { context.args has message && context.args.message like \"*secret*\" };\n",
+    )
+    .unwrap();
+    let check = |with_servers: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
+        cmd.args(["policy", "check"])
+            .arg(&policy)
+            .arg("--workdir")
+            .arg(env.work.path());
+        let config = if with_servers {
+            env.config.path().to_path_buf()
+        } else {
+            env.work.path().join("empty")
+        };
+        cmd.arg("--config-dir").arg(config);
+        cmd.stdin(Stdio::null()).output().unwrap()
+    };
+    let with = check(true);
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+    let without = check(false);
+    assert_eq!(
+        without.status.code(),
+        Some(1),
+        "without the server, `message` is unknown"
+    );
+    assert!(String::from_utf8_lossy(&without.stderr).contains("does not fit the schema"));
+}

@@ -8,10 +8,18 @@ use clap::Subcommand;
 use codemode_gate::{ExplainInput, PolicySchema, PolicySet, Registry};
 use codemode_tools::{ToolsConfig, builtin_tools};
 
+use crate::SetupArgs;
+use crate::setup::{LimitFlags, Setup};
+
 #[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
-    /// Parse a policy file and type-check it against the generated schema.
-    Check { file: PathBuf },
+    /// Parse a policy file and type-check it against the generated schema (built from the
+    /// built-in tools, the MCP servers and the models of the current set-up).
+    Check {
+        file: PathBuf,
+        #[command(flatten)]
+        setup: SetupArgs,
+    },
     /// Say which policies decide a call described in JSON: {"tool": "bash", "args": {...}, ...}.
     Explain {
         /// The call, as JSON (fields: tool, args, kind, exposure, namespace, annotations, model,
@@ -27,10 +35,10 @@ pub enum PolicyCommand {
     Schema,
 }
 
-pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
+pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
     match cmd {
-        PolicyCommand::Check { file } => {
-            match codemode_gate::policy::check(&file, &builtin_registry()) {
+        PolicyCommand::Check { file, setup } => {
+            match codemode_gate::policy::check(&file, &registry_for(&setup).await) {
                 Ok(()) => {
                     println!("{}: valid", file.display());
                     Ok(ExitCode::SUCCESS)
@@ -69,6 +77,47 @@ pub fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             print!("{}", schema.text());
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+/// The tools of the current set-up, so that policies may speak of any of their arguments; the
+/// built-in tools alone when the set-up cannot be built (its own policies may be what is broken).
+async fn registry_for(args: &SetupArgs) -> Registry {
+    match Setup::build_with(args, &LimitFlags::default(), None).await {
+        Ok(setup) => {
+            let registry = Registry::new();
+            for spec in setup.codemode.gate().registry().specs() {
+                let _ = registry.register(std::sync::Arc::new(SpecOnly(spec)));
+            }
+            setup.shutdown().await;
+            registry
+        }
+        Err(e) => {
+            eprintln!("warning: checking against the built-in tools only: {e:#}");
+            builtin_registry()
+        }
+    }
+}
+
+/// A tool known only by its spec: enough to type-check policies, never called.
+struct SpecOnly(codemode_spec::ToolSpec);
+
+impl codemode_spec::Tool for SpecOnly {
+    fn spec(&self) -> &codemode_spec::ToolSpec {
+        &self.0
+    }
+    fn call(
+        &self,
+        _call: codemode_spec::ToolCall,
+    ) -> codemode_spec::BoxFuture<
+        'static,
+        Result<codemode_spec::ToolOutput, codemode_spec::ToolError>,
+    > {
+        Box::pin(async {
+            Err(codemode_spec::ToolError::failed(
+                "policy checking never calls tools",
+            ))
+        })
     }
 }
 
