@@ -245,6 +245,11 @@ fn an_untrusted_project_cannot_widen_but_a_trusted_one_can() {
         Some(script),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let warnings = text(&out.stderr);
+    assert!(
+        warnings.contains("timeout_ms"),
+        "the ignored widening is named: {warnings}"
+    );
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     let names = v["value"]["names"].to_string();
     assert!(

@@ -61,6 +61,9 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let setup = Setup::build(&args.setup, &args.limits).await?;
+    for warning in &setup.warnings {
+        eprintln!("warning: {warning}");
+    }
     let determinism = determinism(&args);
     let mut request = ScriptRequest::new(source, args.session.clone());
     request.determinism = determinism;
