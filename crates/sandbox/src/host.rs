@@ -13,7 +13,11 @@ use tokio_util::sync::CancellationToken;
 /// The sandbox's only power: every `tools.x(...)` and host global call lands here.
 ///
 /// The returned future is polled on the script's own worker thread (that is what makes a call
-/// cheap), so it need not be `Send`; it may hop to another runtime itself if it has to.
+/// cheap), so it need not be `Send`; it may hop to another runtime itself if it has to. It
+/// should, when the call spawns tasks that outlive it (a pooled HTTP connection, a client's
+/// background reader): such tasks land on the worker's runtime, which is not polled while the
+/// worker waits for its next script. `codemode-runtime` runs every gated call on the
+/// embedder's runtime for this reason.
 pub trait Host: Send + Sync + 'static {
     fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>>;
 
