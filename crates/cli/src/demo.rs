@@ -10,9 +10,10 @@ const [listing, sources, todos] = await Promise.all([
   tools.find({ pattern: "**/*.rs" }),
   tools.grep({ pattern: "TODO" }),
 ]);
-text("Project files:\n" + JSON.stringify(listing));
-text("Rust sources: " + JSON.stringify(sources));
-text("TODO lines: " + JSON.stringify(todos));
+const lines = (s) => s.split("\n").filter(Boolean);
+text(`Project files: ${lines(listing).join(", ")}`);
+text(`Rust sources (find skips what .gitignore excludes): ${lines(sources).join(", ")}`);
+text(`${lines(todos).length} TODO lines:\n${todos}`);
 
 const manifest = await tools.read({ path: "Cargo.toml" });
 console.log("Cargo.toml starts with:", String(manifest).split("\n")[0]);
