@@ -11,7 +11,37 @@
 //!                                                           describeNamespace, models.getModelsOfType, …)
 //! ```
 //!
-//! Start with [`Codemode::builder`].
+//! Start with [`Codemode::builder`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use codemode_gate::{Gate, PolicySet, Registry};
+//! use codemode_runtime::{Codemode, ScriptRequest};
+//! use codemode_tools::{ToolsConfig, builtin_tools};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! // Everything a script may call is registered in the gate's registry.
+//! let registry = Registry::new();
+//! for tool in builtin_tools(&ToolsConfig::new("/path/to/project")) {
+//!     registry.register(tool)?;
+//! }
+//! let gate = Gate::builder()
+//!     .registry(registry)
+//!     .policy(PolicySet::defaults()) // read-only tools run; writes and bash are asked
+//!     .build()?;
+//! let codemode = Codemode::builder().gate(gate).build()?;
+//!
+//! // Declare `codemode` to the model with this description...
+//! let description = codemode.description();
+//! # let _ = description;
+//! // ...and run what the model writes; `text` is what the model reads back.
+//! let run = codemode
+//!     .run_script(ScriptRequest::new("return (await tools.ls({})).split('\\n').length", "session-1"))
+//!     .await;
+//! println!("{}", run.text);
+//! # Ok(())
+//! # }
+//! ```
 
 mod builder;
 mod globals;
