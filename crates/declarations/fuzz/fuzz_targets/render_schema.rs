@@ -9,6 +9,10 @@ use codemode_declarations::{
 use codemode_spec::ToolSpec;
 use libfuzzer_sys::fuzz_target;
 
+// The tests' bracket checker, so the fuzzer and the tests agree on what balanced means.
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let schema =
@@ -33,42 +37,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = index.describe_namespace(&text);
 });
 
-/// Brackets pair up outside string literals and `//` comments.
 fn assert_balanced(text: &str) {
-    let mut stack = Vec::new();
-    let mut chars = text.chars().peekable();
-    while let Some(ch) = chars.next() {
-        match ch {
-            '/' if chars.peek() == Some(&'/') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
-                    }
-                }
-            }
-            '"' => {
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => break,
-                        _ => {}
-                    }
-                }
-            }
-            '{' | '[' | '(' | '<' => stack.push(ch),
-            '}' | ']' | ')' | '>' => {
-                let open = match ch {
-                    '}' => '{',
-                    ']' => '[',
-                    ')' => '(',
-                    _ => '<',
-                };
-                assert_eq!(stack.pop(), Some(open), "unbalanced {ch} in {text}");
-            }
-            _ => {}
-        }
+    if let Err(problem) = support::balanced(text) {
+        panic!("{problem}");
     }
-    assert!(stack.is_empty(), "unclosed {stack:?} in {text}");
 }
