@@ -5,29 +5,12 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+mod common;
+
 fn codemode(args: &[&str], config_dir: &Path, stdin: Option<&str>) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
-    cmd.args(args)
-        .arg("--config-dir")
-        .arg(config_dir)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("codemode starts");
-    if let Some(text) = stdin {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-    }
-    child.wait_with_output().unwrap()
+    let mut cmd = common::codemode();
+    cmd.args(args).arg("--config-dir").arg(config_dir);
+    common::pipe(cmd, stdin)
 }
 
 fn plain(args: &[&str]) -> Output {

@@ -5,6 +5,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
+mod common;
+
 fn testbed() -> PathBuf {
     let p = PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -38,7 +40,7 @@ fn env() -> Env {
 }
 
 fn run(env: &Env, script: &str, policy: Option<&str>) -> (Option<i32>, Value, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
+    let mut cmd = common::codemode();
     cmd.args(["run", "--json", "--no-builtins", "--workdir"])
         .arg(env.work.path())
         .arg("--config-dir")
@@ -48,28 +50,8 @@ fn run(env: &Env, script: &str, policy: Option<&str>) -> (Option<i32>, Value, St
         std::fs::write(&file, p).unwrap();
         cmd.arg("--policy").arg(file);
     }
-    let mut child = cmd
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (
-        out.status.code(),
-        value,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cmd.arg("-");
+    common::json_outcome(common::pipe(cmd, Some(script)))
 }
 
 const PERMIT_MCP: &str = "@id(\"mcp-servers\")\npermit (principal, action == Action::\"tool_call\", resource)\nwhen { resource.namespace like \"mcp__*\" };\n";

@@ -1,11 +1,11 @@
 //! The command line wires the user's settings into the gate: hooks, budgets and the model
 //! catalog, each checked through a real `codemode run`.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
+
+mod common;
 
 fn run(
     config: &Path,
@@ -13,32 +13,16 @@ fn run(
     script: &str,
     env: &[(&str, &str)],
 ) -> (Option<i32>, Value, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
+    let mut cmd = common::codemode();
     cmd.args(["run", "--json", "--config-dir"])
         .arg(config)
         .arg("--workdir")
         .arg(work)
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg("-");
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let v = serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap_or(Value::Null);
-    (
-        out.status.code(),
-        v,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    common::json_outcome(common::pipe(cmd, Some(script)))
 }
 
 #[test]

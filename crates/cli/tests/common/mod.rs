@@ -1,0 +1,43 @@
+//! Running the real `codemode` binary with a script on standard input.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+/// A `codemode` command, ready for arguments.
+pub fn codemode() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_codemode"))
+}
+
+/// Runs `cmd` with `script` on standard input (or none) and collects its output.
+pub fn pipe(mut cmd: Command, script: Option<&str>) -> Output {
+    cmd.stdin(if script.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("codemode starts");
+    if let Some(text) = script {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Exit code, standard output parsed as JSON (`null` when it is not), and standard error.
+pub fn json_outcome(out: Output) -> (Option<i32>, Value, String) {
+    let value = serde_json::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap_or(Value::Null);
+    (
+        out.status.code(),
+        value,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
