@@ -15,7 +15,11 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(file: impl Into<String>, key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(
+        file: impl Into<String>,
+        key: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Problem {
             file: file.into(),
             key: key.into(),

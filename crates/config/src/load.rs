@@ -113,17 +113,17 @@ impl Configuration {
         let models_user = required(&sources.models_file, "--models-config", &mut problems)
             .unwrap_or_else(|| paths.models_file());
         let models_project = sources.project.as_ref().map(ProjectPaths::models_file);
-        let models = match ModelsConfig::load(Some(&models_user), models_project.as_deref(), trusted)
-        {
-            Ok((models, w)) => {
-                warnings.extend(w);
-                models
-            }
-            Err(e) => {
-                problems.0.extend(e.problems);
-                None
-            }
-        };
+        let models =
+            match ModelsConfig::load(Some(&models_user), models_project.as_deref(), trusted) {
+                Ok((models, w)) => {
+                    warnings.extend(w);
+                    models
+                }
+                Err(e) => {
+                    problems.0.extend(e.problems);
+                    None
+                }
+            };
 
         problems.into_result(Configuration {
             settings,

@@ -399,7 +399,12 @@ impl ToolRules {
     /// apply first, then the project's (which may only lower visibility unless trusted). A tool
     /// its source declared hidden stays hidden whatever a rule says. Ignored project rules are
     /// recorded in `warnings`.
-    pub fn decide(&self, name: &str, declared: Exposure, warnings: &mut Vec<String>) -> ToolVerdict {
+    pub fn decide(
+        &self,
+        name: &str,
+        declared: Exposure,
+        warnings: &mut Vec<String>,
+    ) -> ToolVerdict {
         if declared == Exposure::Hidden {
             return ToolVerdict {
                 exposure: Exposure::Hidden,
@@ -459,10 +464,17 @@ impl ToolRules {
             }
             if rule.exposure.is_some() {
                 let before = exposure;
-                exposure = n.visibility(&format!("tools.{pattern}.exposure"), exposure, rule.exposure);
+                exposure = n.visibility(
+                    &format!("tools.{pattern}.exposure"),
+                    exposure,
+                    rule.exposure,
+                );
                 if exposure == Exposure::Hidden && before != Exposure::Hidden {
                     hide(
-                        format!("exposure hidden in {} (tools.{pattern})", self.project_source),
+                        format!(
+                            "exposure hidden in {} (tools.{pattern})",
+                            self.project_source
+                        ),
                         &mut hidden_by,
                     );
                 } else if exposure != Exposure::Hidden {
@@ -558,7 +570,12 @@ impl Settings {
         let mode = n.narrow("mode", u.mode, p.mode, |p, _| *p == CodemodeMode::Only);
         let mode = cli.mode.or(mode);
         let budgets = Budgets {
-            script: narrow_budget(&mut n, "budgets.script", &u.budgets.script, &p.budgets.script),
+            script: narrow_budget(
+                &mut n,
+                "budgets.script",
+                &u.budgets.script,
+                &p.budgets.script,
+            ),
             session: narrow_budget(
                 &mut n,
                 "budgets.session",
@@ -574,19 +591,23 @@ impl Settings {
                 "hooks run commands, which only you or a trusted project may add",
             )
         {
-            hooks.pre_tool_use.extend(p.hooks.pre_tool_use.iter().cloned());
-            hooks.post_tool_use.extend(p.hooks.post_tool_use.iter().cloned());
+            hooks
+                .pre_tool_use
+                .extend(p.hooks.pre_tool_use.iter().cloned());
+            hooks
+                .post_tool_use
+                .extend(p.hooks.post_tool_use.iter().cloned());
         }
 
         let models = ModelRules {
             enabled: n.switch_off("models.enabled", u.models.enabled, p.models.enabled, true),
-            allow: n.allowlist("models.allow", u.models.allow.clone(), p.models.allow.clone()),
+            allow: n.allowlist(
+                "models.allow",
+                u.models.allow.clone(),
+                p.models.allow.clone(),
+            ),
         };
-        let user_audit = u
-            .audit
-            .path
-            .as_ref()
-            .map(|a| input.state_dir.join(a));
+        let user_audit = u.audit.path.as_ref().map(|a| input.state_dir.join(a));
         let project_audit = p
             .audit
             .path
@@ -597,15 +618,7 @@ impl Settings {
             .clone()
             .or_else(|| n.user_only("audit.path", user_audit, project_audit));
 
-        let policies = policies(
-            &u,
-            &user_file,
-            &p,
-            &project_file,
-            trusted,
-            cli,
-            problems,
-        );
+        let policies = policies(&u, &user_file, &p, &project_file, trusted, cli, problems);
 
         warnings.extend(n.into_warnings());
         Settings {

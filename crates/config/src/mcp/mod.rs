@@ -467,14 +467,23 @@ impl McpConfig {
 /// Applies an untrusted project's settings for one server, keeping only what narrows.
 fn narrow_server(server: &mut ServerConfig, o: Override, at: &str, n: &mut Narrowing) {
     server.enabled = n
-        .switch_off(&format!("{at}.enabled"), Some(server.enabled), o.enabled, true)
+        .switch_off(
+            &format!("{at}.enabled"),
+            Some(server.enabled),
+            o.enabled,
+            true,
+        )
         .unwrap_or(server.enabled);
     let mut ceiling = server.ceiling.take().unwrap_or(ExposureRules {
         default: Exposure::Direct,
         rules: Vec::new(),
     });
     if let Some(exposure) = o.exposure {
-        let kept = n.visibility(&format!("{at}.exposure"), server.exposure.default, Some(exposure));
+        let kept = n.visibility(
+            &format!("{at}.exposure"),
+            server.exposure.default,
+            Some(exposure),
+        );
         if kept == exposure {
             ceiling.default = narrower(ceiling.default, exposure);
         }

@@ -62,7 +62,11 @@ pub(super) struct ParsedFile {
     pub problems: Vec<Problem>,
 }
 
-pub(super) fn parse_file(v: &Value, source: &str, is_project: bool) -> Result<ParsedFile, ConfigError> {
+pub(super) fn parse_file(
+    v: &Value,
+    source: &str,
+    is_project: bool,
+) -> Result<ParsedFile, ConfigError> {
     let shape = || {
         Problem::new(
             source,
@@ -139,7 +143,11 @@ pub(super) fn parse_file(v: &Value, source: &str, is_project: bool) -> Result<Pa
             Ok(entry) => entries.push((name.clone(), entry)),
             Err((key, message)) => problems.push(Problem::new(
                 source,
-                if key.is_empty() { at } else { format!("{at}.{key}") },
+                if key.is_empty() {
+                    at
+                } else {
+                    format!("{at}.{key}")
+                },
                 format!("{message}; the server is left out"),
             )),
         }
@@ -175,16 +183,26 @@ fn parse_entry(
     {
         return Err(bad("", "the name may only hold letters, digits, - and _"));
     }
-    let obj = raw
-        .as_object()
-        .ok_or_else(|| bad("", "the settings must be an object such as {\"command\": \"...\"}"))?;
+    let obj = raw.as_object().ok_or_else(|| {
+        bad(
+            "",
+            "the settings must be an object such as {\"command\": \"...\"}",
+        )
+    })?;
     for key in obj.keys() {
         if !KNOWN_KEYS.contains(&key.as_str()) {
-            problems.push(Problem::new(source, format!("{at}.{key}"), "ignored: unknown key"));
+            problems.push(Problem::new(
+                source,
+                format!("{at}.{key}"),
+                "ignored: unknown key",
+            ));
         }
     }
     if is_project && obj.contains_key("auth") {
-        return Err(bad("auth", "auth is only allowed in your own mcp.json, not a project's"));
+        return Err(bad(
+            "auth",
+            "auth is only allowed in your own mcp.json, not a project's",
+        ));
     }
     if obj.contains_key("envFile") {
         return Err(bad(
@@ -223,9 +241,12 @@ fn parse_entry(
             let mut rules = Vec::new();
             for (pattern, value) in m {
                 let key = format!("toolExposure.\"{pattern}\"");
-                let value = value
-                    .as_str()
-                    .ok_or_else(|| bad(&key, "must be an exposure: direct, codemode, deferred or hidden"))?;
+                let value = value.as_str().ok_or_else(|| {
+                    bad(
+                        &key,
+                        "must be an exposure: direct, codemode, deferred or hidden",
+                    )
+                })?;
                 let exposure = parse_exposure(value).map_err(|m| bad(&key, m))?;
                 rules.push(ExposureRule::new(pattern, exposure).map_err(|m| bad(&key, m))?);
             }
@@ -327,7 +348,12 @@ fn millis(v: &Value) -> Result<Duration, String> {
 fn stdio_transport(obj: &Map<String, Value>) -> Result<ServerTransport, Bad> {
     let command = opt_str(obj, "command")?
         .filter(|c| !c.is_empty())
-        .ok_or_else(|| bad("command", "a stdio server needs \"command\": the program to start"))?;
+        .ok_or_else(|| {
+            bad(
+                "command",
+                "a stdio server needs \"command\": the program to start",
+            )
+        })?;
     let args = match obj.get("args") {
         None => Vec::new(),
         Some(Value::Array(items)) => items
@@ -350,7 +376,8 @@ fn stdio_transport(obj: &Map<String, Value>) -> Result<ServerTransport, Bad> {
 
 fn http_transport(obj: &Map<String, Value>) -> Result<ServerTransport, Bad> {
     let url = opt_str(obj, "url")?.ok_or_else(|| bad("url", "an http server needs \"url\""))?;
-    let scheme_ok = url.starts_with("http://") || url.starts_with("https://") || url.starts_with("${");
+    let scheme_ok =
+        url.starts_with("http://") || url.starts_with("https://") || url.starts_with("${");
     if !scheme_ok {
         return Err(bad(
             "url",

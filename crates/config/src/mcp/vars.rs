@@ -75,7 +75,8 @@ pub fn expand_vars(value: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Resu
     for piece in pieces(value)? {
         match piece {
             Piece::Text(t) => out.push_str(t),
-            Piece::Var { name, default } => match (lookup(name).filter(|v| !v.is_empty()), default) {
+            Piece::Var { name, default } => match (lookup(name).filter(|v| !v.is_empty()), default)
+            {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(d)) => out.push_str(d),
                 (None, None) => {
@@ -103,7 +104,10 @@ mod tests {
 
     #[test]
     fn every_spelling_expands() {
-        assert_eq!(expand_vars("Bearer ${TOKEN}", &env).unwrap(), "Bearer s3cret");
+        assert_eq!(
+            expand_vars("Bearer ${TOKEN}", &env).unwrap(),
+            "Bearer s3cret"
+        );
         assert_eq!(expand_vars("${env:TOKEN}!", &env).unwrap(), "s3cret!");
         assert_eq!(expand_vars("${NOPE:-fallback}", &env).unwrap(), "fallback");
         assert_eq!(expand_vars("${EMPTY:-fallback}", &env).unwrap(), "fallback");
@@ -116,7 +120,10 @@ mod tests {
     #[test]
     fn mistakes_are_named() {
         let e = expand_vars("${MISSING}", &env).unwrap_err();
-        assert!(e.contains("MISSING") && e.contains("${MISSING:-value}"), "{e}");
+        assert!(
+            e.contains("MISSING") && e.contains("${MISSING:-value}"),
+            "{e}"
+        );
         let e = check_vars("x ${TOKEN").unwrap_err();
         assert!(e.contains("not closed"), "{e}");
         let e = check_vars("${input:api-key}").unwrap_err();
