@@ -15,7 +15,8 @@ use crate::naming::{mcp_namespace, name_server_tools};
 /// Timeouts for connecting to servers and calling their tools.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOptions {
-    /// How long one server may take to start, shake hands and list its tools.
+    /// How long one server may take to start, shake hands and list its tools, unless the
+    /// server's own `connectTimeoutMs` says otherwise.
     pub connect_timeout: Duration,
     /// How long a call may go without a result or a progress notification, unless the server's
     /// `timeout` says otherwise.
@@ -68,7 +69,7 @@ impl McpHub {
             }
             upstreams.push(Arc::new(Upstream::new(
                 server.clone(),
-                opts.connect_timeout,
+                server.connect_timeout.unwrap_or(opts.connect_timeout),
                 opts.call_timeout,
                 list_changed.clone(),
                 generation_tx.clone(),
