@@ -92,3 +92,5 @@ impl Problems {
         }
     }
 }
+
+impl std::error::Error for Problem {}

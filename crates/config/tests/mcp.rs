@@ -345,7 +345,10 @@ fn a_syntax_error_names_the_file_and_the_line() {
     let err = McpConfig::load(Some(&p), None, false)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("mcp.json") && err.contains("Expected comma on line 3"), "{err}");
+    assert!(
+        err.contains("mcp.json") && err.contains("Expected comma on line 3"),
+        "{err}"
+    );
 }
 
 #[test]

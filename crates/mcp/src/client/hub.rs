@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use codemode_spec::{Exposure, NamespaceSpec, Tool};
+use codemode_spec::{NamespaceSpec, Tool};
 use tokio::sync::{mpsc, watch};
 
 use super::tool::McpTool;
@@ -106,7 +106,8 @@ impl McpHub {
     }
 
     /// One tool per MCP tool of every connected server, named `mcp__<server>__<tool>`.
-    /// Tools whose exposure is `hidden` are left out: nobody may call them.
+    /// Tools whose exposure is `hidden` are included as hidden: the gate refuses them by name,
+    /// and listings can say why they are hidden.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
         let mut taken = HashSet::new();
         let mut out: Vec<Arc<dyn Tool>> = Vec::new();
@@ -117,9 +118,6 @@ impl McpHub {
             for (def, name) in catalog.tools.iter().zip(names) {
                 taken.insert(name.clone());
                 let exposure = upstream.config.exposure_for(&def.name);
-                if exposure == Exposure::Hidden {
-                    continue;
-                }
                 out.push(Arc::new(McpTool::new(
                     name,
                     def,
