@@ -268,6 +268,18 @@ impl SettingsFile {
             }
         }
         check_hooks(file, &s.hooks, &mut problems);
+        for (key, least, what) in [
+            ("heap_bytes", 1024 * 1024, "1 MiB"),
+            ("stack_bytes", 64 * 1024, "64 KiB"),
+        ] {
+            if s.limits.get(key).is_some_and(|v| v > 0 && v < least) {
+                problems.push(Problem::new(
+                    file,
+                    format!("limits.{key}"),
+                    format!("the sandbox needs at least {what} ({least}); raise it"),
+                ));
+            }
+        }
         for key in Limits::KEYS {
             if s.limits.get(key) == Some(0) && key != "max_depth" {
                 problems.push(Problem::new(
@@ -558,8 +570,7 @@ impl Settings {
             if let Some(asked) = cli.limits.get(key) {
                 match limits.get(key) {
                     Some(current) if asked > current => warnings.push(format!(
-                        "--{} {asked} is above the limit of {current} from the settings or the built-in default, so {current} applies; raise `limits.{key}` in {user_name} to allow more",
-                        key.replace('_', "-")
+                        "the command line asks for {key} = {asked}, above the limit of {current} from the settings or the built-in default, so {current} applies; raise `limits.{key}` in {user_name} to allow more"
                     )),
                     _ => limits.set(key, Some(asked)),
                 }
