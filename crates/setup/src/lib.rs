@@ -402,3 +402,8 @@ impl Installation {
         }
     }
 }
+
+/// The README's examples, compiled with the tests so that they keep working.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;
