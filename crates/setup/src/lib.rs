@@ -264,7 +264,9 @@ impl InstallationBuilder {
         let (changed_tx, changed) = watch::channel(0u64);
         let servers = has_servers.then(|| {
             let mut opts = self.connect.unwrap_or_default();
-            opts.connect_timeout = config.mcp.connect_timeout();
+            if let Some(timeout) = config.mcp.connect_timeout_setting() {
+                opts.connect_timeout = timeout;
+            }
             McpServers::start(&config.mcp, opts, wiring.clone(), changed_tx)
         });
         Ok(Installation {

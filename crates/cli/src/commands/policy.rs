@@ -31,8 +31,12 @@ pub enum PolicyCommand {
     },
     /// Print the built-in default policy, to copy and adapt.
     Default,
-    /// Print the Cedar schema policies are checked against.
-    Schema,
+    /// Print the Cedar schema policies are checked against (built from the tools of the current
+    /// set-up: the built-in tools, the MCP servers and the models).
+    Schema {
+        #[command(flatten)]
+        setup: SetupArgs,
+    },
 }
 
 pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
@@ -81,8 +85,8 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             print!("{}", codemode_gate::policy::DEFAULT_POLICIES);
             Ok(ExitCode::SUCCESS)
         }
-        PolicyCommand::Schema => {
-            let schema = PolicySchema::for_registry(&builtin_registry())?;
+        PolicyCommand::Schema { setup } => {
+            let schema = PolicySchema::for_registry(&registry_for(&setup).await)?;
             print!("{}", schema.text());
             Ok(ExitCode::SUCCESS)
         }

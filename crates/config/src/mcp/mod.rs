@@ -270,6 +270,11 @@ impl McpConfig {
         self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT)
     }
 
+    /// The file's `connectTimeoutMs`, if one was set (after the narrowing rule).
+    pub fn connect_timeout_setting(&self) -> Option<Duration> {
+        self.connect_timeout
+    }
+
     /// `autoEnableCodemode` as merged (default false: activation is explicit).
     pub fn auto_enable_setting(&self) -> bool {
         self.auto_enable_codemode.unwrap_or(false)
@@ -408,14 +413,16 @@ impl McpConfig {
             parsed.auto_enable_codemode,
             false,
         );
-        let ms = |d: Duration| d.as_millis() as u64;
-        self.connect_timeout = n
-            .limit(
-                "connectTimeoutMs",
-                Some(ms(self.connect_timeout())),
-                parsed.connect_timeout.map(ms),
-            )
-            .map(Duration::from_millis);
+        if parsed.connect_timeout.is_some() {
+            let ms = |d: Duration| d.as_millis() as u64;
+            self.connect_timeout = n
+                .limit(
+                    "connectTimeoutMs",
+                    Some(ms(self.connect_timeout())),
+                    parsed.connect_timeout.map(ms),
+                )
+                .map(Duration::from_millis);
+        }
         let key = parsed.servers_key;
         for (name, entry) in parsed.entries {
             let Some(server) = self.servers.iter_mut().find(|s| s.name == name) else {
