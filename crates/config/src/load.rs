@@ -78,13 +78,14 @@ impl Configuration {
             .is_some_and(|p| trust::is_trusted(paths, &p.dir));
 
         let user_file = paths.settings_file();
-        let user = read_settings(&user_file, &mut problems).map(|s| (s, user_file));
+        let user = read_settings(&user_file, &mut problems);
         let project = sources.project.as_ref().and_then(|p| {
             let file = p.settings_file();
             read_settings(&file, &mut problems).map(|s| (s, file))
         });
         let settings = Settings::merge(
             SettingsInputs {
+                user_file,
                 user,
                 project,
                 trusted,

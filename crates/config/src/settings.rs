@@ -520,7 +520,9 @@ pub struct Settings {
 
 /// Where each file is, for the merge.
 pub(crate) struct SettingsInputs<'a> {
-    pub user: Option<(SettingsFile, PathBuf)>,
+    /// Your settings file, read or not: named in messages, and the base of relative paths.
+    pub user_file: PathBuf,
+    pub user: Option<SettingsFile>,
     pub project: Option<(SettingsFile, PathBuf)>,
     pub trusted: bool,
     pub state_dir: &'a Path,
@@ -546,10 +548,8 @@ impl Settings {
         warnings: &mut Vec<String>,
         problems: &mut Problems,
     ) -> Settings {
-        let (u, user_file) = input
-            .user
-            .clone()
-            .unwrap_or_else(|| (SettingsFile::default(), PathBuf::from("(your settings)")));
+        let u = input.user.clone().unwrap_or_default();
+        let user_file = input.user_file.clone();
         let user_name = user_file.display().to_string();
         let (p, project_file) = input
             .project

@@ -133,10 +133,14 @@ impl Wiring {
                 let mut pending = lock(&self.policy_error);
                 if pending.is_some() {
                     *pending = Some(e.clone());
+                    Some(format!(
+                        "the policies do not fit the tools registered now, so every call is denied until they do: {e}"
+                    ))
+                } else {
+                    Some(format!(
+                        "the policies do not fit the tools registered now, so the last policies that did stay in force: {e}"
+                    ))
                 }
-                Some(format!(
-                    "the policies do not fit the tools registered now, so the last policies that did stay in force: {e}"
-                ))
             }
         }
     }
