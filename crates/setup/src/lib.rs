@@ -38,7 +38,7 @@ use codemode_config::{
 };
 use codemode_gate::hooks::HookConfigError;
 use codemode_gate::{
-    Approver, AuditError, AuditLog, CommandHooks, Gate, Hook, PolicyError, Registry, RegistryError,
+    Approver, AuditLog, CommandHooks, Gate, Hook, PolicyError, Registry, RegistryError,
 };
 use codemode_mcp::{ConnectOptions, ServerStatus};
 use codemode_models::{Catalog, ModelsHttpConfig};
@@ -53,10 +53,11 @@ pub use convert::builtin_limits;
 use mcp::McpServers;
 use wiring::Wiring;
 
-/// Why an installation could not be set up. Each names what to fix.
+/// Why an installation could not be set up. Each names what to fix. (The messages carry their
+/// causes' text, so none is also a `source`: printing the chain would say everything twice.)
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("{0}")]
+    #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(
         "no home directory to find the configuration in: set HOME, or pass the configuration directory explicitly (--config-dir)"
@@ -65,19 +66,33 @@ pub enum SetupError {
     #[error("the working directory {path} cannot be used: {message}")]
     Workdir { path: PathBuf, message: String },
     #[error("a policy is not valid: {0}")]
-    Policy(#[from] PolicyError),
+    Policy(PolicyError),
     #[error("the hooks in the settings are not valid: {0}")]
-    Hooks(#[from] HookConfigError),
-    #[error("the audit log {path} cannot be opened: {source}")]
-    Audit {
-        path: PathBuf,
-        #[source]
-        source: AuditError,
-    },
+    Hooks(HookConfigError),
+    #[error("the audit log {path} cannot be opened: {message}")]
+    Audit { path: PathBuf, message: String },
     #[error("a tool could not be registered: {0}")]
-    Registry(#[from] RegistryError),
+    Registry(RegistryError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+}
+
+impl From<PolicyError> for SetupError {
+    fn from(e: PolicyError) -> Self {
+        SetupError::Policy(e)
+    }
+}
+
+impl From<HookConfigError> for SetupError {
+    fn from(e: HookConfigError) -> Self {
+        SetupError::Hooks(e)
+    }
+}
+
+impl From<RegistryError> for SetupError {
+    fn from(e: RegistryError) -> Self {
+        SetupError::Registry(e)
+    }
 }
 
 /// A tool as listings show it: its effective spec and, when hidden, why.
@@ -222,9 +237,9 @@ impl InstallationBuilder {
             gate = gate.approver(approver);
         }
         if let Some(path) = &settings.audit_path {
-            let log = AuditLog::open(path).map_err(|source| SetupError::Audit {
+            let log = AuditLog::open(path).map_err(|e| SetupError::Audit {
                 path: path.clone(),
-                source,
+                message: e.to_string(),
             })?;
             gate = gate.audit(log);
         }
