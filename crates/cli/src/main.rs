@@ -53,9 +53,13 @@ pub struct SetupArgs {
     #[arg(long, value_name = "DIR")]
     pub workdir: Option<PathBuf>,
     /// The user's configuration directory, holding settings.json, mcp.json, models.json and the
-    /// list of trusted projects (default: ~/.config/codemode).
+    /// list of trusted projects (default: $XDG_CONFIG_HOME/codemode or ~/.config/codemode).
     #[arg(long, value_name = "DIR")]
     pub config_dir: Option<PathBuf>,
+    /// The user's state directory, where relative audit log paths of your settings go
+    /// (default: $XDG_STATE_HOME/codemode or ~/.local/state/codemode).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// MCP servers, in the `mcpServers` JSON format other clients use (default: mcp.json in the
     /// configuration directory, if present).
     #[arg(long, value_name = "FILE")]
@@ -64,7 +68,8 @@ pub struct SetupArgs {
     /// directory, if present).
     #[arg(long, value_name = "FILE")]
     pub models_config: Option<PathBuf>,
-    /// Cedar policy files; replaces the policy files of the settings (default: the built-in policy).
+    /// Cedar policy files; they replace your settings' policy files (default: the built-in
+    /// policy), never a project's forbids.
     #[arg(long = "policy", value_name = "FILE")]
     pub policies: Vec<PathBuf>,
     /// Append every decision and outcome to this hash-chained audit log.
@@ -86,6 +91,8 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in a client's log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command {

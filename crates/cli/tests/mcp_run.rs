@@ -115,6 +115,10 @@ fn serve_follows_an_upstream_tool_list_change_and_tells_the_client() {
     let args = json!([
         "serve",
         "--no-builtins",
+        // Without built-in tools nothing else asks for the codemode tool (autoEnableCodemode is
+        // false), so the mode asks for it.
+        "--mode",
+        "on",
         "--config-dir",
         config.path(),
         "--policy",

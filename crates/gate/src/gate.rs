@@ -17,9 +17,9 @@ use crate::audit::{AuditLog, sha256_hex};
 use crate::budget::{Budgets, CallRecord, Ledger, LedgerSnapshot};
 use crate::error::{GateError, Stage};
 use crate::hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent};
+use crate::model_rules::ModelRules;
 use crate::policy::{Decision, PolicyError, PolicyInput, PolicySchema, PolicySet, decide};
 use crate::registry::{CODEMODE_TOOL, Lookup, Registry, Resolved};
-use crate::settings::ModelsSettings;
 use crate::validate::check_args;
 
 /// One call as it arrives at the gate.
@@ -65,7 +65,8 @@ struct Inner {
     /// Set when an audit line could not be written: later calls are refused rather than run
     /// unrecorded.
     audit_failure: Mutex<Option<String>>,
-    models: ModelsSettings,
+    models: ModelRules,
+    max_depth: Option<u32>,
 }
 
 /// The one place that decides every call. Cheap to clone; share it between the runtime, the MCP
@@ -84,14 +85,21 @@ pub struct GateBuilder {
     budgets: Budgets,
     audit: AuditLog,
     mode: CodemodeMode,
-    models: ModelsSettings,
+    models: ModelRules,
+    max_depth: Option<u32>,
 }
 
 impl GateBuilder {
     /// Which model operations may run at all (`models.enabled`, `models.allow` in settings),
     /// checked before the policy for every model call.
-    pub fn models(mut self, models: ModelsSettings) -> Self {
+    pub fn models(mut self, models: ModelRules) -> Self {
         self.models = models;
+        self
+    }
+    /// Refuses calls nested deeper than this (`limits.max_depth`): a model's own call has depth
+    /// 0, a script's calls depth 1.
+    pub fn max_depth(mut self, depth: Option<u32>) -> Self {
+        self.max_depth = depth;
         self
     }
     pub fn registry(mut self, registry: Registry) -> Self {
@@ -146,6 +154,7 @@ impl GateBuilder {
                 always: Mutex::new(HashSet::new()),
                 audit_failure: Mutex::new(None),
                 models: self.models,
+                max_depth: self.max_depth,
             }),
         })
     }
@@ -173,7 +182,8 @@ impl Gate {
             budgets: Budgets::default(),
             audit: AuditLog::disabled(),
             mode: CodemodeMode::On,
-            models: ModelsSettings::default(),
+            models: ModelRules::default(),
+            max_depth: None,
         }
     }
 
@@ -271,6 +281,17 @@ impl Gate {
                 Stage::Resolve,
                 format!(
                     "calls are refused because the audit log cannot be written ({e}); fix the log's location and restart"
+                ),
+            ));
+        }
+        if let Some(max) = self.inner.max_depth
+            && req.provenance.depth > max
+        {
+            return Err(GateError::new(
+                Stage::Resolve,
+                format!(
+                    "`{}` is refused: calls may nest at most {max} deep (`limits.max_depth` in settings), and this one is at depth {}",
+                    req.name, req.provenance.depth
                 ),
             ));
         }

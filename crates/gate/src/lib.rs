@@ -14,9 +14,9 @@ pub mod budget;
 pub mod error;
 mod gate;
 pub mod hooks;
+mod model_rules;
 pub mod policy;
 pub mod registry;
-pub mod settings;
 mod suggest;
 mod validate;
 
@@ -26,6 +26,7 @@ pub use budget::{BudgetLimits, Budgets, CallRecord, LedgerSnapshot};
 pub use error::{GateError, RegistryError, Stage};
 pub use gate::{CallRequest, Gate, GateBuilder};
 pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
+pub use model_rules::ModelRules;
 pub use policy::{
     Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, check, explain,
 };

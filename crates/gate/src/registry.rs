@@ -161,7 +161,7 @@ impl Registry {
 
     /// Every tool's spec with the exposure it declared itself, before any change. Settings are
     /// applied from these, so applying them twice gives the same result.
-    pub(crate) fn declared_specs(&self) -> Vec<ToolSpec> {
+    pub fn declared_specs(&self) -> Vec<ToolSpec> {
         self.read()
             .tools
             .values()

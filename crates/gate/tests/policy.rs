@@ -171,7 +171,9 @@ fn syntax_errors_name_file_line_and_problem() {
         "// first policy is fine\npermit(principal, action, resource);\n\nforbid(principal, action resource);\n",
     )
     .unwrap();
-    let err = PolicySet::load_files(std::slice::from_ref(&file)).unwrap_err();
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let err = PolicySet::parse(&name, &text).unwrap_err();
     match &err {
         PolicyError::Syntax { file: f, line, .. } => {
             assert!(f.ends_with("broken.cedar"));
@@ -181,9 +183,7 @@ fn syntax_errors_name_file_line_and_problem() {
     }
     assert!(err.to_string().contains("broken.cedar:4:"), "{err}");
     let reg = Registry::new();
-    assert!(codemode_gate::check(&file, &reg).is_err());
-    let missing = codemode_gate::check(&dir.path().join("nope.cedar"), &reg).unwrap_err();
-    assert!(matches!(missing, PolicyError::Read { .. }));
+    assert!(codemode_gate::check(&name, &text, &reg).is_err());
 }
 
 #[test]
@@ -234,6 +234,23 @@ fn duplicate_ids_and_untrusted_permits_are_errors() {
         matches!(err, PolicyError::NotForbidOnly { line: 2, .. }),
         "{err:?}"
     );
+}
+
+#[test]
+fn add_forbids_leaves_permits_out_and_names_them() {
+    let mut set = PolicySet::empty();
+    let skipped = set
+        .add_forbids(
+            "project.cedar",
+            "@id(\"no-bash\") forbid(principal, action, resource == Tool::\"bash\");\n@id(\"all\") permit(principal, action, resource);",
+        )
+        .unwrap();
+    assert_eq!(skipped, [("all".to_string(), 2)]);
+    assert_eq!(set.ids(), ["no-bash"]);
+    // Copying the set does not bring the permit back.
+    let mut copy = PolicySet::empty();
+    copy.extend(set).unwrap();
+    assert_eq!(copy.ids(), ["no-bash"]);
 }
 
 #[tokio::test]

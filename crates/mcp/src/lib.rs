@@ -9,15 +9,16 @@
 mod client;
 mod config;
 mod error;
-mod exposure;
 mod naming;
 #[cfg(feature = "server")]
 mod server;
 
 pub use client::{ConnectOptions, McpHub, ServerState, ServerStatus, to_tool_output};
-pub use config::{McpConfig, ServerConfig, ServerTransport, expand_vars};
+pub use config::{
+    ExposureRule, ExposureRules, McpConfig, ServerConfig, ServerTransport, expand_vars,
+    parse_exposure,
+};
 pub use error::McpError;
-pub use exposure::{ExposureRule, ExposureRules, parse_exposure};
 pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
 #[cfg(feature = "server")]
 pub use server::{ElicitationApprover, HttpServer, serve_http, serve_stdio};

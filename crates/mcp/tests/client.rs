@@ -168,11 +168,10 @@ async fn exposure_config_sets_the_spec_and_hides_tools() {
         find(&hub, "mcp__bad__pid").spec().exposure,
         Exposure::Deferred
     );
-    assert!(
-        hub.tools()
-            .iter()
-            .all(|t| t.spec().name != "mcp__bad__hang"),
-        "hidden tools are not offered"
+    assert_eq!(
+        find(&hub, "mcp__bad__hang").spec().exposure,
+        Exposure::Hidden,
+        "hidden tools are offered as hidden, so the gate refuses them by name"
     );
     hub.shutdown().await;
 }

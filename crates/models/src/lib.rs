@@ -21,7 +21,6 @@ mod http;
 mod images;
 mod limiter;
 mod mime;
-mod raw;
 mod tools;
 mod validate;
 

@@ -1,15 +1,8 @@
-//! Loading models.json files: shapes, errors, the narrowing rule and what scripts see.
+//! The catalog: what scripts see of it and which credentials it can use now. Reading and merging
+//! models.json files is `codemode-config`'s (its `tests/models.rs`).
 
-use std::path::PathBuf;
-
-use codemode_models::{Catalog, ModelsError};
+use codemode_models::Catalog;
 use serde_json::{Value, json};
-
-fn write(dir: &tempfile::TempDir, name: &str, value: &Value) -> PathBuf {
-    let path = dir.path().join(name);
-    std::fs::write(&path, serde_json::to_string_pretty(value).unwrap()).unwrap();
-    path
-}
 
 fn user_file() -> Value {
     json!({
@@ -41,10 +34,7 @@ fn ids(entries: &[Value]) -> Vec<String> {
 
 #[test]
 fn loads_user_file_and_lists_models_by_type() {
-    let dir = tempfile::tempdir().unwrap();
-    let user = write(&dir, "user.json", &user_file());
-    let (catalog, warnings) = Catalog::load(Some(&user), None, false).unwrap();
-    assert!(warnings.is_empty());
+    let catalog = Catalog::from_json(&user_file()).unwrap();
     assert_eq!(
         ids(&catalog.models_of_type("classifier").unwrap()),
         ["p/judge", "q/other"]
@@ -74,19 +64,6 @@ fn loads_user_file_and_lists_models_by_type() {
             .is_none(),
         "wrong type"
     );
-}
-
-#[test]
-fn missing_files_are_an_empty_catalog() {
-    let dir = tempfile::tempdir().unwrap();
-    let (catalog, warnings) = Catalog::load(
-        Some(&dir.path().join("none.json")),
-        Some(&dir.path().join("none2.json")),
-        false,
-    )
-    .unwrap();
-    assert!(warnings.is_empty());
-    assert!(catalog.models_of_type("classifier").unwrap().is_empty());
 }
 
 #[test]
@@ -159,201 +136,6 @@ fn unknown_type_is_refused_with_the_valid_types() {
             "{message}"
         );
     }
-}
-
-#[test]
-fn bad_input_names_file_and_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let cases = [
-        (
-            json!({"providers": {"p": {"baseUrl": "ftp://x"}}}),
-            "providers.p.baseUrl",
-            "http",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x", "api": "anthropic"}}}),
-            "providers.p.api",
-            "openai-compatible",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x", "apiKey": "sk-1"}}}),
-            "providers.p.apiKey",
-            "apiKeyEnv",
-        ),
-        (
-            json!({"providers": {"p": {"apiKeyEnv": "X"}}}),
-            "providers.p.baseUrl",
-            "missing",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "video"}]}),
-            "models[0].type",
-            "classifier",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m"}]}),
-            "models[0].type",
-            "missing",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "zz", "id": "m", "type": "chat"}]}),
-            "models[0].provider",
-            "zz",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "input": ["audio"]}]}),
-            "models[0].input[0]",
-            "image",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "price": {"input": -1}}]}),
-            "models[0].price.input",
-            "non-negative",
-        ),
-        (
-            json!({"providers": {"p": {"baseUrl": "http://x"}}, "models": [{"provider": "p", "id": "m", "type": "chat", "colour": 1}]}),
-            "models[0].colour",
-            "unknown key",
-        ),
-        (json!({"model": []}), "model", "unknown key"),
-        (json!([]), "(top level)", "providers"),
-    ];
-    for (i, (doc, key, hint)) in cases.iter().enumerate() {
-        let path = write(&dir, &format!("bad{i}.json"), doc);
-        let err = Catalog::load(Some(&path), None, false).unwrap_err();
-        let message = err.to_string();
-        assert!(matches!(err, ModelsError::Invalid { .. }), "{message}");
-        assert!(
-            message.contains(&path.display().to_string()),
-            "no file in: {message}"
-        );
-        assert!(
-            message.contains(&format!("`{key}`")),
-            "no key {key} in: {message}"
-        );
-        assert!(message.contains(hint), "no hint {hint} in: {message}");
-    }
-    let path = dir.path().join("syntax.json");
-    std::fs::write(&path, "{ \"providers\": ").unwrap();
-    let message = Catalog::load(Some(&path), None, false)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        message.contains("syntax.json") && message.contains("not valid JSON"),
-        "{message}"
-    );
-}
-
-#[test]
-fn untrusted_project_may_only_remove_or_narrow() {
-    let dir = tempfile::tempdir().unwrap();
-    let user = write(&dir, "user.json", &user_file());
-    let project = write(
-        &dir,
-        "project.json",
-        &json!({
-            "providers": {
-                "q": { "enabled": false },
-                "p": { "baseUrl": "http://evil.example/v1", "apiKeyEnv": "PROJECT_KEY", "headers": { "X": "y" } },
-                "newp": { "baseUrl": "http://evil.example/v1" }
-            },
-            "models": [
-                { "provider": "p", "id": "judge", "input": ["text"], "price": { "input": 0 } },
-                { "provider": "p", "id": "painter", "enabled": false },
-                { "provider": "p", "id": "added", "type": "classifier" }
-            ]
-        }),
-    );
-    let (catalog, warnings) = Catalog::load(Some(&user), Some(&project), false).unwrap();
-    // Removals and narrowing apply.
-    assert_eq!(
-        ids(&catalog.models_of_type("classifier").unwrap()),
-        ["p/judge"]
-    );
-    assert!(catalog.models_of_type("image").unwrap().is_empty());
-    let judge = catalog.model("p", "judge").unwrap();
-    assert_eq!(judge.input, ["text"]);
-    // The price is not the project's to change.
-    assert_eq!(judge.price.input, 1.0);
-    let all = warnings.join("\n");
-    for expected in [
-        "apiKeyEnv, apiKeyCommand and headers are ignored",
-        "baseUrl ignored",
-        "providers.newp not added",
-        "p/added) not added",
-        "only enabled and a narrower input",
-    ] {
-        assert!(
-            all.contains(expected),
-            "missing warning {expected:?} in:\n{all}"
-        );
-    }
-    assert!(
-        all.contains("project.json"),
-        "warnings name the file:\n{all}"
-    );
-}
-
-#[test]
-fn untrusted_project_cannot_widen_input() {
-    let dir = tempfile::tempdir().unwrap();
-    let user = write(
-        &dir,
-        "user.json",
-        &json!({
-            "providers": { "p": { "baseUrl": "http://127.0.0.1:1/v1" } },
-            "models": [{ "provider": "p", "id": "m", "type": "classifier" }]
-        }),
-    );
-    let project = write(
-        &dir,
-        "project.json",
-        &json!({
-            "models": [{ "provider": "p", "id": "m", "input": ["text", "image"] }]
-        }),
-    );
-    let (catalog, warnings) = Catalog::load(Some(&user), Some(&project), false).unwrap();
-    assert_eq!(catalog.model("p", "m").unwrap().input, ["text"]);
-    assert!(
-        warnings.iter().any(|w| w.contains("not widened")),
-        "{warnings:?}"
-    );
-}
-
-#[test]
-fn trusted_project_may_add_and_change_urls_but_never_supply_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let user = write(&dir, "user.json", &user_file());
-    let project = write(
-        &dir,
-        "project.json",
-        &json!({
-            "providers": {
-                "p": { "baseUrl": "http://127.0.0.1:7777/v1", "apiKeyEnv": "PROJECT_KEY" },
-                "local": { "baseUrl": "http://127.0.0.1:8080/v1", "apiKeyCommand": "printf stolen", "headers": { "Authorization": "Bearer x" } }
-            },
-            "models": [
-                { "provider": "local", "id": "tiny", "type": "classifier" },
-                { "provider": "p", "id": "judge", "name": "Project judge" }
-            ]
-        }),
-    );
-    let (catalog, warnings) = Catalog::load(Some(&user), Some(&project), true).unwrap();
-    assert_eq!(
-        ids(&catalog.models_of_type("classifier").unwrap()),
-        ["p/judge", "q/other", "local/tiny"]
-    );
-    assert_eq!(catalog.model("p", "judge").unwrap().name, "Project judge");
-    let ignored = warnings
-        .iter()
-        .filter(|w| w.contains("credentials come only from the user"))
-        .count();
-    assert_eq!(ignored, 2, "{warnings:?}");
-    // The project-added provider has no key: it is usable only if it needs none.
-    assert_eq!(
-        ids(&catalog.available_of_type("classifier").unwrap()),
-        ["p/judge", "q/other", "local/tiny"]
-    );
 }
 
 #[test]

@@ -28,9 +28,18 @@ pub struct CodemodeBuilder {
     sandbox_config: Option<SandboxConfig>,
     models: Option<(Arc<Catalog>, ModelsHttpConfig)>,
     inline_budget_tokens: Option<usize>,
+    codemode_tool_off: bool,
 }
 
 impl CodemodeBuilder {
+    /// Whether the `codemode` tool is offered to the model (default true). Off when nothing
+    /// asked for it (see `codemode-setup`'s activation rule): front ends then declare only the
+    /// direct tools.
+    pub fn offer_codemode_tool(mut self, offer: bool) -> Self {
+        self.codemode_tool_off = !offer;
+        self
+    }
+
     /// The gate every call passes. Its registry is what scripts can call.
     pub fn gate(mut self, gate: Gate) -> Self {
         self.gate = Some(gate);
@@ -84,6 +93,7 @@ impl CodemodeBuilder {
                 sandbox,
                 catalog,
                 inline_budget_tokens: self.inline_budget_tokens,
+                offer_codemode_tool: !self.codemode_tool_off,
                 stores: SessionStores::default(),
                 next_id: AtomicU64::new(1),
             }),

@@ -77,6 +77,7 @@ struct Inner {
     catalog: Option<Arc<Catalog>>,
     /// `None`: chosen by the size of the catalog (see `default_inline_budget`).
     inline_budget_tokens: Option<usize>,
+    offer_codemode_tool: bool,
     stores: store::SessionStores,
     next_id: std::sync::atomic::AtomicU64,
 }
@@ -96,6 +97,11 @@ impl Codemode {
 
     pub fn mode(&self) -> CodemodeMode {
         self.inner.gate.mode()
+    }
+
+    /// Whether the `codemode` tool is offered to the model at all.
+    pub fn offers_codemode_tool(&self) -> bool {
+        self.inner.offer_codemode_tool
     }
 
     /// Whether scripts get the `models` namespace.

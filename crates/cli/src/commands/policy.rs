@@ -9,7 +9,7 @@ use codemode_gate::{ExplainInput, PolicySchema, PolicySet, Registry};
 use codemode_tools::{ToolsConfig, builtin_tools};
 
 use crate::SetupArgs;
-use crate::setup::{LimitFlags, Setup};
+use crate::setup::{self, LimitFlags};
 
 #[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
@@ -31,14 +31,21 @@ pub enum PolicyCommand {
     },
     /// Print the built-in default policy, to copy and adapt.
     Default,
-    /// Print the Cedar schema policies are checked against.
-    Schema,
+    /// Print the Cedar schema policies are checked against (built from the tools of the current
+    /// set-up: the built-in tools, the MCP servers and the models).
+    Schema {
+        #[command(flatten)]
+        setup: SetupArgs,
+    },
 }
 
 pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
     match cmd {
         PolicyCommand::Check { file, setup } => {
-            match codemode_gate::policy::check(&file, &registry_for(&setup).await) {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("could not read the policy file {}", file.display()))?;
+            let name = file.display().to_string();
+            match codemode_gate::policy::check(&name, &text, &registry_for(&setup).await) {
                 Ok(()) => {
                     println!("{}: valid", file.display());
                     Ok(ExitCode::SUCCESS)
@@ -58,11 +65,17 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
                     call.display()
                 )
             })?;
-            let set = if policies.is_empty() {
+            let mut set = if policies.is_empty() {
                 PolicySet::defaults()
             } else {
-                PolicySet::load_files(&policies)?
+                PolicySet::empty()
             };
+            for file in &policies {
+                let text = std::fs::read_to_string(file).with_context(|| {
+                    format!("could not read the policy file {}", file.display())
+                })?;
+                set.add_source(&file.display().to_string(), &text, false)?;
+            }
             let schema = PolicySchema::for_registry(&builtin_registry()).ok();
             let explanation = codemode_gate::explain(&set, schema.as_ref(), &input);
             println!("{}", serde_json::to_string_pretty(&explanation)?);
@@ -72,8 +85,8 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             print!("{}", codemode_gate::policy::DEFAULT_POLICIES);
             Ok(ExitCode::SUCCESS)
         }
-        PolicyCommand::Schema => {
-            let schema = PolicySchema::for_registry(&builtin_registry())?;
+        PolicyCommand::Schema { setup } => {
+            let schema = PolicySchema::for_registry(&registry_for(&setup).await)?;
             print!("{}", schema.text());
             Ok(ExitCode::SUCCESS)
         }
@@ -83,13 +96,15 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
 /// The tools of the current set-up, so that policies may speak of any of their arguments; the
 /// built-in tools alone when the set-up cannot be built (its own policies may be what is broken).
 async fn registry_for(args: &SetupArgs) -> Registry {
-    match Setup::build_with(args, &LimitFlags::default(), None).await {
-        Ok(setup) => {
+    match setup::build_with(args, &LimitFlags::default(), None).await {
+        Ok(installation) => {
+            // Its own policies may not fit yet; the tools are what matters here.
+            let _ = installation.servers_ready().await;
             let registry = Registry::new();
-            for spec in setup.codemode.gate().registry().specs() {
+            for spec in installation.gate().registry().specs() {
                 let _ = registry.register(std::sync::Arc::new(SpecOnly(spec)));
             }
-            setup.shutdown().await;
+            installation.shutdown().await;
             registry
         }
         Err(e) => {

@@ -10,7 +10,7 @@ use codemode_runtime::{ScriptRequest, ScriptRun};
 use codemode_sandbox::Determinism;
 
 use crate::SetupArgs;
-use crate::setup::{LimitFlags, Setup};
+use crate::setup::{self, LimitFlags};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -60,21 +60,26 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         eprintln!("codemode: the script was refused before it ran: {e}");
         return Ok(ExitCode::from(2));
     }
-    let setup = Setup::build(&args.setup, &args.limits).await?;
-    for warning in &setup.warnings {
+    let installation = setup::build(&args.setup, &args.limits).await?;
+    let ready = installation.servers_ready().await;
+    for warning in installation.warnings() {
         eprintln!("warning: {warning}");
+    }
+    if let Err(e) = ready {
+        installation.shutdown().await;
+        return Err(e.into());
     }
     let determinism = determinism(&args);
     let mut request = ScriptRequest::new(source, args.session.clone());
     request.determinism = determinism;
     request.record = args.record.clone();
     request.replay = args.replay.clone();
-    let run = setup.codemode.run_script(request).await;
+    let run = installation.codemode().run_script(request).await;
     if args.verbose {
         print_trace(&run);
     }
     print_run(&run, args.json)?;
-    setup.shutdown().await;
+    installation.shutdown().await;
     Ok(if run.is_error {
         ExitCode::from(1)
     } else {
@@ -92,7 +97,7 @@ pub async fn demo(args: DemoArgs) -> Result<ExitCode> {
         workdir: Some(dir.path().to_path_buf()),
         ..Default::default()
     };
-    let setup = Setup::build(&setup_args, &LimitFlags::default()).await?;
+    let installation = setup::build(&setup_args, &LimitFlags::default()).await?;
     println!(
         "codemode demo: running this script in {}\n",
         dir.path().display()
@@ -101,14 +106,14 @@ pub async fn demo(args: DemoArgs) -> Result<ExitCode> {
         println!("  | {line}");
     }
     println!("\n--- what the model reads ---");
-    let run = setup
-        .codemode
+    let run = installation
+        .codemode()
         .run_script(ScriptRequest::new(crate::demo::DEMO_SCRIPT, "demo"))
         .await;
     print_run(&run, args.json)?;
     println!("\n--- every call, as the gate saw it ---");
     print_trace_to(&run, &mut std::io::stdout());
-    setup.shutdown().await;
+    installation.shutdown().await;
     if args.keep {
         let kept = dir.keep();
         println!("\nThe demo project is kept at {}", kept.display());

@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use clap::Args;
 
 use crate::SetupArgs;
-use crate::setup::{LimitFlags, Setup};
+use crate::setup::{self, LimitFlags};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -36,25 +36,29 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
     let approvals = codemode_mcp::ElicitationApprover::new();
-    let mut setup =
-        Setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
-    let notifier = approvals.clone();
-    setup.follow_tool_changes(Some(Arc::new(move || {
-        let notifier = notifier.clone();
-        Box::pin(async move { notifier.notify_tool_list_changed().await })
-    })));
-    for warning in &setup.warnings {
+    let installation =
+        setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
+    // Scripts cannot yet wait for one server to come up, so the first connection round is
+    // awaited before serving; the installation itself does not need it.
+    let ready = installation.servers_ready().await;
+    for warning in installation.warnings() {
         tracing::warn!("{warning}");
     }
+    ready?;
+    // Tell every client when the MCP servers' tools changed (the registry already follows).
+    let mut changes = installation.tools_changed();
+    changes.borrow_and_update();
+    let notifier = approvals.clone();
+    let follower = tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            notifier.notify_tool_list_changed().await;
+        }
+    });
+    let codemode = installation.codemode().clone();
     let result = match args.listen {
         Some(addr) => {
-            match codemode_mcp::serve_http(
-                setup.codemode.clone(),
-                addr,
-                args.token.clone(),
-                approvals,
-            )
-            .await
+            match codemode_mcp::serve_http(codemode.clone(), addr, args.token.clone(), approvals)
+                .await
             {
                 Ok(server) => {
                     eprintln!("codemode: serving MCP at http://{}/mcp", server.local_addr);
@@ -63,9 +67,10 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
                 Err(e) => Err(e),
             }
         }
-        None => codemode_mcp::serve_stdio(setup.codemode.clone(), approvals).await,
+        None => codemode_mcp::serve_stdio(codemode.clone(), approvals).await,
     };
-    setup.shutdown().await;
+    follower.abort();
+    installation.shutdown().await;
     result?;
     Ok(ExitCode::SUCCESS)
 }

@@ -7,9 +7,12 @@ use clap::Args;
 use codemode_declarations::{
     Encoding, RenderOptions, count_tokens, direct_definitions_json, render_declaration,
 };
+use codemode_gate::{ExplainInput, Gate};
+use codemode_spec::{Exposure, ToolSpec};
+use serde_json::json;
 
 use crate::SetupArgs;
-use crate::setup::{LimitFlags, Setup};
+use crate::setup::{self, LimitFlags};
 
 #[derive(Args, Debug)]
 pub struct ToolsArgs {
@@ -24,8 +27,9 @@ pub struct ToolsArgs {
 }
 
 pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
-    let setup = Setup::build(&args.setup, &LimitFlags::default()).await?;
-    let codemode = &setup.codemode;
+    let installation = setup::build(&args.setup, &LimitFlags::default()).await?;
+    let ready = installation.servers_ready().await;
+    let codemode = installation.codemode();
     if args.describe {
         println!("{}", codemode.description());
     } else if args.tokens {
@@ -54,23 +58,58 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
         );
     } else {
         println!(
-            "{:<40} {:<9} {:<24} {:>7}",
+            "{:<40} {:<9} {:<24} {:>7}  policy for a script's call, or why hidden",
             "tool", "exposure", "namespace", "tokens"
         );
-        for spec in codemode.gate().registry().specs() {
-            let declaration = render_declaration(&spec, &RenderOptions::default());
+        for tool in installation.tools() {
+            let spec = &tool.spec;
+            let note = match &tool.hidden_by {
+                Some(why) => format!("hidden: {why}"),
+                None if spec.exposure == Exposure::Hidden => "hidden".to_string(),
+                None => policy_note(installation.gate(), spec),
+            };
+            let declaration = render_declaration(spec, &RenderOptions::default());
             println!(
-                "{:<40} {:<9} {:<24} {:>7}",
+                "{:<40} {:<9} {:<24} {:>7}  {note}",
                 spec.name,
                 spec.exposure.as_str(),
                 spec.namespace.as_deref().unwrap_or("-"),
-                count_tokens(&declaration, Encoding::O200kBase)
+                count_tokens(&declaration, Encoding::O200kBase),
+            );
+        }
+        if !installation.activation().codemode {
+            println!(
+                "\nThe codemode tool is not offered: nothing asked for it (see the warnings)."
             );
         }
     }
-    for warning in &setup.warnings {
+    for warning in installation.warnings() {
         eprintln!("warning: {warning}");
     }
-    setup.shutdown().await;
+    installation.shutdown().await;
+    ready?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the policies decide for a script's call of `spec` without arguments: `allow`, `ask`
+/// or `deny`, with the deciding policies.
+fn policy_note(gate: &Gate, spec: &ToolSpec) -> String {
+    let input: Result<ExplainInput, _> = serde_json::from_value(json!({
+        "tool": spec.name,
+        "kind": spec.kind,
+        "exposure": spec.exposure,
+        "namespace": spec.namespace,
+        "annotations": spec.annotations,
+        "origin": "script",
+    }));
+    let Ok(input) = input else {
+        return String::new();
+    };
+    let explanation = gate.explain(&input);
+    let ids: Vec<&str> = explanation.policies.iter().map(|p| p.id.as_str()).collect();
+    if ids.is_empty() {
+        explanation.decision.to_string()
+    } else {
+        format!("{} ({})", explanation.decision, ids.join(", "))
+    }
 }

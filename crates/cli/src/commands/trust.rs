@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use codemode_gate::settings::{self, SettingsPaths};
+use codemode_config::{ConfigPaths, trust};
 
 #[derive(Args, Debug)]
 pub struct TrustArgs {
@@ -14,7 +14,7 @@ pub struct TrustArgs {
     /// Withdraw trust instead.
     #[arg(long)]
     pub revoke: bool,
-    /// User configuration directory (default: ~/.config/codemode).
+    /// User configuration directory (default: $XDG_CONFIG_HOME/codemode or ~/.config/codemode).
     #[arg(long, value_name = "DIR")]
     pub config_dir: Option<PathBuf>,
 }
@@ -27,18 +27,22 @@ pub fn run(args: TrustArgs) -> Result<ExitCode> {
     let dir = dir
         .canonicalize()
         .with_context(|| format!("{} is not a directory codemode can open", dir.display()))?;
-    let paths = match args.config_dir {
-        Some(d) => SettingsPaths::new(d),
-        None => SettingsPaths::from_env().context("no home directory: pass --config-dir")?,
+    let config_dir = match args.config_dir {
+        Some(d) => d,
+        None => {
+            ConfigPaths::config_dir_from_env().context("no home directory: pass --config-dir")?
+        }
     };
+    // The trust list lives in the configuration directory; the state directory is not used.
+    let paths = ConfigPaths::new(config_dir.clone(), config_dir);
     if args.revoke {
-        settings::untrust(&paths, &dir)?;
+        trust::untrust(&paths, &dir)?;
         println!(
             "{} is no longer trusted: its settings can only narrow yours.",
             dir.display()
         );
     } else {
-        settings::trust(&paths, &dir)?;
+        trust::trust(&paths, &dir)?;
         println!(
             "{} is trusted: its settings may now widen yours.",
             dir.display()

@@ -6,7 +6,7 @@
 mod eval;
 mod schema;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 
 use cedar_policy::{Effect, PolicyId, ValidationMode, Validator};
@@ -23,8 +23,6 @@ pub const DEFAULT_POLICIES: &str = include_str!("../../policies/default.cedar");
 /// What was wrong with a policy file, with where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
-    #[error("cannot read policy file {file}: {message}")]
-    Read { file: String, message: String },
     #[error("{file}:{line}:{column}: syntax error: {message}")]
     Syntax {
         file: String,
@@ -69,8 +67,18 @@ pub(crate) struct PolicyInfo {
 pub struct PolicySet {
     pub(crate) cedar: cedar_policy::PolicySet,
     pub(crate) infos: Vec<PolicyInfo>,
-    /// Source text per file, to turn validation spans into lines.
-    texts: Vec<(String, String)>,
+    /// Source text per file, to turn validation spans into lines, and how its permits were taken.
+    texts: Vec<(String, String, Permits)>,
+}
+
+/// What to do with the permit policies of a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Permits {
+    Keep,
+    /// An error: the file may only narrow.
+    Refuse,
+    /// Left out (and reported): the file may only narrow.
+    Skip,
 }
 
 impl std::fmt::Debug for PolicySet {
@@ -101,33 +109,38 @@ impl PolicySet {
         Ok(set)
     }
 
-    /// Reads and parses policy files, in order.
-    pub fn load_files(paths: &[PathBuf]) -> Result<Self, PolicyError> {
-        let mut set = PolicySet::default();
-        for p in paths {
-            set.add_file(p, false)?;
-        }
-        Ok(set)
-    }
-
-    /// Adds one file. With `forbid_only`, any permit policy is an error (untrusted project files
-    /// may only narrow).
-    pub fn add_file(&mut self, path: &Path, forbid_only: bool) -> Result<(), PolicyError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::Read {
-            file: file.clone(),
-            message: e.to_string(),
-        })?;
-        self.add_source(&file, &text, forbid_only)
-    }
-
-    /// Adds policies from text.
+    /// Adds policies from text; `file` names them in errors and ids. With `forbid_only`, any
+    /// permit policy is an error.
     pub fn add_source(
         &mut self,
         file: &str,
         text: &str,
         forbid_only: bool,
     ) -> Result<(), PolicyError> {
+        let permits = if forbid_only {
+            Permits::Refuse
+        } else {
+            Permits::Keep
+        };
+        self.add_policies(file, text, permits).map(|_| ())
+    }
+
+    /// Adds only the `forbid` policies of `text` (an untrusted project's file, which may narrow
+    /// but not widen), returning the id and line of each permit left out.
+    pub fn add_forbids(
+        &mut self,
+        file: &str,
+        text: &str,
+    ) -> Result<Vec<(String, usize)>, PolicyError> {
+        self.add_policies(file, text, Permits::Skip)
+    }
+
+    fn add_policies(
+        &mut self,
+        file: &str,
+        text: &str,
+        permits: Permits,
+    ) -> Result<Vec<(String, usize)>, PolicyError> {
         let parsed = cedar_policy::PolicySet::from_str(text).map_err(|e| {
             let (line, column) = first_label(&e, text);
             PolicyError::Syntax {
@@ -151,6 +164,7 @@ impl PolicySet {
                 .parse::<usize>()
                 .unwrap_or(usize::MAX)
         });
+        let mut skipped = Vec::new();
         for (n, policy) in policies.into_iter().enumerate() {
             let id = policy
                 .annotation("id")
@@ -158,12 +172,16 @@ impl PolicySet {
                 .unwrap_or_else(|| format!("{short}#{n}"));
             let line = starts.get(n).copied().unwrap_or(1);
             let permit = policy.effect() == Effect::Permit;
-            if forbid_only && permit {
+            if permit && permits == Permits::Refuse {
                 return Err(PolicyError::NotForbidOnly {
                     file: file.to_string(),
                     line,
                     policy_id: id,
                 });
+            }
+            if permit && permits == Permits::Skip {
+                skipped.push((id, line));
+                continue;
             }
             let ask = policy.annotation("ask").map(str::to_string);
             self.cedar
@@ -180,15 +198,15 @@ impl PolicySet {
                 ask,
             });
         }
-        self.texts.push((file.to_string(), text.to_string()));
-        Ok(())
+        self.texts
+            .push((file.to_string(), text.to_string(), permits));
+        Ok(skipped)
     }
 
     /// Adds every policy of `other`.
     pub fn extend(&mut self, other: PolicySet) -> Result<(), PolicyError> {
-        for (file, text) in other.texts {
-            let forbid_only = false;
-            self.add_source(&file, &text, forbid_only)?;
+        for (file, text, permits) in other.texts {
+            self.add_policies(&file, &text, permits)?;
         }
         Ok(())
     }
@@ -221,8 +239,8 @@ impl PolicySet {
                 .infos
                 .iter()
                 .find(|i| i.id == policy_id)
-                .and_then(|i| self.texts.iter().find(|(f, _)| *f == i.file))
-                .map(|(f, t)| (f.clone(), t.as_str()))
+                .and_then(|i| self.texts.iter().find(|(f, ..)| *f == i.file))
+                .map(|(f, t, _)| (f.clone(), t.as_str()))
                 .unwrap_or_default();
             let (line, column) = first_label(err, text);
             return Err(PolicyError::Invalid {
@@ -241,11 +259,10 @@ impl PolicySet {
     }
 }
 
-/// Parses and type-checks one policy file against the schema of `registry`'s tools, as
-/// `codemode policy check FILE` does.
-pub fn check(file: &Path, registry: &crate::Registry) -> Result<(), PolicyError> {
-    let mut set = PolicySet::default();
-    set.add_file(file, false)?;
+/// Parses and type-checks one policy file's text against the schema of `registry`'s tools, as
+/// `codemode policy check FILE` does; `file` names it in errors.
+pub fn check(file: &str, text: &str, registry: &crate::Registry) -> Result<(), PolicyError> {
+    let set = PolicySet::parse(file, text)?;
     set.validate(&PolicySchema::for_registry(registry)?)
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use codemode_spec::{Exposure, NamespaceSpec, Tool};
+use codemode_spec::{NamespaceSpec, Tool};
 use tokio::sync::{mpsc, watch};
 
 use super::tool::McpTool;
@@ -15,7 +15,8 @@ use crate::naming::{mcp_namespace, name_server_tools};
 /// Timeouts for connecting to servers and calling their tools.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectOptions {
-    /// How long one server may take to start, shake hands and list its tools.
+    /// How long one server may take to start, shake hands and list its tools, unless the
+    /// server's own `connectTimeoutMs` says otherwise.
     pub connect_timeout: Duration,
     /// How long a call may go without a result or a progress notification, unless the server's
     /// `timeout` says otherwise.
@@ -68,7 +69,7 @@ impl McpHub {
             }
             upstreams.push(Arc::new(Upstream::new(
                 server.clone(),
-                opts.connect_timeout,
+                server.connect_timeout.unwrap_or(opts.connect_timeout),
                 opts.call_timeout,
                 list_changed.clone(),
                 generation_tx.clone(),
@@ -105,7 +106,8 @@ impl McpHub {
     }
 
     /// One tool per MCP tool of every connected server, named `mcp__<server>__<tool>`.
-    /// Tools whose exposure is `hidden` are left out: nobody may call them.
+    /// Tools whose exposure is `hidden` are included as hidden: the gate refuses them by name,
+    /// and listings can say why they are hidden.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
         let mut taken = HashSet::new();
         let mut out: Vec<Arc<dyn Tool>> = Vec::new();
@@ -116,9 +118,6 @@ impl McpHub {
             for (def, name) in catalog.tools.iter().zip(names) {
                 taken.insert(name.clone());
                 let exposure = upstream.config.exposure_for(&def.name);
-                if exposure == Exposure::Hidden {
-                    continue;
-                }
                 out.push(Arc::new(McpTool::new(
                     name,
                     def,

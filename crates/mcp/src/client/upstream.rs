@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use super::handler::Handler;
-use crate::config::{ServerConfig, ServerTransport, expand_vars};
+use crate::config::{ServerConfig, ServerTransport};
 
 /// How many of a server's last stderr lines are kept to explain a failed start.
 const STDERR_TAIL: usize = 20;
@@ -159,9 +159,11 @@ impl Upstream {
             Ok(Err(reason)) => Err(self.fail(reason).await),
             Err(_) => Err(self
                 .fail(format!(
-                    "did not finish starting within {:.0} s; check the command, or raise the \
-                 connect timeout",
-                    self.connect_timeout.as_secs_f64()
+                    "did not finish starting within {:.0} s; check the command, or raise \
+                 \"connectTimeoutMs\" for this server in {} (a first `npx` run downloads the \
+                 package and can take a minute)",
+                    self.connect_timeout.as_secs_f64(),
+                    self.config.source
                 ))
                 .await),
         }
@@ -199,7 +201,12 @@ impl Upstream {
             list_changed: self.list_changed.clone(),
         };
         let mut group = None;
-        let service = match &self.config.transport {
+        let transport = self
+            .config
+            .transport
+            .expanded(&|v| std::env::var(v).ok())
+            .map_err(|e| format!("{e} (in {})", self.config.source))?;
+        let service = match &transport {
             ServerTransport::Stdio {
                 command,
                 args,
@@ -208,11 +215,7 @@ impl Upstream {
             } => {
                 let mut cmd = tokio::process::Command::new(command);
                 cmd.args(args).kill_on_drop(true);
-                for (key, value) in env {
-                    let value = expand_vars(value, &|v| std::env::var(v).ok())
-                        .map_err(|e| format!("env.{key}: {e}"))?;
-                    cmd.env(key, value);
-                }
+                cmd.envs(env);
                 if let Some(cwd) = cwd {
                     cmd.current_dir(cwd);
                 }
@@ -239,11 +242,9 @@ impl Upstream {
             ServerTransport::Http { url, headers } => {
                 let mut map = HashMap::new();
                 for (key, value) in headers {
-                    let value = expand_vars(value, &|v| std::env::var(v).ok())
-                        .map_err(|e| format!("headers.{key}: {e}"))?;
                     let name = http::HeaderName::from_bytes(key.as_bytes())
                         .map_err(|e| format!("headers.{key} is not a valid header name: {e}"))?;
-                    let value = http::HeaderValue::from_str(&value)
+                    let value = http::HeaderValue::from_str(value)
                         .map_err(|e| format!("headers.{key} is not a valid header value: {e}"))?;
                     map.insert(name, value);
                 }

@@ -177,7 +177,10 @@ impl ServerHandler for CodemodeHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         self.session_id(&context);
-        let mut tools = vec![self.codemode_tool()];
+        let mut tools = Vec::new();
+        if self.codemode.offers_codemode_tool() {
+            tools.push(self.codemode_tool());
+        }
         if self.codemode.mode() == CodemodeMode::On {
             tools.extend(self.codemode.model_declared_tools().iter().map(to_mcp_tool));
         }
@@ -189,7 +192,13 @@ impl ServerHandler for CodemodeHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let result = if request.name == codemode_gate::CODEMODE_TOOL {
+        let result = if request.name == codemode_gate::CODEMODE_TOOL
+            && !self.codemode.offers_codemode_tool()
+        {
+            CallToolResult::error(vec![Content::text(
+                "the codemode tool is not enabled here; call the declared tools directly",
+            )])
+        } else if request.name == codemode_gate::CODEMODE_TOOL {
             self.run_codemode(request.arguments, context).await
         } else {
             // Mode `only` is enforced by the gate, which refuses a model's direct call and says

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::{SettingsError, SettingsPaths};
+use crate::{ConfigPaths, Problem};
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,24 +17,23 @@ fn canonical(project_dir: &Path) -> PathBuf {
     std::fs::canonicalize(project_dir).unwrap_or_else(|_| project_dir.to_path_buf())
 }
 
-fn read(paths: &SettingsPaths) -> Result<TrustFile, SettingsError> {
+fn read(paths: &ConfigPaths) -> Result<TrustFile, Problem> {
     let file = paths.trusted_file();
-    match std::fs::read_to_string(&file) {
-        Ok(text) => serde_json::from_str(&text).map_err(|e| SettingsError::Parse {
-            file: file.display().to_string(),
-            message: e.to_string(),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TrustFile::default()),
-        Err(e) => Err(SettingsError::Io {
-            file: file.display().to_string(),
-            message: e.to_string(),
-        }),
-    }
+    let Some(value) = crate::jsonc::read(&file)? else {
+        return Ok(TrustFile::default());
+    };
+    serde_json::from_value(value).map_err(|e| {
+        Problem::new(
+            file.display().to_string(),
+            "",
+            format!("{e}; expected {{\"projects\": [\"/path/to/project\"]}}"),
+        )
+    })
 }
 
 /// True when the user has trusted `project_dir` (compared after resolving symlinks).
 /// An unreadable trust file trusts nothing.
-pub fn is_trusted(paths: &SettingsPaths, project_dir: &Path) -> bool {
+pub fn is_trusted(paths: &ConfigPaths, project_dir: &Path) -> bool {
     let dir = canonical(project_dir);
     read(paths)
         .map(|t| t.projects.contains(&dir))
@@ -42,9 +41,9 @@ pub fn is_trusted(paths: &SettingsPaths, project_dir: &Path) -> bool {
 }
 
 /// Records that the user trusts `project_dir`. The file is replaced atomically.
-pub fn trust(paths: &SettingsPaths, project_dir: &Path) -> Result<(), SettingsError> {
+pub fn trust(paths: &ConfigPaths, project_dir: &Path) -> Result<(), Problem> {
+    let dir = canonical(project_dir);
     write_with(paths, |t| {
-        let dir = canonical(project_dir);
         if !t.projects.contains(&dir) {
             t.projects.push(dir);
         }
@@ -52,25 +51,25 @@ pub fn trust(paths: &SettingsPaths, project_dir: &Path) -> Result<(), SettingsEr
 }
 
 /// Withdraws trust from `project_dir`.
-pub fn untrust(paths: &SettingsPaths, project_dir: &Path) -> Result<(), SettingsError> {
+pub fn untrust(paths: &ConfigPaths, project_dir: &Path) -> Result<(), Problem> {
     let dir = canonical(project_dir);
     write_with(paths, |t| t.projects.retain(|p| *p != dir))
 }
 
-fn write_with(
-    paths: &SettingsPaths,
-    change: impl FnOnce(&mut TrustFile),
-) -> Result<(), SettingsError> {
+fn write_with(paths: &ConfigPaths, change: impl FnOnce(&mut TrustFile)) -> Result<(), Problem> {
     let mut t = read(paths)?;
     change(&mut t);
     let file = paths.trusted_file();
-    let io = |e: std::io::Error| SettingsError::Io {
-        file: file.display().to_string(),
-        message: e.to_string(),
+    let io = |e: std::io::Error| {
+        Problem::new(
+            file.display().to_string(),
+            "",
+            format!("cannot be written: {e}"),
+        )
     };
-    std::fs::create_dir_all(&paths.user_dir).map_err(io)?;
+    std::fs::create_dir_all(&paths.config_dir).map_err(io)?;
     let tmp = file.with_extension("json.tmp");
-    let text = serde_json::to_string_pretty(&t).unwrap_or_default();
+    let text = serde_json::to_string_pretty(&t).map_err(|e| io(std::io::Error::other(e)))?;
     std::fs::write(&tmp, text).map_err(io)?;
     std::fs::rename(&tmp, &file).map_err(io)
 }

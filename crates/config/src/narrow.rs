@@ -1,12 +1,14 @@
 //! The narrowing rule: an untrusted project may only make things stricter than the user allows.
 //!
-//! The same rule applies to the gate's settings, the MCP configuration and the model catalog, so
-//! it lives here as a small, generic helper those crates can reuse.
+//! One rule for `settings.json`, `mcp.json` and `models.json`: every merge of a project's value
+//! over the user's goes through a [`Narrowing`], which takes the project's value when it narrows
+//! (or the project is trusted) and otherwise keeps the user's and records a warning naming the
+//! file and the key.
 
 use codemode_spec::Exposure;
 
-/// Merges one layer of project values over user values, collecting a warning for each attempt
-/// to widen that was ignored.
+/// Merges one project file over the user's values, collecting a warning for each attempt to
+/// widen that was ignored.
 #[derive(Debug, Clone)]
 pub struct Narrowing {
     /// The project file, named in warnings.
@@ -29,10 +31,14 @@ impl Narrowing {
         self.trusted
     }
 
-    /// Records a warning for `key` (for rules the helpers below do not cover).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Records that the project's `key` was ignored, and why.
     pub fn ignore(&mut self, key: &str, why: &str) {
         self.warnings.push(format!(
-            "{}: ignored `{key}`: {why} (an untrusted project may only narrow the user's settings; run `codemode trust` in the project to allow it)",
+            "{}: ignored `{key}`: {why} (an untrusted project may only narrow what your own configuration allows; run `codemode trust` in the project to allow it)",
             self.source
         ));
     }
@@ -59,13 +65,15 @@ impl Narrowing {
             Some(p) if self.trusted || narrower(&p, user.as_ref()) => Some(p),
             Some(p) if Some(&p) == user.as_ref() => Some(p),
             Some(_) => {
-                self.ignore(key, "it would widen what the user allows");
+                self.ignore(key, "it would widen what you allow");
                 user
             }
         }
     }
 
-    /// A numeric limit: the project may lower it (or set one where the user has none).
+    /// A numeric limit: the project may lower it. `user` must already hold the built-in default
+    /// when the user set none, so that "unset" never reads as "unlimited"; `None` here means the
+    /// limit really is unlimited, and then any value narrows.
     pub fn limit<T: PartialOrd + Copy>(
         &mut self,
         key: &str,
@@ -89,8 +97,7 @@ impl Narrowing {
         })
     }
 
-    /// An exposure: the project may only lower visibility below `current` (the user's setting,
-    /// or the tool's own exposure when the user set none).
+    /// An exposure: the project may only lower visibility below `current`.
     pub fn visibility(
         &mut self,
         key: &str,
@@ -121,7 +128,7 @@ impl Narrowing {
                 if !dropped.is_empty() {
                     self.ignore(
                         key,
-                        &format!("entries the user does not allow: {}", dropped.join(", ")),
+                        &format!("entries you do not allow: {}", dropped.join(", ")),
                     );
                 }
                 Some(kept)
@@ -138,6 +145,15 @@ impl Narrowing {
     ) -> Option<T> {
         self.narrow(key, user, project, |_, _| false)
     }
+
+    /// Something an untrusted project may not do at all (add a server, add hooks): `Ok` when the
+    /// project is trusted, else a warning for `key`.
+    pub fn only_if_trusted(&mut self, key: &str, why: &str) -> bool {
+        if !self.trusted {
+            self.ignore(key, why);
+        }
+        self.trusted
+    }
 }
 
 #[cfg(test)]
@@ -152,14 +168,14 @@ mod tests {
             n.limit("limits.timeout_ms", Some(100), Some(500)),
             Some(100)
         );
-        assert_eq!(n.limit("limits.cpu_ms", None, Some(500)), Some(500));
+        assert_eq!(n.limit("budgets.script.max_calls", None, Some(5)), Some(5));
         assert_eq!(
             n.switch_off("models.enabled", Some(false), Some(true), true),
             Some(false)
         );
         assert_eq!(
-            n.switch_off("models.enabled", None, Some(false), true),
-            Some(false)
+            n.switch_off("autoEnableCodemode", None, Some(true), false),
+            None
         );
         assert_eq!(
             n.visibility(
@@ -182,17 +198,21 @@ mod tests {
             Some(vec!["a".to_string()])
         );
         assert_eq!(n.user_only("audit.path", Some(1), Some(2)), Some(1));
+        assert!(!n.only_if_trusted("hooks", "hooks run commands"));
         let w = n.warnings().join("\n");
         for key in [
             "limits.timeout_ms",
             "models.enabled",
+            "autoEnableCodemode",
             "tools.x.exposure",
             "models.allow",
             "audit.path",
+            "hooks",
         ] {
             assert!(w.contains(&format!("`{key}`")), "{key} missing in {w}");
         }
-        assert!(!w.contains("limits.cpu_ms"));
+        assert!(!w.contains("budgets.script.max_calls"), "{w}");
+        assert!(w.lines().all(|l| l.starts_with("p.json: ")), "{w}");
     }
 
     #[test]
@@ -206,6 +226,7 @@ mod tests {
             n.visibility("tools.x.exposure", Exposure::Hidden, Some(Exposure::Direct)),
             Exposure::Direct
         );
+        assert!(n.only_if_trusted("hooks", ""));
         assert!(n.warnings().is_empty());
     }
 }

@@ -1,15 +1,15 @@
-//! Reading one models.json file into loosely typed entries, with errors that name file and key.
+//! Reading one models.json value into loosely typed entries, with errors that name file and key.
 //!
-//! Every field is optional here so that a project file can name only what it changes; the
-//! catalog decides which fields each file may set.
+//! Every field is optional here so that a project file can name only what it changes; the merge
+//! decides which fields each file may set.
 
 use serde_json::{Map, Value};
 
-use crate::ModelsError;
+use crate::Problem;
 
-pub(crate) const API_OPENAI_COMPATIBLE: &str = "openai-compatible";
-pub(crate) const MODEL_TYPES: [&str; 3] = ["classifier", "image", "chat"];
-pub(crate) const INPUT_KINDS: [&str; 2] = ["text", "image"];
+pub const API_OPENAI_COMPATIBLE: &str = "openai-compatible";
+pub const MODEL_TYPES: [&str; 3] = ["classifier", "image", "chat"];
+pub const INPUT_KINDS: [&str; 2] = ["text", "image"];
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct RawProvider {
@@ -49,12 +49,8 @@ pub(crate) struct RawFile {
 }
 
 /// Reads the whole document. `file` names the source in messages.
-pub(crate) fn parse_file(value: &Value, file: &str) -> Result<RawFile, ModelsError> {
-    let bad = |key: &str, message: String| ModelsError::Invalid {
-        file: file.to_string(),
-        key: key.to_string(),
-        message,
-    };
+pub(crate) fn parse_file(value: &Value, file: &str) -> Result<RawFile, Problem> {
+    let bad = |key: &str, message: String| Problem::new(file, key, message);
     let root = value.as_object().ok_or_else(|| {
         bad(
             "(top level)",
@@ -98,14 +94,14 @@ pub(crate) fn parse_file(value: &Value, file: &str) -> Result<RawFile, ModelsErr
     Ok(raw)
 }
 
-type Bad<'a> = dyn Fn(&str, String) -> ModelsError + 'a;
+type Bad<'a> = dyn Fn(&str, String) -> Problem + 'a;
 
 fn parse_provider(
     name: &str,
     entry: &Value,
     key: &str,
     bad: &Bad<'_>,
-) -> Result<RawProvider, ModelsError> {
+) -> Result<RawProvider, Problem> {
     if name.is_empty() || name.contains('/') {
         return Err(bad(
             key,
@@ -192,7 +188,7 @@ fn parse_provider(
     Ok(p)
 }
 
-fn parse_model(entry: &Value, key: &str, bad: &Bad<'_>) -> Result<RawModel, ModelsError> {
+fn parse_model(entry: &Value, key: &str, bad: &Bad<'_>) -> Result<RawModel, Problem> {
     let obj = entry.as_object().ok_or_else(|| {
         bad(
             key,
@@ -246,7 +242,7 @@ fn parse_model(entry: &Value, key: &str, bad: &Bad<'_>) -> Result<RawModel, Mode
     Ok(m)
 }
 
-fn input_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<Vec<String>, ModelsError> {
+fn input_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<Vec<String>, Problem> {
     let items = value.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
         bad(
             at,
@@ -271,7 +267,7 @@ fn input_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<Vec<String>, Model
     Ok(kinds)
 }
 
-fn price_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<RawPrice, ModelsError> {
+fn price_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<RawPrice, Problem> {
     let obj: &Map<String, Value> = value.as_object().ok_or_else(|| {
         bad(
             at,
@@ -300,14 +296,14 @@ fn price_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<RawPrice, ModelsEr
     Ok(price)
 }
 
-fn string_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<String, ModelsError> {
+fn string_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<String, Problem> {
     value
         .as_str()
         .map(str::to_string)
         .ok_or_else(|| bad(at, format!("expected a string, got {value}")))
 }
 
-fn non_empty(value: &Value, at: &str, bad: &Bad<'_>) -> Result<String, ModelsError> {
+fn non_empty(value: &Value, at: &str, bad: &Bad<'_>) -> Result<String, Problem> {
     let s = string_of(value, at, bad)?;
     if s.trim().is_empty() {
         return Err(bad(at, "must not be empty".into()));
@@ -315,7 +311,7 @@ fn non_empty(value: &Value, at: &str, bad: &Bad<'_>) -> Result<String, ModelsErr
     Ok(s)
 }
 
-fn bool_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<bool, ModelsError> {
+fn bool_of(value: &Value, at: &str, bad: &Bad<'_>) -> Result<bool, Problem> {
     value
         .as_bool()
         .ok_or_else(|| bad(at, format!("expected true or false, got {value}")))

@@ -1,0 +1,426 @@
+//! One set-up for everything that runs scripts: the CLI's `run`, `serve`, `tools` and `policy`,
+//! and any program embedding codemode.
+//!
+//! An [`Installation`] reads the effective configuration (`codemode-config`: your files, the
+//! project's, the trust list, the command line) and turns it into a ready [`Codemode`] whose
+//! [`Gate`] holds the built-in tools, the model catalog and the MCP servers' tools, with the
+//! settings' tool rules, policies, hooks, budgets, limits and audit log. MCP servers connect in
+//! the background: the installation is usable at once, [`Installation::servers_ready`] waits
+//! for them, and [`Installation::tools_changed`] says when their tools arrived or changed (the
+//! registry, tool rules and policy schema are already updated then).
+//!
+//! ```no_run
+//! use codemode_runtime::ScriptRequest;
+//! use codemode_setup::Installation;
+//!
+//! # async fn demo() -> Result<(), codemode_setup::SetupError> {
+//! let installation = Installation::builder("/path/to/project").build().await?;
+//! installation.servers_ready().await?;
+//! let run = installation
+//!     .codemode()
+//!     .run_script(ScriptRequest::new("return 1 + 1", "session-1"))
+//!     .await;
+//! println!("{}", run.text);
+//! installation.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod convert;
+mod mcp;
+mod wiring;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use codemode_config::{
+    Activation, CommandLine, ConfigError, ConfigPaths, Configuration, ProjectPaths, Sources,
+};
+use codemode_gate::hooks::HookConfigError;
+use codemode_gate::{
+    Approver, AuditLog, CommandHooks, Gate, Hook, PolicyError, Registry, RegistryError,
+};
+use codemode_mcp::{ConnectOptions, ServerStatus};
+use codemode_models::{Catalog, ModelsHttpConfig};
+use codemode_runtime::{Codemode, RuntimeError};
+use codemode_spec::{CodemodeMode, Tool, ToolSpec};
+use codemode_tools::{ToolsConfig, builtin_tools};
+use tokio::sync::watch;
+
+pub use codemode_config;
+pub use convert::builtin_limits;
+
+use mcp::McpServers;
+use wiring::Wiring;
+
+/// Why an installation could not be set up. Each names what to fix. (The messages carry their
+/// causes' text, so none is also a `source`: printing the chain would say everything twice.)
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "no home directory to find the configuration in: set HOME, or pass the configuration directory explicitly (--config-dir)"
+    )]
+    NoHome,
+    #[error("the working directory {path} cannot be used: {message}")]
+    Workdir { path: PathBuf, message: String },
+    #[error("a policy is not valid: {0}")]
+    Policy(PolicyError),
+    #[error("the hooks in the settings are not valid: {0}")]
+    Hooks(HookConfigError),
+    #[error("the audit log {path} cannot be opened: {message}")]
+    Audit { path: PathBuf, message: String },
+    #[error("a tool could not be registered: {0}")]
+    Registry(RegistryError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+impl From<PolicyError> for SetupError {
+    fn from(e: PolicyError) -> Self {
+        SetupError::Policy(e)
+    }
+}
+
+impl From<HookConfigError> for SetupError {
+    fn from(e: HookConfigError) -> Self {
+        SetupError::Hooks(e)
+    }
+}
+
+impl From<RegistryError> for SetupError {
+    fn from(e: RegistryError) -> Self {
+        SetupError::Registry(e)
+    }
+}
+
+/// A tool as listings show it: its effective spec and, when hidden, why.
+#[derive(Debug, Clone)]
+pub struct ListedTool {
+    pub spec: ToolSpec,
+    pub hidden_by: Option<String>,
+}
+
+/// Builds an [`Installation`]. Everything but the project directory has a default.
+pub struct InstallationBuilder {
+    workdir: PathBuf,
+    paths: Option<ConfigPaths>,
+    mcp_file: Option<PathBuf>,
+    models_file: Option<PathBuf>,
+    command_line: CommandLine,
+    builtins: bool,
+    tools: Vec<Arc<dyn Tool>>,
+    hooks: Vec<Arc<dyn Hook>>,
+    approver: Option<Arc<dyn Approver>>,
+    connect: Option<ConnectOptions>,
+    codemode_requested: bool,
+}
+
+impl InstallationBuilder {
+    /// Your configuration and state directories (default: from `XDG_*` and `HOME`).
+    pub fn config_paths(mut self, paths: ConfigPaths) -> Self {
+        self.paths = Some(paths);
+        self
+    }
+
+    /// An MCP file read instead of your `mcp.json`.
+    pub fn mcp_config(mut self, file: impl Into<PathBuf>) -> Self {
+        self.mcp_file = Some(file.into());
+        self
+    }
+
+    /// A models file read instead of your `models.json`.
+    pub fn models_config(mut self, file: impl Into<PathBuf>) -> Self {
+        self.models_file = Some(file.into());
+        self
+    }
+
+    /// The operator's choices: policy files replacing yours, the audit log, the mode, and
+    /// limits that may only lower the files'.
+    pub fn command_line(mut self, command_line: CommandLine) -> Self {
+        self.command_line = command_line;
+        self
+    }
+
+    /// Whether to register the built-in coding tools (default true).
+    pub fn builtins(mut self, on: bool) -> Self {
+        self.builtins = on;
+        self
+    }
+
+    /// Registers a tool of the embedder's own; it passes the gate like any other. Registering
+    /// one asks for the `codemode` tool.
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Adds a hook after the settings' command hooks.
+    pub fn hook(mut self, hook: Arc<dyn Hook>) -> Self {
+        self.hooks.push(hook);
+        self
+    }
+
+    /// Who answers `ask` decisions (without one, each `ask` is a denial naming the policy).
+    pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approver = Some(approver);
+        self
+    }
+
+    /// Timeouts for MCP servers (the connect timeout of `mcp.json` wins when set).
+    pub fn connect_options(mut self, opts: ConnectOptions) -> Self {
+        self.connect = Some(opts);
+        self
+    }
+
+    /// Offers the `codemode` tool whatever the configuration says.
+    pub fn request_codemode(mut self) -> Self {
+        self.codemode_requested = true;
+        self
+    }
+
+    /// Reads the configuration and builds the installation. MCP servers start connecting and
+    /// are not waited for.
+    pub async fn build(self) -> Result<Installation, SetupError> {
+        let workdir = self
+            .workdir
+            .canonicalize()
+            .map_err(|e| SetupError::Workdir {
+                path: self.workdir.clone(),
+                message: e.to_string(),
+            })?;
+        let paths = match self.paths {
+            Some(p) => p,
+            None => ConfigPaths::from_env().ok_or(SetupError::NoHome)?,
+        };
+        let sources = Sources {
+            paths,
+            project: Some(ProjectPaths::new(&workdir)),
+            mcp_file: self.mcp_file,
+            models_file: self.models_file,
+        };
+        let config = Configuration::load(&sources, &self.command_line, &builtin_limits())?;
+        let mut warnings = config.warnings.clone();
+        let settings = &config.settings;
+
+        let registry = Registry::new();
+        if self.builtins {
+            for tool in builtin_tools(&ToolsConfig::new(&workdir)) {
+                registry.register(tool)?;
+            }
+        }
+        let embedder_tools = !self.tools.is_empty();
+        for tool in self.tools {
+            registry.register(tool)?;
+        }
+
+        let policy = convert::policy_set(&settings.policies, &mut warnings)?;
+        // The policies are checked against every tool once registered; until then nothing is
+        // permitted.
+        let mut gate = Gate::builder()
+            .registry(registry)
+            .policy(codemode_gate::PolicySet::empty())
+            .budgets(convert::budgets(&settings.budgets))
+            .models(convert::model_rules(&settings.models))
+            .mode(settings.mode.unwrap_or_default())
+            .max_depth(convert::max_depth(&settings.limits));
+        if !settings.hooks.is_empty() {
+            let hooks =
+                CommandHooks::new(&convert::hooks(&settings.hooks))?.with_cwd(workdir.clone());
+            gate = gate.command_hooks(hooks);
+        }
+        for hook in self.hooks {
+            gate = gate.hook(hook);
+        }
+        if let Some(approver) = self.approver {
+            gate = gate.approver(approver);
+        }
+        if let Some(path) = &settings.audit_path {
+            let log = AuditLog::open(path).map_err(|e| SetupError::Audit {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            gate = gate.audit(log);
+        }
+        let gate = gate.build()?;
+
+        let catalog = models_catalog(&config);
+        let activation = config.activation(
+            self.codemode_requested || self.builtins || embedder_tools || catalog.is_some(),
+        );
+        warnings.extend(activation.warning.clone());
+        let mut codemode = Codemode::builder()
+            .gate(gate)
+            .sandbox_config(convert::sandbox_config(&settings.limits))
+            .offer_codemode_tool(activation.codemode);
+        if let Some(catalog) = catalog {
+            codemode = codemode.models(Arc::new(catalog), ModelsHttpConfig::default());
+        }
+        let codemode = codemode.build()?;
+
+        let wiring = Arc::new(Wiring::new(
+            codemode.clone(),
+            settings.tools.clone(),
+            policy,
+            config.mcp.clone(),
+        ));
+        warnings.extend(wiring.apply_tool_rules());
+        let has_servers = config.mcp.servers().iter().any(|s| s.enabled);
+        if let Err(e) = codemode.gate().set_policy(wiring.policy.clone()) {
+            if !has_servers {
+                return Err(e.into());
+            }
+            // MCP tools may be what the policies speak of: decide once they arrived.
+            wiring.policy_pending(e);
+        }
+        wiring.warn(warnings, false);
+
+        let (changed_tx, changed) = watch::channel(0u64);
+        let servers = has_servers.then(|| {
+            let mut opts = self.connect.unwrap_or_default();
+            if let Some(timeout) = config.mcp.connect_timeout_setting() {
+                opts.connect_timeout = timeout;
+            }
+            McpServers::start(&config.mcp, opts, wiring.clone(), changed_tx)
+        });
+        Ok(Installation {
+            codemode,
+            config,
+            activation,
+            workdir,
+            wiring,
+            servers,
+            changed,
+        })
+    }
+}
+
+/// The catalog from the models files, restricted by `models.enabled` and `models.allow`; `None`
+/// when there is none or models are off.
+fn models_catalog(config: &Configuration) -> Option<Catalog> {
+    let models = config.models.as_ref()?;
+    let rules = &config.settings.models;
+    if rules.enabled == Some(false) {
+        return None;
+    }
+    let mut catalog = Catalog::new(models);
+    catalog.restrict(true, rules.allow.as_deref());
+    Some(catalog)
+}
+
+/// A ready codemode: configuration, gate, runtime and MCP servers, kept in step.
+pub struct Installation {
+    codemode: Codemode,
+    config: Configuration,
+    activation: Activation,
+    workdir: PathBuf,
+    wiring: Arc<Wiring>,
+    servers: Option<McpServers>,
+    changed: watch::Receiver<u64>,
+}
+
+impl Installation {
+    /// A builder for the project in `workdir` (the built-in tools work there, and its
+    /// `.codemode/` files apply).
+    pub fn builder(workdir: impl AsRef<Path>) -> InstallationBuilder {
+        InstallationBuilder {
+            workdir: workdir.as_ref().to_path_buf(),
+            paths: None,
+            mcp_file: None,
+            models_file: None,
+            command_line: CommandLine::default(),
+            builtins: true,
+            tools: Vec::new(),
+            hooks: Vec::new(),
+            approver: None,
+            connect: None,
+            codemode_requested: false,
+        }
+    }
+
+    pub fn codemode(&self) -> &Codemode {
+        &self.codemode
+    }
+
+    pub fn gate(&self) -> &Gate {
+        self.codemode.gate()
+    }
+
+    pub fn configuration(&self) -> &Configuration {
+        &self.config
+    }
+
+    /// The project directory, resolved.
+    pub fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
+    pub fn mode(&self) -> CodemodeMode {
+        self.codemode.mode()
+    }
+
+    /// Whether the `codemode` tool is offered to the model, and the warning when MCP tools
+    /// can only be reached through it but it is off.
+    pub fn activation(&self) -> &Activation {
+        &self.activation
+    }
+
+    /// Every warning so far: ignored project settings, skipped servers, servers that failed
+    /// to connect. Each names its file and key.
+    pub fn warnings(&self) -> Vec<String> {
+        self.wiring.warnings()
+    }
+
+    /// Waits until every enabled MCP server connected or failed once, and their tools are
+    /// registered. Fails when the policies still do not fit the tools (then every call is
+    /// denied): a policy that refers to what does not exist stops start-up.
+    pub async fn servers_ready(&self) -> Result<(), SetupError> {
+        if let Some(servers) = &self.servers {
+            servers.ready().await;
+        }
+        match self.wiring.policy_error() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Goes up after each change to the MCP tools was taken into the registry (tool rules and
+    /// policy schema included). Tell the model: the codemode description may have changed.
+    pub fn tools_changed(&self) -> watch::Receiver<u64> {
+        self.changed.clone()
+    }
+
+    /// Each configured MCP server's state.
+    pub fn mcp_status(&self) -> Vec<ServerStatus> {
+        self.servers
+            .as_ref()
+            .map(McpServers::status)
+            .unwrap_or_default()
+    }
+
+    /// Every registered tool, hidden ones included with the reason.
+    pub fn tools(&self) -> Vec<ListedTool> {
+        self.gate()
+            .registry()
+            .specs()
+            .into_iter()
+            .map(|spec| ListedTool {
+                hidden_by: self.wiring.hidden_reason(&spec.name),
+                spec,
+            })
+            .collect()
+    }
+
+    /// Closes the MCP connections and stops their server processes.
+    pub async fn shutdown(self) {
+        if let Some(servers) = self.servers {
+            servers.shutdown().await;
+        }
+    }
+}
+
+/// The README's examples, compiled with the tests so that they keep working.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeExamples;

@@ -1,0 +1,345 @@
+//! An installation from real configuration files, with real MCP servers from the testbed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use codemode_config::ConfigPaths;
+use codemode_gate::{CallRequest, Stage};
+use codemode_mcp::ServerState;
+use codemode_setup::Installation;
+use codemode_spec::{Exposure, Provenance};
+use serde_json::{Value, json};
+
+const TESTBED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/node_modules");
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../mcp/tests/fixtures/misbehaving-server.cjs"
+);
+
+struct Dirs {
+    _tmp: tempfile::TempDir,
+    paths: ConfigPaths,
+    project: PathBuf,
+}
+
+fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let paths = ConfigPaths::new(tmp.path().join("config"), tmp.path().join("state"));
+    let project = tmp.path().join("project");
+    std::fs::create_dir_all(&paths.config_dir).unwrap();
+    std::fs::create_dir_all(project.join(".codemode")).unwrap();
+    std::fs::write(project.join("notes.txt"), "hello").unwrap();
+    Dirs {
+        paths,
+        project,
+        _tmp: tmp,
+    }
+}
+
+impl Dirs {
+    fn user(&self, file: &str, v: Value) -> &Self {
+        std::fs::write(self.paths.config_dir.join(file), v.to_string()).unwrap();
+        self
+    }
+    fn project(&self, file: &str, text: &str) -> &Self {
+        std::fs::write(self.project.join(".codemode").join(file), text).unwrap();
+        self
+    }
+    fn builder(&self) -> codemode_setup::InstallationBuilder {
+        Installation::builder(&self.project).config_paths(self.paths.clone())
+    }
+}
+
+fn script_call(name: &str, args: Value) -> CallRequest {
+    let mut p = Provenance::model("c1", "s1");
+    p.origin = codemode_spec::Origin::Script;
+    p.depth = 1;
+    p.script_id = Some("script-1".into());
+    CallRequest::new(name, args, p)
+}
+
+#[tokio::test]
+async fn an_untrusted_projects_permit_is_ignored_and_its_forbids_apply() {
+    let d = dirs();
+    d.project("settings.json", r#"{"policy": ["mine.cedar"]}"#).project(
+        "mine.cedar",
+        "@id(\"no-ls\") forbid(principal, action, resource == Tool::\"ls\");\n@id(\"everything\") permit(principal, action, resource);\n",
+    );
+    let inst = d.builder().build().await.expect("start-up goes on");
+    let warnings = inst.warnings().join("\n");
+    assert!(
+        warnings.contains("mine.cedar: ignored `permit policy `everything` (line 2)`")
+            && warnings.contains("codemode trust"),
+        "the same warning as every other widening: {warnings}"
+    );
+    let err = inst
+        .gate()
+        .call(script_call("ls", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Policy);
+    assert_eq!(err.policy_ids, ["no-ls"], "{}", err.message);
+    // The built-in policy still decides the rest: read-only tools run, writes need a person.
+    inst.gate()
+        .call(script_call("read", json!({"path": "notes.txt"})))
+        .await
+        .unwrap();
+    let err = inst
+        .gate()
+        .call(script_call(
+            "write",
+            json!({"path": "x.txt", "content": "x"}),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Approval, "{}", err.message);
+    inst.shutdown().await;
+}
+
+#[tokio::test]
+async fn build_returns_before_servers_connect_and_tool_changes_are_followed() {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {
+            "bad": {"command": "node",
+                    // Expanded when the server starts: cargo sets CARGO_MANIFEST_DIR for tests.
+                    "args": ["${env:CARGO_MANIFEST_DIR}/../mcp/tests/fixtures/misbehaving-server.cjs", TESTBED],
+                    "toolExposure": {"hang": "hidden"}},
+            "slow": {"command": "sleep", "args": ["30"], "connectTimeoutMs": 1500},
+            "off": {"command": "/nonexistent/never-started", "disabled": true}
+        }}),
+    );
+    d.user(
+        "settings.json",
+        json!({"tools": {"bash": {"disabled": true}}}),
+    );
+    let started = Instant::now();
+    let inst = d.builder().build().await.unwrap();
+    let built = started.elapsed();
+    assert!(
+        built < Duration::from_millis(1500),
+        "the slow server is not waited for: {built:?}"
+    );
+    let changed = inst.tools_changed();
+    assert_eq!(*changed.borrow(), 0);
+    inst.servers_ready().await.unwrap();
+    assert!(
+        *inst.tools_changed().borrow() >= 1,
+        "the arrival is announced"
+    );
+
+    let status = inst.mcp_status();
+    let state = |n: &str| status.iter().find(|s| s.name == n).unwrap().state.clone();
+    assert!(
+        matches!(state("bad"), ServerState::Connected { .. }),
+        "{status:?}"
+    );
+    assert!(matches!(state("off"), ServerState::Disabled), "{status:?}");
+    let ServerState::Failed(why) = state("slow") else {
+        panic!("{status:?}")
+    };
+    assert!(
+        why.contains("connectTimeoutMs") && why.contains("mcp.json"),
+        "{why}"
+    );
+    let warnings = inst.warnings().join("\n");
+    assert!(
+        warnings.contains("MCP server `slow` is not connected"),
+        "{warnings}"
+    );
+
+    // Hidden tools are listed with the reason, MCP and built-in alike.
+    let tools = inst.tools();
+    let hidden = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.spec.name == name)
+            .unwrap_or_else(|| panic!("{name} is not listed"))
+            .clone()
+    };
+    let hang = hidden("mcp__bad__hang");
+    assert_eq!(hang.spec.exposure, Exposure::Hidden);
+    assert!(
+        hang.hidden_by
+            .as_deref()
+            .unwrap()
+            .contains("MCP server \"bad\""),
+        "{:?}",
+        hang.hidden_by
+    );
+    let bash = hidden("bash");
+    assert!(
+        bash.hidden_by.as_deref().unwrap().contains("disabled in"),
+        "{:?}",
+        bash.hidden_by
+    );
+    let err = inst
+        .gate()
+        .call(script_call("mcp__bad__hang", json!({})))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("hidden by configuration"),
+        "{}",
+        err.message
+    );
+
+    // A tool the server adds later is registered, and the change is announced.
+    let mut changed = inst.tools_changed();
+    changed.borrow_and_update();
+    let gate = inst.gate().clone();
+    let policy =
+        codemode_gate::PolicySet::parse("all", "permit(principal, action, resource);").unwrap();
+    gate.set_policy(policy).unwrap();
+    gate.call(script_call("mcp__bad__add_tool", json!({})))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), changed.changed())
+        .await
+        .expect("the change is announced")
+        .unwrap();
+    assert!(
+        inst.tools()
+            .iter()
+            .any(|t| t.spec.name == "mcp__bad__extra")
+    );
+    inst.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_env_default_reaches_the_server() {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED],
+            "env": {"GREETING": "${CODEMODE_TEST_SURELY_UNSET_7Q3:-hello from the default}"}}}}),
+    );
+    let policy = d.paths.config_dir.join("all.cedar");
+    std::fs::write(&policy, "permit(principal, action, resource);").unwrap();
+    let inst = d
+        .builder()
+        .command_line(codemode_config::CommandLine {
+            policy_files: vec![policy],
+            ..Default::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    inst.servers_ready().await.unwrap();
+    let out = inst
+        .gate()
+        .call(script_call("mcp__bad__env", json!({"name": "GREETING"})))
+        .await
+        .unwrap();
+    assert!(
+        out.value.to_string().contains("hello from the default"),
+        "{}",
+        out.value
+    );
+    inst.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_codemode_tool_is_offered_only_when_asked_for() {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"s": {"command": "/nonexistent/codemode-test"}}}),
+    );
+    let inst = d.builder().builtins(false).build().await.unwrap();
+    assert!(!inst.codemode().offers_codemode_tool());
+    assert!(
+        inst.warnings()
+            .iter()
+            .any(|w| w.contains("autoEnableCodemode is false")),
+        "{:?}",
+        inst.warnings()
+    );
+    inst.shutdown().await;
+
+    let inst = d.builder().build().await.unwrap();
+    assert!(
+        inst.codemode().offers_codemode_tool(),
+        "the built-in tools ask for it"
+    );
+    inst.shutdown().await;
+
+    d.user(
+        "mcp.json",
+        json!({"autoEnableCodemode": true, "mcpServers": {"s": {"command": "/nonexistent/codemode-test"}}}),
+    );
+    let inst = d.builder().builtins(false).build().await.unwrap();
+    assert!(
+        inst.codemode().offers_codemode_tool(),
+        "the server switches it on"
+    );
+    inst.shutdown().await;
+
+    d.project("mcp.json", r#"{"autoEnableCodemode": false}"#);
+    let inst = d.builder().builtins(false).build().await.unwrap();
+    assert!(
+        !inst.codemode().offers_codemode_tool(),
+        "a project may turn it off"
+    );
+    inst.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_policy_that_does_not_fit_stops_start_up() {
+    let d = dirs();
+    let bad = d.paths.config_dir.join("bad.cedar");
+    std::fs::write(
+        &bad,
+        "permit(principal, action, resource) when { context.args.nope == 1 };",
+    )
+    .unwrap();
+    d.user("settings.json", json!({"policy": ["bad.cedar"]}));
+    let err = d.builder().build().await.err().expect("refused");
+    assert!(err.to_string().contains("bad.cedar"), "{err}");
+
+    // With MCP servers the decision waits for their tools, and nothing is permitted meanwhile.
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"s": {"command": "/nonexistent/codemode-test"}}}),
+    );
+    let inst = d.builder().build().await.unwrap();
+    let err = inst
+        .gate()
+        .call(script_call("ls", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Policy, "{}", err.message);
+    assert!(inst.servers_ready().await.is_err());
+    inst.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_embedders_tool_and_hook_join_the_gate() {
+    struct Deny;
+    impl codemode_gate::Hook for Deny {
+        fn before<'a>(
+            &'a self,
+            ev: &'a codemode_gate::HookEvent,
+        ) -> codemode_spec::BoxFuture<'a, codemode_gate::HookDecision> {
+            let deny = ev.tool_name == "find";
+            Box::pin(async move {
+                if deny {
+                    codemode_gate::HookDecision::Deny("no find here".into())
+                } else {
+                    codemode_gate::HookDecision::Allow
+                }
+            })
+        }
+    }
+    let d = dirs();
+    let inst = d.builder().hook(Arc::new(Deny)).build().await.unwrap();
+    let err = inst
+        .gate()
+        .call(script_call("find", json!({"pattern": "*"})))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("no find here"), "{}", err.message);
+    inst.shutdown().await;
+}
