@@ -30,15 +30,18 @@
 //! # Ok(()) }
 //! ```
 
-mod bridge;
-mod driver;
+mod engine;
 mod host;
 mod limits;
 mod model_text;
 mod native;
 mod pool;
+mod process;
+mod protocol;
 mod replay;
 mod result;
+mod ring;
+mod session;
 mod setup;
 mod source;
 mod vm;
@@ -49,7 +52,9 @@ use std::time::Instant;
 
 pub use codemode_spec::to_identifier;
 pub use host::{Determinism, Host, HostCall, HostCallKind, HostError, Script, ToolEntry};
-pub use limits::{Limits, SandboxConfig};
+pub use limits::{Isolation, Limits, SandboxConfig};
+pub use process::host::{WORKER_ENV, WorkerProgram};
+pub use process::layers::IsolationLayer;
 pub use model_text::{ModelText, render_model_text};
 pub use replay::LogEntry;
 pub use result::{
@@ -57,18 +62,61 @@ pub use result::{
 };
 pub use source::{ParsedSource, ScriptOptions, SourceError, parse_source};
 
-use pool::{Job, Pool};
+use pool::{Job, Kind, Pool, ProcessSettings};
 
 /// The configuration cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("invalid sandbox configuration: {0}")]
     Config(String),
+    /// Process isolation was asked for, and no worker process could be started.
+    #[error(
+        "the sandbox could not start a worker process: {0}. Point SandboxConfig::worker_program or ${WORKER_ENV} at a binary linked with codemode-sandbox (the codemode binary works), or choose thread isolation if you accept its risks"
+    )]
+    Worker(String),
+}
+
+/// Finds the worker executable and starts one worker, so that a sandbox that cannot isolate
+/// scripts fails here, clearly, instead of at the first script. Never falls back to threads.
+fn process_settings(
+    config: &SandboxConfig,
+) -> Result<(ProcessSettings, Vec<IsolationLayer>), SandboxError> {
+    process::link_entry();
+    let program =
+        process::host::resolve_program(config.worker_program.as_ref()).map_err(SandboxError::Worker)?;
+    let max = &config.maximum;
+    let rlimits = process::layers::WorkerRlimits {
+        data_bytes: config
+            .worker_memory_bytes
+            .unwrap_or((max.heap_bytes as u64).saturating_add(256 << 20)),
+        // The host stops each script at its own budget; this only ends a worker that escaped it.
+        cpu_seconds: (max.cpu_ms / 1000)
+            .saturating_add(60)
+            .saturating_mul(u64::from(config.worker_max_scripts.max(1))),
+        stack_bytes: (max.stack_bytes as u64).saturating_mul(2) + (8 << 20),
+    };
+    let spawner = process::host::Spawner::new(program, rlimits).map_err(SandboxError::Worker)?;
+    let first = spawner.spawn().map_err(SandboxError::Worker)?;
+    let layers = first.layers.clone();
+    for l in layers.iter().filter(|l| !l.active) {
+        tracing::warn!(layer = %l.name, "sandbox isolation layer not active: {}", l.detail);
+    }
+    Ok((
+        ProcessSettings {
+            spawner,
+            max_scripts: config.worker_max_scripts.max(1),
+            grace: std::time::Duration::from_millis(config.kill_grace_ms),
+            spare: std::sync::Mutex::new(vec![first]),
+            live: Default::default(),
+        },
+        layers,
+    ))
 }
 
 struct Inner {
     config: SandboxConfig,
     pool: Arc<Pool>,
+    layers: Option<Vec<IsolationLayer>>,
 }
 
 impl Drop for Inner {
@@ -105,14 +153,41 @@ impl Sandbox {
                 "heap_bytes must be at least 1 MiB and stack_bytes at least 64 KiB".into(),
             ));
         }
+        let (kind, layers) = match config.isolation {
+            Isolation::Thread => (Kind::Thread, None),
+            Isolation::Process => {
+                let (settings, layers) = process_settings(&config)?;
+                (Kind::Process(settings), Some(layers))
+            }
+        };
         let pool = Pool::new(
             config.warm,
             config.max_concurrent,
             config.maximum.stack_bytes,
+            kind,
         );
         Ok(Sandbox {
-            inner: Arc::new(Inner { config, pool }),
+            inner: Arc::new(Inner {
+                config,
+                pool,
+                layers,
+            }),
         })
+    }
+
+    /// The isolation layers in force in the worker processes, as the first worker reported them
+    /// (`None` under thread isolation).
+    pub fn isolation_layers(&self) -> Option<&[IsolationLayer]> {
+        self.inner.layers.as_deref()
+    }
+
+    /// Process ids of the live worker processes. For tests that stop a worker from outside.
+    #[doc(hidden)]
+    pub fn worker_pids(&self) -> Vec<i32> {
+        match &self.inner.pool.kind {
+            Kind::Process(p) => p.live.lock().map(|l| l.clone()).unwrap_or_default(),
+            Kind::Thread => Vec::new(),
+        }
     }
 
     pub fn config(&self) -> &SandboxConfig {

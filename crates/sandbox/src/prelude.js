@@ -480,7 +480,7 @@
   }
   function load(key) {
     if (typeof key !== "string") throw new TypeErrorCtor("load() needs a string key");
-    if (!apply(mapHas, storeJson, [key])) return null;
+    if (!apply(mapHas, storeJson, [key])) return undefined;
     return parse(apply(mapGet, storeJson, [key]));
   }
 
