@@ -430,7 +430,9 @@ impl Session {
 
     /// A host future finished.
     pub fn complete(&mut self, id: u64, r: Result<String, HostError>) {
-        if !self.inflight.contains_key(&id) {
+        // After an abort, calls end because their tokens were cancelled: they count as
+        // cancelled, not as failed, and the script gets no more results.
+        if !self.inflight.contains_key(&id) || self.abort.is_cancelled() {
             return;
         }
         let Some(det) = self.det.as_mut() else {

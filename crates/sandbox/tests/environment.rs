@@ -3,7 +3,6 @@ use codemode_sandbox::*;
 use common::*;
 use serde_json::json;
 
-#[tokio::test]
 async fn values_text_and_console() {
     let r = run(r#"text(undefined); text(null); text(7); text(NaN); text("s"); text({a:1}); text([1,undefined]); text(()=>1); text(Symbol("q"))"#).await;
     assert!(r.ok, "{:?}", r.error);
@@ -78,7 +77,6 @@ async fn values_text_and_console() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn tools_guard_and_identifiers() {
     let e = error("return await tools.missing()").await;
     assert_eq!(e.name.as_deref(), Some("TypeError"));
@@ -150,7 +148,6 @@ async fn tools_guard_and_identifiers() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn calls_errors_and_cancellation() {
     let r = run(
         "try { await tools.fail() } catch (e) { return [e instanceof Error, e.name, e.message] }",
@@ -218,7 +215,6 @@ async fn calls_errors_and_cancellation() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn host_globals_and_namespaces() {
     let mut s = script(
         "return [await searchTools('x', {limit: 2}), await models.classify('m', undefined), typeof models]",
@@ -270,7 +266,6 @@ async fn host_globals_and_namespaces() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn exit_store_and_load() {
     let r = run(r#"text("before"); store("k", 1); await tools.echo(1); try { exit() } catch {} ; text("after"); return "x""#).await;
     assert!(r.ok && r.value.is_none(), "{r:?}");
@@ -340,7 +335,6 @@ async fn exit_store_and_load() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn images() {
     let r = run(r#"image("data:image/png;base64,iVBORw0KGgo="); image({image_url:"data:image/jpeg;base64,/9j/4A=="}); image({type:"image", data:"R0lGODlh", mimeType:"image/png"}); image("data:image/png;base64,UklGRgAAAABXRUJQ")"#).await;
     assert!(r.ok, "{:?}", r.error);
@@ -394,7 +388,6 @@ async fn images() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn lockdown_and_absent_capabilities() {
     let v = value("return [typeof process, typeof require, typeof setTimeout, typeof fetch, typeof WebAssembly, typeof std, typeof os, typeof structuredClone, typeof Intl, typeof Atomics, typeof WeakRef, typeof FinalizationRegistry]").await;
     assert!(
@@ -434,3 +427,5 @@ async fn lockdown_and_absent_capabilities() {
     );
     healthy().await;
 }
+
+both_modes!(values_text_and_console, tools_guard_and_identifiers, calls_errors_and_cancellation, host_globals_and_namespaces, exit_store_and_load, images, lockdown_and_absent_capabilities);

@@ -207,7 +207,11 @@ impl WorkerProcess {
             } else {
                 Stdio::null()
             });
-        let mut child = cmd.spawn().map_err(|e| {
+        let spawned = cmd.spawn();
+        // The command holds our copies of the worker's descriptors: closed now, the doorbell
+        // reads end-of-file as soon as the worker dies.
+        drop(cmd);
+        let mut child = spawned.map_err(|e| {
             format!(
                 "could not start the sandbox worker {}: {e}",
                 program.path.display()
