@@ -64,6 +64,59 @@ pub use source::{ParsedSource, ScriptOptions, SourceError, parse_source};
 
 use pool::{Job, Kind, Pool, ProcessSettings};
 
+/// Building blocks for test workers that misbehave on purpose. The production worker never uses
+/// them to misbehave; tests start their own binary as the worker (`SandboxConfig::worker_program`)
+/// and decide there what goes wrong.
+#[doc(hidden)]
+pub mod testing {
+    use crate::process::worker::{self, Prepared};
+    use crate::protocol::ToWorker;
+
+    /// The argument before a worker's own arguments.
+    pub const MARKER: &str = crate::process::host::MARKER;
+
+    /// A worker set up exactly as the real one: descriptors, session, all isolation layers, hello.
+    pub struct TestWorker(Prepared);
+
+    impl TestWorker {
+        /// `args` are the arguments after [`MARKER`].
+        pub fn prepare(args: &[String]) -> TestWorker {
+            TestWorker(worker::prepare(args))
+        }
+
+        /// Blocks until the host sends a script.
+        pub fn wait_for_start(&mut self) {
+            loop {
+                let msg = self.0.channel.borrow_mut().try_frame();
+                match msg {
+                    Some(ToWorker::Start(_)) => return,
+                    Some(_) => continue,
+                    None => self
+                        .0
+                        .channel
+                        .borrow_mut()
+                        .sleep_until(|e, _| e.inp.available() != Ok(0)),
+                }
+            }
+        }
+
+        /// Writes bytes to the bridge as they are, framing and all.
+        pub fn send_raw(&mut self, bytes: &[u8]) {
+            self.0.channel.borrow_mut().send_raw(bytes);
+        }
+
+        /// Sends a well-formed call message.
+        pub fn send_call(&mut self, id: u64, name: &str, args: &str) {
+            self.0.channel.borrow_mut().send(&crate::protocol::ToHost::Call {
+                id,
+                kind: crate::HostCallKind::Tool,
+                name: name.into(),
+                args: args.into(),
+            });
+        }
+    }
+}
+
 /// The configuration cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

@@ -380,6 +380,16 @@ fn process_worker(pool: Arc<Pool>) {
             started,
             reply,
         } = job;
+        // A worker that died while this thread waited for work is replaced before it gets a script.
+        if worker.as_mut().is_some_and(|w| !w.alive()) {
+            if let Some(w) = worker.take() {
+                settings.retire(w);
+            }
+            match settings.adopt_or_spawn() {
+                Ok(w) => worker = Some(w),
+                Err(e) => spawn_error = e,
+            }
+        }
         let result = match worker.as_mut() {
             Some(w) => run_on_worker(&rt, w, settings.grace, script, parsed, limits, started),
             None => failed(

@@ -118,6 +118,8 @@ pub(crate) struct WorkerProcess {
     scratch: Vec<u8>,
     pub layers: Vec<IsolationLayer>,
     pub scripts: u32,
+    /// Its exit status was collected: its pid may belong to another process now.
+    reaped: bool,
     /// The worker hit a limit, was told to stop, or broke something: do not reuse it.
     pub spent: bool,
 }
@@ -286,6 +288,7 @@ impl WorkerProcess {
             scratch: Vec::new(),
             layers,
             scripts: 0,
+            reaped: false,
             spent: false,
         })
     }
@@ -294,10 +297,19 @@ impl WorkerProcess {
         self.pid
     }
 
+    /// False when the worker died while idle (killed from outside, or by the kernel).
+    pub fn alive(&mut self) -> bool {
+        !self.reaped && matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Kills the worker and returns how it ended.
     fn kill_and_reap(&mut self) -> Option<ExitStatus> {
-        kill_group(self.pid);
         self.spent = true;
+        if self.reaped {
+            return None;
+        }
+        kill_group(self.pid);
+        self.reaped = true;
         self.child.wait().ok()
     }
 
@@ -521,8 +533,7 @@ impl WorkerProcess {
 
 impl Drop for WorkerProcess {
     fn drop(&mut self) {
-        kill_group(self.pid);
-        let _ = self.child.wait();
+        self.kill_and_reap();
     }
 }
 
