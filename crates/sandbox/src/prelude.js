@@ -357,6 +357,14 @@
       finishErr(e);
       return;
     }
+    // The returned value is output too: it counts against the same limit as text().
+    const len = typeof value === "string" ? value.length : json === undefined ? 0 : json.length;
+    if (len > limits.chars - outputChars) {
+      finishErr(new RangeErrorCtor("the returned value is " + len + " characters, and with the " + outputChars +
+        " characters already output that passes the output limit of " + limits.chars +
+        " characters. Return a summary instead, or write large data to a file with a tool."));
+      return;
+    }
     finished = true;
     hostDone(true, json, stringify(writes));
   }
