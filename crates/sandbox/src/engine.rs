@@ -5,7 +5,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 use rquickjs::context::EvalOptions;
@@ -75,7 +74,13 @@ fn throw(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
     Exception::throw_message(ctx, message)
 }
 
-fn host_call(ctx: &Ctx<'_>, slot: &BridgeSlot, kind: i32, name: &str, json: &str) -> rquickjs::Result<i32> {
+fn host_call(
+    ctx: &Ctx<'_>,
+    slot: &BridgeSlot,
+    kind: i32,
+    name: &str,
+    json: &str,
+) -> rquickjs::Result<i32> {
     let Some(state) = slot.get() else {
         return Err(throw(ctx, "The sandbox is not running a script."));
     };
@@ -102,7 +107,10 @@ fn host_call(ctx: &Ctx<'_>, slot: &BridgeSlot, kind: i32, name: &str, json: &str
     let id = issued + 1;
     // Small integers keep the prelude's pending-call table fast.
     let Ok(js_id) = i32::try_from(id) else {
-        return Err(throw(ctx, "Call limit reached: too many calls in one script."));
+        return Err(throw(
+            ctx,
+            "Call limit reached: too many calls in one script.",
+        ));
     };
     state.issued.set(id);
     state.in_flight.set(running + 1);
@@ -124,7 +132,10 @@ pub(crate) fn install_bridge<'js>(
     let s1 = slot.clone();
     let call = Function::new(
         ctx.clone(),
-        move |ctx: Ctx<'js>, kind: i32, name: rquickjs::String<'js>, json: rquickjs::String<'js>| {
+        move |ctx: Ctx<'js>,
+              kind: i32,
+              name: rquickjs::String<'js>,
+              json: rquickjs::String<'js>| {
             let name = name.to_string()?;
             let json = json.to_string()?;
             host_call(&ctx, &s1, kind, &name, &json)
@@ -185,7 +196,8 @@ pub(crate) async fn run(vm: &Vm, start: Start, link: Rc<dyn Link>, limits: Activ
     });
     *vm.slot.0.borrow_mut() = Some(state.clone());
     let l = &start.limits;
-    vm.heap.set_limit(usize::try_from(l.heap_bytes).unwrap_or(usize::MAX));
+    vm.heap
+        .set_limit(usize::try_from(l.heap_bytes).unwrap_or(usize::MAX));
     vm.runtime
         .set_max_stack_size(usize::try_from(l.stack_bytes).unwrap_or(usize::MAX));
     // Scripts are short-lived: collecting every few hundred KiB costs more than it saves.
@@ -432,9 +444,4 @@ fn deliver(vm: &Vm, state: &RunState, d: Delivery) {
         }
     });
     vm.guard.leave();
-}
-
-/// How long the engine may run JavaScript, from its CPU budget.
-pub(crate) fn cpu_budget(limits: &VmLimits) -> Duration {
-    Duration::from_millis(limits.cpu_ms)
 }

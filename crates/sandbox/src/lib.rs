@@ -53,9 +53,9 @@ use std::time::Instant;
 pub use codemode_spec::to_identifier;
 pub use host::{Determinism, Host, HostCall, HostCallKind, HostError, Script, ToolEntry};
 pub use limits::{Isolation, Limits, SandboxConfig};
+pub use model_text::{ModelText, render_model_text};
 pub use process::host::{WORKER_ENV, WorkerProgram};
 pub use process::layers::IsolationLayer;
-pub use model_text::{ModelText, render_model_text};
 pub use replay::LogEntry;
 pub use result::{
     CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError, ScriptResult, StoreWrite,
@@ -107,12 +107,15 @@ pub mod testing {
 
         /// Sends a well-formed call message.
         pub fn send_call(&mut self, id: u64, name: &str, args: &str) {
-            self.0.channel.borrow_mut().send(&crate::protocol::ToHost::Call {
-                id,
-                kind: crate::HostCallKind::Tool,
-                name: name.into(),
-                args: args.into(),
-            });
+            self.0
+                .channel
+                .borrow_mut()
+                .send(&crate::protocol::ToHost::Call {
+                    id,
+                    kind: crate::HostCallKind::Tool,
+                    name: name.into(),
+                    args: args.into(),
+                });
         }
     }
 }
@@ -135,8 +138,8 @@ fn process_settings(
     config: &SandboxConfig,
 ) -> Result<(ProcessSettings, Vec<IsolationLayer>), SandboxError> {
     process::link_entry();
-    let program =
-        process::host::resolve_program(config.worker_program.as_ref()).map_err(SandboxError::Worker)?;
+    let program = process::host::resolve_program(config.worker_program.as_ref())
+        .map_err(SandboxError::Worker)?;
     let max = &config.maximum;
     let rlimits = process::layers::WorkerRlimits {
         data_bytes: config

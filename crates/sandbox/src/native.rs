@@ -2,8 +2,8 @@
 //! (compiled to bytecode once per process) and freezing every reachable built-in.
 
 use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::ffi::CString;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
 use rquickjs::{Ctx, Function, Value, qjs};
@@ -144,8 +144,15 @@ pub(crate) fn freeze_reachable<'js>(ctx: &Ctx<'js>, roots: &[Value<'js>]) {
                     if qjs::JS_GetOwnProperty(raw, &mut d, v, atom) > 0 {
                         let accessor = d.flags & qjs::JS_PROP_GETSET as i32 != 0;
                         if !is_global && d.flags & changeable != 0 {
-                            let how = if accessor { lock_flags } else { lock_data_flags };
-                            if qjs::JS_DefineProperty(raw, v, atom, undefined, undefined, undefined, how) < 0 {
+                            let how = if accessor {
+                                lock_flags
+                            } else {
+                                lock_data_flags
+                            };
+                            if qjs::JS_DefineProperty(
+                                raw, v, atom, undefined, undefined, undefined, how,
+                            ) < 0
+                            {
                                 qjs::JS_FreeValue(raw, qjs::JS_GetException(raw));
                             }
                         }

@@ -74,7 +74,10 @@ impl ProcessSettings {
             Some(w) => w,
             None => self.spawner.spawn()?,
         };
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).push(w.pid());
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(w.pid());
         Ok(w)
     }
     fn retire(&self, w: WorkerProcess) {
@@ -240,7 +243,10 @@ fn thread_worker(pool: Arc<Pool>) {
             reply,
         } = job;
         let (result, used) = match vm {
-            Ok(vm) => (run_in_thread(&rt, &vm, script, parsed, limits, started), Some(vm)),
+            Ok(vm) => (
+                run_in_thread(&rt, &vm, script, parsed, limits, started),
+                Some(vm),
+            ),
             Err(e) => (failed(limits, e.to_string()), None),
         };
         let _ = reply.send(result);
@@ -262,7 +268,7 @@ fn run_in_thread(
 ) -> ScriptResult {
     let (session, start) = match Session::open(script, parsed, limits.clone(), started) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let active = ActiveLimits {
         cpu: Duration::from_millis(limits.cpu_ms),
@@ -326,6 +332,10 @@ impl Link for ThreadLink {
         }
     }
 
+    // The session stays borrowed while this waits: nothing else touches it meanwhile. The engine
+    // is parked in this very call, and host futures run as separate tasks that only send their
+    // results down the session's channel.
+    #[allow(clippy::await_holding_refcell_ref)]
     fn wait(&self) -> LocalBoxFuture<'_, Waited> {
         Box::pin(async move {
             let mut s = self.session.borrow_mut();
@@ -423,7 +433,7 @@ fn run_on_worker(
 ) -> ScriptResult {
     let (mut session, start) = match Session::open(script, parsed, limits.clone(), started) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let local = tokio::task::LocalSet::new();
     let ended = std::panic::catch_unwind(AssertUnwindSafe(|| {

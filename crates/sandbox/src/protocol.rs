@@ -87,7 +87,10 @@ pub(crate) enum ToWorker {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ToHost {
     /// First message of a worker: its protocol version and the isolation layers it runs under.
-    Hello { version: u32, layers: String },
+    Hello {
+        version: u32,
+        layers: String,
+    },
     Call {
         id: u64,
         kind: HostCallKind,

@@ -29,10 +29,6 @@ const OFF_TO_WORKER_TAIL: usize = 320;
 const OFF_TO_HOST_HEAD: usize = 384;
 const OFF_TO_HOST_TAIL: usize = 448;
 
-/// Spin iterations before a side goes to sleep on the doorbell: some tens of microseconds, long
-/// enough for an immediate tool answer, short enough not to burn a shared core.
-pub(crate) const SPIN_ROUNDS: u32 = 20_000;
-
 /// The mapping. Unmapped on drop.
 pub(crate) struct Shm {
     base: *mut u8,
@@ -119,7 +115,7 @@ impl Shm {
         self.word32(OFF_STOP)
     }
 
-    fn ring(&self, head: usize, tail: usize, data: usize) -> RingView {
+    fn ring(&self, head: usize, tail: usize, data: usize) -> RingView<'_> {
         RingView {
             head: self.word64(head),
             tail: self.word64(tail),
@@ -153,11 +149,7 @@ impl Shm {
                 OFF_TO_HOST_TAIL,
                 DATA_OFFSET + RING_BYTES,
             )),
-            inp: Consumer::new(self.ring(
-                OFF_TO_WORKER_HEAD,
-                OFF_TO_WORKER_TAIL,
-                DATA_OFFSET,
-            )),
+            inp: Consumer::new(self.ring(OFF_TO_WORKER_HEAD, OFF_TO_WORKER_TAIL, DATA_OFFSET)),
             me_sleeping: self.word32(OFF_WORKER_SLEEPING),
             peer_sleeping: self.word32(OFF_HOST_SLEEPING),
         }
@@ -219,11 +211,6 @@ impl<'a> Producer<'a> {
     /// True when there is no room at all (or the reader's position is broken).
     pub fn full(&self) -> bool {
         self.free().map_or(true, |f| f == 0)
-    }
-
-    /// True when the consumer has read everything.
-    pub fn drained(&self) -> bool {
-        self.ring.head.load(Ordering::Acquire) == self.tail
     }
 }
 
@@ -369,31 +356,6 @@ impl FrameReader {
         self.done = true;
         Ok(Some(&self.buf[..]))
     }
-
-    /// True between frames: nothing of a next frame has arrived.
-    pub fn idle(&self) -> bool {
-        self.want.is_none() && self.header.is_empty()
-    }
-}
-
-/// Writes a whole frame, spinning and then calling `wait` whenever the ring is full.
-/// `wait` gets the producer back once space may have appeared; it returns an error to give up.
-pub(crate) fn write_all<E>(
-    end: &mut End<'_>,
-    mut bytes: &[u8],
-    mut wait: impl FnMut(&mut End<'_>) -> Result<(), E>,
-) -> Result<(), E>
-where
-    E: From<Corrupt>,
-{
-    while !bytes.is_empty() {
-        let n = end.out.write_some(bytes)?;
-        bytes = &bytes[n..];
-        if !bytes.is_empty() {
-            wait(end)?;
-        }
-    }
-    Ok(())
 }
 
 /// A doorbell byte: reads it all, returns false at end of file.
@@ -457,7 +419,6 @@ mod tests {
         }
         assert_eq!(got.unwrap(), big);
         assert!(rest.is_empty());
-        assert!(reader.idle());
     }
 
     #[test]
@@ -465,14 +426,9 @@ mod tests {
         let (shm, _fd) = Shm::create().unwrap();
         let host = shm.host_end((0, 0));
         let mut worker = shm.worker_end();
-        worker
-            .out
-            .write_some(&(1u32 << 30).to_le_bytes())
-            .unwrap();
+        worker.out.write_some(&(1u32 << 30).to_le_bytes()).unwrap();
         let mut host_in = host.inp;
-        let e = FrameReader::new()
-            .next(&mut host_in, 64 << 20)
-            .unwrap_err();
+        let e = FrameReader::new().next(&mut host_in, 64 << 20).unwrap_err();
         assert!(matches!(e, FrameError::TooLong { .. }));
     }
 
@@ -480,9 +436,11 @@ mod tests {
     fn impossible_positions_are_corruption() {
         let (shm, _fd) = Shm::create().unwrap();
         let mut host = shm.host_end((0, 0));
-        shm.word64(OFF_TO_HOST_TAIL).store(u64::MAX, Ordering::SeqCst);
+        shm.word64(OFF_TO_HOST_TAIL)
+            .store(u64::MAX, Ordering::SeqCst);
         assert!(host.inp.available().is_err());
-        shm.word64(OFF_TO_WORKER_HEAD).store(12345, Ordering::SeqCst);
+        shm.word64(OFF_TO_WORKER_HEAD)
+            .store(12345, Ordering::SeqCst);
         assert!(host.out.write_some(b"x").is_err());
     }
 }

@@ -20,7 +20,9 @@ use crate::host::{Determinism, Host, HostCall, HostCallKind, HostError, Script};
 use crate::limits::Limits;
 use crate::protocol::{Delivery, End, Finish, Start, VmLimits};
 use crate::replay::{LogEntry, Recorder, ReplayLog};
-use crate::result::{CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError, ScriptResult, StoreWrite};
+use crate::result::{
+    CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError, ScriptResult, StoreWrite,
+};
 use crate::setup::{check_globals, check_tools};
 use crate::source::{ParsedSource, ScriptOptions};
 use crate::vm::Stop;
@@ -170,12 +172,12 @@ impl Session {
         parsed: ParsedSource,
         limits: Limits,
         started: Instant,
-    ) -> Result<(Session, Start), ScriptResult> {
+    ) -> Result<(Session, Start), Box<ScriptResult>> {
         let options = parsed.options.clone();
         let fail = |e: ScriptError| {
             let mut r = ScriptResult::failed(e, options.clone(), limits.clone());
             r.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
-            r
+            Box::new(r)
         };
         if script.abort.is_cancelled() {
             return Err(fail(ScriptError::new(
@@ -279,10 +281,6 @@ impl Session {
         Duration::from_millis(self.limits.timeout_ms).saturating_sub(self.clock.running())
     }
 
-    pub fn fatal(&self) -> bool {
-        self.fatal.is_some()
-    }
-
     pub fn set_fatal(&mut self, message: String) {
         if self.fatal.is_none() {
             self.fatal = Some(sandbox_err(message));
@@ -308,7 +306,9 @@ impl Session {
             return Err(Violation(format!("call {id} is past the call limit")));
         }
         if self.inflight.len() >= self.limits.max_calls_in_flight {
-            return Err(Violation("more calls in flight than the limit allows".into()));
+            return Err(Violation(
+                "more calls in flight than the limit allows".into(),
+            ));
         }
         if !self.names.contains(name) {
             return Err(Violation(format!(
@@ -374,8 +374,12 @@ impl Session {
             clock: self.clock.clone(),
         };
         let host = self.host.clone();
-        let Ok(mut fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call))) else {
-            self.complete(id, Err(HostError::new("The host failed while starting this call.")));
+        let Ok(mut fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call)))
+        else {
+            self.complete(
+                id,
+                Err(HostError::new("The host failed while starting this call.")),
+            );
             return Ok(());
         };
         // Most host answers are immediate; polling once here saves a task and a wake-up per call.
@@ -388,7 +392,10 @@ impl Session {
             }
             Ok(std::task::Poll::Pending) => {}
             Err(_) => {
-                self.complete(id, Err(HostError::new("The host failed while running this call.")));
+                self.complete(
+                    id,
+                    Err(HostError::new("The host failed while running this call.")),
+                );
                 return Ok(());
             }
         }
@@ -502,7 +509,11 @@ impl Session {
                 error: r.as_ref().err().cloned(),
             });
         }
-        self.ready.push_back(Delivery { id, result: r, at_ms });
+        self.ready.push_back(Delivery {
+            id,
+            result: r,
+            at_ms,
+        });
     }
 
     pub fn has_ready(&self) -> bool {
@@ -679,7 +690,10 @@ impl Session {
                 }
             }
         } else {
-            let desc: Option<ErrorDesc> = fin.desc.as_deref().and_then(|d| serde_json::from_str(d).ok());
+            let desc: Option<ErrorDesc> = fin
+                .desc
+                .as_deref()
+                .and_then(|d| serde_json::from_str(d).ok());
             res.error = Some(match desc {
                 None if oom => oom_error(&limits),
                 None => sandbox_err("The script failed, and its error could not be described."),

@@ -71,7 +71,9 @@ fn bad_configuration_is_refused() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("/nonexistent/codemode") && e.contains("worker_program") && e.contains("thread isolation"),
+        e.contains("/nonexistent/codemode")
+            && e.contains("worker_program")
+            && e.contains("thread isolation"),
         "{e}"
     );
     let e = Sandbox::new(SandboxConfig {
@@ -129,4 +131,7 @@ async fn hosts_may_answer_with_json_text() {
     );
 }
 
-both_modes!(a_panicking_host_fails_the_call_not_the_process, hosts_may_answer_with_json_text);
+both_modes!(
+    a_panicking_host_fails_the_call_not_the_process,
+    hosts_may_answer_with_json_text
+);

@@ -75,7 +75,9 @@ async fn case(how: &str, expect: &[&str]) -> Result<(), String> {
     let sb = sandbox_with(how);
     let t = Instant::now();
     let r = sb.run(script()).await;
-    let e = r.error.ok_or_else(|| format!("{how}: the script succeeded"))?;
+    let e = r
+        .error
+        .ok_or_else(|| format!("{how}: the script succeeded"))?;
     if e.kind != ErrorKind::Sandbox {
         return Err(format!("{how}: error kind {:?}: {}", e.kind, e.message));
     }
@@ -100,8 +102,14 @@ async fn case(how: &str, expect: &[&str]) -> Result<(), String> {
 async fn all_cases() -> Vec<String> {
     let mut failures = Vec::new();
     for (how, expect) in [
-        ("garbage", &["broke the bridge protocol", "unknown message tag"][..]),
-        ("huge", &["broke the bridge protocol", "1073741824 bytes"][..]),
+        (
+            "garbage",
+            &["broke the bridge protocol", "unknown message tag"][..],
+        ),
+        (
+            "huge",
+            &["broke the bridge protocol", "1073741824 bytes"][..],
+        ),
         ("stranger", &["broke the bridge protocol", "not given"][..]),
         ("skip", &["broke the bridge protocol", "count up"][..]),
         ("utf8", &["broke the bridge protocol", "UTF-8"][..]),
@@ -119,7 +127,10 @@ async fn all_cases() -> Vec<String> {
     let good = Sandbox::new(SandboxConfig::default()).unwrap();
     let r = good.run(script()).await;
     if r.value != Some(serde_json::json!({ "a": 1 })) {
-        failures.push(format!("a good worker after the bad ones failed: {:?}", r.error));
+        failures.push(format!(
+            "a good worker after the bad ones failed: {:?}",
+            r.error
+        ));
     } else {
         println!("test bad_worker::host_carries_on ... ok");
     }
@@ -144,7 +155,11 @@ fn main() {
         .unwrap();
     let failures = rt.block_on(all_cases());
     let passed = 7 - failures.len();
-    println!("\ntest result: {}. {passed} passed; {} failed", if failures.is_empty() { "ok" } else { "FAILED" }, failures.len());
+    println!(
+        "\ntest result: {}. {passed} passed; {} failed",
+        if failures.is_empty() { "ok" } else { "FAILED" },
+        failures.len()
+    );
     if !failures.is_empty() {
         std::process::exit(1);
     }

@@ -131,4 +131,8 @@ async fn record_then_replay_without_the_host() {
     healthy().await;
 }
 
-both_modes!(seeded_random_virtual_clock_and_utc, results_are_delivered_in_call_order, record_then_replay_without_the_host);
+both_modes!(
+    seeded_random_virtual_clock_and_utc,
+    results_are_delivered_in_call_order,
+    record_then_replay_without_the_host
+);

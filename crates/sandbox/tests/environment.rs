@@ -472,7 +472,11 @@ async fn every_reachable_intrinsic_is_frozen() {
         }
         return [seen.size, notFrozen.slice(0, 20)];
     "#).await;
-    assert!(v[0].as_u64().unwrap() > 1000, "walked only {} objects", v[0]);
+    assert!(
+        v[0].as_u64().unwrap() > 1000,
+        "walked only {} objects",
+        v[0]
+    );
     assert_eq!(v[1], json!([]), "not frozen");
 }
 
@@ -515,4 +519,14 @@ async fn tampering_with_intrinsics_changes_nothing() {
     assert_eq!(v, json!([true, [], 1]));
 }
 
-both_modes!(every_reachable_intrinsic_is_frozen, tampering_with_intrinsics_changes_nothing, values_text_and_console, tools_guard_and_identifiers, calls_errors_and_cancellation, host_globals_and_namespaces, exit_store_and_load, images, lockdown_and_absent_capabilities);
+both_modes!(
+    every_reachable_intrinsic_is_frozen,
+    tampering_with_intrinsics_changes_nothing,
+    values_text_and_console,
+    tools_guard_and_identifiers,
+    calls_errors_and_cancellation,
+    host_globals_and_namespaces,
+    exit_store_and_load,
+    images,
+    lockdown_and_absent_capabilities
+);

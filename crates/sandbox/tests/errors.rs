@@ -15,8 +15,13 @@ async fn a_huge_return_value_counts_against_the_output_limit() {
         e.message
     );
     // Output and return value share the limit.
-    let e = error("text('y'.repeat(10 * 1024 * 1024)); return { s: 'x'.repeat(8 * 1024 * 1024) }").await;
-    assert!(e.message.contains("10485760 characters already output"), "{}", e.message);
+    let e = error("text('y'.repeat(10 * 1024 * 1024)); return { s: 'x'.repeat(8 * 1024 * 1024) }")
+        .await;
+    assert!(
+        e.message.contains("10485760 characters already output"),
+        "{}",
+        e.message
+    );
     // Up to the limit is fine.
     let r = run("return 'x'.repeat(1024)").await;
     assert!(r.ok);
@@ -25,13 +30,27 @@ async fn a_huge_return_value_counts_against_the_output_limit() {
 async fn values_nested_too_deep_get_a_clear_error() {
     let e = error("let v = 1; for (let i = 0; i < 200; i++) v = [v]; return v").await;
     assert_eq!(e.kind, ErrorKind::Script);
-    assert!(e.message.contains("nested more than 127 levels"), "{}", e.message);
+    assert!(
+        e.message.contains("nested more than 127 levels"),
+        "{}",
+        e.message
+    );
     assert!(!e.message.contains("bridge broken"), "{}", e.message);
     let v = value("let v = 1; for (let i = 0; i < 200; i++) v = { v }; try { await tools.echo(v) } catch (e) { return [e.name, e.message] }").await;
     assert_eq!(v[0], "TypeError");
-    assert!(v[1].as_str().unwrap().contains("nested more than 127 levels"), "{v}");
-    let e = error("let v = 1; for (let i = 0; i < 200; i++) v = [v]; store('deep', v); return 1").await;
-    assert!(e.message.contains("nested more than 127 levels"), "{}", e.message);
+    assert!(
+        v[1].as_str()
+            .unwrap()
+            .contains("nested more than 127 levels"),
+        "{v}"
+    );
+    let e =
+        error("let v = 1; for (let i = 0; i < 200; i++) v = [v]; store('deep', v); return 1").await;
+    assert!(
+        e.message.contains("nested more than 127 levels"),
+        "{}",
+        e.message
+    );
     // 100 levels are fine.
     let v = value("let v = 1; for (let i = 0; i < 100; i++) v = [v]; return JSON.stringify(await tools.echo(v)).length").await;
     assert_eq!(v, json!(201));
@@ -59,7 +78,8 @@ async fn running_out_of_memory_while_compiling_is_not_a_syntax_error() {
 }
 
 async fn load_of_a_missing_key_is_undefined() {
-    let mut s = script("return [load('missing') === undefined, typeof load('missing'), load('there')]");
+    let mut s =
+        script("return [load('missing') === undefined, typeof load('missing'), load('there')]");
     s.store.insert("there".into(), json!(null));
     let r = sandbox().run(s).await;
     assert_eq!(r.value, Some(json!([true, "undefined", null])));
@@ -92,8 +112,14 @@ fn full_outputs_are_private_and_expire() {
     let t = render_model_text(&result(&"z".repeat(10_000)), 10);
     let path = t.full_output_path.unwrap();
     let dir = path.parent().unwrap().to_path_buf();
-    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
-    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     // An old spill is removed when the next one is written.
     let old = dir.join("output-0000000000000000.txt");
     std::fs::write(&old, "old").unwrap();

@@ -204,6 +204,14 @@ async fn hundreds_of_concurrent_scripts_keep_their_limits() {
     healthy().await;
 }
 
-both_modes!(spinning_and_memory_bombs, many_pending_promises, prototype_pollution_cannot_fool_the_bridge, overriding_globals_does_not_break_the_bridge, odd_values, huge_output_is_cut_off, invalid_images_and_syntax_errors);
+both_modes!(
+    spinning_and_memory_bombs,
+    many_pending_promises,
+    prototype_pollution_cannot_fool_the_bridge,
+    overriding_globals_does_not_break_the_bridge,
+    odd_values,
+    huge_output_is_cut_off,
+    invalid_images_and_syntax_errors
+);
 
 both_modes!(multi: hundreds_of_concurrent_scripts_keep_their_limits);

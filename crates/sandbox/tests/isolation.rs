@@ -9,11 +9,26 @@ use serde_json::json;
 
 /// Native built-ins that QuickJS's interrupt handler never sees running: each would take hours.
 const NATIVE_OVERRUNS: &[(&str, &str)] = &[
-    ("indexOf", "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.indexOf(n)"),
-    ("includes", "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.includes(n)"),
-    ("split", "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.split(n).length"),
-    ("replaceAll", "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.replaceAll(n, '').length"),
-    ("BigInt toString", "return (7n ** 200000n).toString().length"),
+    (
+        "indexOf",
+        "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.indexOf(n)",
+    ),
+    (
+        "includes",
+        "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.includes(n)",
+    ),
+    (
+        "split",
+        "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.split(n).length",
+    ),
+    (
+        "replaceAll",
+        "const h = 'a'.repeat(1 << 22), n = 'a'.repeat(1 << 21) + 'b'; return h.replaceAll(n, '').length",
+    ),
+    (
+        "BigInt toString",
+        "return (7n ** 200000n).toString().length",
+    ),
 ];
 
 #[tokio::test]
@@ -25,13 +40,17 @@ async fn native_code_cannot_outrun_the_deadline() {
         async move {
             let t = Instant::now();
             let r = sb
-                .run(script(&format!("// @options: {{\"timeout_ms\": 1000}}\n{src}")))
+                .run(script(&format!(
+                    "// @options: {{\"timeout_ms\": 1000}}\n{src}"
+                )))
                 .await;
             (name, r, t.elapsed())
         }
     });
     for (name, r, took) in futures::future::join_all(runs).await {
-        let e = r.error.unwrap_or_else(|| panic!("{name} finished: {:?}", r.value));
+        let e = r
+            .error
+            .unwrap_or_else(|| panic!("{name} finished: {:?}", r.value));
         assert_eq!(e.kind, ErrorKind::Timeout, "{name}: {e:?}");
         // The same clear message as a script the interrupt handler stopped.
         assert_eq!(e.message, "Execution timed out after 1000 ms", "{name}");
@@ -67,13 +86,18 @@ async fn a_worker_killed_mid_call_fails_only_its_script() {
         warm: 1,
         ..Default::default()
     });
-    let before = host()
-        .cancelled
-        .load(std::sync::atomic::Ordering::SeqCst);
+    let before = host().cancelled.load(std::sync::atomic::Ordering::SeqCst);
     let handle = tokio::spawn(sb.run(script("text('started'); await tools.slow(); return 1")));
     // Wait until the call is out, then kill every worker of this sandbox from outside.
     let t = Instant::now();
-    while host().calls.lock().unwrap().iter().filter(|c| c.0 == "slow").count() == 0
+    while host()
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|c| c.0 == "slow")
+        .count()
+        == 0
         && t.elapsed() < Duration::from_secs(20)
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -165,7 +189,10 @@ async fn the_worker_cannot_reach_files_or_processes() {
     set_mode(Isolation::Process);
     // What a script can try without an engine bug: nothing of the kind exists in the VM.
     let v = value("return [typeof require, typeof process, typeof std, typeof os, typeof fetch, typeof WebAssembly]").await;
-    assert!(v.as_array().unwrap().iter().all(|t| t == "undefined"), "{v}");
+    assert!(
+        v.as_array().unwrap().iter().all(|t| t == "undefined"),
+        "{v}"
+    );
     // Each worker process has its own process group and no environment.
     for pid in sandbox().worker_pids() {
         let pgid = unsafe { libc::getpgid(pid) };
@@ -193,12 +220,20 @@ async fn options_cannot_raise_the_operators_limits_end_to_end() {
                 "\u{feff}// @options: {\"timeout_ms\": 3600000, \"max_output_tokens\": 1000000}\nreturn 1",
             ))
             .await;
-        assert_eq!((r.limits.timeout_ms, r.limits.max_output_tokens), (3_000, 100));
+        assert_eq!(
+            (r.limits.timeout_ms, r.limits.max_output_tokens),
+            (3_000, 100)
+        );
         let t = Instant::now();
         let r = sb
-            .run(script("// @options: {\"timeout_ms\": 3600000}\nwhile (true) {}"))
+            .run(script(
+                "// @options: {\"timeout_ms\": 3600000}\nwhile (true) {}",
+            ))
             .await;
-        assert_eq!(r.error.unwrap().message, "Execution timed out after 3000 ms");
+        assert_eq!(
+            r.error.unwrap().message,
+            "Execution timed out after 3000 ms"
+        );
         assert!(t.elapsed() < Duration::from_secs(20));
     }
 }

@@ -178,4 +178,13 @@ async fn call_limits() {
     );
 }
 
-both_modes!(deadline_stops_spinning_and_awaiting_scripts, cpu_budget_stops_code_that_never_yields, approval_pauses_do_not_count_against_the_deadline, abort_stops_even_a_spinning_script, memory_limit_is_catchable_and_reported_when_not, stack_overflow_is_a_catchable_range_error, output_limits, call_limits);
+both_modes!(
+    deadline_stops_spinning_and_awaiting_scripts,
+    cpu_budget_stops_code_that_never_yields,
+    approval_pauses_do_not_count_against_the_deadline,
+    abort_stops_even_a_spinning_script,
+    memory_limit_is_catchable_and_reported_when_not,
+    stack_overflow_is_a_catchable_range_error,
+    output_limits,
+    call_limits
+);

@@ -102,4 +102,7 @@ async fn long_output_is_truncated_and_saved_privately() {
     assert_eq!(e["error"]["kind"], "script");
 }
 
-both_modes!(layout_follows_the_reference, long_output_is_truncated_and_saved_privately);
+both_modes!(
+    layout_follows_the_reference,
+    long_output_is_truncated_and_saved_privately
+);

@@ -70,12 +70,15 @@ pub(crate) fn resolve_program(configured: Option<&WorkerProgram>) -> Result<Work
 /// thread that started it ends (`PR_SET_PDEATHSIG`), so that thread must live as long as the
 /// sandbox: then no worker outlives its host, even when the host is killed.
 pub(crate) struct Spawner {
-    tx: std::sync::Mutex<std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<WorkerProcess, String>>>>,
+    tx: std::sync::Mutex<
+        std::sync::mpsc::Sender<std::sync::mpsc::Sender<Result<WorkerProcess, String>>>,
+    >,
 }
 
 impl Spawner {
     pub fn new(program: WorkerProgram, rlimits: WorkerRlimits) -> Result<Spawner, String> {
-        let (tx, rx) = std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<WorkerProcess, String>>>();
+        let (tx, rx) =
+            std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<WorkerProcess, String>>>();
         std::thread::Builder::new()
             .name("codemode-spawn".into())
             .spawn(move || {
@@ -157,7 +160,9 @@ pub(crate) fn describe_exit(status: Option<ExitStatus>) -> String {
     }
     match status.code() {
         Some(EXIT_BAD_ARGS) => "it was started with arguments it does not understand".into(),
-        Some(EXIT_SETUP) => "it could not set itself up (its parent or bridge memory was not there)".into(),
+        Some(EXIT_SETUP) => {
+            "it could not set itself up (its parent or bridge memory was not there)".into()
+        }
         Some(EXIT_PROTOCOL) => "it found the bridge broken and exited".into(),
         Some(c) => format!("it exited with code {c}"),
         None => "it ended".into(),
@@ -323,9 +328,7 @@ impl WorkerProcess {
         let ended = self.drive(session, grace).await;
         match &ended {
             Ended::Finished(f) => {
-                if self.spent
-                    || f.oom
-                    || !matches!(f.end, Some(RunEnd::Reported | RunEnd::Stalled))
+                if self.spent || f.oom || !matches!(f.end, Some(RunEnd::Reported | RunEnd::Stalled))
                 {
                     self.spent = true;
                 }
@@ -342,7 +345,9 @@ impl WorkerProcess {
         {
             match tokio::net::UnixStream::from_std(std_bell) {
                 Ok(b) => self.bell = Some(b),
-                Err(e) => return self.broken(format!("the doorbell could not join the runtime: {e}")),
+                Err(e) => {
+                    return self.broken(format!("the doorbell could not join the runtime: {e}"));
+                }
             }
         }
         let Some(bell_fd) = self.bell.as_ref().map(|b| b.as_raw_fd()) else {
@@ -458,7 +463,12 @@ impl WorkerProcess {
             {
                 self.positions = end.positions();
                 let status = self.kill_and_reap();
-                tracing::debug!(pid = self.pid, ?status, ?stop, "killed a sandbox worker that did not stop");
+                tracing::debug!(
+                    pid = self.pid,
+                    ?status,
+                    ?stop,
+                    "killed a sandbox worker that did not stop"
+                );
                 return Ended::Killed(stop);
             }
             self.positions = end.positions();
@@ -526,7 +536,11 @@ impl WorkerProcess {
 
     fn broken(&mut self, why: String) -> Ended {
         let status = self.kill_and_reap();
-        tracing::warn!(pid = self.pid, ?status, "stopped a sandbox worker that broke the bridge protocol: {why}");
+        tracing::warn!(
+            pid = self.pid,
+            ?status,
+            "stopped a sandbox worker that broke the bridge protocol: {why}"
+        );
         Ended::Broken(why)
     }
 }

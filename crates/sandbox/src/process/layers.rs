@@ -122,12 +122,16 @@ pub(crate) fn apply_landlock() -> IsolationLayer {
                 RulesetStatus::FullyEnforced => layer(
                     "landlock",
                     true,
-                    format!("no file-system access, no TCP, no signals or abstract sockets outside the worker ({kernel})"),
+                    format!(
+                        "no file-system access, no TCP, no signals or abstract sockets outside the worker ({kernel})"
+                    ),
                 ),
                 RulesetStatus::PartiallyEnforced => layer(
                     "landlock",
                     true,
-                    format!("partly: no file-system access; newer restrictions unsupported ({kernel})"),
+                    format!(
+                        "partly: no file-system access; newer restrictions unsupported ({kernel})"
+                    ),
                 ),
                 RulesetStatus::NotEnforced => {
                     layer("landlock", false, format!("not enforced ({kernel})"))
@@ -158,9 +162,16 @@ pub(crate) fn apply_no_new_privs() -> IsolationLayer {
 fn seccomp_rules(
     pid: i32,
 ) -> Result<BTreeMap<i64, Vec<seccompiler::SeccompRule>>, seccompiler::BackendError> {
-    use seccompiler::{SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule as Rule};
+    use seccompiler::{
+        SeccompCmpArgLen as Len, SeccompCmpOp as Op, SeccompCondition as Cond, SeccompRule as Rule,
+    };
     let fd_is = |fd: u64| -> Result<Vec<Rule>, seccompiler::BackendError> {
-        Ok(vec![Rule::new(vec![Cond::new(0, Len::Dword, Op::Eq, fd)?])?])
+        Ok(vec![Rule::new(vec![Cond::new(
+            0,
+            Len::Dword,
+            Op::Eq,
+            fd,
+        )?])?])
     };
     let no_exec = |arg: u8| -> Result<Vec<Rule>, seccompiler::BackendError> {
         Ok(vec![Rule::new(vec![Cond::new(
@@ -182,7 +193,12 @@ fn seccomp_rules(
     // Signals only to itself (abort() raises SIGABRT on its own thread).
     rules.insert(
         libc::SYS_tgkill,
-        vec![Rule::new(vec![Cond::new(0, Len::Dword, Op::Eq, pid as u64)?])?],
+        vec![Rule::new(vec![Cond::new(
+            0,
+            Len::Dword,
+            Op::Eq,
+            pid as u64,
+        )?])?],
     );
     for sys in [
         libc::SYS_munmap,
@@ -232,9 +248,19 @@ pub(crate) fn apply_seccomp() -> IsolationLayer {
         Ok((Ok(()), n)) => layer(
             "seccomp",
             true,
-            format!("allow-list of memory, futex, clock and the bridge's descriptors ({n} BPF instructions); any other system call kills the worker"),
+            format!(
+                "allow-list of memory, futex, clock and the bridge's descriptors ({n} BPF instructions); any other system call kills the worker"
+            ),
         ),
-        Ok((Err(e), _)) => layer("seccomp", false, format!("the kernel refused the filter: {e}")),
-        Err(e) => layer("seccomp", false, format!("the filter could not be built: {e}")),
+        Ok((Err(e), _)) => layer(
+            "seccomp",
+            false,
+            format!("the kernel refused the filter: {e}"),
+        ),
+        Err(e) => layer(
+            "seccomp",
+            false,
+            format!("the filter could not be built: {e}"),
+        ),
     }
 }

@@ -92,8 +92,7 @@ pub(crate) fn prepare(args: &[String]) -> Prepared {
             name: "descriptors".into(),
             active: closed,
             detail: if closed {
-                "nothing inherited but the bridge's doorbell and memory, and standard error"
-                    .into()
+                "nothing inherited but the bridge's doorbell and memory, and standard error".into()
             } else {
                 "close_range failed: inherited descriptors may be open".into()
             },
