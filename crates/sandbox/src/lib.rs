@@ -6,15 +6,19 @@
 //! `console`, `exit`, `store`/`load`, and host globals such as `searchTools` or `models.classify`.
 //!
 //! Design, and why:
+//! * **The VM runs in a sandboxed worker process** ([`Isolation::Process`], the default): seccomp,
+//!   Landlock, rlimits, no descriptors or environment; the host keeps the session (every call,
+//!   records, logs) and all authority. [`Isolation::Thread`] runs the VM on a host thread instead,
+//!   for embedders who accept that native built-ins can outrun its deadline there.
 //! * **A fresh VM per script.** Nothing of one script (globals, prototypes, heap) can reach the
-//!   next. VMs are prepared ahead of time (runtime, locked-down prelude) on pooled worker threads,
-//!   because QuickJS runtimes are `!Send` and must live on the thread that runs them.
-//! * **Host calls run on the script's own thread.** A host future is polled once inside the call
-//!   (most answers are immediate) and otherwise spawned on the worker's `LocalSet`; results come
-//!   back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
-//! * **Limits are enforced from outside the script:** heap (counting allocator), stack, wall
-//!   deadline by the pausable [`codemode_spec::DeadlineClock`], CPU budget and abort through the
-//!   interrupt handler and between promise jobs, output and call counts in the bridge.
+//!   next. VMs are prepared ahead of time (runtime, prelude, every reachable built-in frozen).
+//! * **Host calls run on the pool thread of the script.** A host future is polled once when the
+//!   call arrives (most answers are immediate) and otherwise spawned on that thread's `LocalSet`;
+//!   results go back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
+//! * **Limits are enforced from outside the script:** heap (counting allocator), stack, CPU budget
+//!   through the interrupt handler; the wall deadline by the pausable
+//!   [`codemode_spec::DeadlineClock`] and abort through the host's stop flag, then SIGKILL of the
+//!   worker; output and call counts on both sides of the bridge.
 //! * **Failures are results, never panics or Rust errors:** [`Sandbox::run`] always yields a
 //!   [`ScriptResult`]. Invalid input (see [`parse_source`]) is reported as a script error named
 //!   `SourceError`; callers that want the bare message call [`parse_source`] first.
