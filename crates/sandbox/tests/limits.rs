@@ -147,8 +147,10 @@ async fn output_limits() {
     let r = run(r#"text("x".repeat(16*1024*1024)); text("y")"#).await;
     assert!(!r.ok);
     assert_eq!(r.output.len(), 1);
+    let r = run(r#"text("x".repeat(16*1024*1024 - 1)); return 1"#).await;
+    assert!(r.ok, "exactly the limit is allowed, return value included");
     let r = run(r#"text("x".repeat(16*1024*1024)); return 1"#).await;
-    assert!(r.ok, "exactly the limit is allowed");
+    assert!(!r.ok, "the return value counts against the output limit");
     healthy().await;
 }
 
