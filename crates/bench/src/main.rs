@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use codemode_sandbox::{
-    ErrorKind, Host, HostCall, HostError, Sandbox, SandboxConfig, Script, ScriptError,
+    ErrorKind, Host, HostCall, HostError, Isolation, Sandbox, SandboxConfig, Script, ScriptError,
 };
 use futures::FutureExt;
 use futures::future::LocalBoxFuture;
@@ -72,12 +72,33 @@ fn rows() -> Value {
     )
 }
 
-/// Peak resident set size of this process (VmHWM), in MiB.
-fn peak_rss_mb() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+/// A `kB` field of /proc/PID/status, in MiB.
+fn status_mb(pid: &str, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// Peak resident set size (VmHWM) of this process plus that of each live worker process, in
+/// MiB. Workers share the binary's pages with the host, so the sum overstates the tree a little.
+fn peak_rss_mb(sandbox: &Sandbox) -> f64 {
+    let workers: f64 = sandbox
+        .worker_pids()
+        .iter()
+        .map(|p| status_mb(&p.to_string(), "VmHWM:"))
+        .sum();
+    status_mb("self", "VmHWM:") + workers
+}
+
+/// Proportional set size of a process (its share of shared pages), in MiB.
+fn pss_mb(pid: i32) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
@@ -96,20 +117,36 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mut path = default_workloads();
     let mut wanted = Vec::new();
+    let mut isolation = Isolation::Process;
     while let Some(a) = args.next() {
         if a == "--workloads" {
             path = PathBuf::from(args.next().context("--workloads needs a file")?);
         } else if let Some(p) = a.strip_prefix("--workloads=") {
             path = PathBuf::from(p);
+        } else if a == "--isolation" || a.starts_with("--isolation=") {
+            let v = match a.strip_prefix("--isolation=") {
+                Some(v) => v.to_string(),
+                None => args.next().context("--isolation needs process or thread")?,
+            };
+            isolation = match v.as_str() {
+                "process" => Isolation::Process,
+                "thread" => Isolation::Thread,
+                other => bail!("--isolation takes process or thread, not {other}"),
+            };
         } else {
             wanted.push(a);
         }
     }
+    let label = match isolation {
+        Isolation::Process => "codemode-process",
+        Isolation::Thread => "codemode-thread",
+    };
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading workloads from {}", path.display()))?;
     let spec: Workloads = serde_json::from_str(&text).context("parsing the workloads file")?;
 
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
     let defaults = codemode_sandbox::Limits {
@@ -119,6 +156,8 @@ fn main() -> Result<()> {
     };
     let config = SandboxConfig {
         defaults,
+        isolation,
+        warm: 4,
         ..Default::default()
     };
     let sandbox = Sandbox::new(config)?;
@@ -128,10 +167,23 @@ fn main() -> Result<()> {
         ("echo", "Return the arguments"),
         ("rows", "Return 20,000 rows"),
     ];
+    let want = |name: &str| wanted.is_empty() || wanted.iter().any(|w| w == name);
 
     rt.block_on(async {
+        let check = |name: &str, w: &Workload, r: codemode_sandbox::ScriptResult| -> Result<()> {
+            if !r.ok {
+                let e = r
+                    .error
+                    .unwrap_or_else(|| ScriptError::new(ErrorKind::Sandbox, "no error given"));
+                bail!("{name}: {:?}: {}", e.kind, e.message);
+            }
+            if !w.expect.is_null() && r.value.as_ref() != Some(&w.expect) {
+                bail!("{name}: got {:?}, expected {}", r.value, w.expect);
+            }
+            Ok(())
+        };
         for w in &spec.workloads {
-            if !wanted.is_empty() && !wanted.contains(&w.name) {
+            if !want(&w.name) {
                 continue;
             }
             let script = || Script::new(w.code.clone(), host.clone()).with_tools(tools);
@@ -141,30 +193,85 @@ fn main() -> Result<()> {
                 let t0 = Instant::now();
                 let r = sandbox.run(script()).await;
                 times.push(t0.elapsed().as_secs_f64() * 1000.0);
-                if !r.ok {
-                    let e = r
-                        .error
-                        .unwrap_or_else(|| ScriptError::new(ErrorKind::Sandbox, "no error given"));
-                    bail!("{}: {:?}: {}", w.name, e.kind, e.message);
-                }
-                if !w.expect.is_null() && r.value.as_ref() != Some(&w.expect) {
-                    bail!("{}: got {:?}, expected {}", w.name, r.value, w.expect);
-                }
+                check(&w.name, w, r)?;
             }
             if times.is_empty() {
                 continue;
             }
             times.sort_by(|a, b| a.total_cmp(b));
             let line = json!({
-                "impl": "codemode",
+                "impl": label,
                 "workload": w.name,
                 "runs": w.runs,
                 "median_ms": round3(times[times.len() / 2]),
                 "min_ms": round3(times[0]),
                 "max_ms": round3(times[times.len() - 1]),
-                "peak_rss_mb": (peak_rss_mb() * 10.0).round() / 10.0,
+                "peak_rss_mb": (peak_rss_mb(&sandbox) * 10.0).round() / 10.0,
             });
             println!("{line}");
+        }
+        // Our own workloads: each shared workload as 1 and as 8 scripts at once (throughput and
+        // p99 latency), then the memory of an idle pooled worker.
+        if want("concurrent") {
+            for w in &spec.workloads {
+                for n in [1usize, 8] {
+                    let rounds = (w.runs / 2).max(3);
+                    let mut latencies = Vec::new();
+                    let t0 = Instant::now();
+                    for _ in 0..rounds {
+                        let batch = (0..n).map(|_| {
+                            let fut = sandbox
+                                .run(Script::new(w.code.clone(), host.clone()).with_tools(tools));
+                            async move {
+                                let t = Instant::now();
+                                let r = fut.await;
+                                (t.elapsed().as_secs_f64() * 1000.0, r)
+                            }
+                        });
+                        for (ms, r) in futures::future::join_all(batch).await {
+                            check(&w.name, w, r)?;
+                            latencies.push(ms);
+                        }
+                    }
+                    let secs = t0.elapsed().as_secs_f64();
+                    latencies.sort_by(|a, b| a.total_cmp(b));
+                    let p99 = latencies
+                        [((latencies.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)];
+                    println!(
+                        "{}",
+                        json!({
+                            "impl": label,
+                            "workload": format!("{}_x{n}", w.name),
+                            "concurrent": n,
+                            "scripts": latencies.len(),
+                            "scripts_per_s": round3(latencies.len() as f64 / secs),
+                            "median_ms": round3(latencies[latencies.len() / 2]),
+                            "p99_ms": round3(p99),
+                            "peak_rss_mb": (peak_rss_mb(&sandbox) * 10.0).round() / 10.0,
+                        })
+                    );
+                }
+            }
+        }
+        if want("idle_worker") && isolation == Isolation::Process {
+            let idle = Sandbox::new(SandboxConfig {
+                warm: 1,
+                ..Default::default()
+            })?;
+            let _ = idle.run(Script::new("return 1", host.clone())).await;
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let pids = idle.worker_pids();
+            let rss: f64 = pids
+                .iter()
+                .map(|p| status_mb(&p.to_string(), "VmRSS:"))
+                .sum::<f64>()
+                / pids.len().max(1) as f64;
+            let pss: f64 = pids.iter().map(|p| pss_mb(*p)).sum::<f64>() / pids.len().max(1) as f64;
+            println!(
+                "{}",
+                json!({ "impl": label, "workload": "idle_worker_memory", "workers": pids.len(),
+                        "rss_mb": round3(rss), "pss_mb": round3(pss) })
+            );
         }
         Ok(())
     })

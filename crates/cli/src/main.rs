@@ -44,6 +44,8 @@ enum Command {
     Trust(commands::trust::TrustArgs),
     /// Serve codemode over MCP (stdio by default, streamable HTTP with --listen).
     Serve(commands::serve::ServeArgs),
+    /// Show which isolation layers (seccomp, Landlock, rlimits, ...) hold scripts on this machine.
+    Doctor,
 }
 
 /// Options every command that runs tools shares.
@@ -103,6 +105,7 @@ async fn main() -> ExitCode {
         Command::Audit(cmd) => commands::audit::run(cmd),
         Command::Trust(args) => commands::trust::run(args),
         Command::Serve(args) => commands::serve::run(args).await,
+        Command::Doctor => commands::doctor::run(),
     };
     match result {
         Ok(code) => code,

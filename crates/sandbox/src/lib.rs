@@ -6,15 +6,19 @@
 //! `console`, `exit`, `store`/`load`, and host globals such as `searchTools` or `models.classify`.
 //!
 //! Design, and why:
+//! * **The VM runs in a sandboxed worker process** ([`Isolation::Process`], the default): seccomp,
+//!   Landlock, rlimits, no descriptors or environment; the host keeps the session (every call,
+//!   records, logs) and all authority. [`Isolation::Thread`] runs the VM on a host thread instead,
+//!   for embedders who accept that native built-ins can outrun its deadline there.
 //! * **A fresh VM per script.** Nothing of one script (globals, prototypes, heap) can reach the
-//!   next. VMs are prepared ahead of time (runtime, locked-down prelude) on pooled worker threads,
-//!   because QuickJS runtimes are `!Send` and must live on the thread that runs them.
-//! * **Host calls run on the script's own thread.** A host future is polled once inside the call
-//!   (most answers are immediate) and otherwise spawned on the worker's `LocalSet`; results come
-//!   back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
-//! * **Limits are enforced from outside the script:** heap (counting allocator), stack, wall
-//!   deadline by the pausable [`codemode_spec::DeadlineClock`], CPU budget and abort through the
-//!   interrupt handler and between promise jobs, output and call counts in the bridge.
+//!   next. VMs are prepared ahead of time (runtime, prelude, every reachable built-in frozen).
+//! * **Host calls run on the pool thread of the script.** A host future is polled once when the
+//!   call arrives (most answers are immediate) and otherwise spawned on that thread's `LocalSet`;
+//!   results go back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
+//! * **Limits are enforced from outside the script:** heap (counting allocator), stack, CPU budget
+//!   through the interrupt handler; the wall deadline by the pausable
+//!   [`codemode_spec::DeadlineClock`] and abort through the host's stop flag, then SIGKILL of the
+//!   worker; output and call counts on both sides of the bridge.
 //! * **Failures are results, never panics or Rust errors:** [`Sandbox::run`] always yields a
 //!   [`ScriptResult`]. Invalid input (see [`parse_source`]) is reported as a script error named
 //!   `SourceError`; callers that want the bare message call [`parse_source`] first.
@@ -30,15 +34,18 @@
 //! # Ok(()) }
 //! ```
 
-mod bridge;
-mod driver;
+mod engine;
 mod host;
 mod limits;
 mod model_text;
 mod native;
 mod pool;
+mod process;
+mod protocol;
 mod replay;
 mod result;
+mod ring;
+mod session;
 mod setup;
 mod source;
 mod vm;
@@ -49,26 +56,127 @@ use std::time::Instant;
 
 pub use codemode_spec::to_identifier;
 pub use host::{Determinism, Host, HostCall, HostCallKind, HostError, Script, ToolEntry};
-pub use limits::{Limits, SandboxConfig};
+pub use limits::{Isolation, Limits, SandboxConfig};
 pub use model_text::{ModelText, render_model_text};
+pub use process::host::{WORKER_ENV, WorkerProgram};
+pub use process::layers::IsolationLayer;
 pub use replay::LogEntry;
 pub use result::{
     CallRecord, CallStatus, ErrorKind, OutputItem, ScriptError, ScriptResult, StoreWrite,
 };
 pub use source::{ParsedSource, ScriptOptions, SourceError, parse_source};
 
-use pool::{Job, Pool};
+use pool::{Job, Kind, Pool, ProcessSettings};
+
+/// Building blocks for test workers that misbehave on purpose. The production worker never uses
+/// them to misbehave; tests start their own binary as the worker (`SandboxConfig::worker_program`)
+/// and decide there what goes wrong.
+#[doc(hidden)]
+pub mod testing {
+    use crate::process::worker::{self, Prepared};
+    use crate::protocol::ToWorker;
+
+    /// The argument before a worker's own arguments.
+    pub const MARKER: &str = crate::process::host::MARKER;
+
+    /// A worker set up exactly as the real one: descriptors, session, all isolation layers, hello.
+    pub struct TestWorker(Prepared);
+
+    impl TestWorker {
+        /// `args` are the arguments after [`MARKER`].
+        pub fn prepare(args: &[String]) -> TestWorker {
+            TestWorker(worker::prepare(args))
+        }
+
+        /// Blocks until the host sends a script.
+        pub fn wait_for_start(&mut self) {
+            loop {
+                let msg = self.0.channel.borrow_mut().try_frame();
+                match msg {
+                    Some(ToWorker::Start(_)) => return,
+                    Some(_) => continue,
+                    None => self
+                        .0
+                        .channel
+                        .borrow_mut()
+                        .sleep_until(|e, _| e.inp.available() != Ok(0)),
+                }
+            }
+        }
+
+        /// Writes bytes to the bridge as they are, framing and all.
+        pub fn send_raw(&mut self, bytes: &[u8]) {
+            self.0.channel.borrow_mut().send_raw(bytes);
+        }
+
+        /// Sends a well-formed call message.
+        pub fn send_call(&mut self, id: u64, name: &str, args: &str) {
+            self.0
+                .channel
+                .borrow_mut()
+                .send(&crate::protocol::ToHost::Call {
+                    id,
+                    kind: crate::HostCallKind::Tool,
+                    name: name.into(),
+                    args: args.into(),
+                });
+        }
+    }
+}
 
 /// The configuration cannot work.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("invalid sandbox configuration: {0}")]
     Config(String),
+    /// Process isolation was asked for, and no worker process could be started.
+    #[error(
+        "the sandbox could not start a worker process: {0}. Point SandboxConfig::worker_program or ${WORKER_ENV} at a binary linked with codemode-sandbox (the codemode binary works), or choose thread isolation if you accept its risks"
+    )]
+    Worker(String),
+}
+
+/// Finds the worker executable and starts one worker, so that a sandbox that cannot isolate
+/// scripts fails here, clearly, instead of at the first script. Never falls back to threads.
+fn process_settings(
+    config: &SandboxConfig,
+) -> Result<(ProcessSettings, Vec<IsolationLayer>), SandboxError> {
+    process::link_entry();
+    let program = process::host::resolve_program(config.worker_program.as_ref())
+        .map_err(SandboxError::Worker)?;
+    let max = &config.maximum;
+    let rlimits = process::layers::WorkerRlimits {
+        data_bytes: config
+            .worker_memory_bytes
+            .unwrap_or((max.heap_bytes as u64).saturating_add(256 << 20)),
+        // The host stops each script at its own budget; this only ends a worker that escaped it.
+        cpu_seconds: (max.cpu_ms / 1000)
+            .saturating_add(60)
+            .saturating_mul(u64::from(config.worker_max_scripts.max(1))),
+        stack_bytes: (max.stack_bytes as u64).saturating_mul(2) + (8 << 20),
+    };
+    let spawner = process::host::Spawner::new(program, rlimits).map_err(SandboxError::Worker)?;
+    let first = spawner.spawn().map_err(SandboxError::Worker)?;
+    let layers = first.layers.clone();
+    for l in layers.iter().filter(|l| !l.active) {
+        tracing::warn!(layer = %l.name, "sandbox isolation layer not active: {}", l.detail);
+    }
+    Ok((
+        ProcessSettings {
+            spawner,
+            max_scripts: config.worker_max_scripts.max(1),
+            grace: std::time::Duration::from_millis(config.kill_grace_ms),
+            spare: std::sync::Mutex::new(vec![first]),
+            live: Default::default(),
+        },
+        layers,
+    ))
 }
 
 struct Inner {
     config: SandboxConfig,
     pool: Arc<Pool>,
+    layers: Option<Vec<IsolationLayer>>,
 }
 
 impl Drop for Inner {
@@ -105,14 +213,41 @@ impl Sandbox {
                 "heap_bytes must be at least 1 MiB and stack_bytes at least 64 KiB".into(),
             ));
         }
+        let (kind, layers) = match config.isolation {
+            Isolation::Thread => (Kind::Thread, None),
+            Isolation::Process => {
+                let (settings, layers) = process_settings(&config)?;
+                (Kind::Process(settings), Some(layers))
+            }
+        };
         let pool = Pool::new(
             config.warm,
             config.max_concurrent,
             config.maximum.stack_bytes,
+            kind,
         );
         Ok(Sandbox {
-            inner: Arc::new(Inner { config, pool }),
+            inner: Arc::new(Inner {
+                config,
+                pool,
+                layers,
+            }),
         })
+    }
+
+    /// The isolation layers in force in the worker processes, as the first worker reported them
+    /// (`None` under thread isolation).
+    pub fn isolation_layers(&self) -> Option<&[IsolationLayer]> {
+        self.inner.layers.as_deref()
+    }
+
+    /// Process ids of the live worker processes. For tests that stop a worker from outside.
+    #[doc(hidden)]
+    pub fn worker_pids(&self) -> Vec<i32> {
+        match &self.inner.pool.kind {
+            Kind::Process(p) => p.live.lock().map(|l| l.clone()).unwrap_or_default(),
+            Kind::Thread => Vec::new(),
+        }
     }
 
     pub fn config(&self) -> &SandboxConfig {

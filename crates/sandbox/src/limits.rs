@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use crate::source::ScriptOptions;
 
 /// Resource limits for one script. The operator sets defaults and a maximum; a script's
-/// `// @options:` line may pick another `timeout_ms` / `max_output_tokens`, never past the maximum.
+/// `// @options:` line may lower `timeout_ms` / `max_output_tokens` below the defaults, never
+/// raise them: the defaults are what the operator chose (built in, settings or command line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Limits {
@@ -61,29 +62,58 @@ impl Limits {
         }
     }
 
-    /// The limits one script runs with: defaults, then the script's options, all within `maximum`.
+    /// The limits one script runs with: the defaults within `maximum`, each lowered (never
+    /// raised) by the script's options. The script is untrusted input; the operator's choice is
+    /// the ceiling, whichever layer set it.
     pub fn effective(defaults: &Limits, maximum: &Limits, options: &ScriptOptions) -> Limits {
-        let mut l = defaults.clone();
+        let mut l = defaults.clamped_to(maximum);
         if let Some(t) = options.timeout_ms {
-            l.timeout_ms = t;
+            l.timeout_ms = l.timeout_ms.min(t);
         }
         if let Some(t) = options.max_output_tokens {
-            l.max_output_tokens = t;
+            l.max_output_tokens = l.max_output_tokens.min(t);
         }
-        l.clamped_to(maximum)
+        l
     }
 }
 
-/// How the sandbox is run: limits plus the size of the worker pool.
+/// Where scripts' VMs run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// In worker processes under no_new_privs, a seccomp allow-list, Landlock and resource
+    /// limits, killed by the host when they overrun. The default.
+    #[default]
+    Process,
+    /// On threads of the host process. Faster to start, but a script that spins inside a native
+    /// built-in overruns its deadline and CPU budget (a thread cannot be killed), and a memory
+    /// bug in the engine exposes the host's memory: its keys, connections and files. For
+    /// embedders who accept that risk.
+    Thread,
+}
+
+/// How the sandbox is run: limits, isolation and the size of the worker pool.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SandboxConfig {
     pub defaults: Limits,
     pub maximum: Limits,
-    /// Worker threads started up front, each holding a prepared VM.
+    pub isolation: Isolation,
+    /// Workers started up front, each holding a prepared VM.
     pub warm: usize,
     /// Scripts that may run at once; more wait in a queue.
     pub max_concurrent: usize,
+    /// Process isolation: the worker executable. Default: `$CODEMODE_SANDBOX_WORKER`, else the
+    /// running executable, which becomes a worker when started with the worker marker.
+    pub worker_program: Option<crate::WorkerProgram>,
+    /// Process isolation: a worker is replaced after this many scripts (and after any script
+    /// that hit a limit or crashed).
+    pub worker_max_scripts: u32,
+    /// Process isolation: the worker's data limit (RLIMIT_DATA). Default: the maximum heap plus
+    /// 256 MiB for the engine itself.
+    pub worker_memory_bytes: Option<u64>,
+    /// Process isolation: how long a VM told to stop may take before its worker is killed.
+    pub kill_grace_ms: u64,
 }
 
 impl Default for SandboxConfig {
@@ -98,8 +128,13 @@ impl Default for SandboxConfig {
                 max_output_tokens: 1_000_000,
                 ..Limits::default()
             },
+            isolation: Isolation::Process,
             warm: 2,
-            max_concurrent: 512,
+            max_concurrent: 64,
+            worker_program: None,
+            worker_max_scripts: 500,
+            worker_memory_bytes: None,
+            kill_grace_ms: 100,
         }
     }
 }

@@ -198,10 +198,74 @@ fn random_hex() -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Writes the whole output to a new file only this user can read.
+/// Full outputs older than this are removed when the next one is saved.
+const SPILL_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+/// At most this many full outputs are kept; the oldest go first.
+const SPILL_MAX_FILES: usize = 32;
+
+/// The directory of full outputs: one per user, readable only by them.
+fn spill_dir() -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("codemode-output-{uid}"));
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Another user may have made the directory first, or a link in its place: refuse both.
+    let meta = std::fs::symlink_metadata(&dir)?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} is not a private directory of this user",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+/// Removes full outputs past their age, and the oldest beyond the count, so that spilled output
+/// never piles up in the temporary directory.
+fn expire_spills(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let mut kept: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        let is_ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("output-") && n.ends_with(".txt"));
+        let Ok(modified) = e.metadata().and_then(|m| m.modified()) else {
+            continue;
+        };
+        if !is_ours {
+            continue;
+        }
+        if now.duration_since(modified).unwrap_or_default() > SPILL_MAX_AGE {
+            let _ = std::fs::remove_file(&path);
+        } else {
+            kept.push((modified, path));
+        }
+    }
+    if kept.len() >= SPILL_MAX_FILES {
+        kept.sort();
+        for (_, path) in &kept[..=kept.len() - SPILL_MAX_FILES] {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Writes the whole output to a new file only this user can read, in the per-user directory of
+/// full outputs, after expiring old ones.
 fn save_full_output(text: &str) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::OpenOptionsExt;
-    let path = std::env::temp_dir().join(format!("codemode-output-{}.txt", random_hex()));
+    let dir = spill_dir()?;
+    expire_spills(&dir);
+    let path = dir.join(format!("output-{}.txt", random_hex()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

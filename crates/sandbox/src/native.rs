@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::ffi::CString;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
 use rquickjs::{Ctx, Function, Value, qjs};
@@ -78,15 +79,42 @@ pub(crate) fn eval_prelude<'js>(
         .ok_or_else(|| "the prelude did not evaluate to a function".to_string())
 }
 
-/// Freezes every object reachable from `roots` (own properties, accessors, prototypes), except
-/// the global object itself, which scripts may still extend.
+/// Hashes object addresses: they are unique and already well spread, so SipHash is wasted work
+/// in the hottest loop of VM preparation.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64 >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// Freezes every object reachable from `roots` through own properties (values and accessors,
+/// string and symbol keys) and prototypes, functions included, except the global object itself,
+/// which scripts may still extend. One pass per object: each property that is still configurable
+/// or writable is redefined without those flags, then the object is made non-extensible, which is
+/// what `Object.freeze` does, without enumerating twice.
 pub(crate) fn freeze_reachable<'js>(ctx: &Ctx<'js>, roots: &[Value<'js>]) {
     let raw = ctx.as_raw().as_ptr();
     let global = ctx.globals();
     let global_ptr = unsafe { qjs::JS_VALUE_GET_PTR(global.as_raw()) } as usize;
-    let mut seen: HashSet<usize> = HashSet::with_capacity(4096);
+    let mut seen: HashSet<usize, BuildHasherDefault<AddressHasher>> =
+        HashSet::with_capacity_and_hasher(4096, Default::default());
+    let lock_flags = qjs::JS_PROP_HAS_CONFIGURABLE as i32;
+    let lock_data_flags = (qjs::JS_PROP_HAS_CONFIGURABLE | qjs::JS_PROP_HAS_WRITABLE) as i32;
+    let changeable = (qjs::JS_PROP_CONFIGURABLE | qjs::JS_PROP_WRITABLE) as i32;
     // SAFETY: every value on the stack holds its own reference and is freed exactly once.
     unsafe {
+        let undefined = qjs::JS_UNDEFINED;
         let mut stack: Vec<qjs::JSValue> = roots
             .iter()
             .filter(|v| v.is_object() || v.is_function())
@@ -105,13 +133,7 @@ pub(crate) fn freeze_reachable<'js>(ctx: &Ctx<'js>, roots: &[Value<'js>]) {
                 qjs::JS_FreeValue(raw, v);
                 continue;
             }
-            // Plain methods and accessors only own `length` and `name`; sealing them against new
-            // properties is enough, and skipping their walk keeps VM preparation cheap.
-            if qjs::JS_IsFunction(raw, v) && !qjs::JS_IsConstructor(raw, v) {
-                qjs::JS_PreventExtensions(raw, v);
-                qjs::JS_FreeValue(raw, v);
-                continue;
-            }
+            let is_global = ptr == global_ptr;
             let mut tab: *mut qjs::JSPropertyEnum = std::ptr::null_mut();
             let mut len: u32 = 0;
             let flags = (qjs::JS_GPN_STRING_MASK | qjs::JS_GPN_SYMBOL_MASK) as i32;
@@ -120,6 +142,20 @@ pub(crate) fn freeze_reachable<'js>(ctx: &Ctx<'js>, roots: &[Value<'js>]) {
                     let atom = (*tab.add(i)).atom;
                     let mut d: qjs::JSPropertyDescriptor = std::mem::zeroed();
                     if qjs::JS_GetOwnProperty(raw, &mut d, v, atom) > 0 {
+                        let accessor = d.flags & qjs::JS_PROP_GETSET as i32 != 0;
+                        if !is_global && d.flags & changeable != 0 {
+                            let how = if accessor {
+                                lock_flags
+                            } else {
+                                lock_data_flags
+                            };
+                            if qjs::JS_DefineProperty(
+                                raw, v, atom, undefined, undefined, undefined, how,
+                            ) < 0
+                            {
+                                qjs::JS_FreeValue(raw, qjs::JS_GetException(raw));
+                            }
+                        }
                         push(&mut stack, d.value);
                         push(&mut stack, d.getter);
                         push(&mut stack, d.setter);
@@ -137,7 +173,7 @@ pub(crate) fn freeze_reachable<'js>(ctx: &Ctx<'js>, roots: &[Value<'js>]) {
             } else {
                 push(&mut stack, proto);
             }
-            if ptr != global_ptr && qjs::JS_FreezeObject(raw, v) < 0 {
+            if !is_global && qjs::JS_PreventExtensions(raw, v) < 0 {
                 qjs::JS_FreeValue(raw, qjs::JS_GetException(raw));
             }
             qjs::JS_FreeValue(raw, v);

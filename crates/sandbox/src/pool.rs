@@ -1,21 +1,30 @@
-//! Worker threads, each with a current-thread tokio runtime and one prepared VM.
+//! Pool threads, each with a current-thread tokio runtime, and what each holds ready: a prepared
+//! VM (thread isolation) or a worker process with a prepared VM (process isolation).
 //!
-//! QuickJS runtimes are `!Send`, so each VM is created on the thread that runs it, ahead of the
-//! script that will use it. An idle worker takes the next script; without one, a new worker is
-//! started up to `max_concurrent`; past that, scripts wait in a queue.
+//! QuickJS runtimes are `!Send`, so each VM is created on the thread or in the process that runs
+//! it, ahead of the script that will use it. An idle pool thread takes the next script; without
+//! one, a new one is started up to `max_concurrent`; past that, scripts wait in a queue. The host
+//! side of every script (its session with the `Host`) runs on the pool thread in both modes.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::rc::Rc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use futures::future::LocalBoxFuture;
 use tokio::sync::oneshot;
 
-use crate::host::Script;
+use crate::engine::{Link, Waited};
+use crate::host::{HostCallKind, Script};
 use crate::limits::Limits;
-use crate::result::{ErrorKind, ScriptError, ScriptResult};
+use crate::process::host::{Ended, Spawner, WorkerProcess};
+use crate::protocol::Delivery;
+use crate::result::{ErrorKind, OutputItem, ScriptError, ScriptResult};
+use crate::session::Session;
 use crate::source::ParsedSource;
-use crate::vm::Vm;
+use crate::vm::{ActiveLimits, Vm, Wall};
 
 /// Most workers preparing a VM at once before a new script waits for one instead of starting
 /// another worker.
@@ -42,12 +51,52 @@ struct State {
     shutdown: bool,
 }
 
+/// What the pool's threads run scripts on.
+pub(crate) enum Kind {
+    Thread,
+    Process(ProcessSettings),
+}
+
+pub(crate) struct ProcessSettings {
+    pub spawner: Spawner,
+    pub max_scripts: u32,
+    pub grace: Duration,
+    /// Workers started before any pool thread (the one `Sandbox::new` checks), for threads to adopt.
+    pub spare: Mutex<Vec<WorkerProcess>>,
+    /// Process ids of the live workers, for tests that kill one from outside.
+    pub live: Mutex<Vec<i32>>,
+}
+
+impl ProcessSettings {
+    fn adopt_or_spawn(&self) -> Result<WorkerProcess, String> {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let w = match spare {
+            Some(w) => w,
+            None => self.spawner.spawn()?,
+        };
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(w.pid());
+        Ok(w)
+    }
+    fn retire(&self, w: WorkerProcess) {
+        let pid = w.pid();
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| *p != pid);
+        drop(w);
+    }
+}
+
 pub(crate) struct Pool {
     state: Mutex<State>,
     ready: Condvar,
     warm: usize,
     max: usize,
     thread_stack: usize,
+    pub kind: Kind,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -55,14 +104,20 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 impl Pool {
-    pub fn new(warm: usize, max: usize, max_stack_bytes: usize) -> Arc<Pool> {
+    pub fn new(warm: usize, max: usize, max_stack_bytes: usize, kind: Kind) -> Arc<Pool> {
+        let thread_stack = match kind {
+            // QuickJS's stack limit must fit well inside the thread's own stack.
+            Kind::Thread => max_stack_bytes.saturating_mul(2).max(1 << 20) + (2 << 20),
+            // Only host futures run here.
+            Kind::Process(_) => 4 << 20,
+        };
         let pool = Arc::new(Pool {
             state: Mutex::new(State::default()),
             ready: Condvar::new(),
             warm,
             max: max.max(1),
-            // QuickJS's stack limit must fit well inside the thread's own stack.
-            thread_stack: max_stack_bytes.saturating_mul(2).max(1 << 20) + (2 << 20),
+            thread_stack,
+            kind,
         });
         for _ in 0..warm.min(pool.max) {
             let mut s = lock(&pool.state);
@@ -78,7 +133,10 @@ impl Pool {
         let spawned = std::thread::Builder::new()
             .name("codemode-js".into())
             .stack_size(pool.thread_stack)
-            .spawn(move || worker(p))
+            .spawn(move || match p.kind {
+                Kind::Thread => thread_worker(p),
+                Kind::Process(_) => process_worker(p),
+            })
             .is_ok();
         if spawned {
             s.threads += 1;
@@ -147,20 +205,33 @@ impl Pool {
     }
 }
 
-fn worker(pool: Arc<Pool>) {
-    let rt = match tokio::runtime::Builder::new_current_thread()
+fn runtime(pool: &Pool) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Some(rt),
         Err(e) => {
             tracing::error!("codemode sandbox worker could not start tokio: {e}");
             let mut s = lock(&pool.state);
             s.threads -= 1;
             s.preparing = s.preparing.saturating_sub(1);
-            return;
+            None
         }
-    };
+    }
+}
+
+fn failed(limits: Limits, message: impl Into<String>) -> ScriptResult {
+    ScriptResult::failed(
+        ScriptError::new(ErrorKind::Sandbox, message),
+        Default::default(),
+        limits,
+    )
+}
+
+/// Thread isolation: the VM, the engine and the session share this thread.
+fn thread_worker(pool: Arc<Pool>) {
+    let Some(rt) = runtime(&pool) else { return };
     loop {
         let vm = Vm::prepare();
         let Some(job) = pool.next_job() else { return };
@@ -172,43 +243,231 @@ fn worker(pool: Arc<Pool>) {
             reply,
         } = job;
         let (result, used) = match vm {
-            Ok(vm) => {
-                let local = tokio::task::LocalSet::new();
-                let run = crate::driver::run_script(&vm, script, parsed, limits.clone(), started);
-                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    let r = rt.block_on(local.run_until(run));
-                    // Let cancelled calls see their token once before their tasks are dropped.
-                    rt.block_on(local.run_until(tokio::task::yield_now()));
-                    drop(local);
-                    r
-                }));
-                let result = match outcome {
-                    Ok(r) => r,
-                    Err(_) => ScriptResult::failed(
-                        ScriptError::new(
-                            ErrorKind::Sandbox,
-                            "The sandbox worker failed while running the script.",
-                        ),
-                        Default::default(),
-                        limits,
-                    ),
-                };
-                (result, Some(vm))
-            }
-            Err(e) => (
-                ScriptResult::failed(
-                    ScriptError::new(ErrorKind::Sandbox, e.to_string()),
-                    Default::default(),
-                    limits,
-                ),
-                None,
+            Ok(vm) => (
+                run_in_thread(&rt, &vm, script, parsed, limits, started),
+                Some(vm),
             ),
+            Err(e) => (failed(limits, e.to_string()), None),
         };
         let _ = reply.send(result);
         lock(&pool.state).preparing += 1;
         // Freeing the VM happens after the caller has its result.
         if let Some(vm) = used {
-            crate::driver::discard(vm);
+            crate::vm::discard(vm);
         }
     }
+}
+
+fn run_in_thread(
+    rt: &tokio::runtime::Runtime,
+    vm: &Vm,
+    script: Script,
+    parsed: ParsedSource,
+    limits: Limits,
+    started: Instant,
+) -> ScriptResult {
+    let (session, start) = match Session::open(script, parsed, limits.clone(), started) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let active = ActiveLimits {
+        cpu: Duration::from_millis(limits.cpu_ms),
+        wall: Some(Wall {
+            timeout: Duration::from_millis(limits.timeout_ms),
+            clock: session.clock.clone(),
+            abort: session.abort.clone(),
+        }),
+        stop_flag: None,
+    };
+    let link = Rc::new(ThreadLink {
+        session: RefCell::new(session),
+    });
+    let local = tokio::task::LocalSet::new();
+    let l: Rc<dyn Link> = link.clone();
+    let fin = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(local.run_until(crate::engine::run(vm, start, l, active)))
+    }));
+    let result = {
+        let mut session = link.session.borrow_mut();
+        match fin {
+            Ok(fin) => session.finish(fin),
+            Err(_) => session.fail(ScriptError::new(
+                ErrorKind::Sandbox,
+                "The sandbox worker failed while running the script.",
+            )),
+        }
+    };
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(local.run_until(tokio::task::yield_now()))
+    }));
+    drop(local);
+    result
+}
+
+/// The engine's link in thread isolation: straight into the session on the same thread.
+struct ThreadLink {
+    session: RefCell<Session>,
+}
+
+impl Link for ThreadLink {
+    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) {
+        let mut s = self.session.borrow_mut();
+        if let Err(v) = s.on_call(id, kind, name, args) {
+            s.set_fatal(format!("The sandbox bridge refused a call: {v}"));
+        }
+    }
+
+    fn output(&self, item: OutputItem) {
+        let mut s = self.session.borrow_mut();
+        if let Err(v) = s.on_output(item) {
+            s.set_fatal(format!("The sandbox bridge refused output: {v}"));
+        }
+    }
+
+    fn poll_ready(&self, out: &mut Vec<Delivery>) {
+        let mut s = self.session.borrow_mut();
+        s.pull_completions();
+        while let Some(d) = s.take_ready() {
+            out.push(d);
+        }
+    }
+
+    // The session stays borrowed while this waits: nothing else touches it meanwhile. The engine
+    // is parked in this very call, and host futures run as separate tasks that only send their
+    // results down the session's channel.
+    #[allow(clippy::await_holding_refcell_ref)]
+    fn wait(&self) -> LocalBoxFuture<'_, Waited> {
+        Box::pin(async move {
+            let mut s = self.session.borrow_mut();
+            loop {
+                s.on_idle();
+                if s.has_ready() {
+                    return Waited::Results;
+                }
+                if let Some(stop) = s.due_stop() {
+                    return Waited::Stop(stop);
+                }
+                let remaining = s.remaining();
+                let abort = s.abort.clone();
+                tokio::select! {
+                    _ = s.next_completion() => {}
+                    _ = tokio::time::sleep(remaining) => {}
+                    _ = abort.cancelled() => {}
+                }
+            }
+        })
+    }
+}
+
+/// Process isolation: the session runs here, the VM in a worker process this thread owns.
+fn process_worker(pool: Arc<Pool>) {
+    let Kind::Process(settings) = &pool.kind else {
+        return;
+    };
+    let Some(rt) = runtime(&pool) else { return };
+    let mut worker: Option<WorkerProcess> = None;
+    let mut spawn_error = String::new();
+    loop {
+        if worker.is_none() {
+            match settings.adopt_or_spawn() {
+                Ok(w) => worker = Some(w),
+                Err(e) => {
+                    tracing::error!("a sandbox worker process could not start: {e}");
+                    spawn_error = e;
+                }
+            }
+        }
+        let Some(job) = pool.next_job() else {
+            if let Some(w) = worker.take() {
+                settings.retire(w);
+            }
+            return;
+        };
+        let Job {
+            script,
+            parsed,
+            limits,
+            started,
+            reply,
+        } = job;
+        // A worker that died while this thread waited for work is replaced before it gets a script.
+        if worker.as_mut().is_some_and(|w| !w.alive()) {
+            if let Some(w) = worker.take() {
+                settings.retire(w);
+            }
+            match settings.adopt_or_spawn() {
+                Ok(w) => worker = Some(w),
+                Err(e) => spawn_error = e,
+            }
+        }
+        let result = match worker.as_mut() {
+            Some(w) => run_on_worker(&rt, w, settings.grace, script, parsed, limits, started),
+            None => failed(
+                limits,
+                format!(
+                    "No sandbox worker process could be started: {spawn_error}. Point SandboxConfig::worker_program or ${} at a codemode binary, or choose thread isolation if you accept its risks.",
+                    crate::process::host::WORKER_ENV
+                ),
+            ),
+        };
+        let _ = reply.send(result);
+        lock(&pool.state).preparing += 1;
+        if let Some(w) = worker.take() {
+            if w.spent || w.scripts >= settings.max_scripts {
+                settings.retire(w);
+            } else {
+                worker = Some(w);
+            }
+        }
+    }
+}
+
+fn run_on_worker(
+    rt: &tokio::runtime::Runtime,
+    w: &mut WorkerProcess,
+    grace: Duration,
+    script: Script,
+    parsed: ParsedSource,
+    limits: Limits,
+    started: Instant,
+) -> ScriptResult {
+    let (mut session, start) = match Session::open(script, parsed, limits.clone(), started) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let local = tokio::task::LocalSet::new();
+    let ended = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(local.run_until(w.run(&mut session, &start, grace)))
+    }));
+    let result = match ended {
+        Ok(Ended::Finished(fin)) => session.finish(*fin),
+        Ok(Ended::Killed(stop)) => {
+            let e = session.stop_error(stop);
+            session.fail(e)
+        }
+        Ok(Ended::Died(how)) => session.fail(ScriptError::new(
+            ErrorKind::Sandbox,
+            format!(
+                "The sandbox crashed while running the script: {how}. Only this script failed; the sandbox replaced its worker."
+            ),
+        )),
+        Ok(Ended::Broken(why)) => session.fail(ScriptError::new(
+            ErrorKind::Sandbox,
+            format!(
+                "The sandbox worker broke the bridge protocol ({why}) and was stopped. Only this script failed."
+            ),
+        )),
+        Err(_) => {
+            w.spent = true;
+            session.fail(ScriptError::new(
+                ErrorKind::Sandbox,
+                "The sandbox host failed while running the script.",
+            ))
+        }
+    };
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(local.run_until(tokio::task::yield_now()))
+    }));
+    drop(local);
+    result
 }

@@ -163,9 +163,13 @@
       getPrototypeOf(/a/[Symbol.matchAll]("")),
       getPrototypeOf(Int8Array),
       getPrototypeOf(Int8Array).prototype,
+      getPrototypeOf(new Int8Array(0)[Symbol.iterator]()),
+      getPrototypeOf(Promise.resolve()),
+      getPrototypeOf(function () { return arguments; }()),
     ];
     try {
       if (typeof Iterator === "function" && Iterator.prototype.map) extra.push(getPrototypeOf([].values().map((x) => x)));
+      if (typeof Iterator === "function" && Iterator.from) extra.push(getPrototypeOf(Iterator.from({ next() { return { done: true }; } })));
     } catch (_) {}
     // Object.prototype members, and the usual override targets on every built-in prototype
     // (`this.name = "MyError"` in an Error subclass, `obj.toString = ...`).
@@ -210,8 +214,16 @@
   lockdown();
 
   // ---- helpers ----
+  // Functions made here are frozen with the `prototype` object a plain function carries.
+  function sealed(value) {
+    if (typeof value === "function") {
+      const d = getOwnPropertyDescriptor(value, "prototype");
+      if (d && d.value !== null && typeof d.value === "object") freeze(d.value);
+    }
+    return freeze(value);
+  }
   function setGlobal(name, value) {
-    defineProperty(G, name, { value, writable: false, enumerable: true, configurable: false });
+    defineProperty(G, name, { value: sealed(value), writable: false, enumerable: true, configurable: false });
   }
   function comparable(s) {
     return apply(strReplace, apply(strToLower, s, []), [/[^a-z0-9]/g, ""]);
@@ -345,6 +357,14 @@
       finishErr(e);
       return;
     }
+    // The returned value is output too: it counts against the same limit as text().
+    const len = typeof value === "string" ? value.length : json === undefined ? 0 : json.length;
+    if (len > limits.chars - outputChars) {
+      finishErr(new RangeErrorCtor("the returned value is " + len + " characters, and with the " + outputChars +
+        " characters already output that passes the output limit of " + limits.chars +
+        " characters. Return a summary instead, or write large data to a file with a tool."));
+      return;
+    }
     finished = true;
     hostDone(true, json, stringify(writes));
   }
@@ -401,7 +421,7 @@
   const consoleObj = create(ObjectPrototype);
   const levels = ["log", "info", "warn", "error", "debug"];
   for (let i = 0; i < levels.length; i++) {
-    defineProperty(consoleObj, levels[i], { value: { [levels[i]]() { return apply(consoleLine, undefined, arguments); } }[levels[i]], enumerable: true });
+    defineProperty(consoleObj, levels[i], { value: freeze({ [levels[i]]() { return apply(consoleLine, undefined, arguments); } }[levels[i]]), enumerable: true });
   }
   freeze(consoleObj);
 
@@ -480,14 +500,15 @@
   }
   function load(key) {
     if (typeof key !== "string") throw new TypeErrorCtor("load() needs a string key");
-    if (!apply(mapHas, storeJson, [key])) return null;
+    if (!apply(mapHas, storeJson, [key])) return undefined;
     return parse(apply(mapGet, storeJson, [key]));
   }
 
+  const arraySlice = Array.prototype.slice;
   function makeCaller(kind, name) {
-    return function () {
-      return callHost(kind, name, kind === 0 ? arguments[0] : apply(Array.prototype.slice, arguments, []));
-    };
+    return sealed(function () {
+      return callHost(kind, name, kind === 0 ? arguments[0] : apply(arraySlice, arguments, []));
+    });
   }
 
   // init(config): config = { tools: [[raw, id, description]], globals: [name], store: {k: json},

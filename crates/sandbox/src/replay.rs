@@ -183,5 +183,5 @@ impl ReplayLog {
 }
 
 fn compact(v: &Value) -> String {
-    crate::bridge::preview(&v.to_string(), 200)
+    crate::session::preview(&v.to_string(), 200)
 }

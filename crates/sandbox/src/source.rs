@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 const OPTIONS_PREFIX: &str = "// @options:";
 const SUPPORTED: &str = "the keys `max_output_tokens` and `timeout_ms` (both optional)";
 
-/// Options a script may set on its first line. Both can only tighten or pick within the
-/// operator's maximum (see [`crate::Limits::effective`]).
+/// Options a script may set on its first line. Both can only lower the operator's limits
+/// (see [`crate::Limits::effective`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScriptOptions {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,13 +38,19 @@ fn fail<T>(message: impl Into<String>) -> Result<T, SourceError> {
 
 /// Splits `input` into options and code, checking the options strictly.
 pub fn parse_source(input: &str) -> Result<ParsedSource, SourceError> {
+    // A byte-order mark is not code; left in, it would hide an options line behind it and the
+    // script would run with limits it did not ask for.
+    let input = input.strip_prefix('\u{feff}').unwrap_or(input);
     if input.trim().is_empty() {
         return fail(
             "The script is empty. Send JavaScript source, optionally starting with a line such as `// @options: {\"max_output_tokens\": 1000}`.",
         );
     }
     for (i, line) in input.split('\n').enumerate().skip(1) {
-        if line.trim_start().starts_with(OPTIONS_PREFIX) {
+        if line
+            .trim_start_matches(|c: char| c.is_whitespace() || c == '\u{feff}')
+            .starts_with(OPTIONS_PREFIX)
+        {
             return fail(format!(
                 "The // @options: line is only allowed as the first line of the input, but line {} has one. Move it to the top.",
                 i + 1
@@ -53,7 +59,10 @@ pub fn parse_source(input: &str) -> Result<ParsedSource, SourceError> {
     }
     let first_end = input.find('\n');
     let first = &input[..first_end.unwrap_or(input.len())];
-    let first = first.strip_suffix('\r').unwrap_or(first).trim_start();
+    let first = first
+        .strip_suffix('\r')
+        .unwrap_or(first)
+        .trim_start_matches(|c: char| c.is_whitespace() || c == '\u{feff}');
     let Some(directive) = first.strip_prefix(OPTIONS_PREFIX) else {
         return Ok(ParsedSource {
             code: input.to_string(),

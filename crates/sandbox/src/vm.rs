@@ -10,7 +10,7 @@ use rquickjs::allocator::Allocator;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use tokio_util::sync::CancellationToken;
 
-use crate::bridge::{BridgeSlot, install_bridge};
+use crate::engine::{BridgeSlot, install_bridge};
 
 const PRELUDE: &str = include_str!("prelude.js");
 
@@ -126,19 +126,51 @@ pub(crate) enum Stop {
     Timeout,
     Cpu,
     Aborted,
-    /// The script already reported its result (`exit()` then more code) or the bridge failed.
+    /// The host ended the run (a replay that diverged, a broken bridge).
+    Fatal,
+    /// The script already reported its result (`exit()` then more code).
     Finished,
 }
 
-/// Limits the interrupt handler enforces while one script runs.
-pub(crate) struct ActiveLimits {
+impl Stop {
+    /// The value of the host's stop flag for this reason (0 means "run on").
+    pub(crate) fn flag(self) -> u32 {
+        match self {
+            Stop::Timeout => 1,
+            Stop::Cpu => 2,
+            Stop::Aborted => 3,
+            Stop::Fatal => 4,
+            Stop::Finished => 5,
+        }
+    }
+    pub(crate) fn from_flag(v: u32) -> Option<Stop> {
+        Some(match v {
+            1 => Stop::Timeout,
+            2 => Stop::Cpu,
+            3 => Stop::Aborted,
+            4 => Stop::Fatal,
+            5 => Stop::Finished,
+            _ => return None,
+        })
+    }
+}
+
+/// The wall deadline and abort, when the VM shares a process with the host and checks them itself.
+pub(crate) struct Wall {
     pub timeout: Duration,
-    pub cpu: Duration,
     pub clock: DeadlineClock,
     pub abort: CancellationToken,
 }
 
-/// Shared by the interrupt handler (polled by QuickJS while JS runs) and the driver.
+/// Limits the interrupt handler enforces while one script runs.
+pub(crate) struct ActiveLimits {
+    pub cpu: Duration,
+    pub wall: Option<Wall>,
+    /// The host's stop flag in the bridge memory (process isolation).
+    pub stop_flag: Option<&'static std::sync::atomic::AtomicU32>,
+}
+
+/// Shared by the interrupt handler (polled by QuickJS while JS runs) and the engine.
 #[derive(Default)]
 pub(crate) struct Guard {
     pub reason: Cell<Option<Stop>>,
@@ -170,14 +202,22 @@ impl Guard {
         }
         let active = self.active.borrow();
         let a = active.as_ref()?;
-        let stop = if a.abort.is_cancelled() {
-            Some(Stop::Aborted)
-        } else if a.clock.running() >= a.timeout {
-            Some(Stop::Timeout)
-        } else {
+        let mut stop = a
+            .stop_flag
+            .and_then(|f| Stop::from_flag(f.load(std::sync::atomic::Ordering::Relaxed)));
+        if stop.is_none()
+            && let Some(w) = &a.wall
+        {
+            if w.abort.is_cancelled() {
+                stop = Some(Stop::Aborted);
+            } else if w.clock.running() >= w.timeout {
+                stop = Some(Stop::Timeout);
+            }
+        }
+        if stop.is_none() {
             let current = self.segment.get().map(|s| s.elapsed()).unwrap_or_default();
-            (self.js_spent.get() + current >= a.cpu).then_some(Stop::Cpu)
-        };
+            stop = (self.js_spent.get() + current >= a.cpu).then_some(Stop::Cpu);
+        }
         if stop.is_some() {
             self.reason.set(stop);
         }
@@ -276,6 +316,20 @@ impl Vm {
             guard,
             slot,
         })
+    }
+}
+
+/// Heap peak above which freed memory goes back to the system after the script.
+const TRIM_AFTER_BYTES: usize = 8 << 20;
+
+/// Drops a used VM. After a big script, gives the memory back to the system instead of leaving
+/// it in this thread's malloc arena, where no other worker can reuse it.
+pub(crate) fn discard(vm: Vm) {
+    let peak = vm.heap.peak.get();
+    drop(vm);
+    if peak > TRIM_AFTER_BYTES {
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
     }
 }
 

@@ -11,6 +11,13 @@ fn assert_send_static<T: Send + 'static>(_: &T) {}
 
 #[test]
 fn sandbox_is_shareable_and_run_is_send() {
+    for mode in [Isolation::Process, Isolation::Thread] {
+        set_mode(mode);
+        shareable_and_send();
+    }
+}
+
+fn shareable_and_send() {
     assert_send_sync::<Sandbox>();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -31,7 +38,6 @@ impl Host for PanickyHost {
     }
 }
 
-#[tokio::test]
 async fn a_panicking_host_fails_the_call_not_the_process() {
     let s = Script::new(
         "const out = []; for (const t of ['now', 'later']) { try { await tools[t]() } catch (e) { out.push(e.message) } } return out",
@@ -54,6 +60,32 @@ fn bad_configuration_is_refused() {
         })
         .is_err()
     );
+    // A worker that cannot be started is a clear error, never a silent fall back to threads.
+    let e = Sandbox::new(SandboxConfig {
+        worker_program: Some(WorkerProgram {
+            path: "/nonexistent/codemode".into(),
+            args: vec![],
+        }),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("/nonexistent/codemode")
+            && e.contains("worker_program")
+            && e.contains("thread isolation"),
+        "{e}"
+    );
+    let e = Sandbox::new(SandboxConfig {
+        worker_program: Some(WorkerProgram {
+            path: "/bin/true".into(),
+            args: vec![],
+        }),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("did not start"), "{e}");
     let defaults = Limits {
         heap_bytes: 1000,
         ..Default::default()
@@ -82,7 +114,6 @@ impl Host for RawJsonHost {
     }
 }
 
-#[tokio::test]
 async fn hosts_may_answer_with_json_text() {
     let s = Script::new(
         "const g = await tools.good(); try { await tools.bad() } catch (e) { return [g, e.name, e.message] }",
@@ -99,3 +130,8 @@ async fn hosts_may_answer_with_json_text() {
         r.error
     );
 }
+
+both_modes!(
+    a_panicking_host_fails_the_call_not_the_process,
+    hosts_may_answer_with_json_text
+);

@@ -2,7 +2,6 @@ mod common;
 use common::*;
 use serde_json::json;
 
-#[tokio::test]
 async fn returns_values_and_calls_tools() {
     assert_eq!(value("return 1").await, json!(1));
     assert_eq!(
@@ -26,3 +25,5 @@ async fn returns_values_and_calls_tools() {
     );
     healthy().await;
 }
+
+both_modes!(returns_values_and_calls_tools);

@@ -12,7 +12,6 @@ fn det(src: &str, seed: u32) -> Script {
     s
 }
 
-#[tokio::test]
 async fn seeded_random_virtual_clock_and_utc() {
     let src = "return [Math.random(), Math.random(), Date.now(), new Date().getTime(), performance.now(), new Date(0).getTimezoneOffset(), new Date(0).getHours(), typeof WeakRef, new Date() instanceof Date]";
     let a = sandbox().run(det(src, 42)).await.value.unwrap();
@@ -60,7 +59,6 @@ async fn seeded_random_virtual_clock_and_utc() {
     assert_eq!(v, json!(true));
 }
 
-#[tokio::test]
 async fn results_are_delivered_in_call_order() {
     let src = "const order = []; await Promise.all([tools.sleep({ms: 80}).then(() => order.push(1)), tools.sleep({ms: 1}).then(() => order.push(2)), tools.echo(3).then(() => order.push(3))]); return order";
     assert_eq!(
@@ -69,7 +67,6 @@ async fn results_are_delivered_in_call_order() {
     );
 }
 
-#[tokio::test]
 async fn record_then_replay_without_the_host() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.jsonl");
@@ -133,3 +130,9 @@ async fn record_then_replay_without_the_host() {
     );
     healthy().await;
 }
+
+both_modes!(
+    seeded_random_virtual_clock_and_utc,
+    results_are_delivered_in_call_order,
+    record_then_replay_without_the_host
+);

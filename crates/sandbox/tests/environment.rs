@@ -3,7 +3,6 @@ use codemode_sandbox::*;
 use common::*;
 use serde_json::json;
 
-#[tokio::test]
 async fn values_text_and_console() {
     let r = run(r#"text(undefined); text(null); text(7); text(NaN); text("s"); text({a:1}); text([1,undefined]); text(()=>1); text(Symbol("q"))"#).await;
     assert!(r.ok, "{:?}", r.error);
@@ -78,7 +77,6 @@ async fn values_text_and_console() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn tools_guard_and_identifiers() {
     let e = error("return await tools.missing()").await;
     assert_eq!(e.name.as_deref(), Some("TypeError"));
@@ -150,7 +148,6 @@ async fn tools_guard_and_identifiers() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn calls_errors_and_cancellation() {
     let r = run(
         "try { await tools.fail() } catch (e) { return [e instanceof Error, e.name, e.message] }",
@@ -218,7 +215,6 @@ async fn calls_errors_and_cancellation() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn host_globals_and_namespaces() {
     let mut s = script(
         "return [await searchTools('x', {limit: 2}), await models.classify('m', undefined), typeof models]",
@@ -270,7 +266,6 @@ async fn host_globals_and_namespaces() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn exit_store_and_load() {
     let r = run(r#"text("before"); store("k", 1); await tools.echo(1); try { exit() } catch {} ; text("after"); return "x""#).await;
     assert!(r.ok && r.value.is_none(), "{r:?}");
@@ -340,7 +335,6 @@ async fn exit_store_and_load() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn images() {
     let r = run(r#"image("data:image/png;base64,iVBORw0KGgo="); image({image_url:"data:image/jpeg;base64,/9j/4A=="}); image({type:"image", data:"R0lGODlh", mimeType:"image/png"}); image("data:image/png;base64,UklGRgAAAABXRUJQ")"#).await;
     assert!(r.ok, "{:?}", r.error);
@@ -394,7 +388,6 @@ async fn images() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn lockdown_and_absent_capabilities() {
     let v = value("return [typeof process, typeof require, typeof setTimeout, typeof fetch, typeof WebAssembly, typeof std, typeof os, typeof structuredClone, typeof Intl, typeof Atomics, typeof WeakRef, typeof FinalizationRegistry]").await;
     assert!(
@@ -434,3 +427,106 @@ async fn lockdown_and_absent_capabilities() {
     );
     healthy().await;
 }
+
+/// Every object a script can reach from the global object, or through values it can make (an
+/// iterator, a generator, a promise), is frozen: nothing the bridge or another part of the script
+/// relies on can be swapped out.
+async fn every_reachable_intrinsic_is_frozen() {
+    let v = value(r#"
+        const hidden = {
+          generatorFunction: Object.getPrototypeOf(function* () {}),
+          asyncFunction: Object.getPrototypeOf(async function () {}),
+          asyncGeneratorFunction: Object.getPrototypeOf(async function* () {}),
+          generator: Object.getPrototypeOf(Object.getPrototypeOf((function* () {})())),
+          asyncGenerator: Object.getPrototypeOf(Object.getPrototypeOf((async function* () {})())),
+          arrayIterator: Object.getPrototypeOf([][Symbol.iterator]()),
+          mapIterator: Object.getPrototypeOf(new Map().entries()),
+          setIterator: Object.getPrototypeOf(new Set().values()),
+          stringIterator: Object.getPrototypeOf(""[Symbol.iterator]()),
+          regexpStringIterator: Object.getPrototypeOf(/a/g[Symbol.matchAll]("a")),
+          typedArray: Object.getPrototypeOf(Int8Array),
+          typedArrayIterator: Object.getPrototypeOf(new Uint8Array(1)[Symbol.iterator]()),
+          promise: Object.getPrototypeOf(Promise.resolve()),
+          throwTypeError: (Object.getOwnPropertyDescriptor(Function.prototype, "caller") || {}).get,
+          iteratorHelper: typeof Iterator === "function" ? Object.getPrototypeOf([].values().map((x) => x)) : null,
+          wrapForValidIterator: typeof Iterator === "function" && Iterator.from ? Object.getPrototypeOf(Iterator.from({ next() { return { done: true }; } })) : null,
+          error: Object.getPrototypeOf(new TypeError("x")),
+          functionPrototype: Function.prototype,
+        };
+        const seen = new Set();
+        const stack = [[globalThis, "globalThis"]];
+        for (const k of Object.keys(hidden)) if (hidden[k]) stack.push([hidden[k], "%" + k + "%"]);
+        const notFrozen = [];
+        while (stack.length) {
+          const [o, path] = stack.pop();
+          if (o === null || (typeof o !== "object" && typeof o !== "function") || seen.has(o)) continue;
+          seen.add(o);
+          if (o !== globalThis && !Object.isFrozen(o)) notFrozen.push(path);
+          for (const k of Reflect.ownKeys(o)) {
+            const d = Object.getOwnPropertyDescriptor(o, k);
+            if (!d) continue;
+            const name = path + "." + String(k);
+            stack.push([d.value, name], [d.get, name + "<get>"], [d.set, name + "<set>"]);
+          }
+          stack.push([Object.getPrototypeOf(o), path + ".__proto__"]);
+        }
+        return [seen.size, notFrozen.slice(0, 20)];
+    "#).await;
+    assert!(
+        v[0].as_u64().unwrap() > 1000,
+        "walked only {} objects",
+        v[0]
+    );
+    assert_eq!(v[1], json!([]), "not frozen");
+}
+
+/// Scripts that try to tamper with intrinsics, each in the way that would work if the object
+/// were not frozen. None may change anything.
+async fn tampering_with_intrinsics_changes_nothing() {
+    let v = value(r#"
+        const call = Function.prototype.call, apply = Function.prototype.apply, bind = Function.prototype.bind;
+        const arrayIter = Object.getPrototypeOf([][Symbol.iterator]());
+        const next = arrayIter.next;
+        const attempts = [
+          () => { Function.prototype.call = () => "pwned"; },
+          () => { Function.prototype.apply = () => "pwned"; },
+          () => { Function.prototype.bind = () => "pwned"; },
+          () => Object.defineProperty(Function.prototype, "toString", { value: () => "pwned" }),
+          () => { arrayIter.next = () => ({ done: true }); },
+          () => Object.defineProperty(arrayIter, "next", { value: () => ({ done: true }) }),
+          () => { Object.getPrototypeOf(arrayIter)[Symbol.iterator] = null; },
+          () => { Object.getPrototypeOf(function* () {}).prototype.next = null; },
+          () => { Object.getPrototypeOf(Int8Array).prototype.set = null; },
+          () => { Object.getPrototypeOf(new Map().entries()).next = null; },
+          () => { Object.getPrototypeOf(/a/g[Symbol.matchAll]("a")).next = null; },
+          () => Object.defineProperty(Array.prototype.map, "name", { value: "pwned" }),
+          () => { Array.prototype.map.extra = 1; if (Array.prototype.map.extra) throw new Error("extended"); },
+          () => { delete Promise.prototype.then; },
+          () => Object.setPrototypeOf(Array.prototype, null),
+          () => { JSON.parse = null; },
+          () => { Math.random = () => 4; },
+          () => { globalThis.tools.echo.extra = 1; if (tools.echo.extra) throw new Error("extended"); },
+          () => { text.call = null; },
+          () => { console.log.apply = null; },
+        ];
+        const outcome = attempts.map((f) => { try { f(); return "ignored"; } catch (e) { return e.name; } });
+        const intact = Function.prototype.call === call && Function.prototype.apply === apply
+          && Function.prototype.bind === bind && arrayIter.next === next && Array.prototype.map.name === "map"
+          && typeof Promise.prototype.then === "function" && JSON.parse("[1]")[0] === 1
+          && [...[1, 2]].length === 2 && Math.random() !== 4 && Object.getPrototypeOf(Array.prototype) === Object.prototype;
+        return [intact, outcome.filter((o) => o !== "ignored" && o !== "TypeError"), (await tools.echo({ ok: 1 })).ok];
+    "#).await;
+    assert_eq!(v, json!([true, [], 1]));
+}
+
+both_modes!(
+    every_reachable_intrinsic_is_frozen,
+    tampering_with_intrinsics_changes_nothing,
+    values_text_and_console,
+    tools_guard_and_identifiers,
+    calls_errors_and_cancellation,
+    host_globals_and_namespaces,
+    exit_store_and_load,
+    images,
+    lockdown_and_absent_capabilities
+);

@@ -18,7 +18,6 @@ async fn contained(src: &str) -> ScriptResult {
     r
 }
 
-#[tokio::test]
 async fn spinning_and_memory_bombs() {
     let r = contained("// @options: {\"timeout_ms\": 200}\nwhile(true){}").await;
     assert_eq!(r.error.unwrap().kind, ErrorKind::Timeout);
@@ -39,7 +38,6 @@ async fn spinning_and_memory_bombs() {
     assert_eq!(e.name.as_deref(), Some("RangeError"));
 }
 
-#[tokio::test]
 async fn many_pending_promises() {
     let r = contained("const ps = []; for (let i = 0; i < 1e6; i++) ps.push(new Promise(() => {})); await Promise.all(ps)").await;
     let e = r.error.unwrap();
@@ -54,7 +52,6 @@ async fn many_pending_promises() {
     assert_eq!(r.value, Some(json!(100000)), "{:?}", r.error);
 }
 
-#[tokio::test]
 async fn prototype_pollution_cannot_fool_the_bridge() {
     let r = contained(r#"
         try { Object.prototype.toJSON = function () { return "polluted" } } catch {}
@@ -75,7 +72,6 @@ async fn prototype_pollution_cannot_fool_the_bridge() {
     assert_eq!(r.calls.len(), 1);
 }
 
-#[tokio::test]
 async fn overriding_globals_does_not_break_the_bridge() {
     let r = contained(
         r#"
@@ -95,7 +91,6 @@ async fn overriding_globals_does_not_break_the_bridge() {
     assert_eq!(texts(&r), ["via global"]);
 }
 
-#[tokio::test]
 async fn odd_values() {
     for (src, name) in [
         ("throw null", None),
@@ -123,7 +118,6 @@ async fn odd_values() {
     assert_eq!(r.error.unwrap().message, "getter");
 }
 
-#[tokio::test]
 async fn huge_output_is_cut_off() {
     let r =
         contained("const chunk = 'x'.repeat(1 << 20); for (let i = 0; i < 100; i++) text(chunk)")
@@ -135,7 +129,6 @@ async fn huge_output_is_cut_off() {
     assert!(!r.ok && r.output.len() == 100000);
 }
 
-#[tokio::test]
 async fn invalid_images_and_syntax_errors() {
     let e = contained("image('data:image/png;base64,////')")
         .await
@@ -161,7 +154,6 @@ async fn invalid_images_and_syntax_errors() {
     assert!(r.ok && r.output.is_empty() && r.value.is_none(), "{r:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundreds_of_concurrent_scripts_keep_their_limits() {
     let sb = sandbox();
     let mut handles = Vec::new();
@@ -211,3 +203,15 @@ async fn hundreds_of_concurrent_scripts_keep_their_limits() {
     assert!(t.elapsed() < Duration::from_secs(120));
     healthy().await;
 }
+
+both_modes!(
+    spinning_and_memory_bombs,
+    many_pending_promises,
+    prototype_pollution_cannot_fool_the_bridge,
+    overriding_globals_does_not_break_the_bridge,
+    odd_values,
+    huge_output_is_cut_off,
+    invalid_images_and_syntax_errors
+);
+
+both_modes!(multi: hundreds_of_concurrent_scripts_keep_their_limits);

@@ -1,5 +1,4 @@
 mod common;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use codemode_sandbox::*;
@@ -7,8 +6,7 @@ use common::*;
 use serde_json::json;
 
 fn small() -> Sandbox {
-    static SB: OnceLock<Sandbox> = OnceLock::new();
-    SB.get_or_init(|| {
+    cached("small", || {
         let defaults = Limits {
             heap_bytes: 64 * 1024 * 1024,
             max_calls: 50,
@@ -16,21 +14,18 @@ fn small() -> Sandbox {
             cpu_ms: 2_000,
             ..Limits::default()
         };
-        Sandbox::new(SandboxConfig {
+        SandboxConfig {
             defaults,
             warm: 1,
             ..Default::default()
-        })
-        .unwrap()
+        }
     })
-    .clone()
 }
 
 async fn run_small(src: &str) -> ScriptResult {
     small().run(script(src)).await
 }
 
-#[tokio::test]
 async fn deadline_stops_spinning_and_awaiting_scripts() {
     for src in [
         "while (true) {}",
@@ -55,7 +50,6 @@ async fn deadline_stops_spinning_and_awaiting_scripts() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn cpu_budget_stops_code_that_never_yields() {
     let t = Instant::now();
     let e = run_small("let x = 0; while (true) { x++ }")
@@ -70,7 +64,6 @@ async fn cpu_budget_stops_code_that_never_yields() {
     assert_eq!(r.value, Some(json!(1)), "{:?}", r.error);
 }
 
-#[tokio::test]
 async fn approval_pauses_do_not_count_against_the_deadline() {
     let s =
         script("// @options: {\"timeout_ms\": 300}\nawait tools.sleep({ms: 600}); return 'done'");
@@ -83,7 +76,6 @@ async fn approval_pauses_do_not_count_against_the_deadline() {
     assert_eq!(r.value, Some(json!("done")), "{:?}", r.error);
 }
 
-#[tokio::test]
 async fn abort_stops_even_a_spinning_script() {
     for src in [
         "while (true) {}",
@@ -112,7 +104,6 @@ async fn abort_stops_even_a_spinning_script() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn memory_limit_is_catchable_and_reported_when_not() {
     let v = run_small(r#"let a=[]; try { while(true) a.push("x".repeat(1<<20)+a.length) } catch(e) { const n=a.length; a=null; return [String(e), n] }"#).await;
     let v = v.value.unwrap();
@@ -135,7 +126,6 @@ async fn memory_limit_is_catchable_and_reported_when_not() {
     assert_eq!(small().run(script("return 1")).await.value, Some(json!(1)));
 }
 
-#[tokio::test]
 async fn stack_overflow_is_a_catchable_range_error() {
     let v = value("let d=0; function f(){d++; f()} try{f()}catch(e){return [e.name, d]}").await;
     assert_eq!(v[0], json!("RangeError"));
@@ -145,7 +135,6 @@ async fn stack_overflow_is_a_catchable_range_error() {
     healthy().await;
 }
 
-#[tokio::test]
 async fn output_limits() {
     let r = run(r#"try { for (let i=0;i<100001;i++) text("") } catch (e) { text("caught"); return "caught" }"#).await;
     let e = r.error.clone().unwrap();
@@ -158,12 +147,13 @@ async fn output_limits() {
     let r = run(r#"text("x".repeat(16*1024*1024)); text("y")"#).await;
     assert!(!r.ok);
     assert_eq!(r.output.len(), 1);
+    let r = run(r#"text("x".repeat(16*1024*1024 - 1)); return 1"#).await;
+    assert!(r.ok, "exactly the limit is allowed, return value included");
     let r = run(r#"text("x".repeat(16*1024*1024)); return 1"#).await;
-    assert!(r.ok, "exactly the limit is allowed");
+    assert!(!r.ok, "the return value counts against the output limit");
     healthy().await;
 }
 
-#[tokio::test]
 async fn call_limits() {
     let r = run_small("let n = 0; try { for (let i = 0; i < 100; i++) { await tools.echo(i); n++ } } catch (e) { return [n, e.message] }").await;
     let v = r.value.unwrap();
@@ -189,3 +179,14 @@ async fn call_limits() {
             .contains("Too many calls at once")
     );
 }
+
+both_modes!(
+    deadline_stops_spinning_and_awaiting_scripts,
+    cpu_budget_stops_code_that_never_yields,
+    approval_pauses_do_not_count_against_the_deadline,
+    abort_stops_even_a_spinning_script,
+    memory_limit_is_catchable_and_reported_when_not,
+    stack_overflow_is_a_catchable_range_error,
+    output_limits,
+    call_limits
+);

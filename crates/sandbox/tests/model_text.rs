@@ -19,7 +19,6 @@ async fn render(src: &str) -> ModelText {
     render_model_text(&r, r.limits.max_output_tokens)
 }
 
-#[tokio::test]
 async fn layout_follows_the_reference() {
     let t = render("text('only')").await;
     assert!(t.text.starts_with("Script completed\nWall time "));
@@ -71,7 +70,6 @@ async fn layout_follows_the_reference() {
     );
 }
 
-#[tokio::test]
 async fn long_output_is_truncated_and_saved_privately() {
     let r = run("// @options: {\"max_output_tokens\": 10}\nfor (let i = 0; i < 100; i++) text(\"row \" + i);").await;
     assert_eq!(r.limits.max_output_tokens, 10);
@@ -103,3 +101,8 @@ async fn long_output_is_truncated_and_saved_privately() {
     let e = serde_json::to_value(run("throw new Error('x')").await).unwrap();
     assert_eq!(e["error"]["kind"], "script");
 }
+
+both_modes!(
+    layout_follows_the_reference,
+    long_output_is_truncated_and_saved_privately
+);

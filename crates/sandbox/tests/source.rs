@@ -52,25 +52,64 @@ fn bad_input_is_rejected_before_running() {
 }
 
 #[test]
-fn options_lower_or_pick_within_the_maximum() {
-    let defaults = Limits::default();
-    let maximum = Limits {
-        timeout_ms: 120_000,
-        max_output_tokens: 20_000,
+fn options_only_lower_the_operators_limits() {
+    // The operator chose 3 s and 100 tokens (built in, settings or command line: all of them
+    // arrive as the defaults); the maximum is far above.
+    let defaults = Limits {
+        timeout_ms: 3_000,
+        max_output_tokens: 100,
         ..Limits::default()
     };
-    let o = ScriptOptions {
+    let maximum = SandboxConfig::default().maximum;
+    let lower = ScriptOptions {
         timeout_ms: Some(500),
-        max_output_tokens: Some(100),
+        max_output_tokens: Some(10),
     };
-    let l = Limits::effective(&defaults, &maximum, &o);
-    assert_eq!((l.timeout_ms, l.max_output_tokens), (500, 100));
-    let o = ScriptOptions {
-        timeout_ms: Some(10_000_000),
-        max_output_tokens: Some(10_000_000),
+    let l = Limits::effective(&defaults, &maximum, &lower);
+    assert_eq!((l.timeout_ms, l.max_output_tokens), (500, 10));
+    for raise in [
+        ScriptOptions {
+            timeout_ms: Some(3_600_000),
+            max_output_tokens: Some(1_000_000),
+        },
+        ScriptOptions {
+            timeout_ms: Some(3_001),
+            max_output_tokens: Some(101),
+        },
+        ScriptOptions {
+            timeout_ms: Some(2_147_483_647),
+            max_output_tokens: Some((1 << 53) - 1),
+        },
+    ] {
+        let l = Limits::effective(&defaults, &maximum, &raise);
+        assert_eq!(l, defaults, "{raise:?} raised a limit");
+    }
+    // A default above the maximum is still cut to the maximum.
+    let huge = Limits {
+        timeout_ms: u64::MAX,
+        ..Limits::default()
     };
-    let l = Limits::effective(&defaults, &maximum, &o);
-    assert_eq!((l.timeout_ms, l.max_output_tokens), (120_000, 20_000));
+    let l = Limits::effective(&huge, &maximum, &ScriptOptions::default());
+    assert_eq!(l.timeout_ms, maximum.timeout_ms);
+}
+
+#[test]
+fn a_byte_order_mark_does_not_hide_the_options_line() {
+    for src in [
+        "\u{feff}// @options: {\"timeout_ms\": 5}\nreturn 1",
+        "\u{feff}  // @options: {\"timeout_ms\": 5}\r\nreturn 1",
+        " \u{feff}// @options: {\"timeout_ms\": 5}\nreturn 1",
+    ] {
+        let p = parse_source(src).unwrap();
+        assert_eq!(p.options.timeout_ms, Some(5), "{src:?}");
+        assert!(!p.code.contains("@options"), "{src:?}");
+    }
+    // Hidden behind a BOM on a later line, it is still refused as misplaced.
+    let e = parse_source("x\n\u{feff}// @options: {}").unwrap_err();
+    assert!(e.message.contains("line 2"), "{}", e.message);
+    // Bad options behind a BOM are reported, not ignored.
+    let e = parse_source("\u{feff}// @options: {\"timeout_ms\": \"long\"}\nx").unwrap_err();
+    assert!(e.message.contains("timeout_ms"), "{}", e.message);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod audit;
+pub mod doctor;
 pub mod policy;
 pub mod run;
 pub mod serve;

@@ -72,16 +72,66 @@ pub fn host() -> Arc<TestHost> {
     HOST.get_or_init(|| Arc::new(TestHost::default())).clone()
 }
 
-pub fn sandbox() -> Sandbox {
-    static SB: OnceLock<Sandbox> = OnceLock::new();
-    SB.get_or_init(|| {
-        Sandbox::new(SandboxConfig {
-            warm: 2,
-            ..Default::default()
+thread_local! {
+    static MODE: std::cell::Cell<Isolation> = const { std::cell::Cell::new(Isolation::Process) };
+}
+
+/// The isolation the current test runs under (see `both_modes!`).
+pub fn mode() -> Isolation {
+    MODE.with(|m| m.get())
+}
+
+pub fn set_mode(m: Isolation) {
+    MODE.with(|c| c.set(m));
+}
+
+/// One sandbox per configuration name and isolation mode, shared by the tests of a file.
+pub fn cached(name: &'static str, config: impl FnOnce() -> SandboxConfig) -> Sandbox {
+    static ALL: OnceLock<Mutex<std::collections::HashMap<(&'static str, bool), Sandbox>>> =
+        OnceLock::new();
+    let mode = mode();
+    let mut all = ALL.get_or_init(Default::default).lock().unwrap();
+    all.entry((name, mode == Isolation::Process))
+        .or_insert_with(|| {
+            Sandbox::new(SandboxConfig {
+                isolation: mode,
+                ..config()
+            })
+            .unwrap()
         })
-        .unwrap()
+        .clone()
+}
+
+pub fn sandbox() -> Sandbox {
+    cached("default", || SandboxConfig {
+        warm: 2,
+        ..Default::default()
     })
-    .clone()
+}
+
+/// Runs each named `async fn` as two tests: `process_isolation::NAME` and `thread_isolation::NAME`.
+/// `multi:` before the names runs them on a multi-threaded runtime.
+#[macro_export]
+macro_rules! both_modes {
+    (multi: $($name:ident),* $(,)?) => {
+        $crate::both_modes!(@emit process_isolation_mt, Process, (flavor = "multi_thread", worker_threads = 2), $($name),*);
+        $crate::both_modes!(@emit thread_isolation_mt, Thread, (flavor = "multi_thread", worker_threads = 2), $($name),*);
+    };
+    ($($name:ident),* $(,)?) => {
+        $crate::both_modes!(@emit process_isolation, Process, (), $($name),*);
+        $crate::both_modes!(@emit thread_isolation, Thread, (), $($name),*);
+    };
+    (@emit $module:ident, $mode:ident, $flavor:tt, $($name:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test $flavor]
+                async fn $name() {
+                    $crate::common::set_mode(codemode_sandbox::Isolation::$mode);
+                    super::$name().await
+                }
+            )*
+        }
+    };
 }
 
 pub const TOOLS: &[(&str, &str)] = &[
