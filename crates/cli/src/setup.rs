@@ -55,14 +55,17 @@ impl Setup {
     pub async fn build(args: &SetupArgs, flags: &LimitFlags) -> Result<Setup> {
         let approver = TerminalApprover::if_interactive()
             .map(|a| Arc::new(a) as Arc<dyn codemode_gate::Approver>);
-        Self::build_with(args, flags, approver).await
+        Self::build_with(args, flags, approver, false).await
     }
 
     /// Set-up with a given approver (`None`: every `ask` is denied, naming the policy).
+    /// With `mcp_in_background`, MCP servers start in the background and their tools arrive
+    /// through [`Setup::follow_tool_changes`] (what `serve` needs to answer its client at once).
     pub async fn build_with(
         args: &SetupArgs,
         flags: &LimitFlags,
         approver: Option<Arc<dyn codemode_gate::Approver>>,
+        mcp_in_background: bool,
     ) -> Result<Setup> {
         let workdir = match &args.workdir {
             Some(d) => d.clone(),
@@ -89,7 +92,16 @@ impl Setup {
             }
         }
 
-        let hub = connect_mcp(args, &paths, &workdir, trusted, &registry, &mut warnings).await?;
+        let hub = connect_mcp(
+            args,
+            &paths,
+            &workdir,
+            trusted,
+            &registry,
+            &mut warnings,
+            mcp_in_background,
+        )
+        .await?;
         warnings.extend(eff.apply_tools(&registry));
 
         let mode = match args.mode.as_deref() {
@@ -150,8 +162,8 @@ impl Setup {
         let eff = self.eff.clone();
         let policy_files = self.policy_files.clone();
         let mut changes = hub.on_tools_changed();
-        // What the hub has now is registered already; wait for the next change.
-        changes.borrow_and_update();
+        // Sync once at once: servers starting in the background may have come up already.
+        changes.mark_changed();
         self.refresher = Some(tokio::spawn(async move {
             while changes.changed().await.is_ok() {
                 let registry = codemode.gate().registry();
@@ -181,12 +193,17 @@ impl Setup {
         }));
     }
 
+    /// The MCP servers, when any are configured.
+    pub fn hub(&self) -> Option<Arc<McpHub>> {
+        self.hub.clone()
+    }
+
     pub async fn shutdown(self) {
         if let Some(task) = self.refresher {
             task.abort();
             let _ = task.await;
         }
-        if let Some(hub) = self.hub.and_then(|h| Arc::try_unwrap(h).ok()) {
+        if let Some(hub) = self.hub {
             hub.shutdown().await;
         }
     }
@@ -236,6 +253,7 @@ async fn connect_mcp(
     trusted: bool,
     registry: &Registry,
     warnings: &mut Vec<String>,
+    background: bool,
 ) -> Result<Option<McpHub>> {
     let user_file = args
         .mcp_config
@@ -254,7 +272,11 @@ async fn connect_mcp(
     if config.servers().is_empty() {
         return Ok(None);
     }
-    let hub = McpHub::connect(&config, ConnectOptions::default()).await;
+    let hub = if background {
+        McpHub::start(&config, ConnectOptions::default())
+    } else {
+        McpHub::connect(&config, ConnectOptions::default()).await
+    };
     for status in hub.status() {
         if let codemode_mcp::ServerState::Failed(problem) = &status.state {
             warnings.push(format!(

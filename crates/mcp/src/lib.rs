@@ -14,7 +14,10 @@ mod naming;
 #[cfg(feature = "server")]
 mod server;
 
-pub use client::{ConnectOptions, McpHub, ServerState, ServerStatus, to_tool_output};
+pub use client::{
+    ConnectOptions, McpHub, ProgressRoute, ProgressSink, ProxyError, ServerState, ServerStatus,
+    route_progress, to_tool_output,
+};
 pub use config::{McpConfig, ServerConfig, ServerTransport, expand_vars};
 pub use error::McpError;
 pub use exposure::{ExposureRule, ExposureRules, parse_exposure};

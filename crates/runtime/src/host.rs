@@ -44,6 +44,7 @@ struct HostState {
     /// Global name → registered tool name, for globals that carry authority.
     gated_globals: HashMap<String, String>,
     spent: Mutex<Spent>,
+    on_call: Option<crate::CallObserver>,
 }
 
 /// What the script's calls spent, by sandbox call id, and the images models generated for it.
@@ -62,6 +63,7 @@ impl RuntimeHost {
         namespaces: Vec<codemode_spec::NamespaceSpec>,
         catalog: Option<Arc<Catalog>>,
         gated_globals: HashMap<String, String>,
+        on_call: Option<crate::CallObserver>,
     ) -> Self {
         RuntimeHost {
             state: Arc::new(HostState {
@@ -74,6 +76,7 @@ impl RuntimeHost {
                 catalog,
                 gated_globals,
                 spent: Mutex::new(Spent::default()),
+                on_call,
             }),
         }
     }
@@ -153,6 +156,14 @@ impl HostState {
             seq: Some(call.id),
             client: id.client.clone(),
         };
+        let seq = call.id;
+        if let Some(observe) = &self.on_call {
+            observe.notify(crate::CallEvent::Started {
+                seq,
+                name: tool.clone(),
+            });
+        }
+        let observed_name = self.on_call.as_ref().map(|_| tool.clone());
         let request = CallRequest {
             name: tool,
             args: args.unwrap_or(call.args),
@@ -172,6 +183,13 @@ impl HostState {
             // Not inside a tokio runtime: the call runs on the sandbox's worker.
             None => self.gate.call(request).await,
         };
+        if let (Some(observe), Some(name)) = (&self.on_call, observed_name) {
+            observe.notify(crate::CallEvent::Finished {
+                seq,
+                name,
+                ok: outcome.is_ok(),
+            });
+        }
         match outcome {
             Ok(output) => {
                 let mut spent = lock(&self.spent);
