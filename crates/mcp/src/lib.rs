@@ -23,4 +23,6 @@ pub use error::McpError;
 pub use exposure::{ExposureRule, ExposureRules, parse_exposure};
 pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
 #[cfg(feature = "server")]
-pub use server::{ElicitationApprover, HttpServer, serve_http, serve_stdio};
+pub use server::{
+    Activity, ElicitationApprover, HttpOptions, HttpServer, ServeOptions, serve_http, serve_stdio,
+};

@@ -78,7 +78,6 @@ impl ScriptRequest {
     }
 }
 
-
 /// The outcome of a run: the text for the model and the structured result for programs.
 #[derive(Debug, Clone)]
 pub struct ScriptRun {

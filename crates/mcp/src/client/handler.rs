@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use rmcp::ClientHandler;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, LoggingLevel, LoggingMessageNotificationParam,
-    ProgressNotificationParam,
+    ClientCapabilities, ClientConfig, Implementation, LoggingLevel,
+    LoggingMessageNotificationParam, ProgressNotificationParam,
 };
 use rmcp::service::{NotificationContext, RoleClient};
 use tokio::sync::mpsc::UnboundedSender;
@@ -35,7 +35,9 @@ impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server = %self.server, "tool list changed");
         // The hub may be shutting down; then there is nobody left to refresh for.
-        let _ = self.list_changed.send((self.server.clone(), Listing::Tools));
+        let _ = self
+            .list_changed
+            .send((self.server.clone(), Listing::Tools));
     }
 
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -45,7 +47,9 @@ impl ClientHandler for Handler {
     }
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.list_changed.send((self.server.clone(), Listing::Prompts));
+        let _ = self
+            .list_changed
+            .send((self.server.clone(), Listing::Prompts));
     }
 
     async fn on_progress(

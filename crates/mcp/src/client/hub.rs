@@ -236,9 +236,12 @@ impl McpHub {
     }
 
     /// A counter that goes up whenever a server's tools, resources, prompts or state changed;
-    /// call [`McpHub::tools`] and [`McpHub::namespaces`] again when it does.
+    /// call [`McpHub::tools`] and [`McpHub::namespaces`] again when it does. The receiver has
+    /// seen the current state: it wakes on the next change.
     pub fn on_tools_changed(&self) -> watch::Receiver<u64> {
-        self.generation.clone()
+        let mut changes = self.generation.clone();
+        changes.borrow_and_update();
+        changes
     }
 
     pub(crate) fn upstreams(&self) -> &[Arc<Upstream>] {

@@ -52,7 +52,13 @@ impl Watchers {
         }
     }
 
-    pub(crate) fn deliver(&self, token: &ProgressToken, progress: f64, total: Option<f64>, message: Option<&str>) {
+    pub(crate) fn deliver(
+        &self,
+        token: &ProgressToken,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<&str>,
+    ) {
         let Some((sink, label)) = lock(&self.0).get(token).cloned() else {
             return;
         };

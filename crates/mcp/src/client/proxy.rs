@@ -40,7 +40,12 @@ impl McpHub {
     pub fn resources(&self) -> Vec<Resource> {
         self.upstreams()
             .iter()
-            .flat_map(|u| u.catalog().resources.map(|r| r.resources).unwrap_or_default())
+            .flat_map(|u| {
+                u.catalog()
+                    .resources
+                    .map(|r| r.resources)
+                    .unwrap_or_default()
+            })
             .collect()
     }
 
@@ -48,7 +53,12 @@ impl McpHub {
     pub fn resource_templates(&self) -> Vec<ResourceTemplate> {
         self.upstreams()
             .iter()
-            .flat_map(|u| u.catalog().resources.map(|r| r.templates).unwrap_or_default())
+            .flat_map(|u| {
+                u.catalog()
+                    .resources
+                    .map(|r| r.templates)
+                    .unwrap_or_default()
+            })
             .collect()
     }
 
@@ -133,6 +143,8 @@ impl McpHub {
                 .await
                 .map_err(|e| ProxyError::Failed(e.message));
         }
-        Err(ProxyError::NotFound(format!("no MCP server has the prompt {name}")))
+        Err(ProxyError::NotFound(format!(
+            "no MCP server has the prompt {name}"
+        )))
     }
 }

@@ -216,7 +216,10 @@ impl Upstream {
                 if self.closed.load(Ordering::Acquire) {
                     // Shut down while starting: stop what was just started.
                     self.shutdown().await;
-                    return Err(format!("MCP server \"{}\" was stopped: codemode is shutting down", self.name()));
+                    return Err(format!(
+                        "MCP server \"{}\" was stopped: codemode is shutting down",
+                        self.name()
+                    ));
                 }
                 if changed || was_failed {
                     self.bump();
@@ -336,7 +339,10 @@ impl Upstream {
             .await
             .map_err(|e| format!("listing its tools failed: {e}"))?;
         let info = service.peer().peer_info();
-        let capabilities = info.as_ref().map(|i| i.capabilities.clone()).unwrap_or_default();
+        let capabilities = info
+            .as_ref()
+            .map(|i| i.capabilities.clone())
+            .unwrap_or_default();
         let resources = match capabilities.resources {
             Some(_) => Some(list_resources(service.peer()).await.unwrap_or_else(|e| {
                 tracing::warn!(server = %self.name(), error = %e, "listing MCP resources failed");
@@ -492,7 +498,8 @@ impl Upstream {
         let peer = self.peer(cancel).await?;
         let params = serde_json::from_value(serde_json::json!({ "uri": uri }))
             .map_err(|e| ToolError::invalid(format!("not a resource URI: {e}")))?;
-        let request = ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(params));
+        let request =
+            ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(params));
         match self.request(&peer, request, cancel, None).await {
             Ok(ServerResult::ReadResourceResult(result)) => Ok(result),
             Ok(_) => Err(ToolError::failed(format!(
@@ -512,8 +519,9 @@ impl Upstream {
         cancel: &CancellationToken,
     ) -> Result<GetPromptResult, ToolError> {
         let peer = self.peer(cancel).await?;
-        let params = serde_json::from_value(serde_json::json!({ "name": name, "arguments": arguments }))
-            .map_err(|e| ToolError::invalid(format!("bad prompt arguments: {e}")))?;
+        let params =
+            serde_json::from_value(serde_json::json!({ "name": name, "arguments": arguments }))
+                .map_err(|e| ToolError::invalid(format!("bad prompt arguments: {e}")))?;
         let request = ClientRequest::GetPromptRequest(rmcp::model::GetPromptRequest::new(params));
         match self.request(&peer, request, cancel, None).await {
             Ok(ServerResult::GetPromptResult(result)) => Ok(result),
@@ -543,8 +551,10 @@ impl Upstream {
             .map_err(RequestError::Service)?;
         // From here on the server knows the request: any way out but its answer cancels it.
         let mut guard = CancelOnDrop::new(peer.clone(), handle.id.clone(), self.name());
-        let _watch = progress
-            .map(|(sink, label)| self.progress.watch(handle.progress_token.clone(), sink, label));
+        let _watch = progress.map(|(sink, label)| {
+            self.progress
+                .watch(handle.progress_token.clone(), sink, label)
+        });
         let response = tokio::select! {
             biased;
             r = handle.await_response() => r,
@@ -606,7 +616,10 @@ fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn e_is_closed(e: &ServiceError) -> bool {
-    matches!(e, ServiceError::TransportClosed | ServiceError::TransportSend(_))
+    matches!(
+        e,
+        ServiceError::TransportClosed | ServiceError::TransportSend(_)
+    )
 }
 
 fn replace_if_changed<T: PartialEq>(slot: &mut T, new: T) -> bool {
@@ -693,7 +706,10 @@ impl Drop for CancelOnDrop {
         };
         let server = std::mem::take(&mut self.server);
         let send = async move { notify_cancelled(peer, id, &server).await };
-        match tokio::runtime::Handle::try_current().ok().or(self.runtime.take()) {
+        match tokio::runtime::Handle::try_current()
+            .ok()
+            .or(self.runtime.take())
+        {
             Some(runtime) => {
                 runtime.spawn(send);
             }
