@@ -115,6 +115,25 @@ impl Setup {
         } else {
             codemode_gate::PolicySet::load_files(&args.policies)?
         };
+        // A policy may speak of MCP tools' arguments; while servers start in the background
+        // those are not registered yet. Then wait for the servers before judging the policy.
+        if let Some(hub) = hub.as_ref().filter(|_| mcp_in_background) {
+            let fits = codemode_gate::PolicySchema::for_registry(&registry)
+                .and_then(|schema| policy.validate(&schema))
+                .is_ok();
+            if !fits {
+                hub.wait_started().await;
+                for ns in hub.namespaces() {
+                    registry.add_namespace(ns);
+                }
+                for tool in hub.tools() {
+                    if let Err(e) = registry.register(tool) {
+                        warnings.push(format!("an MCP tool was left out: {e}"));
+                    }
+                }
+                warnings.extend(eff.apply_tools(&registry));
+            }
+        }
         let mut builder = Gate::builder()
             .registry(registry)
             .policy(policy)

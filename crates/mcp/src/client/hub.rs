@@ -92,25 +92,25 @@ impl McpHub {
             )));
         }
         let (settled_tx, settled) = watch::channel(upstreams.is_empty());
-        let first = opts.retry_after;
-        let starting = upstreams.clone();
-        let starter = tokio::spawn(async move {
-            let results = futures::future::join_all(starting.iter().map(|u| u.connect())).await;
-            let _ = settled_tx.send(true);
-            let failed: Vec<Arc<Upstream>> = starting
-                .iter()
-                .zip(&results)
-                .filter(|(_, r)| r.is_err())
-                .map(|(u, _)| u.clone())
-                .collect();
-            // Servers that failed to start are tried again; one that comes up bumps the
-            // generation, so whoever follows `on_tools_changed` registers its tools.
-            if let Some(first) = first
-                && !failed.is_empty()
-            {
-                retry_failed(failed, first).await;
-            }
-        });
+        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(upstreams.len()));
+        let settled_tx = Arc::new(settled_tx);
+        let mut tasks = Vec::new();
+        for upstream in &upstreams {
+            let upstream = upstream.clone();
+            let pending = pending.clone();
+            let settled_tx = settled_tx.clone();
+            let retry_after = opts.retry_after;
+            // Each server on its own: a slow one holds up neither the others nor their retries.
+            tasks.push(tokio::spawn(async move {
+                let first = upstream.connect().await;
+                if pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                    let _ = settled_tx.send(true);
+                }
+                if let (Err(_), Some(delay)) = (first, retry_after) {
+                    keep_trying(upstream, delay).await;
+                }
+            }));
+        }
         let watched = upstreams.clone();
         let refresher = tokio::spawn(async move {
             while let Some((server, what)) = changes.recv().await {
@@ -119,11 +119,12 @@ impl McpHub {
                 }
             }
         });
+        tasks.push(refresher);
         McpHub {
             upstreams,
             disabled,
             generation,
-            tasks: Mutex::new(vec![starter, refresher]),
+            tasks: Mutex::new(tasks),
             settled,
         }
     }
@@ -287,26 +288,17 @@ fn unavailable_text(u: &Upstream) -> Option<String> {
     }
 }
 
-async fn retry_failed(mut pending: Vec<Arc<Upstream>>, first: Duration) {
-    let mut delay = first;
-    while !pending.is_empty() {
-        for u in &pending {
-            u.set_retry_every(Some(delay));
-        }
-        tracing::debug!(delay = %human_duration(delay), "retrying MCP servers that failed");
+/// Tries to start a server that failed, after `delay`, then twice as long each time, up to a
+/// minute apart, until it is up.
+async fn keep_trying(upstream: Arc<Upstream>, mut delay: Duration) {
+    loop {
+        upstream.set_retry_every(Some(delay));
+        tracing::debug!(server = %upstream.name(), delay = %human_duration(delay), "retrying an MCP server that failed");
         tokio::time::sleep(delay).await;
-        let results = futures::future::join_all(pending.iter().map(|u| u.connect())).await;
-        pending = pending
-            .into_iter()
-            .zip(results)
-            .filter_map(|(u, r)| match r {
-                Ok(_) => {
-                    u.set_retry_every(None);
-                    None
-                }
-                Err(_) => Some(u),
-            })
-            .collect();
+        if upstream.connect().await.is_ok() {
+            upstream.set_retry_every(None);
+            return;
+        }
         delay = (delay * 2).min(RETRY_MAX);
     }
 }

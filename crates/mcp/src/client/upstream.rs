@@ -558,10 +558,9 @@ impl Upstream {
         let response = tokio::select! {
             biased;
             r = handle.await_response() => r,
-            _ = cancel.cancelled() => {
-                guard.send_now().await;
-                return Err(RequestError::Cancelled);
-            }
+            // The guard sends the cancellation from its own task: this future may itself be
+            // dropped at any await from here on, which must not lose the notification.
+            _ = cancel.cancelled() => return Err(RequestError::Cancelled),
         };
         // rmcp itself cancels on its timeout; an answer or a closed transport needs nothing.
         guard.disarm();
@@ -669,8 +668,8 @@ impl RequestError {
     }
 }
 
-/// Sends `notifications/cancelled` for a request unless disarmed: on `send_now`, or from a task
-/// when dropped (the script ended, or the gate stopped waiting, while the request was out).
+/// Sends `notifications/cancelled` for a request, from a task of its own, when dropped before
+/// being disarmed (cancelled, the script ended, or the gate stopped waiting).
 struct CancelOnDrop {
     armed: Option<(Peer<RoleClient>, RequestId)>,
     server: String,
@@ -690,12 +689,6 @@ impl CancelOnDrop {
 
     fn disarm(&mut self) {
         self.armed = None;
-    }
-
-    async fn send_now(&mut self) {
-        if let Some((peer, id)) = self.armed.take() {
-            notify_cancelled(peer, id, &self.server).await;
-        }
     }
 }
 
