@@ -70,7 +70,12 @@ fn serve(servers: Value, policy: &str, extra: &[&str]) -> Serve {
 }
 
 fn client(serve: &Serve, scenario: &str, n: &str) -> Value {
+    client_with(serve, scenario, n, &[])
+}
+
+fn client_with(serve: &Serve, scenario: &str, n: &str, env: &[(&str, &str)]) -> Value {
     let out = Command::new("node")
+        .envs(env.iter().copied())
         .arg(CLIENT)
         .arg(testbed())
         .arg(env!("CARGO_BIN_EXE_codemode"))

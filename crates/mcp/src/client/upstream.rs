@@ -711,9 +711,21 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// rmcp writes each outgoing message from a task of its own, and tokio runs the newest task
+/// first, so a cancellation sent right after its request can reach the server before the
+/// request does, and be ignored. The second copy, a moment later, arrives after it; a server
+/// ignores a cancellation of a request it already ended.
+const CANCEL_AGAIN_AFTER: Duration = Duration::from_millis(250);
+
 async fn notify_cancelled(peer: Peer<RoleClient>, id: RequestId, server: &str) {
-    let note = CancelledNotificationParam::new(Some(id), Some(CANCEL_REASON.into()));
-    if let Err(e) = peer.notify_cancelled(note).await {
-        tracing::debug!(%server, error = %e, "could not send cancellation");
+    for attempt in 0..2 {
+        if attempt == 1 {
+            tokio::time::sleep(CANCEL_AGAIN_AFTER).await;
+        }
+        let note = CancelledNotificationParam::new(Some(id.clone()), Some(CANCEL_REASON.into()));
+        if let Err(e) = peer.notify_cancelled(note).await {
+            tracing::debug!(%server, error = %e, "could not send cancellation");
+            return;
+        }
     }
 }
