@@ -23,6 +23,8 @@ pub(crate) struct ScriptIdentity {
     pub script_id: String,
     pub script_hash: String,
     pub depth: u32,
+    /// Told when each gated call starts and ends.
+    pub on_call: Option<crate::CallObserver>,
 }
 
 pub(crate) struct RuntimeHost {
@@ -63,8 +65,8 @@ impl RuntimeHost {
         namespaces: Vec<codemode_spec::NamespaceSpec>,
         catalog: Option<Arc<Catalog>>,
         gated_globals: HashMap<String, String>,
-        on_call: Option<crate::CallObserver>,
     ) -> Self {
+        let on_call = identity.on_call.clone();
         RuntimeHost {
             state: Arc::new(HostState {
                 gate,

@@ -236,6 +236,7 @@ impl Codemode {
             script_id: script_id.clone(),
             script_hash,
             depth: 1,
+            on_call: req.on_call.clone(),
         };
 
         let surface = self.script_surface();
@@ -255,7 +256,6 @@ impl Codemode {
             self.gate().registry().namespaces(),
             self.inner.catalog.clone(),
             surface.gated_globals.clone(),
-            req.on_call.clone(),
         );
         let spent = host.spent_handle();
         let script = Script {
