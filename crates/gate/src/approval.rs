@@ -25,6 +25,9 @@ pub enum ApprovalAnswer {
     No,
     /// Yes, and do not ask again for this tool in this script.
     Always,
+    /// Nobody could be asked; says why, for the model (for example "this client cannot show
+    /// approval requests"). The call is refused, but not as a person's "no".
+    Unasked(&'static str),
 }
 
 /// Whoever answers approval questions: a terminal prompt, an MCP elicitation, a test.

@@ -577,15 +577,18 @@ impl Gate {
         {
             return Ok(());
         }
-        let Some(approver) = &self.inner.approver else {
-            return Err(GateError::new(
+        let unasked = |why: &str| {
+            GateError::new(
                 Stage::Approval,
                 format!(
-                    "`{}` needs approval ({reason}), but nobody is available to approve, so it is denied",
-                    spec.name
+                    "`{}` needs the user's approval ({reason}), but could not ask: {why}. Ask the user to allow `{}` (a policy that permits it), or to use a client that can show approval requests",
+                    spec.name, spec.name
                 ),
             )
-            .with_policies(policy_ids));
+            .with_policies(policy_ids.clone())
+        };
+        let Some(approver) = &self.inner.approver else {
+            return Err(unasked("nobody is available to approve calls here"));
         };
         let question = ApprovalRequest {
             tool_name: spec.name.clone(),
@@ -610,9 +613,10 @@ impl Gate {
             }
             Some(ApprovalAnswer::No) => Err(GateError::new(
                 Stage::Approval,
-                format!("`{}` was not approved ({reason}); do not retry it, find another way or ask the user", spec.name),
+                format!("`{}` was not approved: the user was asked ({reason}) and said no. Do not retry it; find another way, or ask the user to allow `{}`", spec.name, spec.name),
             )
             .with_policies(policy_ids)),
+            Some(ApprovalAnswer::Unasked(why)) => Err(unasked(why)),
             None => Err(GateError::new(Stage::Approval, "the call was cancelled while waiting for approval")
                 .with_policies(policy_ids)),
         }

@@ -13,7 +13,10 @@ mod naming;
 #[cfg(feature = "server")]
 mod server;
 
-pub use client::{ConnectOptions, McpHub, ServerState, ServerStatus, to_tool_output};
+pub use client::{
+    ConnectOptions, McpHub, ProgressRoute, ProgressSink, ProxyError, ServerState, ServerStatus,
+    route_progress, to_tool_output,
+};
 pub use config::{
     ExposureRule, ExposureRules, McpConfig, ServerConfig, ServerTransport, expand_vars,
     parse_exposure,
@@ -21,4 +24,6 @@ pub use config::{
 pub use error::McpError;
 pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
 #[cfg(feature = "server")]
-pub use server::{ElicitationApprover, HttpServer, serve_http, serve_stdio};
+pub use server::{
+    Activity, ElicitationApprover, HttpOptions, HttpServer, ServeOptions, serve_http, serve_stdio,
+};

@@ -111,8 +111,8 @@ async fn images_reach_the_script_and_the_model() {
 #[tokio::test]
 async fn annotations_pagination_and_structured_results() {
     let hub = hub(json!({"bad": fixture(&[])})).await;
-    // The fixture lists 3 tools per page; all 13 must arrive.
-    assert_eq!(hub.tools().len(), 13, "{:?}", hub.status());
+    // The fixture lists 3 tools per page; all 14 must arrive.
+    assert_eq!(hub.tools().len(), 14, "{:?}", hub.status());
     let echo = find(&hub, "mcp__bad__echo");
     assert_eq!(echo.spec().annotations.read_only_hint, Some(true));
     assert_eq!(echo.spec().annotations.open_world_hint, Some(false));

@@ -23,6 +23,8 @@ pub(crate) struct ScriptIdentity {
     pub script_id: String,
     pub script_hash: String,
     pub depth: u32,
+    /// Told when each gated call starts and ends.
+    pub on_call: Option<crate::CallObserver>,
 }
 
 pub(crate) struct RuntimeHost {
@@ -44,6 +46,7 @@ struct HostState {
     /// Global name → registered tool name, for globals that carry authority.
     gated_globals: HashMap<String, String>,
     spent: Mutex<Spent>,
+    on_call: Option<crate::CallObserver>,
 }
 
 /// What the script's calls spent, by sandbox call id, and the images models generated for it.
@@ -63,6 +66,7 @@ impl RuntimeHost {
         catalog: Option<Arc<Catalog>>,
         gated_globals: HashMap<String, String>,
     ) -> Self {
+        let on_call = identity.on_call.clone();
         RuntimeHost {
             state: Arc::new(HostState {
                 gate,
@@ -74,6 +78,7 @@ impl RuntimeHost {
                 catalog,
                 gated_globals,
                 spent: Mutex::new(Spent::default()),
+                on_call,
             }),
         }
     }
@@ -153,6 +158,14 @@ impl HostState {
             seq: Some(call.id),
             client: id.client.clone(),
         };
+        let seq = call.id;
+        if let Some(observe) = &self.on_call {
+            observe.notify(crate::CallEvent::Started {
+                seq,
+                name: tool.clone(),
+            });
+        }
+        let observed_name = self.on_call.as_ref().map(|_| tool.clone());
         let request = CallRequest {
             name: tool,
             args: args.unwrap_or(call.args),
@@ -172,6 +185,13 @@ impl HostState {
             // Not inside a tokio runtime: the call runs on the sandbox's worker.
             None => self.gate.call(request).await,
         };
+        if let (Some(observe), Some(name)) = (&self.on_call, observed_name) {
+            observe.notify(crate::CallEvent::Finished {
+                seq,
+                name,
+                ok: outcome.is_ok(),
+            });
+        }
         match outcome {
             Ok(output) => {
                 let mut spent = lock(&self.spent);

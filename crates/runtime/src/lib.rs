@@ -46,12 +46,13 @@
 mod builder;
 mod globals;
 mod host;
+mod media;
 mod run;
 mod store;
 
 pub use builder::{CodemodeBuilder, RuntimeError};
 pub use globals::READ_ONLY_GLOBALS;
-pub use run::{GateRecord, ScriptRequest, ScriptRun, ScriptSurface};
+pub use run::{CallEvent, CallObserver, GateRecord, ScriptRequest, ScriptRun, ScriptSurface};
 
 use std::sync::Arc;
 

@@ -31,6 +31,35 @@ pub struct ScriptRequest {
     pub record: Option<PathBuf>,
     /// Serve the calls' results from this log instead of calling anything.
     pub replay: Option<PathBuf>,
+    /// Told when each of the script's gated calls starts and ends (for progress reports).
+    pub on_call: Option<CallObserver>,
+}
+
+/// A call of a running script starting or ending.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallEvent {
+    Started { seq: u64, name: String },
+    Finished { seq: u64, name: String, ok: bool },
+}
+
+/// Receives [`CallEvent`]s. Called on the path of every call: it must not block.
+#[derive(Clone)]
+pub struct CallObserver(std::sync::Arc<dyn Fn(CallEvent) + Send + Sync>);
+
+impl CallObserver {
+    pub fn new(observe: impl Fn(CallEvent) + Send + Sync + 'static) -> Self {
+        CallObserver(std::sync::Arc::new(observe))
+    }
+
+    pub(crate) fn notify(&self, event: CallEvent) {
+        (self.0)(event)
+    }
+}
+
+impl std::fmt::Debug for CallObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallObserver")
+    }
 }
 
 impl ScriptRequest {
@@ -44,6 +73,7 @@ impl ScriptRequest {
             determinism: None,
             record: None,
             replay: None,
+            on_call: None,
         }
     }
 }
@@ -65,6 +95,10 @@ pub struct ScriptRun {
     pub usage_by_call: HashMap<u64, Usage>,
     /// What the gate decided for each of the script's calls, in the order they reached it.
     pub gate_records: Vec<GateRecord>,
+    /// Media for the front end to show beside `text`, as MCP content blocks, in order: the
+    /// script's `image()` output, then images, audio and binary resources it returned (which
+    /// the returned value and `text` name with a short note instead of their base64).
+    pub media: Vec<Value>,
 }
 
 /// The gate's record of one call, with the call's id in the script.
@@ -187,6 +221,7 @@ impl Codemode {
                 usage: Usage::default(),
                 usage_by_call: HashMap::new(),
                 gate_records: Vec::new(),
+                media: Vec::new(),
             };
         }
         let script_hash = hex::encode(Sha256::digest(req.source.as_bytes()));
@@ -201,6 +236,7 @@ impl Codemode {
             script_id: script_id.clone(),
             script_hash,
             depth: 1,
+            on_call: req.on_call.clone(),
         };
 
         let surface = self.script_surface();
@@ -234,8 +270,21 @@ impl Codemode {
             abort: req.abort.clone(),
             clock: codemode_spec::DeadlineClock::new(),
         };
-        let result = self.sandbox().run(script).await;
+        let mut result = self.sandbox().run(script).await;
         let ledger = self.gate().end_script(&script_id);
+        let mut media: Vec<Value> = result
+            .output
+            .iter()
+            .filter_map(|item| match item {
+                codemode_sandbox::OutputItem::Image { data, mime_type } => {
+                    Some(json!({"type": "image", "data": data, "mimeType": mime_type}))
+                }
+                _ => None,
+            })
+            .collect();
+        if let Some(value) = result.value.as_mut() {
+            media.extend(crate::media::lift_media(value));
+        }
         let spent = spent.take();
 
         if result.ok {
@@ -281,6 +330,7 @@ impl Codemode {
                     record: r.clone(),
                 })
                 .collect(),
+            media,
         }
     }
 }

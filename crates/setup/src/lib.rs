@@ -391,6 +391,12 @@ impl Installation {
         self.changed.clone()
     }
 
+    /// The MCP hub, when servers are configured: for front ends that proxy its resources and
+    /// prompts, show its servers' states, or stop its processes.
+    pub fn hub(&self) -> Option<Arc<codemode_mcp::McpHub>> {
+        self.servers.as_ref().map(McpServers::hub)
+    }
+
     /// Each configured MCP server's state.
     pub fn mcp_status(&self) -> Vec<ServerStatus> {
         self.servers

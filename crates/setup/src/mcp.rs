@@ -1,12 +1,8 @@
 //! The only module that speaks to the MCP hub: start it without waiting for it, register its
-//! tools when they arrive, follow its tool changes, report each server's state, stop it.
-//!
-//! Built against `McpHub::connect`, which resolves once every server connected or failed; it
-//! runs in a task here so that the installation is usable at once. When the hub announces
-//! servers as they come up, only this module changes.
+//! tools as servers come up, follow its tool changes, report each server's state, stop it.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use codemode_config::mcp::McpConfig;
 use codemode_gate::Registry;
@@ -16,111 +12,76 @@ use tokio::sync::watch;
 use crate::wiring::Wiring;
 
 pub(crate) struct McpServers {
-    hub: Arc<Mutex<Option<Arc<McpHub>>>>,
-    ready: watch::Receiver<bool>,
+    hub: Arc<McpHub>,
+    /// The hub's tool generation the registry has taken in.
+    synced: watch::Receiver<u64>,
     task: tokio::task::JoinHandle<()>,
-    enabled: Vec<String>,
-    disabled: Vec<String>,
 }
 
 impl McpServers {
-    /// Starts connecting every enabled server of `config` in the background. `changed` goes up
-    /// each time the registry took in the hub's tools.
+    /// Starts every enabled server of `config` in the background. `changed` goes up each time
+    /// the registry took in the hub's tools (a server came up, failed, or changed its list).
     pub fn start(
         config: &McpConfig,
         opts: ConnectOptions,
         wiring: Arc<Wiring>,
         changed: watch::Sender<u64>,
     ) -> McpServers {
-        let (ready_tx, ready) = watch::channel(false);
-        let slot: Arc<Mutex<Option<Arc<McpHub>>>> = Arc::default();
-        let owned = config.clone();
-        let hub_slot = slot.clone();
+        let hub = Arc::new(McpHub::start(config, opts));
+        let follower = hub.clone();
+        let (synced_tx, synced) = watch::channel(0);
         let task = tokio::spawn(async move {
-            let hub = Arc::new(McpHub::connect(&owned, opts).await);
-            *hub_slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(hub.clone());
-            let mut warnings: Vec<String> = hub
-                .status()
-                .into_iter()
-                .filter_map(|s| match s.state {
-                    ServerState::Failed(problem) => Some(format!(
-                        "MCP server `{}` is not connected (it is tried again in the background): {problem}",
-                        s.name
-                    )),
-                    _ => None,
-                })
-                .collect();
-            warnings.extend(sync(&wiring, &hub));
-            wiring.warn(warnings, false);
-            changed.send_modify(|n| *n += 1);
-            let _ = ready_tx.send(true);
-            let mut changes = hub.on_tools_changed();
-            // What the hub has now is registered already; wait for the next change.
-            changes.borrow_and_update();
+            let mut changes = follower.on_tools_changed();
+            // Sync once at once: servers may have come up already.
+            changes.mark_changed();
+            let mut reported: HashSet<String> = HashSet::new();
             while changes.changed().await.is_ok() {
-                let warnings = sync(&wiring, &hub);
+                let generation = *changes.borrow_and_update();
+                let mut warnings: Vec<String> = follower
+                    .status()
+                    .into_iter()
+                    .filter_map(|s| match s.state {
+                        ServerState::Failed(problem) if reported.insert(problem.clone()) => {
+                            Some(format!(
+                                "MCP server `{}` is not connected (it is tried again in the background): {problem}",
+                                s.name
+                            ))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                warnings.extend(sync(&wiring, &follower));
                 wiring.warn(warnings, true);
                 changed.send_modify(|n| *n += 1);
+                let _ = synced_tx.send(generation);
             }
         });
-        McpServers {
-            hub: slot,
-            ready,
-            task,
-            enabled: config
-                .servers()
-                .iter()
-                .filter(|s| s.enabled)
-                .map(|s| s.name.clone())
-                .collect(),
-            disabled: config
-                .servers()
-                .iter()
-                .filter(|s| !s.enabled)
-                .map(|s| s.name.clone())
-                .collect(),
-        }
+        McpServers { hub, synced, task }
     }
 
     /// Waits until every enabled server connected or failed once.
     pub async fn ready(&self) {
-        let mut ready = self.ready.clone();
-        let _ = ready.wait_for(|r| *r).await;
+        self.hub.wait_started().await;
+        // Then wait until the registry took in what the last server brought.
+        let target = *self.hub.on_tools_changed().borrow();
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|g| *g >= target).await;
     }
 
-    fn hub(&self) -> Option<Arc<McpHub>> {
-        self.hub.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn hub(&self) -> Arc<McpHub> {
+        self.hub.clone()
     }
 
-    /// Each configured server's state; before the hub answers, enabled servers are
-    /// "connecting".
+    /// Each configured server's state: connecting, connected, failed (why) or disabled.
     pub fn status(&self) -> Vec<ServerStatus> {
-        if let Some(hub) = self.hub() {
-            return hub.status();
-        }
-        let mut out: Vec<ServerStatus> = self
-            .enabled
-            .iter()
-            .map(|name| ServerStatus {
-                name: name.clone(),
-                state: ServerState::Failed("still connecting".into()),
-            })
-            .collect();
-        out.extend(self.disabled.iter().map(|name| ServerStatus {
-            name: name.clone(),
-            state: ServerState::Disabled,
-        }));
-        out
+        self.hub.status()
     }
 
     /// Stops following, closes every connection and stops every server process.
     pub async fn shutdown(self) {
         self.task.abort();
         let _ = self.task.await;
-        let hub = self.hub.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(hub) = hub.and_then(|h| Arc::try_unwrap(h).ok()) {
-            hub.shutdown().await;
-        }
+        self.hub.shutdown().await;
     }
 }
 

@@ -1,23 +1,46 @@
-//! `codemode serve`: codemode as an MCP server.
+//! `codemode serve`: codemode as an MCP server, meant to run all day.
+//!
+//! It answers its client at once and connects MCP servers in the background; on SIGTERM,
+//! SIGINT or SIGHUP it stops accepting, aborts running scripts (their upstream calls are
+//! cancelled and their audit lines written), closes the upstream sessions and stops their
+//! process groups, then exits. A second signal skips the wait for scripts.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use codemode_mcp::{HttpOptions, ServeOptions};
+use tokio_util::sync::CancellationToken;
 
 use crate::SetupArgs;
 use crate::setup::{self, LimitFlags};
 
+/// How long a shutdown waits for running scripts to end after aborting them.
+const DRAIN: Duration = Duration::from_secs(10);
+
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// Serve streamable HTTP on this address instead of stdio (loopback unless --token is set).
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
+    /// Serve streamable HTTP on this address instead of stdio: `127.0.0.1:8765`,
+    /// `localhost:8765` or `[::1]:8765` (loopback unless --token is set).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<String>,
     /// Bearer token every HTTP request must carry; required for a non-loopback address.
     #[arg(long, value_name = "TOKEN", env = "CODEMODE_SERVE_TOKEN")]
     pub token: Option<String>,
+    /// A browser origin allowed to call the HTTP server besides loopback pages, such as
+    /// `https://app.example.com` (repeatable). Requests from other origins get 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// How long an HTTP session may go unused before it is forgotten with its store() values,
+    /// such as `30m`, `8h` or `2d`; until then a client that reconnects continues it.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    pub session_idle_timeout: Duration,
+    /// Most HTTP sessions kept at once; a new one ends the longest-idle one.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub max_sessions: usize,
     #[command(flatten)]
     pub limits: LimitFlags,
     #[command(flatten)]
@@ -25,27 +48,32 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> Result<ExitCode> {
-    if let Some(addr) = args.listen
-        && !addr.ip().is_loopback()
+    let addrs = match &args.listen {
+        Some(listen) => Some(resolve(listen).await?),
+        None => None,
+    };
+    if let Some(addrs) = &addrs
+        && addrs.iter().any(|a| !a.ip().is_loopback())
         && args.token.is_none()
     {
         bail!(
-            "{addr} is reachable from other machines: pass --token (or CODEMODE_SERVE_TOKEN) so that every request must carry it, or listen on 127.0.0.1"
+            "{} is reachable from other machines: pass --token (or CODEMODE_SERVE_TOKEN) so that every request must carry it, or listen on 127.0.0.1",
+            args.listen.as_deref().unwrap_or_default()
         );
     }
+    let shutdown = CancellationToken::new();
+    let hurry = CancellationToken::new();
+    let signals = watch_signals(shutdown.clone(), hurry.clone())?;
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
     let approvals = codemode_mcp::ElicitationApprover::new();
     let installation =
         setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
-    // Scripts cannot yet wait for one server to come up, so the first connection round is
-    // awaited before serving; the installation itself does not need it.
-    let ready = installation.servers_ready().await;
     for warning in installation.warnings() {
         tracing::warn!("{warning}");
     }
-    ready?;
-    // Tell every client when the MCP servers' tools changed (the registry already follows).
+    // MCP servers connect in the background: `initialize` is answered at once, and every
+    // client hears when the servers' tools arrive or change (the registry already follows).
     let mut changes = installation.tools_changed();
     changes.borrow_and_update();
     let notifier = approvals.clone();
@@ -55,22 +83,143 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         }
     });
     let codemode = installation.codemode().clone();
-    let result = match args.listen {
-        Some(addr) => {
-            match codemode_mcp::serve_http(codemode.clone(), addr, args.token.clone(), approvals)
-                .await
-            {
+    let opts = ServeOptions {
+        hub: installation.hub(),
+        shutdown: shutdown.clone(),
+        activity: Default::default(),
+    };
+    let activity = opts.activity.clone();
+    let served = match addrs {
+        Some(addrs) => {
+            let http = HttpOptions {
+                bearer_token: args.token.clone(),
+                allowed_origins: args.allow_origins.clone(),
+                session_idle_timeout: args.session_idle_timeout,
+                max_sessions: args.max_sessions,
+            };
+            match codemode_mcp::serve_http(codemode.clone(), &addrs, http, approvals, opts).await {
                 Ok(server) => {
-                    eprintln!("codemode: serving MCP at http://{}/mcp", server.local_addr);
+                    let shown: Vec<String> = server
+                        .local_addrs
+                        .iter()
+                        .map(|a| format!("http://{a}/mcp"))
+                        .collect();
+                    eprintln!("codemode: serving MCP at {}", shown.join(" and "));
                     server.wait().await
                 }
                 Err(e) => Err(e),
             }
         }
-        None => codemode_mcp::serve_stdio(codemode.clone(), approvals).await,
+        None => codemode_mcp::serve_stdio(codemode.clone(), approvals, opts).await,
     };
+    // The client went away or a signal came: abort what still runs and wait for it, so the
+    // calls it made are cancelled upstream and audited, then stop the servers.
+    let signalled = shutdown.is_cancelled();
+    shutdown.cancel();
+    let drained = tokio::select! {
+        idle = activity.wait_idle(DRAIN) => idle,
+        _ = hurry.cancelled() => false,
+    };
+    if !drained {
+        tracing::warn!(
+            running = activity.running(),
+            "scripts still running at shutdown; stopping anyway"
+        );
+    }
     follower.abort();
     installation.shutdown().await;
-    result?;
+    signals.abort();
+    served?;
+    if signalled {
+        // Everything is stopped and written; do not wait for a read of stdin that will never end.
+        std::process::exit(0);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `localhost:8765`, `127.0.0.1:8765`, `[::1]:8765`: every address the name has.
+async fn resolve(listen: &str) -> Result<Vec<SocketAddr>> {
+    if let Ok(addr) = listen.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| {
+            format!("--listen {listen}: not an address; use HOST:PORT, such as 127.0.0.1:8765")
+        })?
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    if addrs.is_empty() {
+        bail!("--listen {listen}: the name has no address");
+    }
+    Ok(addrs)
+}
+
+/// SIGTERM, SIGINT and SIGHUP cancel `shutdown`; a second one cancels `hurry`, which skips the
+/// wait for running scripts (the upstream servers are still stopped).
+fn watch_signals(
+    shutdown: CancellationToken,
+    hurry: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    Ok(tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+                _ = hup.recv() => "SIGHUP",
+            };
+            seen += 1;
+            if seen == 1 {
+                tracing::info!("{name}: shutting down");
+                shutdown.cancel();
+            } else {
+                tracing::warn!("{name} again: not waiting for running scripts");
+                hurry.cancel();
+            }
+        }
+    }))
+}
+
+/// `90s`, `30m`, `8h`, `2d`, or a number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map(|i| s.split_at(i))
+        .unwrap_or((s, "s"));
+    let n: f64 = number.parse().map_err(|_| {
+        format!("`{s}` is not a duration; use a number with s, m, h or d, such as 8h")
+    })?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        "d" => n * 86400.0,
+        other => return Err(format!("unknown unit `{other}` in `{s}`; use s, m, h or d")),
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("`{s}` must be more than zero"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172800));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 weeks").is_err());
+    }
 }

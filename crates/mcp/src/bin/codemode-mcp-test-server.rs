@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use codemode_gate::{Gate, PolicySet, Registry};
-use codemode_mcp::{ConnectOptions, ElicitationApprover, McpConfig, McpHub, serve_stdio};
+use codemode_mcp::{
+    ConnectOptions, ElicitationApprover, McpConfig, McpHub, ServeOptions, serve_stdio,
+};
 use codemode_runtime::Codemode;
 use codemode_spec::CodemodeMode;
 use serde_json::json;
@@ -44,7 +46,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }}),
         "test",
     )?;
-    let hub = McpHub::connect(&config, ConnectOptions::default()).await;
+    let hub = Arc::new(McpHub::connect(&config, ConnectOptions::default()).await);
     let registry = Registry::new();
     for tool in hub.tools() {
         registry.register(tool)?;
@@ -60,7 +62,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .mode(CodemodeMode::On)
         .build()?;
     let codemode = Codemode::builder().gate(gate).build()?;
-    serve_stdio(codemode, approvals).await?;
+    let opts = ServeOptions {
+        hub: Some(hub.clone()),
+        ..Default::default()
+    };
+    serve_stdio(codemode, approvals, opts).await?;
     hub.shutdown().await;
     Ok(())
 }

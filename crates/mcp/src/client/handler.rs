@@ -6,24 +6,63 @@ use std::sync::Arc;
 
 use rmcp::ClientHandler;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, LoggingLevel, LoggingMessageNotificationParam,
+    ClientCapabilities, ClientConfig, Implementation, LoggingLevel,
+    LoggingMessageNotificationParam, ProgressNotificationParam,
 };
 use rmcp::service::{NotificationContext, RoleClient};
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Per-connection handler: forwards `tools/list_changed` to the hub's refresher and logs the
-/// server's log messages through `tracing` (never into results).
+use super::progress::Watchers;
+
+/// What changed on a server, for the hub's refresher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listing {
+    Tools,
+    Resources,
+    Prompts,
+}
+
+/// Per-connection handler: forwards list changes to the hub's refresher, progress to whoever
+/// waits for the call, and logs the server's log messages through `tracing` (never into results).
 #[derive(Clone)]
 pub(crate) struct Handler {
     pub(crate) server: Arc<str>,
-    pub(crate) list_changed: UnboundedSender<Arc<str>>,
+    pub(crate) list_changed: UnboundedSender<(Arc<str>, Listing)>,
+    pub(crate) progress: Watchers,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server = %self.server, "tool list changed");
         // The hub may be shutting down; then there is nobody left to refresh for.
-        let _ = self.list_changed.send(self.server.clone());
+        let _ = self
+            .list_changed
+            .send((self.server.clone(), Listing::Tools));
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self
+            .list_changed
+            .send((self.server.clone(), Listing::Resources));
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self
+            .list_changed
+            .send((self.server.clone(), Listing::Prompts));
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.deliver(
+            &params.progress_token,
+            params.progress,
+            params.total,
+            params.message.as_deref(),
+        );
     }
 
     async fn on_logging_message(

@@ -1,23 +1,27 @@
 //! The hub: every configured server's connection, and their tools as codemode tools.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use codemode_spec::{NamespaceSpec, Tool};
 use tokio::sync::{mpsc, watch};
 
+use super::handler::Listing;
+use super::resources::{ResourceTool, resource_tool_names};
 use super::tool::McpTool;
-use super::upstream::{ServerState, ServerStatus, Upstream};
+use super::upstream::{ServerState, ServerStatus, Upstream, human_duration};
 use crate::config::McpConfig;
 use crate::naming::{mcp_namespace, name_server_tools};
 
 /// Timeouts for connecting to servers and calling their tools.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// How long one server may take to start, shake hands and list its tools, unless the
-    /// server's own `connectTimeoutMs` says otherwise.
+    /// server's own `connectTimeoutMs` or `server_connect_timeouts` says otherwise.
     pub connect_timeout: Duration,
+    /// Per-server connect timeouts, by server name (a slow `npx` download, a remote server).
+    pub server_connect_timeouts: BTreeMap<String, Duration>,
     /// How long a call may go without a result or a progress notification, unless the server's
     /// `timeout` says otherwise.
     pub call_timeout: Duration,
@@ -33,33 +37,45 @@ impl Default for ConnectOptions {
     fn default() -> Self {
         ConnectOptions {
             connect_timeout: Duration::from_secs(30),
+            server_connect_timeouts: BTreeMap::new(),
             call_timeout: Duration::from_secs(60),
             retry_after: Some(Duration::from_secs(2)),
         }
     }
 }
 
+impl ConnectOptions {
+    /// The connect timeout of one server.
+    pub fn connect_timeout_for(&self, server: &str) -> Duration {
+        self.server_connect_timeouts
+            .get(server)
+            .copied()
+            .unwrap_or(self.connect_timeout)
+    }
+}
+
 /// Owns the connections to the configured MCP servers.
 ///
-/// Servers are connected in parallel; a server that fails is recorded in [`McpHub::status`] and
-/// never fails the hub, so one broken server cannot take the others down. A server that dies is
-/// started again by the next call to one of its tools. When a server reports that its tool list
-/// changed, the hub lists it again and bumps [`McpHub::on_tools_changed`] so the runtime can
-/// register the new set.
+/// Servers are connected in parallel, in the background: [`McpHub::start`] returns at once and
+/// each server's tools arrive as it comes up ([`McpHub::on_tools_changed`] bumps), so one slow
+/// server never holds up the others or the client. [`McpHub::connect`] waits for every first
+/// attempt. A server that fails is recorded in [`McpHub::status`] and tried again in the
+/// background; a server that dies is started again by the next call to one of its tools.
 pub struct McpHub {
     upstreams: Vec<Arc<Upstream>>,
     disabled: Vec<String>,
     generation: watch::Receiver<u64>,
-    refresher: tokio::task::JoinHandle<()>,
-    retrier: Option<tokio::task::JoinHandle<()>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Done with every first attempt (connected or failed).
+    settled: watch::Receiver<bool>,
 }
 
 impl McpHub {
-    /// Connects to every enabled server of `config`, in parallel.
-    pub async fn connect(config: &McpConfig, opts: ConnectOptions) -> McpHub {
+    /// Starts every enabled server of `config` in the background and returns at once.
+    pub fn start(config: &McpConfig, opts: ConnectOptions) -> McpHub {
         let (generation_tx, generation) = watch::channel(0u64);
         let generation_tx = Arc::new(generation_tx);
-        let (list_changed, mut changes) = mpsc::unbounded_channel::<Arc<str>>();
+        let (list_changed, mut changes) = mpsc::unbounded_channel::<(Arc<str>, Listing)>();
         let mut upstreams = Vec::new();
         let mut disabled = Vec::new();
         for server in config.servers() {
@@ -69,43 +85,68 @@ impl McpHub {
             }
             upstreams.push(Arc::new(Upstream::new(
                 server.clone(),
-                server.connect_timeout.unwrap_or(opts.connect_timeout),
+                server
+                    .connect_timeout
+                    .unwrap_or_else(|| opts.connect_timeout_for(&server.name)),
                 opts.call_timeout,
                 list_changed.clone(),
                 generation_tx.clone(),
             )));
         }
-        let started = futures::future::join_all(upstreams.iter().map(|u| u.connect())).await;
-        let failed: Vec<Arc<Upstream>> = upstreams
-            .iter()
-            .zip(&started)
-            .filter(|(_, r)| r.is_err())
-            .map(|(u, _)| u.clone())
-            .collect();
-        // Servers that failed to start are tried again in the background; one that comes up
-        // bumps the generation, so whoever follows `on_tools_changed` registers its tools.
-        let retrier = match opts.retry_after {
-            Some(first) if !failed.is_empty() => Some(tokio::spawn(retry_failed(failed, first))),
-            _ => None,
-        };
+        let (settled_tx, settled) = watch::channel(upstreams.is_empty());
+        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(upstreams.len()));
+        let settled_tx = Arc::new(settled_tx);
+        let mut tasks = Vec::new();
+        for upstream in &upstreams {
+            let upstream = upstream.clone();
+            let pending = pending.clone();
+            let settled_tx = settled_tx.clone();
+            let retry_after = opts.retry_after;
+            // Each server on its own: a slow one holds up neither the others nor their retries.
+            tasks.push(tokio::spawn(async move {
+                let first = upstream.connect().await;
+                if pending.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+                    let _ = settled_tx.send(true);
+                }
+                if let (Err(_), Some(delay)) = (first, retry_after) {
+                    keep_trying(upstream, delay).await;
+                }
+            }));
+        }
         let watched = upstreams.clone();
         let refresher = tokio::spawn(async move {
-            while let Some(server) = changes.recv().await {
+            while let Some((server, what)) = changes.recv().await {
                 if let Some(upstream) = watched.iter().find(|u| u.name() == &*server) {
-                    upstream.refresh_tools().await;
+                    upstream.refresh(what).await;
                 }
             }
         });
+        tasks.push(refresher);
         McpHub {
             upstreams,
             disabled,
             generation,
-            refresher,
-            retrier,
+            tasks: Mutex::new(tasks),
+            settled,
         }
     }
 
-    /// One tool per MCP tool of every connected server, named `mcp__<server>__<tool>`.
+    /// Starts every enabled server and waits until each first attempt connected or failed.
+    pub async fn connect(config: &McpConfig, opts: ConnectOptions) -> McpHub {
+        let hub = McpHub::start(config, opts);
+        hub.wait_started().await;
+        hub
+    }
+
+    /// Waits until every server's first attempt to start finished.
+    pub async fn wait_started(&self) {
+        let mut settled = self.settled.clone();
+        let _ = settled.wait_for(|done| *done).await;
+    }
+
+    /// One tool per MCP tool of every server, named `mcp__<server>__<tool>`, plus
+    /// `mcp__<server>__list_resources` and `mcp__<server>__read_resource` for servers with
+    /// resources. A server that is down keeps the tools it had; calling one says why it is down.
     /// Tools whose exposure is `hidden` are included as hidden: the gate refuses them by name,
     /// and listings can say why they are hidden.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
@@ -125,27 +166,57 @@ impl McpHub {
                     upstream.clone(),
                 )));
             }
+            if catalog.resources.is_some() {
+                for (kind, local, name) in resource_tool_names(upstream.name(), &taken) {
+                    let exposure = upstream.config.exposure_for(local);
+                    taken.insert(name.clone());
+                    out.push(Arc::new(ResourceTool::new(
+                        kind,
+                        name,
+                        exposure,
+                        upstream.clone(),
+                    )));
+                }
+            }
         }
         out
     }
 
     /// One namespace per enabled server: `mcp__<server>`, with the configured description (else
-    /// the server's own) and the instructions the server sent.
+    /// the server's own) and the instructions the server sent. A server that is connecting or
+    /// down says so in its description, so `describeNamespace` tells "broken" from "unknown".
     pub fn namespaces(&self) -> Vec<NamespaceSpec> {
         self.upstreams
             .iter()
             .map(|u| {
                 let catalog = u.catalog();
+                let own = u.config.description.clone().or(catalog.server_description);
+                let description = match unavailable_text(u) {
+                    Some(state) => Some(match own {
+                        Some(d) => format!("{d}\n{state}"),
+                        None => state,
+                    }),
+                    None => own,
+                };
                 NamespaceSpec {
                     name: mcp_namespace(u.name()),
-                    description: u.config.description.clone().or(catalog.server_description),
+                    description,
                     instructions: catalog.instructions,
                 }
             })
             .collect()
     }
 
-    /// Connected, failed (with the reason) or disabled, per configured server.
+    /// One line per server that is not connected now, for the model: which server, what
+    /// happened, and when it is tried again.
+    pub fn unavailable(&self) -> Vec<(String, String)> {
+        self.upstreams
+            .iter()
+            .filter_map(|u| unavailable_text(u).map(|t| (u.name().to_string(), t)))
+            .collect()
+    }
+
+    /// Connecting, connected, failed (with the reason) or disabled, per configured server.
     pub fn status(&self) -> Vec<ServerStatus> {
         let mut out: Vec<ServerStatus> = self
             .upstreams
@@ -162,17 +233,29 @@ impl McpHub {
         out
     }
 
-    /// A counter that goes up whenever a server's tool list changed; call [`McpHub::tools`] again
-    /// when it does.
+    /// A counter that goes up whenever a server's tools, resources, prompts or state changed;
+    /// call [`McpHub::tools`] and [`McpHub::namespaces`] again when it does. The receiver has
+    /// seen the current state: it wakes on the next change.
     pub fn on_tools_changed(&self) -> watch::Receiver<u64> {
-        self.generation.clone()
+        let mut changes = self.generation.clone();
+        changes.borrow_and_update();
+        changes
     }
 
-    /// Closes every connection and stops every server process this hub started.
-    pub async fn shutdown(mut self) {
-        self.refresher.abort();
-        if let Some(retrier) = self.retrier.take() {
-            retrier.abort();
+    pub(crate) fn upstreams(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
+    /// Closes every connection and stops every server process this hub started, including any
+    /// still starting; no server is started again afterwards.
+    pub async fn shutdown(&self) {
+        let tasks: Vec<_> = std::mem::take(&mut *lock(&self.tasks));
+        for task in &tasks {
+            task.abort();
+        }
+        // Aborted tasks drop what they were starting (and its process group) when they end.
+        for task in tasks {
+            let _ = task.await;
         }
         futures::future::join_all(self.upstreams.iter().map(|u| u.shutdown())).await;
     }
@@ -180,24 +263,43 @@ impl McpHub {
 
 impl Drop for McpHub {
     fn drop(&mut self) {
-        self.refresher.abort();
-        if let Some(retrier) = &self.retrier {
-            retrier.abort();
+        for task in lock(&self.tasks).iter() {
+            task.abort();
         }
     }
 }
 
-async fn retry_failed(mut pending: Vec<Arc<Upstream>>, first: Duration) {
-    let mut delay = first;
-    while !pending.is_empty() {
+/// What the model reads about a server that is not connected.
+fn unavailable_text(u: &Upstream) -> Option<String> {
+    match u.state() {
+        ServerState::Connected { .. } | ServerState::Disabled => None,
+        ServerState::Connecting => Some(format!(
+            "Not available yet: MCP server \"{}\" is still starting; its tools appear when it is \
+             up (the tool list changes).",
+            u.name()
+        )),
+        ServerState::Failed(reason) => Some(format!(
+            "Not available: {}.",
+            u.unavailable(&reason).trim_end_matches('.')
+        )),
+    }
+}
+
+/// Tries to start a server that failed, after `delay`, then twice as long each time, up to a
+/// minute apart, until it is up.
+async fn keep_trying(upstream: Arc<Upstream>, mut delay: Duration) {
+    loop {
+        upstream.set_retry_every(Some(delay));
+        tracing::debug!(server = %upstream.name(), delay = %human_duration(delay), "retrying an MCP server that failed");
         tokio::time::sleep(delay).await;
-        let results = futures::future::join_all(pending.iter().map(|u| u.connect())).await;
-        pending = pending
-            .into_iter()
-            .zip(results)
-            .filter(|(_, r)| r.is_err())
-            .map(|(u, _)| u)
-            .collect();
+        if upstream.connect().await.is_ok() {
+            upstream.set_retry_every(None);
+            return;
+        }
         delay = (delay * 2).min(RETRY_MAX);
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -2,10 +2,16 @@
 
 mod handler;
 mod hub;
+mod progress;
+mod proxy;
+mod resources;
 mod result;
 mod tool;
 mod upstream;
 
 pub use hub::{ConnectOptions, McpHub};
+pub use progress::{ProgressRoute, ProgressSink, route_progress};
+pub use proxy::ProxyError;
 pub use result::to_tool_output;
+pub(crate) use tool::upstream_output_schema;
 pub use upstream::{ServerState, ServerStatus};

@@ -67,8 +67,16 @@ impl Tool for McpTool {
     fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
         let upstream = self.upstream.clone();
         let remote = self.remote_name.clone();
+        let progress = call
+            .provenance
+            .parent_call_id
+            .as_deref()
+            .and_then(super::progress::sink_for)
+            .map(|sink| (sink, self.spec.name.clone()));
         Box::pin(async move {
-            let result = upstream.call(&remote, call.args, &call.cancel).await?;
+            let result = upstream
+                .call(&remote, call.args, &call.cancel, progress)
+                .await?;
             Ok(to_tool_output(upstream.name(), &remote, result))
         })
     }
@@ -118,4 +126,31 @@ fn result_schema(output: Option<&Map<String, Value>>) -> Value {
     );
     root.insert("required".into(), json!(["content"]));
     Value::Object(root)
+}
+
+/// The upstream's own output schema of an MCP tool, undoing [`result_schema`]: `None` when the
+/// spec is not an MCP tool's or the server declared none.
+pub(crate) fn upstream_output_schema(spec: &ToolSpec) -> Option<Map<String, Value>> {
+    if !spec
+        .namespace
+        .as_deref()
+        .is_some_and(|n| n.starts_with("mcp__"))
+    {
+        return None;
+    }
+    let root = spec.output_schema.as_ref()?.as_object()?;
+    let mut structured = root
+        .get("properties")?
+        .get("structuredContent")?
+        .as_object()?
+        .clone();
+    if structured.is_empty() {
+        return None;
+    }
+    for defs in ["$defs", "definitions"] {
+        if let Some(v) = root.get(defs) {
+            structured.insert(defs.to_string(), v.clone());
+        }
+    }
+    Some(structured)
 }

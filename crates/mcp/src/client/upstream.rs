@@ -2,13 +2,15 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use codemode_spec::ToolError;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientRequest, ServerResult, Tool as McpToolDef,
+    ClientRequest, GetPromptResult, Prompt, ReadResourceResult, RequestId, Resource,
+    ResourceTemplate, ServerResult, Tool as McpToolDef,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -19,7 +21,8 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use super::handler::Handler;
+use super::handler::{Handler, Listing};
+use super::progress::{ProgressSink, Watchers};
 use crate::config::{ServerConfig, ServerTransport};
 
 /// How many of a server's last stderr lines are kept to explain a failed start.
@@ -30,6 +33,8 @@ type Service = RunningService<RoleClient, Handler>;
 /// What the hub knows about a server right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerState {
+    /// Started in the background and not answered yet.
+    Connecting,
     /// Connected, offering this many tools.
     Connected { tools: usize },
     /// Not connected; the reason says why and how to fix it.
@@ -51,13 +56,30 @@ pub(crate) struct Catalog {
     pub(crate) tools: Vec<McpToolDef>,
     pub(crate) instructions: Option<String>,
     pub(crate) server_description: Option<String>,
+    /// `Some` when the server offers resources (the capability), with what it listed.
+    pub(crate) resources: Option<Resources>,
+    /// `Some` when the server offers prompts.
+    pub(crate) prompts: Option<Vec<Prompt>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Resources {
+    pub(crate) resources: Vec<Resource>,
+    pub(crate) templates: Vec<ResourceTemplate>,
 }
 
 pub(crate) struct Upstream {
     pub(crate) config: ServerConfig,
     connect_timeout: Duration,
     call_timeout: Duration,
-    list_changed: UnboundedSender<Arc<str>>,
+    list_changed: UnboundedSender<(Arc<str>, Listing)>,
+    progress: Watchers,
+    /// Set once the first attempt to start finished, whatever its outcome.
+    attempted: AtomicBool,
+    /// Set by `shutdown`: nothing starts the server again.
+    closed: AtomicBool,
+    /// How long until the background retry tries again, for the message a failed call shows.
+    retry_every: Mutex<Option<Duration>>,
     /// Bumped whenever this server's tool list changes.
     generation: Arc<tokio::sync::watch::Sender<u64>>,
     /// Serializes (re)connects so that concurrent calls to a dead server start it only once.
@@ -93,7 +115,7 @@ impl Upstream {
         config: ServerConfig,
         connect_timeout: Duration,
         default_call_timeout: Duration,
-        list_changed: UnboundedSender<Arc<str>>,
+        list_changed: UnboundedSender<(Arc<str>, Listing)>,
         generation: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Self {
         let call_timeout = config.timeout.unwrap_or(default_call_timeout);
@@ -102,6 +124,10 @@ impl Upstream {
             connect_timeout,
             call_timeout,
             list_changed,
+            progress: Watchers::default(),
+            attempted: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            retry_every: Mutex::new(None),
             generation,
             connect_lock: tokio::sync::Mutex::new(()),
             live: RwLock::new(None),
@@ -120,49 +146,93 @@ impl Upstream {
     }
 
     pub(crate) fn state(&self) -> ServerState {
+        if self.closed.load(Ordering::Acquire) {
+            return ServerState::Failed("codemode is shutting down".into());
+        }
         if let Some(reason) = read(&self.failure).clone() {
             return ServerState::Failed(reason);
         }
         match read(&self.live).as_ref() {
-            Some(live) if live.peer.is_transport_closed() => ServerState::Failed(
-                "the connection was lost; the next call starts the server again".into(),
-            ),
+            Some(live) if live.peer.is_transport_closed() => ServerState::Failed(format!(
+                "MCP server \"{}\" lost its connection; the next call starts it again",
+                self.name()
+            )),
             Some(_) => ServerState::Connected {
                 tools: read(&self.catalog).tools.len(),
             },
-            None => ServerState::Failed("not connected yet".into()),
+            None if !self.attempted.load(Ordering::Acquire) => ServerState::Connecting,
+            None => ServerState::Failed(format!("MCP server \"{}\" is not connected", self.name())),
         }
+    }
+
+    /// What a call to this server's tools says while the server is down: what happened and
+    /// when it is tried again.
+    pub(crate) fn unavailable(&self, why: &str) -> String {
+        let retry = match *lock(&self.retry_every) {
+            Some(every) => format!(
+                "; it is tried again in the background every {} (and by the next call)",
+                human_duration(every)
+            ),
+            None => "; the next call tries to start it again".to_string(),
+        };
+        format!("{why}{retry}")
+    }
+
+    pub(crate) fn set_retry_every(&self, every: Option<Duration>) {
+        *lock(&self.retry_every) = every;
     }
 
     /// Connects (or reconnects) and lists the tools. Failures are recorded, never raised.
     pub(crate) async fn connect(&self) -> Result<Peer<RoleClient>, String> {
         let _guard = self.connect_lock.lock().await;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(format!(
+                "MCP server \"{}\" is not started again: codemode is shutting down",
+                self.name()
+            ));
+        }
         if let Some(peer) = self.live_peer() {
             return Ok(peer);
         }
-        match tokio::time::timeout(self.connect_timeout, self.start()).await {
+        let outcome = tokio::time::timeout(self.connect_timeout, self.start()).await;
+        let was_failed = read(&self.failure).is_some() || !self.attempted.load(Ordering::Acquire);
+        self.attempted.store(true, Ordering::Release);
+        match outcome {
             Ok(Ok((service, catalog, group))) => {
                 let peer = service.peer().clone();
-                let changed = read(&self.catalog).tools != catalog.tools;
+                let changed = {
+                    let old = read(&self.catalog);
+                    old.tools != catalog.tools
+                        || old.resources != catalog.resources
+                        || old.prompts != catalog.prompts
+                };
                 *write(&self.catalog) = catalog;
-                if changed {
-                    self.bump();
-                }
                 *write(&self.failure) = None;
                 *write(&self.live) = Some(Live {
                     peer: peer.clone(),
                     service,
                     _group: group,
                 });
+                if self.closed.load(Ordering::Acquire) {
+                    // Shut down while starting: stop what was just started.
+                    self.shutdown().await;
+                    return Err(format!(
+                        "MCP server \"{}\" was stopped: codemode is shutting down",
+                        self.name()
+                    ));
+                }
+                if changed || was_failed {
+                    self.bump();
+                }
                 Ok(peer)
             }
             Ok(Err(reason)) => Err(self.fail(reason).await),
             Err(_) => Err(self
                 .fail(format!(
-                    "did not finish starting within {:.0} s; check the command, or raise \
-                 \"connectTimeoutMs\" for this server in {} (a first `npx` run downloads the \
-                 package and can take a minute)",
-                    self.connect_timeout.as_secs_f64(),
+                    "did not finish starting within {}; check the command, or raise \
+                     \"connectTimeoutMs\" for this server in {} (a first `npx` run downloads \
+                     the package and can take a minute)",
+                    human_duration(self.connect_timeout),
                     self.config.source
                 ))
                 .await),
@@ -170,6 +240,7 @@ impl Upstream {
     }
 
     async fn fail(&self, reason: String) -> String {
+        let reason = format!("failed to start: {reason}");
         // Give a dying process a moment to finish its last words on stderr.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let tail: Vec<String> = lock(&self.stderr_tail).iter().cloned().collect();
@@ -183,7 +254,12 @@ impl Upstream {
             )
         };
         tracing::warn!(server = %self.name(), %reason, "MCP server unavailable");
+        let first = read(&self.failure).is_none();
         *write(&self.failure) = Some(reason.clone());
+        if first {
+            // The description and `describeNamespace` say the server is down.
+            self.bump();
+        }
         reason
     }
 
@@ -199,6 +275,7 @@ impl Upstream {
         let handler = Handler {
             server: Arc::from(self.name()),
             list_changed: self.list_changed.clone(),
+            progress: self.progress.clone(),
         };
         let mut group = None;
         let transport = self
@@ -262,6 +339,24 @@ impl Upstream {
             .await
             .map_err(|e| format!("listing its tools failed: {e}"))?;
         let info = service.peer().peer_info();
+        let capabilities = info
+            .as_ref()
+            .map(|i| i.capabilities.clone())
+            .unwrap_or_default();
+        let resources = match capabilities.resources {
+            Some(_) => Some(list_resources(service.peer()).await.unwrap_or_else(|e| {
+                tracing::warn!(server = %self.name(), error = %e, "listing MCP resources failed");
+                Resources::default()
+            })),
+            None => None,
+        };
+        let prompts = match capabilities.prompts {
+            Some(_) => Some(service.peer().list_all_prompts().await.unwrap_or_else(|e| {
+                tracing::warn!(server = %self.name(), error = %e, "listing MCP prompts failed");
+                Vec::new()
+            })),
+            None => None,
+        };
         let catalog = Catalog {
             tools,
             instructions: info.as_ref().and_then(|i| i.instructions.clone()),
@@ -269,6 +364,8 @@ impl Upstream {
                 .as_ref()
                 .and_then(|i| i.server_info.as_ref())
                 .and_then(|s| s.description.clone()),
+            resources,
+            prompts,
         };
         Ok((service, catalog, group))
     }
@@ -289,41 +386,67 @@ impl Upstream {
         });
     }
 
-    /// Lists the tools again (after `tools/list_changed`). Returns true when the list changed.
-    pub(crate) async fn refresh_tools(&self) -> bool {
+    /// Lists again what a server said changed. Returns true when the list changed.
+    pub(crate) async fn refresh(&self, what: Listing) -> bool {
         let Some(peer) = self.live_peer() else {
             return false;
         };
-        match peer.list_all_tools().await {
-            Ok(tools) => {
-                let mut catalog = write(&self.catalog);
-                if catalog.tools == tools {
-                    return false;
+        let changed = match what {
+            Listing::Tools => match peer.list_all_tools().await {
+                Ok(tools) => replace_if_changed(&mut write(&self.catalog).tools, tools),
+                Err(e) => {
+                    tracing::warn!(server = %self.name(), error = %e, "refreshing MCP tools failed");
+                    false
                 }
-                catalog.tools = tools;
-                drop(catalog);
-                self.bump();
-                true
-            }
-            Err(e) => {
-                tracing::warn!(server = %self.name(), error = %e, "refreshing MCP tools failed");
-                false
-            }
+            },
+            Listing::Resources => match list_resources(&peer).await {
+                Ok(r) => replace_if_changed(&mut write(&self.catalog).resources, Some(r)),
+                Err(e) => {
+                    tracing::warn!(server = %self.name(), error = %e, "refreshing MCP resources failed");
+                    false
+                }
+            },
+            Listing::Prompts => match peer.list_all_prompts().await {
+                Ok(p) => replace_if_changed(&mut write(&self.catalog).prompts, Some(p)),
+                Err(e) => {
+                    tracing::warn!(server = %self.name(), error = %e, "refreshing MCP prompts failed");
+                    false
+                }
+            },
+        };
+        if changed {
+            self.bump();
         }
+        changed
     }
 
     fn bump(&self) {
         self.generation.send_modify(|g| *g += 1);
     }
 
+    /// A live connection, starting the server first when it is down. Gives up when `cancel`
+    /// fires.
+    async fn peer(&self, cancel: &CancellationToken) -> Result<Peer<RoleClient>, ToolError> {
+        if let Some(peer) = self.live_peer() {
+            return Ok(peer);
+        }
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(ToolError::cancelled()),
+            r = self.connect() => r.map_err(|why| ToolError::failed(self.unavailable(&why))),
+        }
+    }
+
     /// Calls a tool. A server that died since the last call is restarted once first.
-    /// The request is cancelled (`notifications/cancelled`) when `cancel` fires, and fails after
-    /// the call timeout without a response or progress notification.
+    /// The request is cancelled (`notifications/cancelled`) when `cancel` fires or when this
+    /// future is dropped before the answer came, and fails after the call timeout without a
+    /// response or progress notification. The server's progress goes to `progress`.
     pub(crate) async fn call(
         &self,
         tool: &str,
         args: Value,
         cancel: &CancellationToken,
+        progress: Option<(ProgressSink, String)>,
     ) -> Result<CallToolResult, ToolError> {
         let arguments = match args {
             Value::Object(map) => Some(map),
@@ -334,51 +457,124 @@ impl Upstream {
                 )));
             }
         };
-        let peer = match self.live_peer() {
-            Some(peer) => peer,
-            None => tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(ToolError::cancelled()),
-                r = self.connect() => r.map_err(ToolError::failed)?,
-            },
-        };
+        let peer = self.peer(cancel).await?;
         let mut params = CallToolRequestParams::new(tool.to_string());
         params.arguments = arguments;
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let options =
-            PeerRequestOptions::with_timeout(self.call_timeout).reset_timeout_on_progress();
-        let handle = peer
-            .send_request_with_option(request, options)
-            .await
-            .map_err(|e| self.call_error(tool, e))?;
-        let id = handle.id.clone();
-        let response = tokio::select! {
-            biased;
-            r = handle.await_response() => r,
-            _ = cancel.cancelled() => {
-                let note = CancelledNotificationParam::new(
-                    Some(id),
-                    Some("the codemode script no longer waits for this call".into()),
-                );
-                if let Err(e) = peer.notify_cancelled(note).await {
-                    tracing::debug!(server = %self.name(), error = %e, "could not send cancellation");
-                }
-                return Err(ToolError::cancelled());
-            }
-        };
-        match response {
+        match self.request(&peer, request, cancel, progress).await {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(_) => Err(ToolError::failed(format!(
                 "MCP server \"{}\" answered tools/call for \"{tool}\" with something other than a \
                  tool result",
                 self.name()
             ))),
-            Err(e) => Err(self.call_error(tool, e)),
+            Err(e) => Err(e.into_tool_error(self, tool)),
         }
+    }
+
+    /// Lists the server's resources and templates now (and remembers them).
+    pub(crate) async fn list_resources_now(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<Resources, ToolError> {
+        let peer = self.peer(cancel).await?;
+        let listed = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Err(ToolError::cancelled()),
+            r = list_resources(&peer) => r.map_err(|e| self.call_error("resources/list", e))?,
+        };
+        if replace_if_changed(&mut write(&self.catalog).resources, Some(listed.clone())) {
+            self.bump();
+        }
+        Ok(listed)
+    }
+
+    /// Reads one resource (`resources/read`).
+    pub(crate) async fn read_resource(
+        &self,
+        uri: &str,
+        cancel: &CancellationToken,
+    ) -> Result<ReadResourceResult, ToolError> {
+        let peer = self.peer(cancel).await?;
+        let params = serde_json::from_value(serde_json::json!({ "uri": uri }))
+            .map_err(|e| ToolError::invalid(format!("not a resource URI: {e}")))?;
+        let request =
+            ClientRequest::ReadResourceRequest(rmcp::model::ReadResourceRequest::new(params));
+        match self.request(&peer, request, cancel, None).await {
+            Ok(ServerResult::ReadResourceResult(result)) => Ok(result),
+            Ok(_) => Err(ToolError::failed(format!(
+                "MCP server \"{}\" answered resources/read for {uri} with something other than \
+                 the resource (it may need input codemode cannot give)",
+                self.name()
+            ))),
+            Err(e) => Err(e.into_tool_error(self, &format!("resources/read {uri}"))),
+        }
+    }
+
+    /// Gets one prompt (`prompts/get`).
+    pub(crate) async fn get_prompt(
+        &self,
+        name: &str,
+        arguments: Option<serde_json::Map<String, Value>>,
+        cancel: &CancellationToken,
+    ) -> Result<GetPromptResult, ToolError> {
+        let peer = self.peer(cancel).await?;
+        let params =
+            serde_json::from_value(serde_json::json!({ "name": name, "arguments": arguments }))
+                .map_err(|e| ToolError::invalid(format!("bad prompt arguments: {e}")))?;
+        let request = ClientRequest::GetPromptRequest(rmcp::model::GetPromptRequest::new(params));
+        match self.request(&peer, request, cancel, None).await {
+            Ok(ServerResult::GetPromptResult(result)) => Ok(result),
+            Ok(_) => Err(ToolError::failed(format!(
+                "MCP server \"{}\" answered prompts/get for {name} with something other than \
+                 the prompt",
+                self.name()
+            ))),
+            Err(e) => Err(e.into_tool_error(self, &format!("prompts/get {name}"))),
+        }
+    }
+
+    /// Sends one request and waits for its answer. Whatever stops the wait early (`cancel`, the
+    /// caller dropping this future, a timeout) tells the server with `notifications/cancelled`.
+    async fn request(
+        &self,
+        peer: &Peer<RoleClient>,
+        request: ClientRequest,
+        cancel: &CancellationToken,
+        progress: Option<(ProgressSink, String)>,
+    ) -> Result<ServerResult, RequestError> {
+        let options =
+            PeerRequestOptions::with_timeout(self.call_timeout).reset_timeout_on_progress();
+        let handle = peer
+            .send_request_with_option(request, options)
+            .await
+            .map_err(RequestError::Service)?;
+        // From here on the server knows the request: any way out but its answer cancels it.
+        let mut guard = CancelOnDrop::new(peer.clone(), handle.id.clone(), self.name());
+        let _watch = progress.map(|(sink, label)| {
+            self.progress
+                .watch(handle.progress_token.clone(), sink, label)
+        });
+        let response = tokio::select! {
+            biased;
+            r = handle.await_response() => r,
+            // The guard sends the cancellation from its own task: this future may itself be
+            // dropped at any await from here on, which must not lose the notification.
+            _ = cancel.cancelled() => return Err(RequestError::Cancelled),
+        };
+        // rmcp itself cancels on its timeout; an answer or a closed transport needs nothing.
+        guard.disarm();
+        response.map_err(RequestError::Service)
     }
 
     fn call_error(&self, tool: &str, e: ServiceError) -> ToolError {
         let server = self.name();
+        if e_is_closed(&e) {
+            return ToolError::failed(self.unavailable(&format!(
+                "MCP server \"{server}\" closed the connection during the call to \"{tool}\" \
+                 (it may have crashed)"
+            )));
+        }
         match e {
             ServiceError::Timeout { timeout } => ToolError::timeout(format!(
                 "MCP tool {server}/{tool} did not answer within {:.0} s (no result and no \
@@ -386,12 +582,6 @@ impl Upstream {
                  tool is slow",
                 timeout.as_secs_f64()
             )),
-            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
-                ToolError::failed(format!(
-                    "MCP server \"{server}\" closed the connection during the call to \"{tool}\" \
-                     (it may have crashed); the next call starts it again"
-                ))
-            }
             ServiceError::McpError(data) => {
                 ToolError::failed(format!("MCP tool {server}/{tool} failed: {}", data.message))
             }
@@ -400,7 +590,9 @@ impl Upstream {
         }
     }
 
+    /// Closes the session and stops the server's process group; nothing starts it again.
     pub(crate) async fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
         let live = write(&self.live).take();
         if let Some(mut live) = live {
             let _ = live
@@ -420,4 +612,120 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 fn lock<T>(l: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn e_is_closed(e: &ServiceError) -> bool {
+    matches!(
+        e,
+        ServiceError::TransportClosed | ServiceError::TransportSend(_)
+    )
+}
+
+fn replace_if_changed<T: PartialEq>(slot: &mut T, new: T) -> bool {
+    if *slot == new {
+        return false;
+    }
+    *slot = new;
+    true
+}
+
+async fn list_resources(peer: &Peer<RoleClient>) -> Result<Resources, ServiceError> {
+    let resources = peer.list_all_resources().await?;
+    // Templates are optional for a server that has resources; some answer "method not found".
+    let templates = peer.list_all_resource_templates().await.unwrap_or_default();
+    Ok(Resources {
+        resources,
+        templates,
+    })
+}
+
+/// `90 s`, `2 min`, `1 h`.
+pub(crate) fn human_duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 1.0 {
+        format!("{} ms", d.as_millis())
+    } else if s < 120.0 {
+        format!("{s:.0} s")
+    } else if s < 7200.0 {
+        format!("{:.0} min", s / 60.0)
+    } else {
+        format!("{:.0} h", s / 3600.0)
+    }
+}
+
+/// Why a request got no answer.
+enum RequestError {
+    Service(ServiceError),
+    Cancelled,
+}
+
+impl RequestError {
+    fn into_tool_error(self, upstream: &Upstream, what: &str) -> ToolError {
+        match self {
+            RequestError::Cancelled => ToolError::cancelled(),
+            RequestError::Service(e) => upstream.call_error(what, e),
+        }
+    }
+}
+
+/// Sends `notifications/cancelled` for a request, from a task of its own, when dropped before
+/// being disarmed (cancelled, the script ended, or the gate stopped waiting).
+struct CancelOnDrop {
+    armed: Option<(Peer<RoleClient>, RequestId)>,
+    server: String,
+    runtime: Option<tokio::runtime::Handle>,
+}
+
+const CANCEL_REASON: &str = "the codemode script no longer waits for this call";
+
+impl CancelOnDrop {
+    fn new(peer: Peer<RoleClient>, id: RequestId, server: &str) -> Self {
+        CancelOnDrop {
+            armed: Some((peer, id)),
+            server: server.to_string(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some((peer, id)) = self.armed.take() else {
+            return;
+        };
+        let server = std::mem::take(&mut self.server);
+        let send = async move { notify_cancelled(peer, id, &server).await };
+        match tokio::runtime::Handle::try_current()
+            .ok()
+            .or(self.runtime.take())
+        {
+            Some(runtime) => {
+                runtime.spawn(send);
+            }
+            None => tracing::debug!("no runtime left to send a cancellation on"),
+        }
+    }
+}
+
+/// rmcp writes each outgoing message from a task of its own, and tokio runs the newest task
+/// first, so a cancellation sent right after its request can reach the server before the
+/// request does, and be ignored. The second copy, a moment later, arrives after it; a server
+/// ignores a cancellation of a request it already ended.
+const CANCEL_AGAIN_AFTER: Duration = Duration::from_millis(250);
+
+async fn notify_cancelled(peer: Peer<RoleClient>, id: RequestId, server: &str) {
+    for attempt in 0..2 {
+        if attempt == 1 {
+            tokio::time::sleep(CANCEL_AGAIN_AFTER).await;
+        }
+        let note = CancelledNotificationParam::new(Some(id.clone()), Some(CANCEL_REASON.into()));
+        if let Err(e) = peer.notify_cancelled(note).await {
+            tracing::debug!(%server, error = %e, "could not send cancellation");
+            return;
+        }
+    }
 }

@@ -27,6 +27,9 @@ pub struct ElicitationApprover {
 struct SessionPeer {
     peer: Peer<RoleServer>,
     can_elicit: bool,
+    /// Which connection registered it: a session restored on a new connection replaces the old
+    /// one, and the old one's end must not remove the new one.
+    owner: u64,
 }
 
 impl ElicitationApprover {
@@ -34,14 +37,41 @@ impl ElicitationApprover {
         Self::default()
     }
 
-    pub(crate) fn register(&self, session_id: &str, peer: Peer<RoleServer>, can_elicit: bool) {
+    pub(crate) fn register(
+        &self,
+        session_id: &str,
+        peer: Peer<RoleServer>,
+        can_elicit: bool,
+        owner: u64,
+    ) {
         let mut sessions = self.sessions.write().unwrap_or_else(|e| e.into_inner());
-        sessions.insert(session_id.to_string(), SessionPeer { peer, can_elicit });
+        sessions.insert(
+            session_id.to_string(),
+            SessionPeer {
+                peer,
+                can_elicit,
+                owner,
+            },
+        );
     }
 
-    pub(crate) fn forget(&self, session_id: &str) {
+    pub(crate) fn forget(&self, session_id: &str, owner: u64) {
         let mut sessions = self.sessions.write().unwrap_or_else(|e| e.into_inner());
-        sessions.remove(session_id);
+        if sessions.get(session_id).is_some_and(|s| s.owner == owner) {
+            sessions.remove(session_id);
+        }
+    }
+
+    /// How many clients are registered (for tests of what ended sessions leave behind).
+    pub fn len(&self) -> usize {
+        self.sessions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Tells every connected client that the tool list changed (the `codemode` description
@@ -68,7 +98,7 @@ impl ElicitationApprover {
         let session = &req.provenance.session_id;
         let Some(target) = self.session(session) else {
             tracing::warn!(%session, tool = %req.tool_name, "approval denied: no MCP client for this session");
-            return ApprovalAnswer::No;
+            return ApprovalAnswer::Unasked("the client's session has ended");
         };
         if !target.can_elicit {
             tracing::warn!(
@@ -76,13 +106,13 @@ impl ElicitationApprover {
                 tool = %req.tool_name,
                 "approval denied: the MCP client does not support elicitation, so nobody can be asked"
             );
-            return ApprovalAnswer::No;
+            return ApprovalAnswer::Unasked("this client cannot show approval requests");
         }
         let params: ElicitRequestParams = match serde_json::from_value(question(req)) {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "approval denied: could not build the elicitation");
-                return ApprovalAnswer::No;
+                return ApprovalAnswer::Unasked("the approval request could not be built");
             }
         };
         let asked = target
@@ -110,7 +140,7 @@ impl ElicitationApprover {
             Ok(_) => ApprovalAnswer::No,
             Err(e) => {
                 tracing::warn!(%session, error = %e, "approval denied: the elicitation failed");
-                ApprovalAnswer::No
+                ApprovalAnswer::Unasked("the client did not answer the approval request")
             }
         }
     }

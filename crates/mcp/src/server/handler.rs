@@ -1,35 +1,59 @@
 //! The codemode MCP server: `list_tools` and `call_tool`, written by hand because the `codemode`
-//! tool's description is generated from the tools registered at run time.
+//! tool's description is generated from the tools registered at run time; in mode `on` also the
+//! upstream servers' resources and prompts.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use codemode_runtime::{Codemode, ScriptRequest};
-use codemode_spec::{CodemodeMode, ContentBlock as SpecBlock, ToolOutput, ToolSpec};
+use codemode_runtime::{CallEvent, CallObserver, Codemode, ScriptRequest};
+use codemode_spec::{CodemodeMode, ToolSpec};
 use rmcp::ErrorData;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
-    Implementation, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
-    Tool, ToolAnnotations,
+    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{Peer, RequestContext, RoleServer};
 use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
 
+use super::ServeOptions;
 use super::approval::ElicitationApprover;
+use super::result::{direct_result, script_result};
+use crate::client::{ProxyError, route_progress, upstream_output_schema};
+
+/// How often a running script tells a client that asked for progress that it is still alive.
+const HEARTBEAT: Duration = Duration::from_secs(5);
 
 /// One MCP session: its own store, budgets and approvals, keyed by `session_id`.
 #[derive(Clone)]
 pub(crate) struct CodemodeHandler {
     codemode: Codemode,
     approvals: ElicitationApprover,
+    opts: ServeOptions,
     session: Arc<Session>,
+}
+
+/// What to do with a session's store when its connection ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnEnd {
+    /// stdio: the session is over.
+    Forget,
+    /// HTTP: the session may come back on a new connection; the session table decides.
+    Keep,
 }
 
 struct Session {
     /// The MCP session id when the transport has one, else one made up for this connection.
     id: OnceLock<String>,
     fallback_id: String,
+    /// Tells this connection's registrations from a later connection's for the same session.
+    owner: u64,
+    on_end: OnEnd,
     codemode: Codemode,
     approvals: ElicitationApprover,
 }
@@ -41,30 +65,42 @@ impl Drop for Session {
             .get()
             .cloned()
             .unwrap_or_else(|| self.fallback_id.clone());
-        self.codemode.end_session(&id);
-        self.approvals.forget(&id);
+        if self.on_end == OnEnd::Forget || self.id.get().is_none() {
+            self.codemode.end_session(&id);
+        }
+        self.approvals.forget(&id, self.owner);
     }
 }
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+static NEXT_CALL: AtomicU64 = AtomicU64::new(1);
 
 impl CodemodeHandler {
-    pub(crate) fn new(codemode: Codemode, approvals: ElicitationApprover, transport: &str) -> Self {
+    pub(crate) fn new(
+        codemode: Codemode,
+        approvals: ElicitationApprover,
+        opts: ServeOptions,
+        transport: &str,
+        on_end: OnEnd,
+    ) -> Self {
         let n = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
         let fallback_id = format!("mcp-{transport}-{}-{n}", std::process::id());
         CodemodeHandler {
             session: Arc::new(Session {
                 id: OnceLock::new(),
                 fallback_id,
+                owner: n,
+                on_end,
                 codemode: codemode.clone(),
                 approvals: approvals.clone(),
             }),
             codemode,
             approvals,
+            opts,
         }
     }
 
-    /// The session id for this request; registers the client for approvals on first use.
+    /// The session id for this request; registers the client for approvals.
     fn session_id(&self, context: &RequestContext<RoleServer>) -> String {
         let id = self.session.id.get_or_init(|| {
             context
@@ -80,12 +116,16 @@ impl CodemodeHandler {
             .peer_info()
             .is_some_and(|info| info.capabilities.elicitation.is_some());
         self.approvals
-            .register(id, context.peer.clone(), can_elicit);
+            .register(id, context.peer.clone(), can_elicit, self.session.owner);
         id.clone()
     }
 
     fn client_name(context: &RequestContext<RoleServer>) -> Option<String> {
         context.client_info().map(|i| i.name)
+    }
+
+    fn mode_on(&self) -> bool {
+        self.codemode.mode() == CodemodeMode::On
     }
 
     fn codemode_tool(&self) -> Tool {
@@ -96,9 +136,22 @@ impl CodemodeHandler {
             },
             "required": ["code"]
         });
+        let mut description = self.codemode.description();
+        if let Some(hub) = &self.opts.hub {
+            let down = hub.unavailable();
+            if !down.is_empty() {
+                description.push_str(
+                    "\n\nMCP servers not available now (their tools are missing until they are):",
+                );
+                for (_, why) in down {
+                    description.push_str("\n- ");
+                    description.push_str(&why);
+                }
+            }
+        }
         let mut tool = Tool::new_with_raw(
             codemode_gate::CODEMODE_TOOL,
-            Some(self.codemode.description().into()),
+            Some(description.into()),
             Arc::new(as_object(schema)),
         );
         tool.annotations = Some(ToolAnnotations::with_title("Run a codemode script"));
@@ -119,19 +172,43 @@ impl CodemodeHandler {
                 "the codemode tool takes {\"code\": \"<JavaScript>\"}; `code` is missing or not a string",
             )]);
         };
+        let _busy = self.opts.activity.enter();
         let session_id = self.session_id(&context);
+        let call_id = format!("codemode_{}", NEXT_CALL.fetch_add(1, Ordering::Relaxed));
         let mut req = ScriptRequest::new(code, session_id);
         req.client = Self::client_name(&context);
-        // The client's notifications/cancelled cancels the request's token; it aborts the script.
-        req.abort = context.ct.clone();
+        req.parent_call_id = Some(call_id.clone());
+        // The client's notifications/cancelled, or codemode shutting down, aborts the script.
+        let abort = self.opts.shutdown.child_token();
+        let _abort_on_cancel = forward_cancel(context.ct.clone(), abort.clone());
+        req.abort = abort;
+        let reporter = context
+            .meta
+            .get_progress_token()
+            .map(|token| Progress::start(context.peer.clone(), token));
+        let _route = reporter.as_ref().map(|r| {
+            req.on_call = Some(r.observer());
+            route_progress(&call_id, r.sink())
+        });
         let run = self.codemode.run_script(req).await;
-        let mut result = if run.is_error {
-            CallToolResult::error(vec![Content::text(run.text.clone())])
-        } else {
-            CallToolResult::success(vec![Content::text(run.text.clone())])
-        };
-        result.structured_content = Some(run.structured());
-        result
+        drop(reporter);
+        let note = self.unavailable_note(&run);
+        script_result(&run, note.as_deref())
+    }
+
+    /// When a script failed on a `tools.mcp__<server>__…` name of a server that is down, says
+    /// that the server is down (the sandbox only knows the name is not there).
+    fn unavailable_note(&self, run: &codemode_runtime::ScriptRun) -> Option<String> {
+        let hub = self.opts.hub.as_ref()?;
+        let message = &run.result.as_ref()?.error.as_ref()?.message;
+        let (_, rest) = message.split_once("tools.mcp__")?;
+        hub.unavailable()
+            .into_iter()
+            .find(|(server, _)| {
+                let ns = crate::naming::sanitize(server);
+                rest.starts_with(&format!("{ns}__")) || rest.starts_with(&format!("{ns} "))
+            })
+            .map(|(_, why)| why)
     }
 
     async fn run_direct(
@@ -140,27 +217,60 @@ impl CodemodeHandler {
         args: Option<Map<String, Value>>,
         context: RequestContext<RoleServer>,
     ) -> CallToolResult {
+        let _busy = self.opts.activity.enter();
         let session_id = self.session_id(&context);
         let args = args.map(Value::Object).unwrap_or_else(|| json!({}));
+        let from_mcp = self
+            .codemode
+            .gate()
+            .registry()
+            .specs()
+            .iter()
+            .any(|s| s.name == name && is_mcp(s));
         match self
             .codemode
             .call_direct(name, args, &session_id, Self::client_name(&context))
             .await
         {
-            Ok(output) => direct_result(output),
+            Ok(output) => direct_result(output, from_mcp),
             Err(e) => CallToolResult::error(vec![Content::text(e.to_string())]),
+        }
+    }
+
+    fn hub_for_proxy(&self) -> Result<&Arc<crate::McpHub>, ErrorData> {
+        match &self.opts.hub {
+            Some(hub) if self.mode_on() => Ok(hub),
+            _ => Err(ErrorData::method_not_found::<
+                rmcp::model::ListResourcesRequestMethod,
+            >()),
         }
     }
 }
 
+fn is_mcp(spec: &ToolSpec) -> bool {
+    spec.namespace
+        .as_deref()
+        .is_some_and(|n| n.starts_with("mcp__"))
+}
+
 impl ServerHandler for CodemodeHandler {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(
-            ServerCapabilities::builder()
+        let proxy = self.opts.hub.is_some() && self.mode_on();
+        let capabilities = match proxy {
+            true => ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_resources()
+                .enable_resources_list_changed()
+                .enable_prompts()
+                .enable_prompts_list_changed()
+                .build(),
+            false => ServerCapabilities::builder()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .build(),
-        );
+        };
+        let mut info = ServerConfig::new(capabilities);
         info.server_info = Implementation::new("codemode", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(
             "Call the `codemode` tool with a short JavaScript program that calls tools as \
@@ -181,7 +291,7 @@ impl ServerHandler for CodemodeHandler {
         if self.codemode.offers_codemode_tool() {
             tools.push(self.codemode_tool());
         }
-        if self.codemode.mode() == CodemodeMode::On {
+        if self.mode_on() {
             tools.extend(self.codemode.model_declared_tools().iter().map(to_mcp_tool));
         }
         Ok(ListToolsResult::with_all_items(tools))
@@ -208,6 +318,146 @@ impl ServerHandler for CodemodeHandler {
         };
         Ok(CallToolResponse::Complete(result))
     }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(ListResourcesResult::with_all_items(
+            self.hub_for_proxy()?.resources(),
+        ))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(ListResourceTemplatesResult::with_all_items(
+            self.hub_for_proxy()?.resource_templates(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let hub = self.hub_for_proxy()?;
+        hub.read_resource(&request.uri, &context.ct)
+            .await
+            .map(ReadResourceResponse::Complete)
+            .map_err(proxy_error)
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Ok(ListPromptsResult::with_all_items(
+            self.hub_for_proxy()?.prompts(),
+        ))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let hub = self.hub_for_proxy()?;
+        hub.get_prompt(&request.name, request.arguments, &context.ct)
+            .await
+            .map(GetPromptResponse::Complete)
+            .map_err(proxy_error)
+    }
+}
+
+fn proxy_error(e: ProxyError) -> ErrorData {
+    match e {
+        ProxyError::NotFound(m) => ErrorData::invalid_params(m, None),
+        ProxyError::Failed(m) => ErrorData::internal_error(m, None),
+    }
+}
+
+/// Cancels `to` when `from` is cancelled, until dropped.
+fn forward_cancel(from: CancellationToken, to: CancellationToken) -> TaskGuard {
+    TaskGuard(tokio::spawn(async move {
+        from.cancelled().await;
+        to.cancel();
+    }))
+}
+
+/// A task aborted when this is dropped.
+struct TaskGuard(tokio::task::JoinHandle<()>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Sends `notifications/progress` to a client that gave a progress token, in order: one line
+/// per call started and finished, the upstream servers' own progress, and a heartbeat while
+/// nothing else happens, so a client that resets its timeout on progress waits for long scripts.
+struct Progress {
+    tx: tokio::sync::mpsc::UnboundedSender<String>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Progress {
+    fn start(peer: Peer<RoleServer>, token: rmcp::model::ProgressToken) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let task = tokio::spawn(async move {
+            let mut step = 0u64;
+            let mut beat = tokio::time::interval(HEARTBEAT);
+            beat.tick().await;
+            loop {
+                let message = tokio::select! {
+                    m = rx.recv() => match m {
+                        Some(m) => m,
+                        None => return,
+                    },
+                    _ = beat.tick() => "still running".to_string(),
+                };
+                beat.reset();
+                step += 1;
+                let mut note = ProgressNotificationParam::new(token.clone(), step as f64);
+                note.message = Some(message);
+                if peer.notify_progress(note).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Progress { tx, task }
+    }
+
+    fn observer(&self) -> CallObserver {
+        let tx = self.tx.clone();
+        CallObserver::new(move |event| {
+            let line = match event {
+                CallEvent::Started { seq, name } => format!("call {seq}: {name} started"),
+                CallEvent::Finished { seq, name, ok } => {
+                    format!("call {seq}: {name} {}", if ok { "done" } else { "failed" })
+                }
+            };
+            let _ = tx.send(line);
+        })
+    }
+
+    fn sink(&self) -> crate::ProgressSink {
+        let tx = std::sync::Mutex::new(self.tx.clone());
+        Arc::new(move |line| {
+            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(line);
+        })
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 fn as_object(v: Value) -> Map<String, Value> {
@@ -217,12 +467,14 @@ fn as_object(v: Value) -> Map<String, Value> {
     }
 }
 
+/// A direct tool as MCP declares it; an MCP tool keeps its server's own output schema.
 fn to_mcp_tool(spec: &ToolSpec) -> Tool {
     let mut tool = Tool::new_with_raw(
         spec.name.clone(),
         Some(spec.description.clone().into()),
         Arc::new(as_object(spec.input_schema.clone())),
     );
+    tool.output_schema = upstream_output_schema(spec).map(Arc::new);
     let a = &spec.annotations;
     let mut hints = ToolAnnotations::new();
     hints.title = a.title.clone();
@@ -232,29 +484,4 @@ fn to_mcp_tool(spec: &ToolSpec) -> Tool {
     hints.open_world_hint = a.open_world_hint;
     tool.annotations = Some(hints);
     tool
-}
-
-fn direct_result(output: ToolOutput) -> CallToolResult {
-    let blocks = match output.content {
-        Some(blocks) => blocks
-            .into_iter()
-            .map(|b| match b {
-                SpecBlock::Text { text } => Content::text(text),
-                SpecBlock::Image { data, mime_type } => Content::image(data, mime_type),
-            })
-            .collect(),
-        None => vec![Content::text(match &output.value {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        })],
-    };
-    let mut result = if output.is_error {
-        CallToolResult::error(blocks)
-    } else {
-        CallToolResult::success(blocks)
-    };
-    if output.value.is_object() {
-        result.structured_content = Some(output.value);
-    }
-    result
 }

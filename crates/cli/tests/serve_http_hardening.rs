@@ -1,0 +1,76 @@
+//! The streamable HTTP transport as the MCP specification asks (issue 13, item 9).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+const PROBE: &str = r#"
+const [url, token] = process.argv.slice(1);
+const init = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "probe", version: "1" } } });
+const h = (extra) => Object.assign({ "content-type": "application/json", accept: "application/json, text/event-stream", authorization: "bearer " + token }, extra);
+(async () => {
+  const evil = await fetch(url, { method: "POST", headers: h({ origin: "http://evil.example" }), body: init });
+  const local = await fetch(url, { method: "POST", headers: h({ origin: "http://localhost:3000" }), body: init });
+  const malformed = await fetch(url, { method: "POST", headers: h({}), body: "{not json" });
+  const malformedBody = await malformed.json().catch(() => null);
+  const del = await fetch(url, { method: "DELETE", headers: h({ "mcp-session-id": "no-such-session" }) });
+  const wrong = await fetch(url, { method: "POST", headers: h({ authorization: "Bearer nope" }), body: init });
+  console.log(JSON.stringify({ evil: evil.status, local: local.status, malformed: malformed.status, malformedBody, del: del.status, wrong: wrong.status }));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+#[test]
+fn origin_malformed_json_unknown_sessions_bearer_case_and_host_names() {
+    let config = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
+        .args([
+            "serve",
+            "--listen",
+            "localhost:0",
+            "--token",
+            "s3cret",
+            "--config-dir",
+        ])
+        .arg(config.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the server printed its address")
+            .unwrap();
+        if let Some(rest) = line.split("serving MCP at ").nth(1) {
+            break rest.split(' ').next().unwrap().trim().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let out = Command::new("node")
+        .args(["-e", PROBE, &url, "s3cret"])
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(
+        v["evil"], 403,
+        "a foreign Origin is refused (DNS rebinding): {v}"
+    );
+    assert_eq!(
+        v["local"], 200,
+        "a loopback page may call, and `bearer` in lower case works: {v}"
+    );
+    assert_eq!(v["malformed"], 400, "{v}");
+    assert_eq!(v["malformedBody"]["error"]["code"], -32700, "{v}");
+    assert_eq!(v["del"], 404, "DELETE of an unknown session: {v}");
+    assert_eq!(v["wrong"], 401, "{v}");
+}

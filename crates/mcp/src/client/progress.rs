@@ -1,0 +1,90 @@
+//! Progress from upstream servers, forwarded to whoever waits for the script that made the call.
+//!
+//! The codemode server registers a sink under the id of the `codemode` call it is running; a
+//! script's MCP calls carry that id as their parent, so an upstream's `notifications/progress`
+//! for one of them finds its way back to the client that asked. Both ends live in this crate,
+//! which is why a process-wide table is enough and no other crate needs to know.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use rmcp::model::ProgressToken;
+
+/// Receives one line of progress text, such as `mcp__fs__search_files: 3/10 scanned src`.
+pub type ProgressSink = Arc<dyn Fn(String) + Send + Sync>;
+
+static ROUTES: LazyLock<Mutex<HashMap<String, ProgressSink>>> = LazyLock::new(Default::default);
+
+/// Keeps a route open; dropping it closes the route.
+pub struct ProgressRoute {
+    key: String,
+}
+
+impl Drop for ProgressRoute {
+    fn drop(&mut self) {
+        lock(&ROUTES).remove(&self.key);
+    }
+}
+
+/// Sends upstream progress of every call whose parent call id is `call_id` to `sink`, until the
+/// returned route is dropped.
+pub fn route_progress(call_id: &str, sink: ProgressSink) -> ProgressRoute {
+    lock(&ROUTES).insert(call_id.to_string(), sink);
+    ProgressRoute {
+        key: call_id.to_string(),
+    }
+}
+
+pub(crate) fn sink_for(call_id: &str) -> Option<ProgressSink> {
+    lock(&ROUTES).get(call_id).cloned()
+}
+
+/// One connection's requests that want their progress forwarded, by the token rmcp put on them.
+#[derive(Clone, Default)]
+pub(crate) struct Watchers(Arc<Mutex<HashMap<ProgressToken, (ProgressSink, String)>>>);
+
+impl Watchers {
+    pub(crate) fn watch(&self, token: ProgressToken, sink: ProgressSink, label: String) -> Watch {
+        lock(&self.0).insert(token.clone(), (sink, label));
+        Watch {
+            watchers: self.clone(),
+            token,
+        }
+    }
+
+    pub(crate) fn deliver(
+        &self,
+        token: &ProgressToken,
+        progress: f64,
+        total: Option<f64>,
+        message: Option<&str>,
+    ) {
+        let Some((sink, label)) = lock(&self.0).get(token).cloned() else {
+            return;
+        };
+        let amount = match total {
+            Some(total) => format!("{progress}/{total}"),
+            None => format!("{progress}"),
+        };
+        match message {
+            Some(m) if !m.is_empty() => sink(format!("{label}: {m} ({amount})")),
+            _ => sink(format!("{label}: {amount}")),
+        }
+    }
+}
+
+/// Stops forwarding when dropped.
+pub(crate) struct Watch {
+    watchers: Watchers,
+    token: ProgressToken,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        lock(&self.watchers.0).remove(&self.token);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,150 @@
+//! Resources and prompts of every server, merged for `codemode serve` to offer in mode `on`.
+//!
+//! Resources keep their URIs (a client shows them to the user and hands them back); a read is
+//! routed to the server that listed the URI, or whose template's fixed prefix it starts with.
+//! Prompt names get the server's namespace, as tools do (`mcp__<server>__<prompt>`), because two
+//! servers may both have a prompt called `summarize`.
+
+use rmcp::model::{GetPromptResult, Prompt, ReadResourceResult, Resource, ResourceTemplate};
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::hub::McpHub;
+use crate::naming::mcp_namespace;
+
+/// Why a proxied resource or prompt request failed; the message is for the person.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl McpHub {
+    /// Whether any server offers resources (the capability to declare).
+    pub fn offers_resources(&self) -> bool {
+        self.upstreams()
+            .iter()
+            .any(|u| u.catalog().resources.is_some())
+    }
+
+    /// Whether any server offers prompts.
+    pub fn offers_prompts(&self) -> bool {
+        self.upstreams()
+            .iter()
+            .any(|u| u.catalog().prompts.is_some())
+    }
+
+    /// Every connected server's resources, as they listed them.
+    pub fn resources(&self) -> Vec<Resource> {
+        self.upstreams()
+            .iter()
+            .flat_map(|u| {
+                u.catalog()
+                    .resources
+                    .map(|r| r.resources)
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// Every connected server's resource templates.
+    pub fn resource_templates(&self) -> Vec<ResourceTemplate> {
+        self.upstreams()
+            .iter()
+            .flat_map(|u| {
+                u.catalog()
+                    .resources
+                    .map(|r| r.templates)
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// Reads a resource from the server that offers its URI.
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+        cancel: &CancellationToken,
+    ) -> Result<ReadResourceResult, ProxyError> {
+        let mut best: Option<(usize, usize)> = None;
+        for (i, u) in self.upstreams().iter().enumerate() {
+            let Some(listed) = u.catalog().resources else {
+                continue;
+            };
+            if listed.resources.iter().any(|r| r.uri == uri) {
+                best = Some((usize::MAX, i));
+                break;
+            }
+            for t in &listed.templates {
+                let prefix = t.uri_template.split('{').next().unwrap_or("");
+                if !prefix.is_empty()
+                    && uri.starts_with(prefix)
+                    && best.is_none_or(|(len, _)| prefix.len() > len)
+                {
+                    best = Some((prefix.len(), i));
+                }
+            }
+        }
+        let offering: Vec<usize> = (0..self.upstreams().len())
+            .filter(|i| self.upstreams()[*i].catalog().resources.is_some())
+            .collect();
+        let index = match (best, offering.as_slice()) {
+            (Some((_, i)), _) => i,
+            (None, [only]) => *only,
+            _ => {
+                return Err(ProxyError::NotFound(format!(
+                    "no MCP server lists the resource {uri}"
+                )));
+            }
+        };
+        self.upstreams()[index]
+            .read_resource(uri, cancel)
+            .await
+            .map_err(|e| ProxyError::Failed(e.message))
+    }
+
+    /// Every connected server's prompts, named `mcp__<server>__<prompt>`.
+    pub fn prompts(&self) -> Vec<Prompt> {
+        let mut out = Vec::new();
+        for u in self.upstreams() {
+            for mut p in u.catalog().prompts.unwrap_or_default() {
+                p.name = format!("{}__{}", mcp_namespace(u.name()), p.name);
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// Gets a prompt by the name [`McpHub::prompts`] gave it.
+    pub async fn get_prompt(
+        &self,
+        name: &str,
+        arguments: Option<Map<String, Value>>,
+        cancel: &CancellationToken,
+    ) -> Result<GetPromptResult, ProxyError> {
+        for u in self.upstreams() {
+            let prefix = format!("{}__", mcp_namespace(u.name()));
+            let Some(local) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            let known = u
+                .catalog()
+                .prompts
+                .unwrap_or_default()
+                .iter()
+                .any(|p| p.name == local);
+            if !known {
+                continue;
+            }
+            return u
+                .get_prompt(local, arguments, cancel)
+                .await
+                .map_err(|e| ProxyError::Failed(e.message));
+        }
+        Err(ProxyError::NotFound(format!(
+            "no MCP server has the prompt {name}"
+        )))
+    }
+}

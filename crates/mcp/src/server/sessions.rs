@@ -1,0 +1,202 @@
+//! The HTTP sessions' table: which session ids are alive, when each was last used, and the
+//! `initialize` parameters that let a session come back on a new connection.
+//!
+//! A session has two lives. Its *connection* (rmcp's session worker: tasks, channels, the
+//! handler) is closed after `worker_idle` without a request, which returns its memory. The
+//! *session* itself (its id, the client's `initialize` parameters and its `store()` values) is
+//! kept for `idle_timeout` after its last request: a request with its id in that time brings
+//! the connection back transparently (rmcp's session store), with the same store. After that,
+//! or after a `DELETE`, the id is unknown (HTTP 404, the client starts a new session).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use codemode_runtime::Codemode;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::{
+    SessionId, SessionManager, SessionState, SessionStore, SessionStoreError,
+};
+
+pub(crate) struct Sessions {
+    table: Mutex<HashMap<String, Record>>,
+    codemode: Codemode,
+    manager: Arc<LocalSessionManager>,
+    idle_timeout: Duration,
+    worker_idle: Duration,
+    max: usize,
+}
+
+struct Record {
+    init: Option<SessionState>,
+    last_active: Instant,
+    /// Requests being answered now (a script may run longer than any idle limit).
+    in_flight: usize,
+}
+
+/// Why a new session was refused.
+pub(crate) struct Full;
+
+impl Sessions {
+    pub(crate) fn new(
+        codemode: Codemode,
+        manager: Arc<LocalSessionManager>,
+        idle_timeout: Duration,
+        max: usize,
+    ) -> Arc<Self> {
+        Arc::new(Sessions {
+            table: Mutex::new(HashMap::new()),
+            codemode,
+            manager,
+            idle_timeout,
+            // Connections are freed well before the session is forgotten, so an idle client
+            // costs a few hundred bytes, not a worker.
+            worker_idle: (idle_timeout / 2).min(Duration::from_secs(30 * 60)),
+            max,
+        })
+    }
+
+    pub(crate) fn is_known(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A request for `id` begins; the returned guard ends it.
+    pub(crate) fn begin(self: &Arc<Self>, id: &str) -> Option<InFlight> {
+        let mut table = self.lock();
+        let record = table.get_mut(id)?;
+        record.last_active = Instant::now();
+        record.in_flight += 1;
+        Some(InFlight {
+            sessions: self.clone(),
+            id: id.to_string(),
+        })
+    }
+
+    /// Room for one more session: evicts the longest-idle session when the table is full.
+    pub(crate) async fn make_room(&self) -> Result<(), Full> {
+        let victim = {
+            let table = self.lock();
+            if table.len() < self.max {
+                return Ok(());
+            }
+            table
+                .iter()
+                .filter(|(_, r)| r.in_flight == 0)
+                .min_by_key(|(_, r)| r.last_active)
+                .map(|(id, _)| id.clone())
+        };
+        match victim {
+            Some(id) => {
+                tracing::info!(session = %id, "too many MCP sessions: ending the longest idle one");
+                self.end(&id).await;
+                Ok(())
+            }
+            None => Err(Full),
+        }
+    }
+
+    /// Ends a session for good: its connection, its store and its approvals.
+    pub(crate) async fn end(&self, id: &str) {
+        self.lock().remove(id);
+        self.codemode.end_session(id);
+        let _ = self
+            .manager
+            .close_session(&SessionId::from(id.to_string()))
+            .await;
+    }
+
+    /// Closes idle connections and forgets sessions idle past the timeout. Returns how many
+    /// connections or sessions it ended.
+    pub(crate) async fn sweep(&self) -> usize {
+        let now = Instant::now();
+        let (expired, idle): (Vec<String>, Vec<String>) = {
+            let table = self.lock();
+            let expired = table
+                .iter()
+                .filter(|(_, r)| r.in_flight == 0 && now - r.last_active >= self.idle_timeout)
+                .map(|(id, _)| id.clone())
+                .collect();
+            let idle = table
+                .iter()
+                .filter(|(_, r)| r.in_flight == 0 && now - r.last_active >= self.worker_idle)
+                .map(|(id, _)| id.clone())
+                .collect();
+            (expired, idle)
+        };
+        let mut ended = 0;
+        for id in &expired {
+            tracing::debug!(session = %id, "MCP session expired");
+            self.end(id).await;
+            ended += 1;
+        }
+        let live = self.manager.sessions.read().await;
+        let to_close: Vec<SessionId> = idle
+            .iter()
+            .filter(|id| !expired.contains(id))
+            .map(|id| SessionId::from(id.clone()))
+            .filter(|id| live.contains_key(id))
+            .collect();
+        drop(live);
+        for id in to_close {
+            tracing::debug!(session = %id, "closing an idle MCP connection; the session stays");
+            let _ = self.manager.close_session(&id).await;
+            ended += 1;
+        }
+        ended
+    }
+
+    /// How often [`Sessions::sweep`] should run.
+    pub(crate) fn sweep_every(&self) -> Duration {
+        (self.worker_idle / 4).clamp(Duration::from_millis(200), Duration::from_secs(30))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One request being answered; dropping it marks the session used now.
+pub(crate) struct InFlight {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(r) = self.sessions.lock().get_mut(&self.id) {
+            r.in_flight = r.in_flight.saturating_sub(1);
+            r.last_active = Instant::now();
+        }
+    }
+}
+
+/// rmcp's hook for sessions that come back: the table is the store.
+pub(crate) struct Store(pub(crate) Arc<Sessions>);
+
+#[async_trait::async_trait]
+impl SessionStore for Store {
+    async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
+        Ok(self.0.lock().get(session_id).and_then(|r| r.init.clone()))
+    }
+
+    async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
+        let mut table = self.0.lock();
+        let record = table.entry(session_id.to_string()).or_insert(Record {
+            init: None,
+            last_active: Instant::now(),
+            in_flight: 0,
+        });
+        record.init = Some(state.clone());
+        Ok(())
+    }
+
+    async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
+        self.0.lock().remove(session_id);
+        self.0.codemode.end_session(session_id);
+        Ok(())
+    }
+}

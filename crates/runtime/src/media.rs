@@ -1,0 +1,94 @@
+//! Pictures, sound and binary resources a script returns, taken out of the returned value so
+//! that a front end can send them as content blocks of their own (an MCP client shows an image
+//! block; it does not decode base64 inside JSON text), and so that the model's text and the
+//! structured result do not carry megabytes of base64.
+
+use serde_json::{Map, Value, json};
+
+/// Media found at most this deep in the returned value (MCP results nest two or three levels).
+const MAX_DEPTH: usize = 8;
+
+/// Replaces every MCP media block in `value` (`{type: "image"|"audio", data, mimeType}` and
+/// `{type: "resource", resource: {uri, blob}}`) with a short note, and returns the blocks.
+pub(crate) fn lift_media(value: &mut Value) -> Vec<Value> {
+    let mut found = Vec::new();
+    walk(value, 0, &mut found);
+    found
+}
+
+fn walk(value: &mut Value, depth: usize, found: &mut Vec<Value>) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    match value {
+        Value::Array(items) => items.iter_mut().for_each(|v| walk(v, depth + 1, found)),
+        Value::Object(map) => {
+            if let Some(note) = media_note(map, found.len() + 1) {
+                let block = std::mem::replace(value, note);
+                found.push(block);
+                return;
+            }
+            map.values_mut().for_each(|v| walk(v, depth + 1, found));
+        }
+        _ => {}
+    }
+}
+
+/// The note that takes a media block's place, or `None` when `map` is not one.
+fn media_note(map: &Map<String, Value>, n: usize) -> Option<Value> {
+    let str_of = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_str).map(str::len);
+    let kind = map.get("type").and_then(Value::as_str)?;
+    let (mime, base64_len) = match kind {
+        "image" | "audio" => (
+            map.get("mimeType").and_then(Value::as_str)?,
+            str_of(map, "data")?,
+        ),
+        "resource" => {
+            let resource = map.get("resource")?.as_object()?;
+            (
+                resource
+                    .get("mimeType")
+                    .and_then(Value::as_str)
+                    .unwrap_or("application/octet-stream"),
+                str_of(resource, "blob")?,
+            )
+        }
+        _ => return None,
+    };
+    Some(json!({
+        "type": kind,
+        "mimeType": mime,
+        "bytes": base64_len / 4 * 3,
+        "note": format!("sent as its own content block (media {n})"),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_lifted_and_text_stays() {
+        let mut v = json!({"content": [
+            {"type": "text", "text": "hi"},
+            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "x:/a", "blob": "AAAAAAAA", "mimeType": "application/pdf"}},
+            {"type": "resource", "resource": {"uri": "x:/b", "text": "plain"}}
+        ]});
+        let media = lift_media(&mut v);
+        assert_eq!(media.len(), 2);
+        assert_eq!(media[0]["data"], "AAAA");
+        assert_eq!(v["content"][0]["text"], "hi");
+        assert_eq!(v["content"][1]["bytes"], 3);
+        assert_eq!(v["content"][2]["mimeType"], "application/pdf");
+        assert_eq!(v["content"][3]["resource"]["text"], "plain");
+    }
+
+    #[test]
+    fn a_bare_image_value_is_lifted() {
+        let mut v = json!({"type": "image", "data": "AAAA", "mimeType": "image/png"});
+        assert_eq!(lift_media(&mut v).len(), 1);
+        assert_eq!(v["type"], "image");
+        assert!(v.get("data").is_none());
+    }
+}
