@@ -65,6 +65,10 @@ fn serve(servers: Value, policy: &str, extra: &[&str]) -> Serve {
         "--policy".into(),
         policy_file.display().to_string(),
     ];
+    // The codemode tool must be asked for: MCP servers alone do not switch it on.
+    if !extra.contains(&"--mode") {
+        args.extend(["--mode".to_string(), "on".to_string()]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     Serve { config, args }
 }

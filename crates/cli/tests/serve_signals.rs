@@ -63,7 +63,7 @@ fn stops_cleanly_on(signal: &str, http: bool) {
     }});
     std::fs::write(dir.path().join("mcp.json"), servers.to_string()).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
-    cmd.args(["serve", "--no-builtins", "--config-dir"])
+    cmd.args(["serve", "--no-builtins", "--mode", "only", "--config-dir"])
         .arg(dir.path())
         .arg("--workdir")
         .arg(dir.path());
