@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use codemode_spec::{
-    Annotations, BoxFuture, Exposure, Tool, ToolCall, ToolError, ToolOutput, ToolSpec,
+    Annotations, CallFacts, Exposure, PreparedCall, Tool, ToolError, ToolSpec, prepared,
 };
 use rmcp::model::Tool as McpToolDef;
 use serde_json::{Map, Value, json};
@@ -64,13 +64,14 @@ impl Tool for McpTool {
         &self.spec
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let upstream = self.upstream.clone();
-        let remote = self.remote_name.clone();
-        Box::pin(async move {
-            let result = upstream.call(&remote, call.args, &call.cancel).await?;
-            Ok(to_tool_output(upstream.name(), &remote, result))
-        })
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let (upstream, remote) = (self.upstream.clone(), self.remote_name.clone());
+        Ok(prepared(CallFacts::default(), move |ctx| {
+            Box::pin(async move {
+                let result = upstream.call(&remote, args, &ctx.cancel).await?;
+                Ok(to_tool_output(upstream.name(), &remote, result))
+            })
+        }))
     }
 }
 
