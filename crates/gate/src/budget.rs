@@ -144,7 +144,11 @@ pub(crate) struct Reservation {
 
 /// What a call is expected to spend before it runs, reserved against the cost and token caps
 /// so that parallel calls cannot all pass a cap only some of them fit under.
-pub(crate) fn estimate(kind: CallKind, facts: &codemode_spec::CallFacts, args: &serde_json::Value) -> Usage {
+pub(crate) fn estimate(
+    kind: CallKind,
+    facts: &codemode_spec::CallFacts,
+    args: &serde_json::Value,
+) -> Usage {
     let Some(model) = facts.model.as_ref().filter(|_| kind == CallKind::Model) else {
         return Usage::default();
     };
@@ -213,7 +217,11 @@ impl Ledger {
         if let Some(s) = inner.sessions.get_mut(&p.session_id) {
             undo(s);
         }
-        if let Some(s) = p.script_id.as_ref().and_then(|id| inner.scripts.get_mut(id)) {
+        if let Some(s) = p
+            .script_id
+            .as_ref()
+            .and_then(|id| inner.scripts.get_mut(id))
+        {
             undo(s);
         }
     }
@@ -250,7 +258,11 @@ impl Ledger {
             apply("session", session, &budgets.session);
         }
         // A script that already ended keeps no counters: nothing to settle there.
-        if let Some(script) = p.script_id.as_ref().and_then(|id| inner.scripts.get_mut(id)) {
+        if let Some(script) = p
+            .script_id
+            .as_ref()
+            .and_then(|id| inner.scripts.get_mut(id))
+        {
             apply("script", script, &budgets.script);
         }
         crossed.map_or(Ok(()), Err)

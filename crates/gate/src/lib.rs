@@ -27,8 +27,8 @@ pub use audit::{AuditError, AuditKey, AuditLog, HeadCheck, VerifyReport, head_pa
 pub use budget::{BudgetLimits, Budgets, LedgerSnapshot};
 pub use error::{GateError, RegistryError, Stage};
 pub use gate::{Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath};
-pub use outcome::{CallOutcome, CallRecord, Status};
 pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
+pub use outcome::{CallOutcome, CallRecord, Status};
 pub use policy::{
     Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, check, explain,
 };

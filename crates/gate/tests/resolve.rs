@@ -111,7 +111,7 @@ async fn only_mode_refuses_direct_model_calls_and_audits_them_but_scripts_may_ca
     assert_eq!(lines[0]["provenance"]["origin"], "model");
     assert_eq!(lines[1]["status"], "ok");
     assert_eq!(lines[1]["provenance"]["origin"], "script");
-    codemode_gate::verify(&path).unwrap();
+    codemode_gate::verify(&path, Some(&common::test_key())).unwrap();
 }
 
 #[tokio::test]
@@ -223,7 +223,13 @@ async fn tools_hidden_deactivated_or_removed_mid_script_are_refused_at_their_nex
     );
     let records = gate.records_for_script("run");
     assert_eq!(records.len(), 6);
-    assert_eq!(records.iter().filter(|r| r.status == "denied").count(), 3);
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r.status == codemode_gate::Status::Denied)
+            .count(),
+        3
+    );
 }
 
 #[tokio::test]

@@ -320,7 +320,15 @@ async fn configure_turns_settings_into_a_gate() {
         .await
         .unwrap_err();
     assert_eq!(err.stage, Stage::Budget);
-    assert_eq!(codemode_gate::verify(&audit_path).unwrap().lines, 4);
+    // Settings open the log with the user's key, kept in the user's state directory.
+    let key =
+        codemode_gate::AuditKey::load(&codemode_gate::AuditKey::default_path().unwrap()).unwrap();
+    assert_eq!(
+        codemode_gate::verify(&audit_path, Some(&key))
+            .unwrap()
+            .lines,
+        4
+    );
 }
 
 #[tokio::test]

@@ -37,11 +37,14 @@ impl AuditKey {
         let mut bytes = [0u8; 32];
         let mut filled = 0;
         while filled < bytes.len() {
-            let n = rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty())
-                .map_err(|e| AuditError::Key {
-                    path: "(new key)".into(),
-                    problem: format!("no randomness for a new key: {e}"),
-                })?;
+            let n = rustix::rand::getrandom(
+                &mut bytes[filled..],
+                rustix::rand::GetRandomFlags::empty(),
+            )
+            .map_err(|e| AuditError::Key {
+                path: "(new key)".into(),
+                problem: format!("no randomness for a new key: {e}"),
+            })?;
             filled += n;
         }
         Ok(AuditKey { bytes })

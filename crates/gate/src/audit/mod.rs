@@ -30,8 +30,7 @@ use sha2::{Digest, Sha256};
 pub use key::AuditKey;
 pub use verify::{HeadCheck, VerifyReport, verify};
 
-pub(crate) const GENESIS: &str =
-    "0000000000000000000000000000000000000000000000000000000000000000";
+pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -95,7 +94,10 @@ impl Head {
         if let Some(key) = key
             && !key.verify(head.signed().as_bytes(), mac)
         {
-            return Err("its MAC does not verify with this key: it was forged, or written with another key".into());
+            return Err(
+                "its MAC does not verify with this key: it was forged, or written with another key"
+                    .into(),
+            );
         }
         Ok(head)
     }
@@ -130,7 +132,8 @@ impl AuditLog {
     pub fn open(path: impl AsRef<Path>) -> Result<Self, AuditError> {
         let key_path = AuditKey::default_path().ok_or_else(|| AuditError::Key {
             path: "$XDG_STATE_HOME/codemode/audit.key".into(),
-            problem: "neither XDG_STATE_HOME nor HOME is set, so the key has no place; set one".into(),
+            problem: "neither XDG_STATE_HOME nor HOME is set, so the key has no place; set one"
+                .into(),
         })?;
         Self::open_with_key(path, AuditKey::load_or_create(&key_path)?)
     }

@@ -59,9 +59,7 @@ impl VerifyReport {
             out.push("without the key, authenticity is unproven: anyone could have rewritten the whole file, head included, and recomputed every hash".into());
         }
         if self.head == HeadCheck::Missing {
-            out.push(
-                "with no head file, lines cut from the end cannot be noticed".into(),
-            );
+            out.push("with no head file, lines cut from the end cannot be noticed".into());
         }
         out.push("a log and head rolled back together to an earlier state they both had cannot be told from that state; keep the last hash elsewhere to notice that".into());
         out
@@ -168,10 +166,15 @@ fn check(
     let head = if head_text.trim().is_empty() {
         None
     } else {
-        Some(Head::parse(head_text, key).map_err(|problem| AuditError::Head {
-            path: p.clone(),
-            problem: format!("its head file {} is not valid: {problem}", head_path(path).display()),
-        })?)
+        Some(
+            Head::parse(head_text, key).map_err(|problem| AuditError::Head {
+                path: p.clone(),
+                problem: format!(
+                    "its head file {} is not valid: {problem}",
+                    head_path(path).display()
+                ),
+            })?,
+        )
     };
     let ends_cleanly = text.is_empty() || text.ends_with('\n');
     let lines: Vec<&str> = text.split_terminator('\n').collect();
@@ -201,7 +204,10 @@ fn check(
                 "the line's MAC does not verify with the key: the line was changed or forged, or written with another key (or by a codemode without keyed logs)".into(),
             ));
         }
-        let stated_prev = value.get("prev").and_then(Value::as_str).unwrap_or_default();
+        let stated_prev = value
+            .get("prev")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if stated_prev != prev {
             let problem = if n == 1 {
                 "it does not start the chain: lines before it were removed".to_string()

@@ -102,13 +102,11 @@ impl Pending {
     fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
         self.usage = usage.cloned();
         match self.reservation.take() {
-            Some(r) => self.gate.ledger.settle(
-                &self.gate.budgets,
-                &self.provenance,
-                &r,
-                usage,
-                bytes,
-            ),
+            Some(r) => {
+                self.gate
+                    .ledger
+                    .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes)
+            }
             None => Ok(()),
         }
     }
@@ -171,13 +169,10 @@ impl Drop for Pending {
         // that started keeps it, and is charged its estimate, since what it spent is unknown.
         match self.reservation.take() {
             Some(r) if self.ran => {
-                let _ = self.gate.ledger.settle(
-                    &self.gate.budgets,
-                    &self.provenance,
-                    &r,
-                    None,
-                    0,
-                );
+                let _ = self
+                    .gate
+                    .ledger
+                    .settle(&self.gate.budgets, &self.provenance, &r, None, 0);
             }
             Some(r) => self.gate.ledger.release(&self.provenance, &r),
             None => {}
@@ -291,8 +286,13 @@ impl Admission {
                 } else {
                     Status::Error
                 };
-                self.pending
-                    .write(status, Some(Stage::Execute), Some(&err.message), e.effect, 0);
+                self.pending.write(
+                    status,
+                    Some(Stage::Execute),
+                    Some(&err.message),
+                    e.effect,
+                    0,
+                );
                 return Err(err);
             }
         };

@@ -480,10 +480,7 @@ impl Gate {
                 };
                 return Err(GateError::new(
                     Stage::Resolve,
-                    format!(
-                        "no tool named `{}`; {hint}",
-                        crate::preview(name, 100)
-                    ),
+                    format!("no tool named `{}`; {hint}", crate::preview(name, 100)),
                 ));
             }
         };
@@ -712,7 +709,10 @@ mod tests {
         gate.call(call.clone()).await.unwrap();
         // Something else wrote a line the chain cannot continue from: the next line fails.
         use std::io::Write;
-        let mut raw = std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut raw = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         raw.write_all(b"{\"forged\":true}\n").unwrap();
         let _ = gate.call(call.clone()).await;
         let err = gate.call(call).await.unwrap_err();

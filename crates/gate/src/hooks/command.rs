@@ -217,16 +217,17 @@ async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome
         );
         (out, err, status)
     };
-    let (stdout, stderr, status) =
-        match tokio::time::timeout(Duration::from_secs(secs), collect).await {
-            Err(_) => {
-                return Outcome::Failed(format!(
-                    "timed out after {secs} s and was killed; make it faster or raise its \"timeout\""
-                ));
-            }
-            Ok((_, _, Err(e))) => return Outcome::Failed(format!("could not be waited for: {e}")),
-            Ok((out, err, Ok(status))) => (out, err, status),
-        };
+    let (stdout, stderr, status) = match tokio::time::timeout(Duration::from_secs(secs), collect)
+        .await
+    {
+        Err(_) => {
+            return Outcome::Failed(format!(
+                "timed out after {secs} s and was killed; make it faster or raise its \"timeout\""
+            ));
+        }
+        Ok((_, _, Err(e))) => return Outcome::Failed(format!("could not be waited for: {e}")),
+        Ok((out, err, Ok(status))) => (out, err, status),
+    };
     let stdout = String::from_utf8_lossy(&stdout).trim().to_string();
     let stderr = String::from_utf8_lossy(&stderr).trim().to_string();
     match status.code() {
@@ -298,7 +299,9 @@ fn parse_answer(stdout: &str) -> Result<Option<Answer>, String> {
     }
     serde_json::from_value::<Answer>(value)
         .map(Some)
-        .map_err(|e| format!("answered JSON codemode does not recognise ({e}); exit 0 with no output allows"))
+        .map_err(|e| {
+            format!("answered JSON codemode does not recognise ({e}); exit 0 with no output allows")
+        })
 }
 
 fn reason(a: &Answer) -> String {
@@ -367,9 +370,9 @@ fn after_decision(stdout: &str) -> Result<AfterDecision, String> {
             "answered decision `{}`; use approve or block",
             crate::preview(other, 40)
         )),
-        None => Err(
-            "answered without a decision; exit 0 with no output keeps the result".to_string(),
-        ),
+        None => {
+            Err("answered without a decision; exit 0 with no output keeps the result".to_string())
+        }
     }
 }
 
