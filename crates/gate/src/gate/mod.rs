@@ -350,7 +350,7 @@ impl Gate {
             let decision = tokio::select! {
                 d = hook.before(&ev) => d,
                 _ = req.cancel.cancelled() => {
-                    return Err(GateError::new(Stage::Hook, "the call was cancelled while its hooks ran"));
+                    return Err(cancelled(Stage::Hook, "the call was cancelled while its hooks ran"));
                 }
             };
             match decision {
@@ -398,10 +398,7 @@ impl Gate {
     /// Refuses every call once the audit log could not be written, and calls cancelled already.
     fn check_open(&self, req: &CallRequest) -> Result<(), GateError> {
         if req.cancel.is_cancelled() {
-            return Err(GateError::new(
-                Stage::Resolve,
-                "the call was cancelled before it started",
-            ));
+            return Err(cancelled(Stage::Resolve, "the call was cancelled before it started"));
         }
         if let Some(e) = self
             .inner
@@ -619,7 +616,7 @@ impl Gate {
                 format!("`{}` was not approved ({reason}); do not retry it, find another way or ask the user", spec.name),
             )
             .with_policies(policy_ids)),
-            None => Err(GateError::new(Stage::Approval, "the call was cancelled while waiting for approval")
+            None => Err(cancelled(Stage::Approval, "the call was cancelled while waiting for approval")
                 .with_policies(policy_ids)),
         }
     }
@@ -631,6 +628,13 @@ pub(crate) struct Admitted {
     pub spec: ToolSpec,
     pub args: Value,
     pub prepared: Box<dyn PreparedCall>,
+}
+
+/// A refusal because the caller cancelled: recorded as `cancelled`, not `denied`.
+fn cancelled(stage: Stage, message: &str) -> GateError {
+    let mut e = GateError::new(stage, message);
+    e.tool_error = Some(codemode_spec::ToolErrorKind::Cancelled);
+    e
 }
 
 fn add_ask(ask: &mut Option<(String, Vec<String>)>, reason: String) {
