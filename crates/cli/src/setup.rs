@@ -6,7 +6,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use codemode_gate::settings::{self, EffectiveSettings, SettingsPaths};
-use codemode_gate::{AuditLog, CommandHooks, Gate, Registry};
+use codemode_gate::{AuditKey, AuditLog, CommandHooks, Gate, ProtectedPath, Registry};
 use codemode_mcp::{ConnectOptions, McpConfig, McpHub};
 use codemode_models::{Catalog, ModelsHttpConfig};
 use codemode_runtime::Codemode;
@@ -117,8 +117,23 @@ impl Setup {
         if let Some(approver) = approver {
             builder = builder.approver(approver);
         }
+        // The gate keeps its own configuration out of every tool's reach.
+        builder = builder
+            .workspace(&workdir)
+            .protect(ProtectedPath::new(
+                workdir.join(".codemode"),
+                "the project's codemode configuration",
+            ))
+            .protect(ProtectedPath::new(
+                &paths.user_dir,
+                "your codemode configuration",
+            ));
         if let Some(path) = args.audit.as_ref().or(eff.settings.audit.path.as_ref()) {
-            let log = AuditLog::open(path)
+            let key_path = AuditKey::default_path()
+                .context("no state directory for the audit key: set XDG_STATE_HOME or HOME")?;
+            let key = AuditKey::load_or_create(&key_path)?;
+            builder = builder.protect(ProtectedPath::new(&key_path, "the audit log's key"));
+            let log = AuditLog::open_with_key(path, key)
                 .with_context(|| format!("the audit log {} could not be opened", path.display()))?;
             builder = builder.audit(log);
         }

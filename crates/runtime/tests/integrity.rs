@@ -75,7 +75,10 @@ async fn two_hundred_unawaited_writes_each_leave_exactly_one_truthful_line() {
     assert_eq!(writes.len(), 200, "every call has a line");
     assert_eq!(ids.len(), 200, "and only one");
     let applied = writes.iter().filter(|l| l["effect"] == "applied").count();
-    assert_eq!(applied, written, "lines saying a file was written = files written");
+    assert_eq!(
+        applied, written,
+        "lines saying a file was written = files written"
+    );
     for l in &writes {
         assert!(
             l["effect"] == "applied" || l["effect"] == "none",
@@ -92,8 +95,7 @@ const WORKSPACE_ONLY: &str = r#"@id("all") permit (principal, action, resource);
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flipping_symlink_never_leads_a_judged_call_outside_and_the_log_names_what_was_touched()
-{
+async fn a_flipping_symlink_never_leads_a_judged_call_outside_and_the_log_names_what_was_touched() {
     let inst = install(WORKSPACE_ONLY);
     let outside = tempfile::tempdir().unwrap();
     let secret = outside.path().canonicalize().unwrap().join("secret.txt");

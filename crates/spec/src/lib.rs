@@ -17,6 +17,6 @@ pub use clock::{DeadlineClock, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
 pub use tool::{
     Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, ModelFacts,
-    NamespaceSpec, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall, ToolError, ToolErrorKind,
-    ToolOutput, ToolSpec, prepared,
+    NamespaceSpec, PathUse, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall, ToolError,
+    ToolErrorKind, ToolOutput, ToolSpec, prepared,
 };

@@ -204,10 +204,24 @@ pub struct CallFacts {
     /// Absolute, symlink-resolved paths the call would touch. Path rules see these, never the raw
     /// arguments, so `..` and symlinks cannot slip past them.
     pub paths: Vec<String>,
+    /// Whether `paths` are what the call reads or changes, or only where it runs.
+    pub path_use: PathUse,
     /// For a model call: the model it spends on.
     pub model: Option<ModelFacts>,
     /// For the `codemode` call: the script it runs.
     pub script: Option<ScriptFacts>,
+}
+
+/// What a call's paths are to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathUse {
+    /// The files and directories the call reads or changes (as its tool's annotations say).
+    #[default]
+    Touched,
+    /// Only where the call runs (`bash`'s working directory): what it changes is not known
+    /// before it runs, so protected paths cannot be checked on it.
+    WorkingDirectory,
 }
 
 /// The script a `codemode` call runs, as the policy, the hooks and the audit log see it.

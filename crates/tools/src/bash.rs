@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use codemode_spec::{
-    ContentBlock, Effect, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared,
+    ContentBlock, Effect, PathUse, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -84,7 +84,8 @@ impl Tool for BashTool {
     /// The command can touch anything; the path the policy sees is where it runs.
     fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: BashArgs = parse("bash", args)?;
-        let facts = path_facts(&self.ctx.workdir)?;
+        let mut facts = path_facts(&self.ctx.workdir)?;
+        facts.path_use = PathUse::WorkingDirectory;
         let ctx = self.ctx.clone();
         Ok(prepared(facts, move |run_ctx| {
             Box::pin(async move { run(&ctx, &args, run_ctx.cancel).await })

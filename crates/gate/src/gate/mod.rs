@@ -398,7 +398,10 @@ impl Gate {
     /// Refuses every call once the audit log could not be written, and calls cancelled already.
     fn check_open(&self, req: &CallRequest) -> Result<(), GateError> {
         if req.cancel.is_cancelled() {
-            return Err(cancelled(Stage::Resolve, "the call was cancelled before it started"));
+            return Err(cancelled(
+                Stage::Resolve,
+                "the call was cancelled before it started",
+            ));
         }
         if let Some(e) = self
             .inner

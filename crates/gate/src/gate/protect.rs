@@ -64,7 +64,9 @@ pub(crate) fn check(
     spec: &ToolSpec,
     facts: &CallFacts,
 ) -> Result<(), GateError> {
-    if spec.annotations.read_only_hint == Some(true) {
+    if spec.annotations.read_only_hint == Some(true)
+        || facts.path_use == codemode_spec::PathUse::WorkingDirectory
+    {
         return Ok(());
     }
     for path in &facts.paths {

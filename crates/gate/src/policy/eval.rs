@@ -459,6 +459,7 @@ pub fn explain(
         paths: input.paths.clone(),
         model: input.model.clone(),
         script: input.script_facts.clone(),
+        ..CallFacts::default()
     };
     let provenance = Provenance {
         call_id: "explain".into(),
