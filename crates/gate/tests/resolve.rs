@@ -30,9 +30,10 @@ fn listings_follow_exposure_active_state_and_mode() {
     ]);
     reg.set_active("read", false).unwrap();
     let names = |v: Vec<codemode_spec::ToolSpec>| v.into_iter().map(|s| s.name).collect::<Vec<_>>();
+    // A script cannot start another script: `codemode` is never script-callable.
     assert_eq!(
         names(reg.script_callable()),
-        ["bash", "codemode", "mcp__gh__rare", "mcp__gh__search"]
+        ["bash", "mcp__gh__rare", "mcp__gh__search"]
     );
     assert_eq!(
         names(reg.model_declared(CodemodeMode::On)),

@@ -209,7 +209,11 @@ fn missing_files_mean_defaults() {
     assert_eq!(eff.settings, settings::Settings::default());
     assert_eq!(
         eff.load_policies().unwrap().ids(),
-        ["read-only-tools", "ask-writes"]
+        [
+            "read-only-tools-in-workspace",
+            "ask-reads-outside-workspace",
+            "ask-writes"
+        ]
     );
 }
 
@@ -235,7 +239,15 @@ async fn untrusted_project_policies_may_only_forbid() {
     )
     .unwrap();
     let set = eff.load_policies().unwrap();
-    assert_eq!(set.ids(), ["read-only-tools", "ask-writes", "no-read"]);
+    assert_eq!(
+        set.ids(),
+        [
+            "read-only-tools-in-workspace",
+            "ask-reads-outside-workspace",
+            "ask-writes",
+            "no-read"
+        ]
+    );
     let gate = Gate::builder()
         .registry(registry())
         .policy(set)

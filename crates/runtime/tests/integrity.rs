@@ -153,3 +153,62 @@ async fn a_flipping_symlink_never_leads_a_judged_call_outside_and_the_log_names_
     }
     assert!(ran > 100, "too few calls ran: {ran}");
 }
+
+#[tokio::test]
+async fn a_script_cannot_write_the_gates_configuration_even_when_permitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap().join("ws");
+    std::fs::create_dir_all(root.join(".codemode")).unwrap();
+    std::fs::write(root.join(".codemode/settings.json"), "{}").unwrap();
+    std::os::unix::fs::symlink(
+        root.join(".codemode/settings.json"),
+        root.join("innocent.json"),
+    )
+    .unwrap();
+    let registry = Registry::new();
+    for tool in builtin_tools(&ToolsConfig::new(&root)) {
+        registry.register(tool).unwrap();
+    }
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("all.cedar", "permit (principal, action, resource);").unwrap())
+        .workspace(&root)
+        .protect(codemode_gate::ProtectedPath::new(
+            root.join(".codemode"),
+            "the project's codemode configuration",
+        ))
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).build().unwrap();
+    let script = r#"
+        const out = [];
+        for (const call of [
+          () => tools.write({ path: ".codemode/settings.json", content: "{\"hooks\":{}}" }),
+          () => tools.write({ path: "innocent.json", content: "{\"hooks\":{}}" }),
+          () => tools.edit({ path: ".codemode/settings.json", old_string: "{}", new_string: "{\"x\":1}" }),
+          () => tools.write({ path: ".codemode/new-policy.cedar", content: "permit(principal, action, resource);" }),
+        ]) {
+          try { await call(); out.push("written"); } catch (e) { out.push(e.stage); }
+        }
+        out.push(await tools.read({ path: ".codemode/settings.json" }));
+        return out;
+    "#;
+    let run = codemode.run_script(ScriptRequest::new(script, "s")).await;
+    assert!(!run.is_error, "{}", run.text);
+    let value = run.result.unwrap().value.unwrap();
+    assert_eq!(
+        value,
+        serde_json::json!([
+            "protected",
+            "protected",
+            "protected",
+            "protected",
+            "     1\t{}\n"
+        ])
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join(".codemode/settings.json")).unwrap(),
+        "{}"
+    );
+    assert!(!root.join(".codemode/new-policy.cedar").exists());
+}

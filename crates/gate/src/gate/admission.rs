@@ -298,7 +298,8 @@ impl Admission {
         };
         self.pending.effect = Some(Effect::Applied);
         let ev = hook_event(&self.spec, &self.args, &self.facts, &self.provenance);
-        for hook in &self.pending.gate.hooks.clone() {
+        let gate = self.pending.gate.clone();
+        for hook in &gate.hooks {
             match hook.after(&ev, &output).await {
                 AfterDecision::Keep => {}
                 AfterDecision::Replace(mut o) => {
