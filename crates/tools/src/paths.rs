@@ -6,6 +6,9 @@ use codemode_spec::ToolError;
 
 use crate::fs::{Resolved, resolve};
 
+/// Longest path argument accepted, as Linux's `PATH_MAX`.
+const MAX_PATH_BYTES: usize = 4096;
+
 /// Resolves a path argument to an absolute path with `..` applied and every symlink resolved.
 ///
 /// Relative paths are taken relative to `workdir`; `~` and `~/…` mean the home directory. For a path
@@ -24,6 +27,12 @@ pub(crate) fn resolve_arg(workdir: &Path, raw: &str) -> Result<Resolved, ToolErr
         return Err(ToolError::invalid(
             "the path is empty; give a file or directory path, relative to the working directory or absolute",
         ));
+    }
+    if raw.len() > MAX_PATH_BYTES {
+        return Err(ToolError::invalid(format!(
+            "the path is {} bytes long, more than the {MAX_PATH_BYTES} a path may have; give a shorter path",
+            raw.len()
+        )));
     }
     if raw.contains('\0') {
         return Err(ToolError::invalid(

@@ -46,7 +46,7 @@ impl Pending {
             gate,
             started: Instant::now(),
             provenance: req.provenance.clone(),
-            tool: req.name.clone(),
+            tool: crate::preview(&req.name, 200),
             kind: None,
             args: req.args.clone(),
             paths: Vec::new(),
@@ -324,9 +324,14 @@ impl Admission {
                 }
             }
         }
-        let bytes = serde_json::to_vec(&output.value)
-            .map(|b| b.len() as u64)
-            .unwrap_or(0);
+        // A script's text is made of its calls' results, which were counted as they returned.
+        let bytes = if self.spec.name == crate::registry::CODEMODE_TOOL {
+            0
+        } else {
+            serde_json::to_vec(&output.value)
+                .map(|b| b.len() as u64)
+                .unwrap_or(0)
+        };
         if let Err(m) = self.pending.settle(output.usage.as_ref(), bytes) {
             let err = GateError::new(Stage::Budget, m);
             self.pending.write(
