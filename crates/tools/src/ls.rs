@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::fs::{Resolved, read_entries};
+use crate::fs::{MAX_DIR_ENTRIES, Resolved, read_entries};
 use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, text_output};
 
@@ -60,13 +60,11 @@ impl Tool for LsTool {
     }
 }
 
-/// Most entries listed from one directory; a bigger one is cut with a note.
-const MAX_ENTRIES: usize = 100_000;
-
 fn list(dir: &Resolved, max_bytes: usize) -> Result<ToolOutput, ToolError> {
     let fd = dir.open_dir()?;
     let entries = read_entries(&fd).map_err(|e| io_error("list", &dir.path, &e))?;
     let total = entries.len();
+    let more = if total >= MAX_DIR_ENTRIES { "+" } else { "" };
     if total == 0 {
         return Ok(text_output("(empty directory)".to_owned()));
     }
@@ -80,9 +78,9 @@ fn list(dir: &Resolved, max_bytes: usize) -> Result<ToolOutput, ToolError> {
             FileType::Symlink => name.push('@'),
             _ => {}
         }
-        if out.len() + name.len() + 1 > max_bytes || shown >= MAX_ENTRIES {
+        if out.len() + name.len() + 1 > max_bytes {
             out.push_str(&format!(
-                "[Showing {shown} of {total} entries (output cap of {max_bytes} bytes reached); use find with a pattern to narrow the list.]\n"
+                "[Showing {shown} of {total}{more} entries (output cap of {max_bytes} bytes reached); use find with a pattern to narrow the list.]\n"
             ));
             break;
         }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use codemode_spec::{
-    Annotations, CallFacts, Exposure, PreparedCall, Tool, ToolError, ToolSpec, prepared,
+    Annotations, CallFacts, Effect, Exposure, PreparedCall, Tool, ToolError, ToolSpec, prepared,
 };
 use rmcp::model::Tool as McpToolDef;
 use serde_json::{Map, Value, json};
@@ -68,7 +68,11 @@ impl Tool for McpTool {
         let (upstream, remote) = (self.upstream.clone(), self.remote_name.clone());
         Ok(prepared(CallFacts::default(), move |ctx| {
             Box::pin(async move {
-                let result = upstream.call(&remote, args, &ctx.cancel).await?;
+                // Once the request is out, a cancelled call may still have acted on the server.
+                let result = upstream
+                    .call(&remote, args, &ctx.cancel)
+                    .await
+                    .map_err(|e| e.with_effect(Effect::Unknown))?;
                 Ok(to_tool_output(upstream.name(), &remote, result))
             })
         }))

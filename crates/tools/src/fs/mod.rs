@@ -26,7 +26,7 @@ use rustix::fs::{CWD, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
 pub(crate) use resolve::{Leaf, Resolved, resolve};
-pub(crate) use walk::{Ignores, open_file_beneath, read_entries, walk};
+pub(crate) use walk::{Ignores, MAX_DIR_ENTRIES, open_file_beneath, read_entries, walk};
 pub(crate) use write::write_atomic;
 
 /// Which file an open descriptor is: two descriptors with the same id name the same file.

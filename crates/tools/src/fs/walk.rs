@@ -99,10 +99,18 @@ fn rules_in(dir: &OwnedFd, path: &Path) -> Vec<Gitignore> {
     out
 }
 
-/// The names in an open directory, sorted by their bytes, without `.` and `..`.
+/// Most entries read from one directory; the rest of a bigger one is left out (sorted among
+/// what was read), so one directory cannot take the host's memory.
+pub(crate) const MAX_DIR_ENTRIES: usize = 1_000_000;
+
+/// The names in an open directory, sorted by their bytes, without `.` and `..`; at most
+/// [`MAX_DIR_ENTRIES`] of them.
 pub(crate) fn read_entries(dir: &OwnedFd) -> std::io::Result<Vec<(OsString, FileType)>> {
     let mut out = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir)? {
+        if out.len() >= MAX_DIR_ENTRIES {
+            break;
+        }
         let entry = entry?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
