@@ -118,7 +118,10 @@ fn an_untrusted_projects_permit_does_not_stop_start_up() {
         "{stderr}"
     );
     assert!(
-        v["value"].as_str().unwrap().contains("needs the user's approval"),
+        v["value"]
+            .as_str()
+            .unwrap()
+            .contains("needs the user's approval"),
         "the permit did not widen the built-in policy: {v}"
     );
 }

@@ -9,6 +9,8 @@ pub enum Stage {
     Resolve,
     Validate,
     Facts,
+    /// A change to a path the gate protects (its configuration, the audit log).
+    Protected,
     Policy,
     Hook,
     Approval,
@@ -23,6 +25,7 @@ impl Stage {
             Stage::Resolve => "resolve",
             Stage::Validate => "validate",
             Stage::Facts => "facts",
+            Stage::Protected => "protected",
             Stage::Policy => "policy",
             Stage::Hook => "hook",
             Stage::Approval => "approval",

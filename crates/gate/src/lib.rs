@@ -3,9 +3,10 @@
 //! Whoever makes a call (the model directly, a script, a nested script) and whatever it is (a
 //! tool, a model operation, a host global), it passes [`Gate::call`]: resolve against the
 //! registry as it is now, validate the arguments against the tool's schema, ask the tool for
-//! facts (resolved paths, the model it spends on), ask the Cedar policies, run the hooks, ask a
-//! person when a policy or hook says so, reserve the budget, execute, run the after-hooks, and
-//! write one audit line. Nothing is allowed unless a policy permits it, and every failure of a
+//! prepare the call (its facts: resolved paths, the model it spends on), refuse changes to
+//! protected paths, reserve the budget, ask the Cedar policies, run the hooks, ask a person when
+//! a policy or hook says so, run exactly the prepared call, run the after-hooks, and write one
+//! audit line. Nothing is allowed unless a policy permits it, and every failure of a
 //! guard (a hook that crashes, a policy that cannot be evaluated) refuses the call.
 
 pub mod approval;
@@ -15,18 +16,20 @@ pub mod error;
 mod gate;
 pub mod hooks;
 mod model_rules;
+pub mod outcome;
 pub mod policy;
 pub mod registry;
 mod suggest;
 mod validate;
 
 pub use approval::{ApprovalAnswer, ApprovalRequest, Approver};
-pub use audit::{AuditError, AuditLog, VerifyReport, verify};
-pub use budget::{BudgetLimits, Budgets, CallRecord, LedgerSnapshot};
+pub use audit::{AuditError, AuditKey, AuditLog, HeadCheck, VerifyReport, head_path, verify};
+pub use budget::{BudgetLimits, Budgets, LedgerSnapshot};
 pub use error::{GateError, RegistryError, Stage};
-pub use gate::{CallRequest, Gate, GateBuilder};
+pub use gate::{Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath};
 pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
 pub use model_rules::ModelRules;
+pub use outcome::{CallOutcome, CallRecord, Status};
 pub use policy::{
     Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, check, explain,
 };

@@ -28,6 +28,10 @@ impl Entry {
     }
 
     fn script_callable(&self) -> bool {
+        // A script cannot start another script.
+        if self.tool.spec().name == CODEMODE_TOOL {
+            return false;
+        }
         match self.exposure {
             Exposure::Codemode | Exposure::Deferred => true,
             Exposure::Direct => self.active,

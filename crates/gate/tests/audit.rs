@@ -1,4 +1,5 @@
-//! The audit log's hash chain: tampering, removal, reordering and truncation are detected.
+//! The audit log's keyed chain, attacked: changed, removed, reordered, truncated, forged and
+//! rechained logs, a forged head, and two processes writing one log at once.
 
 mod common;
 
@@ -14,7 +15,7 @@ async fn write_log(path: &Path, calls: usize) {
     reg.register(Arc::new(TestTool::new("t", object_schema())))
         .unwrap();
     let gate = builder(&reg)
-        .audit(AuditLog::open(path).unwrap())
+        .audit(AuditLog::open_with_key(path, test_key()).unwrap())
         .build()
         .unwrap();
     for i in 0..calls {
@@ -52,7 +53,7 @@ async fn an_intact_log_verifies_and_each_line_carries_what_happened() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
     write_log(&path, 3).await;
-    let report = verify(&path).unwrap();
+    let report = verify(&path, Some(&test_key())).unwrap();
     assert_eq!(report.lines, 3);
     let entries = audit_lines(&path);
     let first = &entries[0];
@@ -81,7 +82,7 @@ async fn an_intact_log_verifies_and_each_line_carries_what_happened() {
 
     // Reopening continues the chain.
     write_log(&path, 2).await;
-    assert_eq!(verify(&path).unwrap().lines, 5);
+    assert_eq!(verify(&path, Some(&test_key())).unwrap().lines, 5);
 }
 
 #[tokio::test]
@@ -92,7 +93,7 @@ async fn a_changed_line_is_found() {
     let mut l = lines(&path);
     l[2] = l[2].replace("\"status\":\"ok\"", "\"status\":\"xx\"");
     write_lines(&path, &l);
-    let (line, problem) = broken_line(verify(&path).unwrap_err());
+    let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
     assert_eq!(line, 3);
     assert!(problem.contains("changed"), "{problem}");
 }
@@ -105,14 +106,14 @@ async fn a_removed_line_is_found() {
     let mut l = lines(&path);
     l.remove(1);
     write_lines(&path, &l);
-    let (line, problem) = broken_line(verify(&path).unwrap_err());
+    let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
     assert_eq!(line, 2);
     assert!(problem.contains("removed"), "{problem}");
 
     let mut l = lines(&path);
     l.remove(0);
     write_lines(&path, &l);
-    let (line, _) = broken_line(verify(&path).unwrap_err());
+    let (line, _) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
     assert_eq!(line, 1);
 }
 
@@ -124,7 +125,7 @@ async fn reordered_lines_are_found() {
     let mut l = lines(&path);
     l.swap(1, 2);
     write_lines(&path, &l);
-    let (line, problem) = broken_line(verify(&path).unwrap_err());
+    let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
     assert_eq!(line, 2);
     assert!(problem.contains("reordered"), "{problem}");
 }
@@ -136,11 +137,11 @@ async fn a_truncated_last_line_is_reported_as_such_and_the_log_is_not_continued(
     write_log(&path, 3).await;
     let text = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, &text[..text.len() - 30]).unwrap();
-    let (line, problem) = broken_line(verify(&path).unwrap_err());
+    let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
     assert_eq!(line, 3);
     assert!(problem.contains("truncated"), "{problem}");
     assert!(
-        AuditLog::open(&path).is_err(),
+        AuditLog::open_with_key(&path, test_key()).is_err(),
         "new lines must not chain onto a damaged log"
     );
 }
@@ -160,6 +161,173 @@ async fn a_forged_line_with_a_recomputed_hash_still_breaks_the_next_link() {
     };
     l[1] = format!("{head},\"hash\":\"{hash}\"}}");
     write_lines(&path, &l);
-    let (line, _) = broken_line(verify(&path).unwrap_err());
-    assert_eq!(line, 3);
+    let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
+    assert_eq!(line, 2, "the forged line itself fails its MAC");
+    assert!(problem.contains("forged"), "{problem}");
+}
+
+/// Rewrites every line's chain fields with `mac` (a forger's hash function), as someone who
+/// rewrote the file would.
+fn rechain(lines: &[String], mac: impl Fn(&str) -> String) -> Vec<String> {
+    let mut prev = "0".repeat(64);
+    lines
+        .iter()
+        .map(|l| {
+            let body = &l[..l.rfind(",\"prev\":").unwrap()];
+            let head = format!("{body},\"prev\":\"{prev}\"");
+            let hash = mac(&head);
+            prev = hash.clone();
+            format!("{head},\"hash\":\"{hash}\"}}")
+        })
+        .collect()
+}
+
+fn sha(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+#[tokio::test]
+async fn lines_cut_from_the_end_are_found_through_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 5).await;
+    let l = lines(&path);
+    write_lines(&path, &l[..3]);
+    let err = verify(&path, Some(&test_key())).unwrap_err();
+    assert!(matches!(err, AuditError::Head { .. }), "{err}");
+    assert!(err.to_string().contains("cut from the end"), "{err}");
+    // Without the key the cut is still seen: the head's count does not match.
+    assert!(verify(&path, None).is_err());
+    assert!(AuditLog::open_with_key(&path, test_key()).is_err());
+}
+
+#[tokio::test]
+async fn a_forged_tail_and_a_rechained_log_do_not_verify_with_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 4).await;
+    let original = lines(&path);
+
+    // A forged line appended with a recomputed plain hash.
+    let mut l = original.clone();
+    let last = l.last().unwrap().clone();
+    let forged = rechain(&[last.replace("file-3", "file-9")], sha)[0].replace(
+        &format!("\"prev\":\"{}\"", "0".repeat(64)),
+        &format!("\"prev\":\"{}\"", {
+            let v: serde_json::Value = serde_json::from_str(&last).unwrap();
+            v["hash"].as_str().unwrap().to_string()
+        }),
+    );
+    l.push(forged);
+    write_lines(&path, &l);
+    let (line, _) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
+    assert_eq!(line, 5);
+
+    // The whole file rechained with plain SHA-256, and with another key.
+    for other in [
+        rechain(&original, sha),
+        rechain(&original, |t| {
+            use hmac::Mac;
+            let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(&[1u8; 32]).unwrap();
+            m.update(t.as_bytes());
+            hex::encode(m.finalize().into_bytes())
+        }),
+    ] {
+        write_lines(&path, &other);
+        let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
+        assert_eq!(line, 1, "{problem}");
+        // Without the key the shape is fine, and the report says what that does not prove.
+        if let Ok(report) = verify(&path, None) {
+            assert!(!report.authenticated);
+            assert!(report.cannot_prove()[0].contains("without the key"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_forged_head_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 4).await;
+    let l = lines(&path);
+    write_lines(&path, &l[..2]);
+    let v: serde_json::Value = serde_json::from_str(&l[1]).unwrap();
+    // The forger cuts two lines and rewrites the head to match, without the key.
+    std::fs::write(
+        codemode_gate::head_path(&path),
+        format!(
+            "{{\"lines\":2,\"hash\":\"{}\",\"mac\":\"{}\"}}\n",
+            v["hash"].as_str().unwrap(),
+            "ab".repeat(32)
+        ),
+    )
+    .unwrap();
+    let err = verify(&path, Some(&test_key())).unwrap_err();
+    assert!(err.to_string().contains("forged"), "{err}");
+    // A deleted head is noticed when the log is opened again.
+    std::fs::remove_file(codemode_gate::head_path(&path)).unwrap();
+    assert_eq!(
+        verify(&path, Some(&test_key())).unwrap().head,
+        codemode_gate::HeadCheck::Missing
+    );
+    assert!(AuditLog::open_with_key(&path, test_key()).is_err());
+}
+
+#[tokio::test]
+async fn an_intact_log_reports_what_it_proves() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 2).await;
+    let report = verify(&path, Some(&test_key())).unwrap();
+    assert!(report.authenticated);
+    assert_eq!(report.head, codemode_gate::HeadCheck::Matches);
+    assert!(
+        report
+            .proves()
+            .iter()
+            .any(|p| p.contains("cut from the end"))
+    );
+    let unkeyed = verify(&path, None).unwrap();
+    assert!(!unkeyed.authenticated);
+    // Another key does not verify the log.
+    let other = codemode_gate::AuditKey::from_bytes([9; 32]);
+    assert!(verify(&path, Some(&other)).is_err());
+}
+
+const WRITER_ENV: &str = "CODEMODE_TEST_AUDIT_WRITER";
+const LINES_PER_WRITER: usize = 150;
+
+/// Not a test of its own: the body of a second process that appends to a shared log.
+#[tokio::test]
+async fn writer_process() {
+    let Ok(path) = std::env::var(WRITER_ENV) else {
+        return;
+    };
+    write_log(Path::new(&path), LINES_PER_WRITER).await;
+}
+
+#[tokio::test]
+async fn two_processes_appending_to_one_log_keep_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 1).await;
+    let spawn = || {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "writer_process", "--test-threads", "1"])
+            .env(WRITER_ENV, &path)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let (mut a, mut b) = (spawn(), spawn());
+    // This process writes too, at the same time.
+    write_log(&path, LINES_PER_WRITER).await;
+    assert!(a.wait().unwrap().success());
+    assert!(b.wait().unwrap().success());
+    let report = verify(&path, Some(&test_key())).unwrap();
+    assert_eq!(report.lines, 1 + 3 * LINES_PER_WRITER);
+    assert_eq!(report.head, codemode_gate::HeadCheck::Matches);
+    // And the log can still be continued.
+    write_log(&path, 1).await;
 }

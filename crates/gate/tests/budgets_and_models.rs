@@ -225,8 +225,8 @@ async fn spent_cost_and_token_budgets_deny_further_model_calls_and_are_audited()
     assert!((totals.usage.cost_usd - 0.018).abs() < 1e-9);
     let a = gate.end_script("a");
     assert_eq!(a.records.iter().filter(|r| r.usage.is_some()).count(), 2);
-    assert_eq!(a.records[2].status, "denied");
-    assert_eq!(a.records[2].stage, Some("budget"));
+    assert_eq!(a.records[2].status, codemode_gate::Status::Denied);
+    assert_eq!(a.records[2].stage, Some(codemode_gate::Stage::Budget));
 
     let lines = audit_lines(&path);
     assert_eq!(lines.len(), 6);
@@ -234,7 +234,7 @@ async fn spent_cost_and_token_budgets_deny_further_model_calls_and_are_audited()
     assert_eq!(budget_lines.len(), 2);
     assert!(budget_lines.iter().all(|l| l["kind"] == "model"));
     assert_eq!(lines[0]["usage"]["costUsd"], json!(0.006));
-    codemode_gate::verify(&path).unwrap();
+    codemode_gate::verify(&path, Some(&common::test_key())).unwrap();
 }
 
 #[tokio::test]

@@ -39,7 +39,14 @@ fn the_shipped_default_file_is_the_embedded_one_and_validates() {
     .unwrap();
     assert_eq!(on_disk, codemode_gate::policy::DEFAULT_POLICIES);
     let set = PolicySet::defaults();
-    assert_eq!(set.ids(), ["read-only-tools", "ask-writes"]);
+    assert_eq!(
+        set.ids(),
+        [
+            "read-only-tools-in-workspace",
+            "ask-reads-outside-workspace",
+            "ask-writes"
+        ]
+    );
     let (reg, _) = coding_tools();
     set.validate(&PolicySchema::for_registry(&reg).unwrap())
         .unwrap();
@@ -374,7 +381,7 @@ fn explain_names_the_deciding_policies() {
     assert_eq!(ex.decision, "ask");
     assert_eq!(ex.policies[0].id, "ask-writes");
     assert_eq!(ex.policies[0].file, "default.cedar");
-    assert_eq!(ex.policies[0].line, 15);
+    assert_eq!(ex.policies[0].line, 26);
     assert_eq!(ex.policies[0].effect, "permit");
 
     let input: ExplainInput = serde_json::from_value(json!({

@@ -30,9 +30,10 @@ fn listings_follow_exposure_active_state_and_mode() {
     ]);
     reg.set_active("read", false).unwrap();
     let names = |v: Vec<codemode_spec::ToolSpec>| v.into_iter().map(|s| s.name).collect::<Vec<_>>();
+    // A script cannot start another script: `codemode` is never script-callable.
     assert_eq!(
         names(reg.script_callable()),
-        ["bash", "codemode", "mcp__gh__rare", "mcp__gh__search"]
+        ["bash", "mcp__gh__rare", "mcp__gh__search"]
     );
     assert_eq!(
         names(reg.model_declared(CodemodeMode::On)),
@@ -111,7 +112,7 @@ async fn only_mode_refuses_direct_model_calls_and_audits_them_but_scripts_may_ca
     assert_eq!(lines[0]["provenance"]["origin"], "model");
     assert_eq!(lines[1]["status"], "ok");
     assert_eq!(lines[1]["provenance"]["origin"], "script");
-    codemode_gate::verify(&path).unwrap();
+    codemode_gate::verify(&path, Some(&common::test_key())).unwrap();
 }
 
 #[tokio::test]
@@ -223,7 +224,13 @@ async fn tools_hidden_deactivated_or_removed_mid_script_are_refused_at_their_nex
     );
     let records = gate.records_for_script("run");
     assert_eq!(records.len(), 6);
-    assert_eq!(records.iter().filter(|r| r.status == "denied").count(), 3);
+    assert_eq!(
+        records
+            .iter()
+            .filter(|r| r.status == codemode_gate::Status::Denied)
+            .count(),
+        3
+    );
 }
 
 #[tokio::test]

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use codemode_spec::{CallFacts, CallKind, Tool, ToolCall, ToolError, ToolOutput, ToolSpec, Usage};
+use codemode_spec::{
+    CallFacts, CallKind, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, Usage, prepared,
+};
 use serde_json::{Value, json};
 
 use crate::catalog::{Catalog, Model};
@@ -88,46 +90,38 @@ impl Tool for ModelTool {
     }
 
     /// Refuses a bad model or context before any request, and names the model for the policy.
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
-        let model = match self.check(args)? {
-            Checked::Classify(m, _) | Checked::Images(m, _) => m,
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let checked = self.check(&args)?;
+        let model = match &checked {
+            Checked::Classify(m, _) | Checked::Images(m, _) => m.clone(),
         };
-        Ok(CallFacts {
-            paths: Vec::new(),
+        let facts = CallFacts {
             model: Some(model.facts()),
-        })
-    }
-
-    fn call(
-        &self,
-        call: ToolCall,
-    ) -> codemode_spec::BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let checked = self.check(&call.args);
+            ..CallFacts::default()
+        };
         let shared = self.shared.clone();
-        Box::pin(async move {
-            let checked = checked?;
-            let model = match &checked {
-                Checked::Classify(m, _) | Checked::Images(m, _) => m.clone(),
-            };
-            let script_id = call.provenance.script_id.clone();
-            let work = async {
-                let _permit = shared.limiter.acquire(script_id.as_deref()).await;
-                run(&shared, checked).await
-            };
-            let (value, usage) = tokio::select! {
-                biased;
-                _ = call.cancel.cancelled() => {
-                    (failure(&model, "aborted", "the call was cancelled before the model answered"), None)
-                }
-                outcome = work => outcome,
-            };
-            Ok(ToolOutput {
-                value,
-                content: None,
-                is_error: false,
-                usage,
+        Ok(prepared(facts, move |ctx| {
+            Box::pin(async move {
+                let script_id = ctx.provenance.script_id.clone();
+                let work = async {
+                    let _permit = shared.limiter.acquire(script_id.as_deref()).await;
+                    run(&shared, checked).await
+                };
+                let (value, usage) = tokio::select! {
+                    biased;
+                    _ = ctx.cancel.cancelled() => {
+                        (failure(&model, "aborted", "the call was cancelled before the model answered"), None)
+                    }
+                    outcome = work => outcome,
+                };
+                Ok(ToolOutput {
+                    value,
+                    content: None,
+                    is_error: false,
+                    usage,
+                })
             })
-        })
+        }))
     }
 }
 

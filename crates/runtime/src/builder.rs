@@ -74,6 +74,14 @@ impl CodemodeBuilder {
 
     pub fn build(self) -> Result<Codemode, RuntimeError> {
         let gate = self.gate.ok_or(RuntimeError::MissingGate)?;
+        // The `codemode` call itself passes the gate; several installations may share one.
+        match gate
+            .registry()
+            .register(Arc::new(crate::codemode_tool::CodemodeTool::new()))
+        {
+            Ok(()) | Err(RegistryError::Duplicate(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
         let sandbox = match self.sandbox {
             Some(s) => s,
             None => Sandbox::new(self.sandbox_config.unwrap_or_default())?,

@@ -11,6 +11,7 @@ use codemode_spec::{Origin, Provenance, ToolSpec, Usage};
 use futures::FutureExt;
 use futures::future::LocalBoxFuture;
 use serde_json::{Map, Value, json};
+use tokio_util::task::TaskTracker;
 
 use crate::globals;
 
@@ -47,6 +48,8 @@ struct HostState {
     gated_globals: HashMap<String, String>,
     spent: Mutex<Spent>,
     on_call: Option<crate::CallObserver>,
+    /// The calls running on the embedder's runtime, waited for when the script ends.
+    in_flight: TaskTracker,
 }
 
 /// What the script's calls spent, by sandbox call id, and the images models generated for it.
@@ -79,6 +82,7 @@ impl RuntimeHost {
                 gated_globals,
                 spent: Mutex::new(Spent::default()),
                 on_call,
+                in_flight: TaskTracker::new(),
             }),
         }
     }
@@ -86,6 +90,11 @@ impl RuntimeHost {
     /// A handle that reads what was spent after the run, while the sandbox owns the host.
     pub(crate) fn spent_handle(&self) -> SpentHandle {
         SpentHandle(self.state.clone())
+    }
+
+    /// The script's calls still running: close and wait on it after the script ends.
+    pub(crate) fn in_flight(&self) -> TaskTracker {
+        self.state.in_flight.clone()
     }
 }
 
@@ -176,10 +185,21 @@ impl HostState {
         let outcome = match &self.io {
             Some(io) => {
                 let gate = self.gate.clone();
-                let task = AbortOnDrop(io.spawn(async move { gate.call(request).await }));
-                match task.wait().await {
+                // Not aborted when the script stops waiting: the sandbox cancels the call's
+                // token, the tool stops cooperatively, and the gate writes the call's outcome
+                // line; `run_script` waits for these tasks before it returns.
+                let task = self
+                    .in_flight
+                    .spawn_on(async move { gate.call(request).await }, io);
+                match task.await {
                     Ok(outcome) => outcome,
-                    Err(message) => return Err(host_error(message, "Error", Map::new())),
+                    Err(e) => {
+                        return Err(host_error(
+                            format!("the call stopped unexpectedly: {e}"),
+                            "Error",
+                            Map::new(),
+                        ));
+                    }
                 }
             }
             // Not inside a tokio runtime: the call runs on the sandbox's worker.
@@ -252,22 +272,4 @@ fn host_error(message: String, name: &str, properties: Map<String, Value>) -> Ho
 
 fn lock(m: &Mutex<Spent>) -> std::sync::MutexGuard<'_, Spent> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A task on the embedder's runtime that is aborted when the sandbox stops waiting for it (the
-/// script ended or cancelled the call), so no call outlives its script.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> AbortOnDrop<T> {
-    async fn wait(mut self) -> Result<T, String> {
-        (&mut self.0)
-            .await
-            .map_err(|e| format!("the call stopped unexpectedly: {e}"))
-    }
-}
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -44,6 +44,7 @@
 //! ```
 
 mod builder;
+mod codemode_tool;
 mod globals;
 mod host;
 mod media;
@@ -147,6 +148,7 @@ impl Codemode {
     /// description gains a line saying what `tools.<name>()` resolves to inside a script.
     pub fn model_declared_tools(&self) -> Vec<ToolSpec> {
         let mut specs = self.inner.gate.registry().model_declared(self.mode());
+        specs.retain(|s| s.name != codemode_gate::CODEMODE_TOOL);
         for spec in &mut specs {
             let note = codemode_declarations::direct_tool_note(spec);
             spec.description = format!("{}\n\n{}", spec.description.trim_end(), note);
@@ -161,7 +163,8 @@ impl Codemode {
     }
 
     /// A call the model makes directly, as a declared tool. It passes the same gate as a script's
-    /// call; in mode `only` the gate refuses it and says to call the tool from a script.
+    /// call; in mode `only` the gate refuses it and says to call the tool from a script. A call
+    /// of `codemode` itself runs the script (see [`Codemode::run_script`]).
     pub async fn call_direct(
         &self,
         name: &str,
@@ -169,6 +172,23 @@ impl Codemode {
         session_id: &str,
         client: Option<String>,
     ) -> Result<ToolOutput, GateError> {
+        if name == codemode_gate::CODEMODE_TOOL {
+            let Some(code) = args.get("code").and_then(Value::as_str) else {
+                return Err(GateError::new(
+                    codemode_gate::Stage::Validate,
+                    "the codemode tool takes {\"code\": \"<JavaScript>\"}; `code` is missing or not a string",
+                ));
+            };
+            let mut req = ScriptRequest::new(code, session_id);
+            req.client = client;
+            let run = self.run_script(req).await;
+            return Ok(ToolOutput {
+                value: run.structured(),
+                content: Some(vec![codemode_spec::ContentBlock::Text { text: run.text }]),
+                is_error: run.is_error,
+                usage: (!run.usage.is_empty()).then_some(run.usage),
+            });
+        }
         let mut provenance = Provenance::model(self.next_call_id("call"), session_id);
         provenance.client = client;
         self.inner

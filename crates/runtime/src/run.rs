@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+use codemode_gate::{CODEMODE_TOOL, CallRequest};
 use codemode_sandbox::{Determinism, Script, ScriptResult, ToolEntry};
-use codemode_spec::{CallKind, Usage};
+use codemode_spec::{CallKind, Provenance, ToolOutput, Usage};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::Codemode;
+use crate::codemode_tool::script_facts;
 use crate::globals::{DISCOVERY, MODEL_READERS};
 use crate::host::{RuntimeHost, ScriptIdentity};
 
@@ -22,7 +23,8 @@ pub struct ScriptRequest {
     pub session_id: String,
     /// The front end driving the session (an MCP client's name), for the audit log.
     pub client: Option<String>,
-    /// The `codemode` call that runs this script; one is made up when absent.
+    /// The id of the `codemode` call that runs this script (the MCP request's, say); one is
+    /// made up when absent. The script's calls name it as their parent.
     pub parent_call_id: Option<String>,
     /// Cancelling stops the script, even one that spins, and cancels its calls.
     pub abort: CancellationToken,
@@ -107,6 +109,7 @@ pub struct ScriptRun {
 pub struct GateRecord {
     /// The call's id in the script (its `seq`), when the gate saw one.
     pub id: Option<u64>,
+    /// The gate's outcome of the call: the same value as its audit line.
     #[serde(flatten)]
     pub record: codemode_gate::CallRecord,
 }
@@ -148,8 +151,8 @@ impl ScriptRun {
                 }
                 calls.push(json!({
                     "id": r.id,
-                    "name": r.record.name,
-                    "kind": if r.record.name.starts_with("models.") { "model" } else { "global" },
+                    "name": r.record.tool,
+                    "kind": if r.record.tool.starts_with("models.") { "model" } else { "global" },
                     "status": r.record.status,
                     "decision": r.record.decision,
                     "policyIds": r.record.policy_ids,
@@ -208,33 +211,87 @@ impl Codemode {
     }
 
     /// Runs one script to the end and renders what the model reads.
+    ///
+    /// The script is itself a call: the `codemode` call (origin model, depth 0, facts: the
+    /// script's SHA-256 and size) passes the gate first, so a policy can forbid or ask for it,
+    /// hooks with matcher `codemode` see it, and the audit log has its line, which the script's
+    /// own calls name as their parent. Calls still running when the script ends are cancelled
+    /// and waited for, so each writes its outcome line before the run returns.
     pub async fn run_script(&self, req: ScriptRequest) -> ScriptRun {
         let script_id = self.next_call_id("script");
-        if let Err(e) = codemode_sandbox::parse_source(&req.source) {
-            // Refused input never reaches the sandbox and has no "script failed" header.
-            return ScriptRun {
-                script_id,
-                text: e.to_string(),
-                full_output_path: None,
-                is_error: true,
-                result: None,
-                usage: Usage::default(),
-                usage_by_call: HashMap::new(),
-                gate_records: Vec::new(),
-                media: Vec::new(),
-            };
-        }
-        let script_hash = hex::encode(Sha256::digest(req.source.as_bytes()));
-        let parent_call_id = req
+        let call_id = req
             .parent_call_id
             .clone()
             .unwrap_or_else(|| self.next_call_id("codemode"));
+        let mut provenance = Provenance::model(call_id.clone(), req.session_id.clone());
+        provenance.client = req.client.clone();
+        provenance.script_hash = Some(script_facts(&req.source).sha256);
+        let admitted = self
+            .gate()
+            .admit(CallRequest {
+                name: CODEMODE_TOOL.to_string(),
+                args: json!({ "code": req.source }),
+                provenance,
+                cancel: req.abort.clone(),
+                clock: None,
+            })
+            .await;
+        let mut admission = match admitted {
+            Ok(a) => a,
+            Err(e) => return ScriptRun::refused(script_id, e.message),
+        };
+        // A hook may have rewritten the script: what runs is what was decided on.
+        let source = admission
+            .args()
+            .get("code")
+            .and_then(Value::as_str)
+            .unwrap_or(&req.source)
+            .to_string();
+        admission.begin();
+        let mut run = self.execute(&req, source, script_id, call_id).await;
+        let output = ToolOutput {
+            value: Value::String(run.text.clone()),
+            content: None,
+            is_error: run.is_error,
+            // What the script's calls spent is on their own lines; counting it here again
+            // would charge it twice.
+            usage: None,
+        };
+        match admission.finish(Ok(output)).await {
+            Ok(out) => {
+                if out.value != Value::String(run.text.clone()) {
+                    // An after-hook replaced what the model reads.
+                    run.text = match out.value {
+                        Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                }
+            }
+            Err(e) => {
+                run.text = e.message;
+                run.is_error = true;
+            }
+        }
+        run
+    }
+
+    async fn execute(
+        &self,
+        req: &ScriptRequest,
+        source: String,
+        script_id: String,
+        call_id: String,
+    ) -> ScriptRun {
+        if let Err(e) = codemode_sandbox::parse_source(&source) {
+            // Refused input never reaches the sandbox and has no "script failed" header.
+            return ScriptRun::refused(script_id, e.to_string());
+        }
         let identity = ScriptIdentity {
             session_id: req.session_id.clone(),
             client: req.client.clone(),
-            parent_call_id: Some(parent_call_id),
+            parent_call_id: Some(call_id),
             script_id: script_id.clone(),
-            script_hash,
+            script_hash: script_facts(&source).sha256,
             depth: 1,
             on_call: req.on_call.clone(),
         };
@@ -258,8 +315,9 @@ impl Codemode {
             surface.gated_globals.clone(),
         );
         let spent = host.spent_handle();
+        let in_flight = host.in_flight();
         let script = Script {
-            source: req.source.clone(),
+            source,
             tools,
             globals: surface.globals.clone(),
             host: std::sync::Arc::new(host),
@@ -271,6 +329,17 @@ impl Codemode {
             clock: codemode_spec::DeadlineClock::new(),
         };
         let mut result = self.sandbox().run(script).await;
+        // The sandbox cancelled the calls still out; let each finish and write its line.
+        in_flight.close();
+        if tokio::time::timeout(CALLS_DRAIN, in_flight.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                script_id,
+                "calls of a finished script are still running after {CALLS_DRAIN:?}; they will write their audit lines when they end"
+            );
+        }
         let ledger = self.gate().end_script(&script_id);
         let mut media: Vec<Value> = result
             .output
@@ -326,7 +395,7 @@ impl Codemode {
                 .records
                 .iter()
                 .map(|r| GateRecord {
-                    id: r.call_id.rsplit('/').next().and_then(|n| n.parse().ok()),
+                    id: r.provenance.seq,
                     record: r.clone(),
                 })
                 .collect(),
@@ -334,6 +403,26 @@ impl Codemode {
         }
     }
 }
+
+impl ScriptRun {
+    /// A run refused before the sandbox: bad input, or the `codemode` call was not admitted.
+    fn refused(script_id: String, text: String) -> Self {
+        ScriptRun {
+            script_id,
+            text,
+            full_output_path: None,
+            is_error: true,
+            result: None,
+            usage: Usage::default(),
+            usage_by_call: HashMap::new(),
+            gate_records: Vec::new(),
+            media: Vec::new(),
+        }
+    }
+}
+
+/// How long a finished script waits for its cancelled calls to write their outcome lines.
+const CALLS_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn unshown_images(result: &ScriptResult, generated: &[String]) -> usize {
     let shown: std::collections::HashSet<&str> = result

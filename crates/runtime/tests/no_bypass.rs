@@ -194,20 +194,29 @@ async fn every_tool_and_every_gated_global_passes_the_gate_with_provenance() {
         let new: Vec<_> = seen[before..].iter().collect();
         assert_eq!(
             new.len(),
-            1,
-            "{name} should pass the gate exactly once, saw {new:?}"
+            2,
+            "the script, then {name}, should each pass the gate once, saw {new:?}"
         );
-        let ev = new[0];
+        // The script itself is a call: origin model, depth 0, its hash and size as facts.
+        let script_call = new[0];
+        let hash = hex::encode(Sha256::digest(source.as_bytes()));
+        assert_eq!(script_call.tool_name, "codemode");
+        assert_eq!(script_call.provenance.origin, Origin::Model);
+        assert_eq!(script_call.provenance.depth, 0);
+        let facts = script_call.script.as_ref().expect("script facts");
+        assert_eq!(facts.sha256, hash);
+        assert_eq!(facts.bytes, source.len() as u64);
+        let ev = new[1];
         assert_eq!(ev.tool_name, name);
+        assert_eq!(
+            ev.provenance.parent_call_id.as_deref(),
+            Some(script_call.provenance.call_id.as_str()),
+            "{name}: the parent is the codemode call"
+        );
         assert_eq!(ev.provenance.origin, Origin::Script);
         assert_eq!(ev.provenance.depth, 1);
         assert_eq!(ev.provenance.session_id, "s1");
         assert_eq!(ev.provenance.seq, Some(1));
-        assert!(
-            ev.provenance.parent_call_id.is_some(),
-            "{name}: no parent call id"
-        );
-        let hash = hex::encode(Sha256::digest(source.as_bytes()));
         assert_eq!(ev.provenance.script_hash.as_deref(), Some(hash.as_str()));
     }
 }
@@ -239,10 +248,67 @@ async fn read_only_helpers_reach_neither_the_gate_nor_a_provider() {
         !keys.contains("127.0.0.1") && !keys.contains("baseUrl"),
         "{keys}"
     );
-    assert!(
-        world.recorder.names().is_empty(),
-        "{:?}",
-        world.recorder.names()
+    assert_eq!(
+        world.recorder.names(),
+        ["codemode"],
+        "only the script itself passes the gate"
     );
     assert!(world.provider.requests().is_empty());
+}
+
+#[tokio::test]
+async fn the_codemode_call_is_in_the_audit_log_and_its_calls_name_it() {
+    let world = world(Options::default()).await;
+    let run = run(
+        &world,
+        "await tools.echo({ a: 1 }); return await notify({})",
+    )
+    .await;
+    assert!(!run.is_error, "{}", run.text);
+    let lines = audit_lines(&world);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let script = lines.iter().find(|l| l["tool"] == "codemode").unwrap();
+    assert_eq!(script["provenance"]["depth"], 0);
+    assert_eq!(script["provenance"]["origin"], "model");
+    assert_eq!(script["status"], "ok");
+    assert!(script["script"]["sha256"].as_str().unwrap().len() == 64);
+    let id = script["provenance"]["call_id"].as_str().unwrap();
+    for line in lines.iter().filter(|l| l["tool"] != "codemode") {
+        assert_eq!(line["provenance"]["parent_call_id"], id, "{line}");
+    }
+    // The script's line comes after its calls' lines: it ends last.
+    assert_eq!(lines.last().unwrap()["tool"], "codemode");
+}
+
+#[tokio::test]
+async fn a_policy_or_a_hook_can_stop_a_script_before_it_runs() {
+    let policy = format!(
+        "{PERMIT_ALL}@id(\"no-long-scripts\") forbid (principal, action == Action::\"tool_call\", resource == Tool::\"codemode\") when {{ context.script_bytes > 40 }};\n"
+    );
+    let world = world(Options {
+        policy,
+        ..Options::default()
+    })
+    .await;
+    let long = "await tools.echo({}); await tools.echo({}); return 1";
+    let refused = run(&world, long).await;
+    assert!(refused.is_error);
+    assert!(refused.text.contains("no-long-scripts"), "{}", refused.text);
+    assert!(refused.result.is_none(), "nothing ran");
+    // The policy refused it before any hook, and none of its calls reached the gate.
+    assert!(world.recorder.names().is_empty());
+    assert!(!run(&world, "return 1").await.is_error);
+
+    world.recorder.deny.lock().unwrap().push("codemode".into());
+    let denied = run(&world, "return await tools.echo({})").await;
+    assert!(denied.is_error);
+    assert!(
+        denied.text.contains("the test hook denies codemode"),
+        "{}",
+        denied.text
+    );
+    let lines = audit_lines(&world);
+    let last = lines.last().unwrap();
+    assert_eq!(last["tool"], "codemode");
+    assert_eq!(last["status"], "denied");
 }

@@ -38,7 +38,8 @@ use codemode_config::{
 };
 use codemode_gate::hooks::HookConfigError;
 use codemode_gate::{
-    Approver, AuditLog, CommandHooks, Gate, Hook, PolicyError, Registry, RegistryError,
+    Approver, AuditKey, AuditLog, CommandHooks, Gate, Hook, PolicyError, ProtectedPath, Registry,
+    RegistryError,
 };
 use codemode_mcp::{ConnectOptions, ServerStatus};
 use codemode_models::{Catalog, ModelsHttpConfig};
@@ -236,11 +237,27 @@ impl InstallationBuilder {
         if let Some(approver) = self.approver {
             gate = gate.approver(approver);
         }
+        // The gate keeps its own configuration out of every tool's reach, whatever the policy.
+        gate = gate
+            .workspace(&workdir)
+            .protect(ProtectedPath::new(
+                workdir.join(".codemode"),
+                "the project's codemode configuration",
+            ))
+            .protect(ProtectedPath::new(
+                &sources.paths.config_dir,
+                "your codemode configuration",
+            ));
         if let Some(path) = &settings.audit_path {
-            let log = AuditLog::open(path).map_err(|e| SetupError::Audit {
+            // The chain is keyed with a key of the user's, never the project's.
+            let key_path = sources.paths.state_dir.join("audit.key");
+            let audit_error = |e: codemode_gate::AuditError| SetupError::Audit {
                 path: path.clone(),
                 message: e.to_string(),
-            })?;
+            };
+            let key = AuditKey::load_or_create(&key_path).map_err(audit_error)?;
+            gate = gate.protect(ProtectedPath::new(&key_path, "the audit log's key"));
+            let log = AuditLog::open_with_key(path, key).map_err(audit_error)?;
             gate = gate.audit(log);
         }
         let gate = gate.build()?;

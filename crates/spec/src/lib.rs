@@ -16,6 +16,7 @@ pub use call::{CallKind, Origin, Provenance, Usage};
 pub use clock::{DeadlineClock, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
 pub use tool::{
-    Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Exposure, ModelFacts,
-    NamespaceSpec, Tool, ToolCall, ToolError, ToolErrorKind, ToolOutput, ToolSpec,
+    Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, ModelFacts,
+    NamespaceSpec, PathUse, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall, ToolError,
+    ToolErrorKind, ToolOutput, ToolSpec, prepared,
 };

@@ -156,12 +156,23 @@ pub enum ContentBlock {
     },
 }
 
-/// One call handed to a tool, after the gate has allowed it.
+/// One call handed to a tool in one step (prepare and run), for tests and embedders that check
+/// calls elsewhere. The gate never uses it: it prepares, decides on the prepared call's facts,
+/// and runs exactly what it decided on.
 #[derive(Debug, Clone)]
 pub struct ToolCall {
     pub args: Value,
     pub provenance: Provenance,
     /// Cancelled when the script ends, is aborted, or stops waiting for this call.
+    pub cancel: CancellationToken,
+}
+
+/// What a prepared call gets when it runs.
+#[derive(Debug, Clone)]
+pub struct RunContext {
+    pub provenance: Provenance,
+    /// Cancelled when the script ends, is aborted, or stops waiting for this call. Tools stop
+    /// cooperatively and say, in [`ToolError::effect`], whether their effect happened.
     pub cancel: CancellationToken,
 }
 
@@ -193,8 +204,33 @@ pub struct CallFacts {
     /// Absolute, symlink-resolved paths the call would touch. Path rules see these, never the raw
     /// arguments, so `..` and symlinks cannot slip past them.
     pub paths: Vec<String>,
+    /// Whether `paths` are what the call reads or changes, or only where it runs.
+    pub path_use: PathUse,
     /// For a model call: the model it spends on.
     pub model: Option<ModelFacts>,
+    /// For the `codemode` call: the script it runs.
+    pub script: Option<ScriptFacts>,
+}
+
+/// What a call's paths are to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathUse {
+    /// The files and directories the call reads or changes (as its tool's annotations say).
+    #[default]
+    Touched,
+    /// Only where the call runs (`bash`'s working directory): what it changes is not known
+    /// before it runs, so protected paths cannot be checked on it.
+    WorkingDirectory,
+}
+
+/// The script a `codemode` call runs, as the policy, the hooks and the audit log see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptFacts {
+    /// SHA-256 (hex) of the script's source, options line included.
+    pub sha256: String,
+    /// Length of the source in bytes.
+    pub bytes: u64,
 }
 
 /// The model a model call spends on, as the policy and the budgets see it.
@@ -229,6 +265,18 @@ pub enum ToolErrorKind {
     Timeout,
 }
 
+/// Whether a call that ended without a result changed anything, as the audit log records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// Nothing was changed: the call stopped before its effect, or it has none.
+    None,
+    /// The effect happened (a file was replaced, a command ran to its end).
+    Applied,
+    /// It may or may not have happened (a request was sent and its answer never came).
+    Unknown,
+}
+
 /// A tool's failure. The message goes back to the script or the model, so it should say what went
 /// wrong and how to do better.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -236,6 +284,10 @@ pub enum ToolErrorKind {
 pub struct ToolError {
     pub kind: ToolErrorKind,
     pub message: String,
+    /// What the failed call did to the world. [`ToolError::failed`] and [`ToolError::timeout`]
+    /// assume [`Effect::Unknown`]; a tool that knows better says so with
+    /// [`ToolError::with_effect`].
+    pub effect: Effect,
 }
 
 impl ToolError {
@@ -243,39 +295,105 @@ impl ToolError {
         ToolError {
             kind: ToolErrorKind::Failed,
             message: message.into(),
+            effect: Effect::Unknown,
         }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         ToolError {
             kind: ToolErrorKind::InvalidArguments,
             message: message.into(),
+            effect: Effect::None,
         }
     }
+    /// Cancelled before anything was changed.
     pub fn cancelled() -> Self {
         ToolError {
             kind: ToolErrorKind::Cancelled,
             message: "the call was cancelled".into(),
+            effect: Effect::None,
         }
     }
     pub fn timeout(message: impl Into<String>) -> Self {
         ToolError {
             kind: ToolErrorKind::Timeout,
             message: message.into(),
+            effect: Effect::Unknown,
+        }
+    }
+    pub fn with_effect(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+}
+
+/// An executor behind the gate.
+///
+/// A call is prepared once: [`Tool::prepare`] parses the arguments, resolves what the call will
+/// touch (opening paths without following symlinks and keeping the handles) and returns a
+/// [`PreparedCall`] whose [`facts`](PreparedCall::facts) the policy, the hooks and the audit log
+/// judge. The gate then runs that same prepared call, so what was judged is what is used: a
+/// symlink swapped in between cannot redirect it. Only the gate runs prepared calls.
+pub trait Tool: Send + Sync {
+    fn spec(&self) -> &ToolSpec;
+
+    /// Parses and checks the arguments and resolves what the call touches. Runs after schema
+    /// validation and before the policy, so it must not change anything. An error refuses the
+    /// call.
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError>;
+
+    /// The facts a call with these arguments would be judged on (for tests and explanations).
+    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+        Ok(self.prepare(args.clone())?.facts().clone())
+    }
+
+    /// Prepares and runs in one step, without any gate: for tests and embedders only.
+    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        match self.prepare(call.args) {
+            Ok(prepared) => prepared.run(RunContext {
+                provenance: call.provenance,
+                cancel: call.cancel,
+            }),
+            Err(e) => Box::pin(async move { Err(e) }),
         }
     }
 }
 
-/// An executor behind the gate. Only the gate calls [`Tool::call`]; everything else asks the gate.
-pub trait Tool: Send + Sync {
-    fn spec(&self) -> &ToolSpec;
+/// A call that a tool has prepared: its facts, and the work that runs on exactly those facts.
+pub trait PreparedCall: Send {
+    /// What the call touches, as resolved once in [`Tool::prepare`].
+    fn facts(&self) -> &CallFacts;
 
-    /// Facts the policy needs about this call (resolved paths, the model it spends on).
-    /// Runs after schema validation and before the policy. An error here refuses the call.
-    fn facts(&self, _args: &Value) -> Result<CallFacts, ToolError> {
-        Ok(CallFacts::default())
+    /// Does the work. Tools that hold handles refuse here if what they hold no longer is what
+    /// the facts name (a path that was swapped after it was judged).
+    fn run(self: Box<Self>, ctx: RunContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+}
+
+/// A prepared call from facts and a closure: for tools whose facts need no handles (MCP tools,
+/// model operations), `prepare` is one line:
+/// `Ok(prepared(CallFacts::default(), move |ctx| Box::pin(async move { ... })))`.
+pub fn prepared<F>(facts: CallFacts, run: F) -> Box<dyn PreparedCall>
+where
+    F: FnOnce(RunContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> + Send + 'static,
+{
+    Box::new(PreparedFn { facts, run })
+}
+
+struct PreparedFn<F> {
+    facts: CallFacts,
+    run: F,
+}
+
+impl<F> PreparedCall for PreparedFn<F>
+where
+    F: FnOnce(RunContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> + Send + 'static,
+{
+    fn facts(&self) -> &CallFacts {
+        &self.facts
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>>;
+    fn run(self: Box<Self>, ctx: RunContext) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        (self.run)(ctx)
+    }
 }
 
 /// How the codemode tool relates to the direct tools.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use codemode_spec::{
-    BoxFuture, CallFacts, ContentBlock, Tool, ToolCall, ToolError, ToolOutput, ToolSpec,
+    ContentBlock, Effect, PathUse, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -82,17 +82,14 @@ impl Tool for BashTool {
     }
 
     /// The command can touch anything; the path the policy sees is where it runs.
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
-        let _: BashArgs = parse("bash", args)?;
-        path_facts(&self.ctx.workdir)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let args: BashArgs = parse("bash", args)?;
+        let mut facts = path_facts(&self.ctx.workdir)?;
+        facts.path_use = PathUse::WorkingDirectory;
         let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: BashArgs = parse("bash", &call.args)?;
-            run(&ctx, &args, call.cancel).await
-        })
+        Ok(prepared(facts, move |run_ctx| {
+            Box::pin(async move { run(&ctx, &args, run_ctx.cancel).await })
+        }))
     }
 }
 
@@ -199,7 +196,8 @@ async fn run(
                 group.kill();
                 let _ = child.wait().await;
                 group.disarm();
-                return Err(ToolError::cancelled());
+                // The command was running: what it did before it was killed stays done.
+                return Err(ToolError::cancelled().with_effect(Effect::Unknown));
             }
             _ = sleep_until(deadline) => {
                 ending = Ending::TimedOut;

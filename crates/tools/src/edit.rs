@@ -1,16 +1,20 @@
 //! `edit`: replace an exact piece of text in a file.
 
+use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
-use codemode_spec::{BoxFuture, CallFacts, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use codemode_spec::{Effect, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::fs_atomic::atomic_write;
+use crate::fs::{Leaf, Resolved, write_atomic};
 use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_change, text_output};
+
+/// Largest file edit reads and rewrites in memory.
+const MAX_EDIT_BYTES: u64 = 64 * 1024 * 1024;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,50 +61,52 @@ impl Tool for EditTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: EditArgs = parse("edit", args)?;
-        let path = self.ctx.resolve(&args.path)?;
-        path_facts(&path)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: EditArgs = parse("edit", &call.args)?;
-            let path = ctx.resolve(&args.path)?;
-            let shown = ctx.display(&path);
-            run_change(call.cancel, move || edit_file(&path, &shown, &args)).await
-        })
+        if args.old_string.is_empty() {
+            return Err(ToolError::invalid(
+                "old_string is empty; give the exact text to replace (use write to create a file)",
+            ));
+        }
+        if args.old_string == args.new_string {
+            return Err(ToolError::invalid(
+                "old_string and new_string are the same, so the edit would change nothing",
+            ));
+        }
+        let target = self.ctx.resolve(&args.path)?;
+        let facts = path_facts(&target.path)?;
+        let shown = self.ctx.display(&target.path);
+        Ok(prepared(facts, move |ctx| {
+            Box::pin(run_change(ctx.cancel, move || {
+                edit_file(&target, &shown, &args)
+            }))
+        }))
     }
 }
 
-fn edit_file(path: &Path, shown: &str, args: &EditArgs) -> Result<ToolOutput, ToolError> {
-    if args.old_string.is_empty() {
-        return Err(ToolError::invalid(
-            "old_string is empty; give the exact text to replace (use write to create a file)",
-        ));
+fn edit_file(target: &Resolved, shown: &str, args: &EditArgs) -> Result<ToolOutput, ToolError> {
+    let path = &target.path;
+    if let Leaf::Missing(_) = target.leaf {
+        return Err(ToolError::failed(format!(
+            "file not found: {} (use write to create a file)",
+            path.display()
+        ))
+        .with_effect(Effect::None));
     }
-    if args.old_string == args.new_string {
-        return Err(ToolError::invalid(
-            "old_string and new_string are the same, so the edit would change nothing",
-        ));
-    }
-    if path.exists() && !path.is_file() {
+    let file = target
+        .open_file()
+        .map_err(|e| e.with_effect(Effect::None))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > MAX_EDIT_BYTES {
         return Err(ToolError::invalid(format!(
-            "{} is not a regular file; edit changes text files only",
+            "{} is {size} bytes, more than edit rewrites ({MAX_EDIT_BYTES}); change it with bash (sed) instead",
             path.display()
         )));
     }
-    let bytes = std::fs::read(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            ToolError::failed(format!(
-                "file not found: {} (use write to create a file)",
-                path.display()
-            ))
-        } else {
-            io_error("read", path, &e)
-        }
-    })?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(MAX_EDIT_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io_error("read", path, &e).with_effect(Effect::None))?;
     let text = String::from_utf8(bytes).map_err(|_| {
         ToolError::invalid(format!(
             "{} is not UTF-8 text, so edit cannot match text in it",
@@ -112,11 +118,10 @@ fn edit_file(path: &Path, shown: &str, args: &EditArgs) -> Result<ToolOutput, To
         .map(|(at, _)| at)
         .collect();
     if starts.is_empty() {
-        return Err(ToolError::failed(no_match_message(
-            path,
-            &text,
-            &args.old_string,
-        )));
+        return Err(
+            ToolError::failed(no_match_message(path, &text, &args.old_string))
+                .with_effect(Effect::None),
+        );
     }
     let lines: Vec<usize> = starts.iter().map(|at| line_of(&text, *at)).collect();
     if starts.len() > 1 && !args.replace_all {
@@ -125,10 +130,11 @@ fn edit_file(path: &Path, shown: &str, args: &EditArgs) -> Result<ToolOutput, To
             starts.len(),
             path.display(),
             join_numbers(&lines)
-        )));
+        ))
+        .with_effect(Effect::None));
     }
     let updated = text.replace(&args.old_string, &args.new_string);
-    atomic_write(path, updated.as_bytes())?;
+    write_atomic(target, updated.as_bytes())?;
     let plural = if starts.len() == 1 { "" } else { "s" };
     Ok(text_output(format!(
         "Edited {shown}: replaced {} occurrence{plural} (line{plural} {}).",

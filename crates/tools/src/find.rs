@@ -1,16 +1,17 @@
 //! `find`: files and directories whose names match a glob.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use codemode_spec::{BoxFuture, CallFacts, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use codemode_spec::{PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
+use rustix::fs::FileType;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
+use crate::fs::{Ignores, Leaf, Resolved, walk};
+use crate::glob::PathGlob;
 use crate::paths::path_facts;
-use crate::support::{Behaviour, Context, StopFlag, make_spec, run_blocking, text_output};
-use crate::walk::{PathGlob, walk};
+use crate::support::{Behaviour, Context, StopFlag, make_spec, preview, run_blocking, text_output};
 
 const DEFAULT_LIMIT: usize = 1000;
 
@@ -58,55 +59,50 @@ impl Tool for FindTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: FindArgs = parse("find", args)?;
+        let glob = PathGlob::new(&args.pattern)?;
         let root = self.ctx.resolve_root(args.path.as_deref())?;
-        path_facts(&root)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let facts = path_facts(&root.path)?;
+        let limit = args.limit.unwrap_or(DEFAULT_LIMIT).max(1);
         let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: FindArgs = parse("find", &call.args)?;
-            let root = ctx.resolve_root(args.path.as_deref())?;
-            let glob = PathGlob::new(&args.pattern)?;
-            let limit = args.limit.unwrap_or(DEFAULT_LIMIT).max(1);
-            let inner = ctx.clone();
-            run_blocking(call.cancel, move |stop| {
-                find(&inner, &root, &glob, &args.pattern, limit, &stop)
-            })
-            .await
-        })
+        Ok(prepared(facts, move |run| {
+            Box::pin(run_blocking(run.cancel, move |stop| {
+                find(&ctx, &root, &glob, &args.pattern, limit, &stop)
+            }))
+        }))
     }
 }
 
 fn find(
     ctx: &Context,
-    root: &Path,
+    root: &Resolved,
     glob: &PathGlob,
     pattern: &str,
     limit: usize,
     stop: &StopFlag,
 ) -> Result<ToolOutput, ToolError> {
-    if !root.is_dir() {
+    if !matches!(root.leaf, Leaf::Dir) {
         return Err(ToolError::invalid(format!(
             "{} is not a directory (or does not exist); give a directory to search",
-            root.display()
+            root.path.display()
         )));
     }
+    let fd = root.open_dir()?;
     let max_bytes = ctx.config.max_output_bytes;
     let mut out = String::new();
     let mut shown = 0usize;
     let mut total = 0usize;
     let mut byte_cap = false;
-    walk(root, stop, |entry| {
-        if !glob.matches(root, entry.path()) {
+    let ignores = Ignores::above(&root.path);
+    walk(&fd, &root.path, &ignores, stop, |entry| {
+        if !glob.matches(entry.rel) {
             return true;
         }
         total += 1;
         if shown < limit && !byte_cap {
-            let mut line = ctx.display(entry.path());
-            if entry.file_type().is_some_and(|t| t.is_dir()) {
+            let mut line = ctx.display(entry.path);
+            if entry.kind == FileType::Directory {
                 line.push('/');
             }
             if out.len() + line.len() + 1 > max_bytes {
@@ -119,10 +115,14 @@ fn find(
         }
         true
     });
+    if stop.is_set() {
+        return Err(ToolError::cancelled());
+    }
     if total == 0 {
         return Ok(text_output(format!(
-            "No files match `{pattern}` under {}.",
-            ctx.display(root)
+            "No files match `{}` under {}.",
+            preview(pattern, 200),
+            ctx.display(&root.path)
         )));
     }
     if shown < total {

@@ -1,23 +1,32 @@
 //! `grep`: lines matching a regular expression, across a tree.
 
+use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use codemode_spec::{BoxFuture, CallFacts, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use codemode_spec::{PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
 use grep_searcher::sinks::Lossy;
 use grep_searcher::{BinaryDetection, Searcher, SearcherBuilder};
+use rustix::fs::FileType;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
+use crate::fs::{Ignores, Leaf, Resolved, open_file_beneath, walk};
+use crate::glob::PathGlob;
 use crate::paths::path_facts;
-use crate::support::{Behaviour, Context, StopFlag, make_spec, run_blocking, text_output};
-use crate::walk::{PathGlob, walk};
+use crate::support::{Behaviour, Context, StopFlag, make_spec, preview, run_blocking, text_output};
 
 const DEFAULT_LIMIT: usize = 200;
 /// Characters of a matching line shown before it is cut.
 const MAX_LINE_CHARS: usize = 500;
+/// Longest pattern accepted.
+const MAX_PATTERN_BYTES: usize = 64 * 1024;
+/// Most memory the compiled pattern, and separately its lazy DFA, may use.
+const MAX_REGEX_BYTES: usize = 32 * 1024 * 1024;
+/// Longest line held while searching; longer lines end the search of that file.
+const MAX_LINE_BUFFER_BYTES: usize = 16 * 1024 * 1024;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,47 +77,55 @@ impl Tool for GrepTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: GrepArgs = parse("grep", args)?;
+        let matcher = compile(&args.pattern, args.ignore_case)?;
+        let glob = args.glob.as_deref().map(PathGlob::new).transpose()?;
         let root = self.ctx.resolve_root(args.path.as_deref())?;
-        path_facts(&root)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        let facts = path_facts(&root.path)?;
+        let limit = args.limit.unwrap_or(DEFAULT_LIMIT).max(1);
         let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: GrepArgs = parse("grep", &call.args)?;
-            let root = ctx.resolve_root(args.path.as_deref())?;
-            let matcher = RegexMatcherBuilder::new()
-                .case_insensitive(args.ignore_case)
-                .build(&args.pattern)
-                .map_err(|e| {
-                    ToolError::invalid(format!(
-                        "invalid regular expression `{}`: {e}; escape special characters such as ( [ . * with a backslash to match them literally",
-                        args.pattern
-                    ))
-                })?;
-            let glob = args.glob.as_deref().map(PathGlob::new).transpose()?;
-            let limit = args.limit.unwrap_or(DEFAULT_LIMIT).max(1);
-            let inner = ctx.clone();
-            run_blocking(call.cancel, move |stop| {
+        Ok(prepared(facts, move |run| {
+            Box::pin(run_blocking(run.cancel, move |stop| {
                 let search = Search {
-                    ctx: &inner,
+                    ctx: &ctx,
                     root: &root,
                     matcher: &matcher,
                     glob: glob.as_ref(),
                     limit,
                 };
                 search.run(&args.pattern, &stop)
-            })
-            .await
-        })
+            }))
+        }))
     }
+}
+
+/// Compiles the pattern within bounds: a pattern's size, and the memory its compiled program
+/// and lazy DFA may take, are capped, so one call cannot take the host's memory.
+fn compile(pattern: &str, ignore_case: bool) -> Result<RegexMatcher, ToolError> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(ToolError::invalid(format!(
+            "the pattern is {} bytes long, more than the {MAX_PATTERN_BYTES} grep takes; search for a shorter pattern (or several, one call each)",
+            pattern.len()
+        )));
+    }
+    RegexMatcherBuilder::new()
+        .case_insensitive(ignore_case)
+        .size_limit(MAX_REGEX_BYTES)
+        .dfa_size_limit(MAX_REGEX_BYTES)
+        .build(pattern)
+        .map_err(|e| {
+            ToolError::invalid(format!(
+                "invalid regular expression `{}`: {}; escape special characters such as ( [ . * with a backslash to match them literally",
+                preview(pattern, 200),
+                preview(&e.to_string(), 500)
+            ))
+        })
 }
 
 struct Search<'a> {
     ctx: &'a Context,
-    root: &'a Path,
+    root: &'a Resolved,
     matcher: &'a RegexMatcher,
     glob: Option<&'a PathGlob>,
     limit: usize,
@@ -124,15 +141,12 @@ struct Hits {
 
 impl Search<'_> {
     fn run(&self, pattern: &str, stop: &StopFlag) -> Result<ToolOutput, ToolError> {
-        let meta = std::fs::metadata(self.root).map_err(|e| {
-            ToolError::failed(format!(
-                "cannot search {}: {e}; check the path",
-                self.root.display()
-            ))
-        })?;
+        let root_path = &self.root.path;
         let mut searcher = SearcherBuilder::new()
             .line_number(true)
             .binary_detection(BinaryDetection::quit(0))
+            // A line longer than this is not searched, rather than read whole into memory.
+            .heap_limit(Some(MAX_LINE_BUFFER_BYTES))
             .build();
         let mut hits = Hits {
             out: String::new(),
@@ -140,21 +154,41 @@ impl Search<'_> {
             full: false,
             byte_cap: false,
         };
-        if meta.is_file() {
-            self.search_file(&mut searcher, self.root, &mut hits);
-        } else {
-            walk(self.root, stop, |entry| {
-                let is_file = entry.file_type().is_some_and(|t| t.is_file());
-                if is_file && self.glob.is_none_or(|g| g.matches(self.root, entry.path())) {
-                    self.search_file(&mut searcher, entry.path(), &mut hits);
+        match self.root.leaf {
+            Leaf::Entry { .. } => {
+                let file = self.root.open_file()?;
+                self.search_file(&mut searcher, file, root_path, &mut hits);
+            }
+            Leaf::Dir => {
+                let fd = self.root.open_dir()?;
+                let ignores = Ignores::above(root_path);
+                walk(&fd, root_path, &ignores, stop, |entry| {
+                    let wanted = entry.kind == FileType::RegularFile
+                        && self.glob.is_none_or(|g| g.matches(entry.rel));
+                    // Opened beneath the root, without symlinks: a file swapped for a link to
+                    // somewhere else after it was listed is not read.
+                    if wanted && let Some(file) = open_file_beneath(&fd, entry.rel) {
+                        self.search_file(&mut searcher, file, entry.path, &mut hits);
+                    }
+                    !hits.full
+                });
+                if stop.is_set() {
+                    return Err(ToolError::cancelled());
                 }
-                !hits.full
-            });
+            }
+            Leaf::Missing(_) => {
+                return Err(ToolError::failed(format!(
+                    "cannot search {}: it does not exist; check the path",
+                    root_path.display()
+                ))
+                .with_effect(codemode_spec::Effect::None));
+            }
         }
         if hits.count == 0 {
             return Ok(text_output(format!(
-                "No matches for `{pattern}` in {}.",
-                self.ctx.display(self.root)
+                "No matches for `{}` in {}.",
+                preview(pattern, 200),
+                self.ctx.display(root_path)
             )));
         }
         if hits.full {
@@ -174,13 +208,13 @@ impl Search<'_> {
         Ok(text_output(hits.out))
     }
 
-    fn search_file(&self, searcher: &mut Searcher, path: &Path, hits: &mut Hits) {
+    fn search_file(&self, searcher: &mut Searcher, file: File, path: &Path, hits: &mut Hits) {
         let shown = self.ctx.display(path);
         let max_bytes = self.ctx.config.max_output_bytes;
         // Unreadable files are skipped, as ripgrep does; the rest of the search still counts.
-        let _ = searcher.search_path(
+        let _ = searcher.search_file(
             self.matcher,
-            path,
+            &file,
             Lossy(|line_number, text| {
                 if hits.count >= self.limit {
                     hits.full = true;

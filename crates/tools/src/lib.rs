@@ -1,24 +1,27 @@
 //! The built-in coding tools: `read`, `write`, `edit`, `ls`, `find`, `grep` and `bash`.
 //!
 //! Each tool implements [`codemode_spec::Tool`] and runs only behind the gate, which decides on
-//! policy. The tools never check policy themselves; instead every tool reports, through
-//! [`Tool::facts`](codemode_spec::Tool::facts), the absolute, symlink-resolved paths it would touch,
-//! and then operates on exactly those paths. That way a path rule sees what the call really does,
-//! and `..` or a symlink cannot slip past it.
+//! policy. The tools never check policy themselves. Instead, `prepare` resolves every path once,
+//! component by component without letting the kernel follow a symlink, keeps the directory
+//! handles it opened, and reports the absolute resolved path as the call's facts; `run` then
+//! works on those handles only (opening, creating and renaming relative to the held directory)
+//! and refuses if the path no longer leads there. A path rule therefore judges what the call
+//! really touches, and neither `..`, a symlink, nor a symlink swapped in after the decision can
+//! slip past it.
 
 mod args;
 mod bash;
 mod config;
 mod edit;
 mod find;
-mod fs_atomic;
+mod fs;
+mod glob;
 mod grep;
 mod ls;
 mod paths;
 mod read;
 mod support;
 mod truncate;
-mod walk;
 mod write;
 
 use std::sync::Arc;

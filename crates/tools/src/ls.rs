@@ -1,13 +1,14 @@
 //! `ls`: the entries of one directory.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use codemode_spec::{BoxFuture, CallFacts, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use codemode_spec::{PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
+use rustix::fs::FileType;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
+use crate::fs::{MAX_DIR_ENTRIES, Resolved, read_entries};
 use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, text_output};
 
@@ -28,7 +29,7 @@ impl LsTool {
             &ctx,
             "ls",
             "List directory",
-            "List the entries of a directory, sorted by name, one a line; directories end with `/`. Hidden entries are included. Without `path`, lists the working directory. To search a whole tree, use find.",
+            "List the entries of a directory, sorted by name, one a line; directories end with `/`, symlinks with `@`. Hidden entries are included. Without `path`, lists the working directory. To search a whole tree, use find.",
             json!({
                 "type": "object",
                 "properties": {
@@ -48,56 +49,42 @@ impl Tool for LsTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: LsArgs = parse("ls", args)?;
         let root = self.ctx.resolve_root(args.path.as_deref())?;
-        path_facts(&root)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: LsArgs = parse("ls", &call.args)?;
-            let root = ctx.resolve_root(args.path.as_deref())?;
-            let max_bytes = ctx.config.max_output_bytes;
-            run_blocking(call.cancel, move |_| list(&root, max_bytes)).await
-        })
+        let facts = path_facts(&root.path)?;
+        let max_bytes = self.ctx.config.max_output_bytes;
+        Ok(prepared(facts, move |ctx| {
+            Box::pin(run_blocking(ctx.cancel, move |_| list(&root, max_bytes)))
+        }))
     }
 }
 
-fn list(dir: &Path, max_bytes: usize) -> Result<ToolOutput, ToolError> {
-    let meta = std::fs::metadata(dir).map_err(|e| io_error("list", dir, &e))?;
-    if !meta.is_dir() {
-        return Err(ToolError::invalid(format!(
-            "{} is a file, not a directory; use read to see its content",
-            dir.display()
-        )));
-    }
-    let reader = std::fs::read_dir(dir).map_err(|e| io_error("list", dir, &e))?;
-    let mut names: Vec<String> = Vec::new();
-    for entry in reader {
-        let entry = entry.map_err(|e| io_error("list", dir, &e))?;
-        let mut name = entry.file_name().to_string_lossy().into_owned();
-        // Follow symlinks so a link to a directory is marked as one.
-        if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
-            name.push('/');
-        }
-        names.push(name);
-    }
-    names.sort();
-    if names.is_empty() {
+fn list(dir: &Resolved, max_bytes: usize) -> Result<ToolOutput, ToolError> {
+    let fd = dir.open_dir()?;
+    let entries = read_entries(&fd).map_err(|e| io_error("list", &dir.path, &e))?;
+    let total = entries.len();
+    let more = if total >= MAX_DIR_ENTRIES { "+" } else { "" };
+    if total == 0 {
         return Ok(text_output("(empty directory)".to_owned()));
     }
-    let total = names.len();
     let mut out = String::new();
-    for (shown, name) in names.iter().enumerate() {
+    for (shown, (name, kind)) in entries.iter().enumerate() {
+        let mut name = name.to_string_lossy().into_owned();
+        // Symlinks are shown as links, not followed: where they lead is for read or ls to
+        // resolve (and for the policy to judge).
+        match *kind {
+            FileType::Directory => name.push('/'),
+            FileType::Symlink => name.push('@'),
+            _ => {}
+        }
         if out.len() + name.len() + 1 > max_bytes {
             out.push_str(&format!(
-                "[Showing {shown} of {total} entries (output cap of {max_bytes} bytes reached); use find with a pattern to narrow the list.]\n"
+                "[Showing {shown} of {total}{more} entries (output cap of {max_bytes} bytes reached); use find with a pattern to narrow the list.]\n"
             ));
             break;
         }
-        out.push_str(name);
+        out.push_str(&name);
         out.push('\n');
     }
     Ok(text_output(out))

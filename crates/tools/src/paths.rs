@@ -1,11 +1,13 @@
 //! Turning a path argument into the one real path a call touches.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use codemode_spec::ToolError;
 
-/// Most symlinks followed while resolving one path, as Linux's own limit; more means a loop.
-const MAX_SYMLINK_HOPS: u32 = 40;
+use crate::fs::{Resolved, resolve};
+
+/// Longest path argument accepted, as Linux's `PATH_MAX`.
+const MAX_PATH_BYTES: usize = 4096;
 
 /// Resolves a path argument to an absolute path with `..` applied and every symlink resolved.
 ///
@@ -13,13 +15,24 @@ const MAX_SYMLINK_HOPS: u32 = 40;
 /// that does not exist yet (a file `write` is about to create), the deepest existing ancestor is
 /// resolved and the rest appended, so the result names where the file would land. `..` is applied
 /// to the already-resolved prefix, which is how the kernel applies it, so `link/..` means the
-/// parent of the link's target. The tools operate on the returned path, never on the raw one, which
-/// is why a path rule that checks this path cannot be bypassed.
+/// parent of the link's target.
 pub fn resolve_path(workdir: &Path, raw: &str) -> Result<PathBuf, ToolError> {
+    Ok(resolve_arg(workdir, raw)?.path)
+}
+
+/// Resolves a path argument and keeps the handles opened on the way (see [`Resolved`]): the
+/// tools work on these handles, never on the path again.
+pub(crate) fn resolve_arg(workdir: &Path, raw: &str) -> Result<Resolved, ToolError> {
     if raw.is_empty() {
         return Err(ToolError::invalid(
             "the path is empty; give a file or directory path, relative to the working directory or absolute",
         ));
+    }
+    if raw.len() > MAX_PATH_BYTES {
+        return Err(ToolError::invalid(format!(
+            "the path is {} bytes long, more than the {MAX_PATH_BYTES} a path may have; give a shorter path",
+            raw.len()
+        )));
     }
     if raw.contains('\0') {
         return Err(ToolError::invalid(
@@ -27,30 +40,32 @@ pub fn resolve_path(workdir: &Path, raw: &str) -> Result<PathBuf, ToolError> {
         ));
     }
     let expanded = expand_home(raw)?;
-    let mut hops = 0;
-    if expanded.is_absolute() {
-        resolve_from(PathBuf::from("/"), &expanded, &mut hops)
+    let base = if expanded.is_absolute() {
+        PathBuf::from("/")
     } else {
-        let base = resolve_workdir(workdir)?;
-        resolve_from(base, &expanded, &mut hops)
+        absolute_workdir(workdir)?
+    };
+    let resolved = resolve(&base, &expanded)?;
+    path_text(&resolved.path)?;
+    Ok(resolved)
+}
+
+fn absolute_workdir(workdir: &Path) -> Result<PathBuf, ToolError> {
+    if workdir.is_absolute() {
+        return Ok(workdir.to_path_buf());
     }
+    let cwd = std::env::current_dir().map_err(|e| {
+        ToolError::failed(format!(
+            "cannot read the current directory to place the relative working directory {}: {e}; configure an absolute workdir",
+            workdir.display()
+        ))
+    })?;
+    Ok(cwd.join(workdir))
 }
 
 /// Resolves the working directory itself: absolute, `..` applied, symlinks resolved.
 pub(crate) fn resolve_workdir(workdir: &Path) -> Result<PathBuf, ToolError> {
-    let absolute = if workdir.is_absolute() {
-        workdir.to_path_buf()
-    } else {
-        let cwd = std::env::current_dir().map_err(|e| {
-            ToolError::failed(format!(
-                "cannot read the current directory to place the relative working directory {}: {e}; configure an absolute workdir",
-                workdir.display()
-            ))
-        })?;
-        cwd.join(workdir)
-    };
-    let mut hops = 0;
-    resolve_from(PathBuf::from("/"), &absolute, &mut hops)
+    Ok(resolve(Path::new("/"), &absolute_workdir(workdir)?)?.path)
 }
 
 /// The resolved path as text for the policy. Non-UTF-8 paths are refused rather than mangled,
@@ -68,7 +83,7 @@ pub(crate) fn path_text(path: &Path) -> Result<String, ToolError> {
 pub(crate) fn path_facts(path: &Path) -> Result<codemode_spec::CallFacts, ToolError> {
     Ok(codemode_spec::CallFacts {
         paths: vec![path_text(path)?],
-        model: None,
+        ..Default::default()
     })
 }
 
@@ -88,48 +103,4 @@ fn expand_home(raw: &str) -> Result<PathBuf, ToolError> {
             )
         })?;
     Ok(PathBuf::from(home).join(rest))
-}
-
-/// Applies `rel` component by component on top of `base`, which is already resolved.
-fn resolve_from(mut current: PathBuf, rel: &Path, hops: &mut u32) -> Result<PathBuf, ToolError> {
-    for component in rel.components() {
-        match component {
-            Component::Prefix(_) | Component::CurDir => {}
-            Component::RootDir => current = PathBuf::from("/"),
-            // `current` is resolved, so popping it is the kernel's meaning of `..`.
-            Component::ParentDir => {
-                current.pop();
-            }
-            Component::Normal(name) => {
-                current.push(name);
-                current = follow_symlink(current, hops)?;
-            }
-        }
-    }
-    Ok(current)
-}
-
-/// If `path` (whose parent is resolved) is a symlink, replaces it with its resolved target.
-/// Dangling links resolve too: writing through one creates its target, so the target is what the
-/// call touches.
-fn follow_symlink(path: PathBuf, hops: &mut u32) -> Result<PathBuf, ToolError> {
-    let is_link = std::fs::symlink_metadata(&path)
-        .map(|m| m.file_type().is_symlink())
-        .unwrap_or(false);
-    if !is_link {
-        return Ok(path);
-    }
-    *hops += 1;
-    if *hops > MAX_SYMLINK_HOPS {
-        return Err(ToolError::invalid(format!(
-            "too many symlinks while resolving {} (more than {MAX_SYMLINK_HOPS}); there is probably a symlink loop",
-            path.display()
-        )));
-    }
-    let target = std::fs::read_link(&path).map_err(|e| {
-        ToolError::failed(format!("cannot read the symlink {}: {e}", path.display()))
-    })?;
-    let mut parent = path;
-    parent.pop();
-    resolve_from(parent, &target, hops)
 }

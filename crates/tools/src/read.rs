@@ -5,21 +5,23 @@ use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine;
-use codemode_spec::{
-    BoxFuture, CallFacts, ContentBlock, Tool, ToolCall, ToolError, ToolOutput, ToolSpec,
-};
+use codemode_spec::{ContentBlock, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
+use crate::fs::Resolved;
 use crate::paths::path_facts;
-use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, text_output};
+use crate::support::{
+    Behaviour, Context, StopFlag, io_error, make_spec, run_blocking, text_output,
+};
 
 /// Lines shown when the call gives no limit.
 const DEFAULT_LINE_LIMIT: usize = 2000;
 /// Characters of one line shown before it is cut (minified files have enormous lines).
 const MAX_LINE_CHARS: usize = 2000;
-/// Largest text file read into memory; beyond this, grep or bash `sed -n` are the better tools.
+/// Largest text file read (streamed: only the lines shown are kept); beyond this, grep or bash
+/// `sed -n` are the better tools.
 const MAX_TEXT_FILE_BYTES: u64 = 256 * 1024 * 1024;
 /// Largest image returned; a bigger one would swamp the model's context.
 const MAX_IMAGE_BYTES: u64 = 20 * 1024 * 1024;
@@ -71,60 +73,55 @@ impl Tool for ReadTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: ReadArgs = parse("read", args)?;
-        let path = self.ctx.resolve(&args.path)?;
-        path_facts(&path)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: ReadArgs = parse("read", &call.args)?;
-            let path = ctx.resolve(&args.path)?;
-            let max_bytes = ctx.config.max_output_bytes;
-            run_blocking(call.cancel, move |_| read_file(&path, &args, max_bytes)).await
-        })
+        let target = self.ctx.resolve(&args.path)?;
+        let facts = path_facts(&target.path)?;
+        let max_bytes = self.ctx.config.max_output_bytes;
+        Ok(prepared(facts, move |ctx| {
+            Box::pin(run_blocking(ctx.cancel, move |stop| {
+                read_file(&target, &args, max_bytes, &stop)
+            }))
+        }))
     }
 }
 
-fn read_file(path: &Path, args: &ReadArgs, max_bytes: usize) -> Result<ToolOutput, ToolError> {
-    let meta = match std::fs::metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ToolError::failed(format!(
-                "file not found: {} (check the path; ls or find show what exists)",
-                path.display()
-            )));
-        }
-        Err(e) => return Err(io_error("read", path, &e)),
-    };
-    if meta.is_dir() {
+fn read_file(
+    target: &Resolved,
+    args: &ReadArgs,
+    max_bytes: usize,
+    stop: &StopFlag,
+) -> Result<ToolOutput, ToolError> {
+    let path = &target.path;
+    let mut file = target.open_file()?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > MAX_TEXT_FILE_BYTES {
         return Err(ToolError::invalid(format!(
-            "{} is a directory, not a file; use ls to list it",
+            "{} is {size} bytes, more than read takes ({MAX_TEXT_FILE_BYTES}); search it with grep or show a part with bash (`sed -n '100,200p' FILE`)",
             path.display()
         )));
     }
-    // Devices and FIFOs may never end (/dev/zero) or block forever; only regular files are read.
-    if !meta.is_file() {
-        return Err(ToolError::invalid(format!(
-            "{} is not a regular file (a device, FIFO or socket); read only reads files",
-            path.display()
-        )));
-    }
-    let bytes = read_capped(path, meta.len())?;
-    if let Some(mime) = image_mime(&bytes) {
+    // Decide on the first bytes what the file is, before reading more of it.
+    let mut head = Vec::with_capacity(BINARY_SNIFF_BYTES);
+    (&mut file)
+        .take(BINARY_SNIFF_BYTES as u64)
+        .read_to_end(&mut head)
+        .map_err(|e| io_error("read", path, &e))?;
+    if let Some(mime) = image_mime(&head) {
+        let mut bytes = head;
+        (&mut file)
+            .take(MAX_IMAGE_BYTES + 1 - bytes.len() as u64)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error("read", path, &e))?;
         return image_output(path, &bytes, mime);
     }
-    let sniff = &bytes[..bytes.len().min(BINARY_SNIFF_BYTES)];
-    if sniff.contains(&0) {
+    if head.contains(&0) {
         return Err(ToolError::invalid(format!(
-            "{} is a binary file ({} bytes) and not an image read can show (PNG, JPEG, GIF, WebP); inspect it with bash, e.g. `file` or `xxd | head`",
+            "{} is a binary file ({size} bytes) and not an image read can show (PNG, JPEG, GIF, WebP); inspect it with bash, e.g. `file` or `xxd | head`",
             path.display(),
-            bytes.len()
         )));
     }
-    if bytes.is_empty() {
+    if head.is_empty() {
         // The script gets "", a person reading a direct call sees why nothing is there.
         let mut out = text_output(String::new());
         out.content = Some(vec![ContentBlock::Text {
@@ -132,29 +129,144 @@ fn read_file(path: &Path, args: &ReadArgs, max_bytes: usize) -> Result<ToolOutpu
         }]);
         return Ok(out);
     }
-    let text = String::from_utf8_lossy(&bytes);
-    Ok(text_output(number_lines(
-        &text,
+    let mut lines = Lines::new(
         args.offset.unwrap_or(1),
         args.limit.unwrap_or(DEFAULT_LINE_LIMIT),
         max_bytes,
-    )?))
+    );
+    lines.feed(&head);
+    // Stream the rest: only the lines shown are kept, whatever the file's size.
+    let mut rest = (&mut file).take(MAX_TEXT_FILE_BYTES);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if stop.is_set() {
+            return Err(ToolError::cancelled());
+        }
+        let n = rest
+            .read(&mut buf)
+            .map_err(|e| io_error("read", path, &e))?;
+        if n == 0 {
+            break;
+        }
+        lines.feed(&buf[..n]);
+    }
+    Ok(text_output(lines.finish()?))
 }
 
-fn read_capped(path: &Path, len: u64) -> Result<Vec<u8>, ToolError> {
-    if len > MAX_TEXT_FILE_BYTES {
-        return Err(ToolError::invalid(format!(
-            "{} is {len} bytes, more than read takes ({MAX_TEXT_FILE_BYTES}); search it with grep or show a part with bash (`sed -n '100,200p' FILE`)",
-            path.display()
-        )));
+/// Numbers lines as `cat -n` does while the file streams through, keeping only the lines to
+/// show (each cut at [`MAX_LINE_CHARS`]) and counting the rest.
+struct Lines {
+    offset: usize,
+    limit: usize,
+    max_bytes: usize,
+    out: String,
+    /// Lines completed so far.
+    seen: usize,
+    /// The line being read: its first bytes, and how many characters were left out.
+    current: Vec<u8>,
+    current_cut: usize,
+    /// Whether the file ended inside a line (without a final newline).
+    open: bool,
+    last_shown: usize,
+    byte_cap: bool,
+}
+
+impl Lines {
+    fn new(offset: usize, limit: usize, max_bytes: usize) -> Self {
+        Lines {
+            offset,
+            limit,
+            max_bytes,
+            out: String::new(),
+            seen: 0,
+            current: Vec::new(),
+            current_cut: 0,
+            open: false,
+            last_shown: offset.saturating_sub(1),
+            byte_cap: false,
+        }
     }
-    // Read through `take` so a file that grows while we read cannot exceed the cap.
-    let file = std::fs::File::open(path).map_err(|e| io_error("read", path, &e))?;
-    let mut bytes = Vec::with_capacity(len as usize);
-    file.take(MAX_TEXT_FILE_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(|e| io_error("read", path, &e))?;
-    Ok(bytes)
+
+    fn wanted(&self, line: usize) -> bool {
+        line >= self.offset && line < self.offset.saturating_add(self.limit) && !self.byte_cap
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            self.open = true;
+            let end = bytes.iter().position(|b| *b == b'\n');
+            let (part, rest) = match end {
+                Some(i) => (&bytes[..i], Some(&bytes[i + 1..])),
+                None => (bytes, None),
+            };
+            if self.wanted(self.seen + 1) {
+                let room = (MAX_LINE_CHARS * 4 + 4).saturating_sub(self.current.len());
+                let keep = part.len().min(room);
+                self.current.extend_from_slice(&part[..keep]);
+                self.current_cut += chars_in(&part[keep..]);
+            }
+            match rest {
+                Some(rest) => {
+                    self.end_line();
+                    bytes = rest;
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn end_line(&mut self) {
+        self.seen += 1;
+        self.open = false;
+        let number = self.seen;
+        if !self.wanted(number) {
+            return;
+        }
+        let mut bytes = std::mem::take(&mut self.current);
+        let cut_before = std::mem::take(&mut self.current_cut);
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        let shown = cut_line(&text, cut_before);
+        let formatted = format!("{number:>6}\t{shown}\n");
+        if !self.out.is_empty() && self.out.len() + formatted.len() > self.max_bytes {
+            self.byte_cap = true;
+            return;
+        }
+        self.out.push_str(&formatted);
+        self.last_shown = number;
+    }
+
+    fn finish(mut self) -> Result<String, ToolError> {
+        if self.open {
+            self.end_line();
+        }
+        let total = self.seen;
+        let (offset, last) = (self.offset, self.last_shown);
+        if offset == 0 || offset > total {
+            return Err(ToolError::invalid(format!(
+                "offset {offset} is outside the file, which has {total} lines; give an offset from 1 to {total}"
+            )));
+        }
+        if last < total {
+            let why = if self.byte_cap {
+                format!(" (output cap of {} bytes reached)", self.max_bytes)
+            } else {
+                String::new()
+            };
+            self.out.push_str(&format!(
+                "\n[Showing lines {offset}-{last} of {total}{why}. To read on, call read with offset={}.]\n",
+                last + 1
+            ));
+        }
+        Ok(self.out)
+    }
+}
+
+/// Characters in UTF-8 bytes (bytes that do not continue a character).
+fn chars_in(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|b| (**b & 0xc0) != 0x80).count()
 }
 
 /// Recognises the image formats a model can see, by their magic bytes rather than the name.
@@ -175,10 +287,8 @@ fn image_mime(bytes: &[u8]) -> Option<&'static str> {
 fn image_output(path: &Path, bytes: &[u8], mime: &str) -> Result<ToolOutput, ToolError> {
     if bytes.len() as u64 > MAX_IMAGE_BYTES {
         return Err(ToolError::invalid(format!(
-            "{} is a {} image of {} bytes, more than read returns ({MAX_IMAGE_BYTES}); shrink it first (e.g. with bash and ImageMagick)",
+            "{} is a {mime} image of more than {MAX_IMAGE_BYTES} bytes, more than read returns; shrink it first (e.g. with bash and ImageMagick)",
             path.display(),
-            mime,
-            bytes.len()
         )));
     }
     let data = base64::engine::general_purpose::STANDARD.encode(bytes);
@@ -193,60 +303,15 @@ fn image_output(path: &Path, bytes: &[u8], mime: &str) -> Result<ToolOutput, Too
     })
 }
 
-/// Formats lines `offset..offset+limit` as `cat -n` does, stopping early at `max_bytes`, and says
-/// how to read on when anything was left out.
-fn number_lines(
-    text: &str,
-    offset: usize,
-    limit: usize,
-    max_bytes: usize,
-) -> Result<String, ToolError> {
-    let body = text.strip_suffix('\n').unwrap_or(text);
-    if body.is_empty() {
-        return Ok(String::new());
-    }
-    let lines: Vec<&str> = body.split('\n').collect();
-    let total = lines.len();
-    if offset == 0 || offset > total {
-        return Err(ToolError::invalid(format!(
-            "offset {offset} is outside the file, which has {total} lines; give an offset from 1 to {total}"
-        )));
-    }
-    let mut out = String::new();
-    let mut last = offset - 1;
-    let mut hit_byte_cap = false;
-    for (index, line) in lines.iter().enumerate().skip(offset - 1).take(limit) {
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        let shown = cut_line(line);
-        let formatted = format!("{:>6}\t{shown}\n", index + 1);
-        if !out.is_empty() && out.len() + formatted.len() > max_bytes {
-            hit_byte_cap = true;
-            break;
-        }
-        out.push_str(&formatted);
-        last = index + 1;
-    }
-    if last < total {
-        let why = if hit_byte_cap {
-            format!(" (output cap of {max_bytes} bytes reached)")
-        } else {
-            String::new()
-        };
-        out.push_str(&format!(
-            "\n[Showing lines {offset}-{last} of {total}{why}. To read on, call read with offset={}.]\n",
-            last + 1
-        ));
-    }
-    Ok(out)
-}
-
-fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
+/// A line as shown: at most [`MAX_LINE_CHARS`] characters, with how many more there were.
+fn cut_line(line: &str, cut_before: usize) -> std::borrow::Cow<'_, str> {
     match line.char_indices().nth(MAX_LINE_CHARS) {
-        None => line.into(),
+        None if cut_before == 0 => line.into(),
+        None => format!("{line}… [line cut: {cut_before} more characters]").into(),
         Some((at, _)) => format!(
             "{}… [line cut: {} more characters]",
             &line[..at],
-            line[at..].chars().count()
+            line[at..].chars().count() + cut_before
         )
         .into(),
     }

@@ -10,7 +10,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::ToolsConfig;
-use crate::paths::{resolve_path, resolve_workdir};
+use crate::fs::Resolved;
+use crate::paths::{resolve_arg, resolve_workdir};
 
 /// Settings plus the working directory resolved once.
 #[derive(Debug)]
@@ -31,16 +32,14 @@ impl Context {
         }
     }
 
-    pub fn resolve(&self, raw: &str) -> Result<PathBuf, ToolError> {
-        resolve_path(&self.workdir, raw)
+    /// Resolves a path argument once, keeping the handles the tool will work on.
+    pub fn resolve(&self, raw: &str) -> Result<Resolved, ToolError> {
+        resolve_arg(&self.workdir, raw)
     }
 
     /// The searched root of ls/find/grep: the given path, or the working directory.
-    pub fn resolve_root(&self, raw: Option<&str>) -> Result<PathBuf, ToolError> {
-        match raw {
-            Some(p) => self.resolve(p),
-            None => Ok(self.workdir.clone()),
-        }
+    pub fn resolve_root(&self, raw: Option<&str>) -> Result<Resolved, ToolError> {
+        self.resolve(raw.unwrap_or("."))
     }
 
     /// A path as shown to the model: relative to the working directory when inside it, so it can
@@ -179,4 +178,13 @@ pub(crate) fn io_error(action: &str, path: &Path, err: &std::io::Error) -> ToolE
         _ => "",
     };
     ToolError::failed(format!("cannot {action} {}: {err}{hint}", path.display()))
+}
+
+/// The first `max` characters of `s`, with how much was left out: error messages never echo a
+/// huge argument back.
+pub(crate) fn preview(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        None => s.to_owned(),
+        Some((at, _)) => format!("{}… ({} bytes in all)", &s[..at], s.len()),
+    }
 }

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use codemode_spec::{BoxFuture, CallFacts, Tool, ToolCall, ToolError, ToolOutput, ToolSpec};
+use codemode_spec::{PreparedCall, Tool, ToolError, ToolSpec, prepared};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::fs_atomic::atomic_write;
+use crate::fs::write_atomic;
 use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, make_spec, run_change, text_output};
 
@@ -51,28 +51,24 @@ impl Tool for WriteTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let args: WriteArgs = parse("write", args)?;
-        let path = self.ctx.resolve(&args.path)?;
-        path_facts(&path)
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let ctx = self.ctx.clone();
-        Box::pin(async move {
-            let args: WriteArgs = parse("write", &call.args)?;
-            let path = ctx.resolve(&args.path)?;
-            let shown = ctx.display(&path);
-            run_change(call.cancel, move || {
-                let existed = path.exists();
-                atomic_write(&path, args.content.as_bytes())?;
-                let verb = if existed { "Replaced" } else { "Created" };
+        let target = self.ctx.resolve(&args.path)?;
+        let facts = path_facts(&target.path)?;
+        let shown = self.ctx.display(&target.path);
+        Ok(prepared(facts, move |ctx| {
+            Box::pin(run_change(ctx.cancel, move || {
+                let verb = if target.exists() {
+                    "Replaced"
+                } else {
+                    "Created"
+                };
+                write_atomic(&target, args.content.as_bytes())?;
                 Ok(text_output(format!(
                     "{verb} {shown}: wrote {} bytes.",
                     args.content.len()
                 )))
-            })
-            .await
-        })
+            }))
+        }))
     }
 }

@@ -121,18 +121,13 @@ impl codemode_spec::Tool for SpecOnly {
     fn spec(&self) -> &codemode_spec::ToolSpec {
         &self.0
     }
-    fn call(
+    fn prepare(
         &self,
-        _call: codemode_spec::ToolCall,
-    ) -> codemode_spec::BoxFuture<
-        'static,
-        Result<codemode_spec::ToolOutput, codemode_spec::ToolError>,
-    > {
-        Box::pin(async {
-            Err(codemode_spec::ToolError::failed(
-                "policy checking never calls tools",
-            ))
-        })
+        _args: serde_json::Value,
+    ) -> Result<Box<dyn codemode_spec::PreparedCall>, codemode_spec::ToolError> {
+        Err(codemode_spec::ToolError::failed(
+            "policy checking never calls tools",
+        ))
     }
 }
 

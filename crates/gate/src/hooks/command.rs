@@ -1,10 +1,14 @@
 //! Command hooks in Claude Code's settings convention, run as real processes.
 //!
 //! Each command gets the event as JSON on stdin. Exit 0 with empty stdout allows; exit 2 blocks
-//! with stderr as the reason; stdout JSON may block (`{"decision":"block","reason":..}`,
-//! `hookSpecificOutput.permissionDecision` = deny/ask/allow) or rewrite
-//! (`hookSpecificOutput.updatedInput`). Anything else (another exit code, output that is not
-//! JSON, a timeout) blocks the call: a broken guard must not become an open door.
+//! with stderr as the reason. Exit 0 with a JSON object may allow (`{"decision":"approve"}`,
+//! `hookSpecificOutput.permissionDecision: "allow"`), block (`{"decision":"block","reason":..}`,
+//! `"continue": false`, `permissionDecision: "deny"`), ask (`permissionDecision: "ask"`) or
+//! rewrite (`hookSpecificOutput.updatedInput`). Anything else blocks the call: another exit
+//! code, output that is not a JSON object, unknown fields or fields of the wrong type, an
+//! object with no decision, a timeout. A broken or misread guard must not become an open door.
+//! A hook's processes form a group that is killed when the hook ends, times out, or its call is
+//! cancelled.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -14,7 +18,7 @@ use codemode_spec::{BoxFuture, ToolOutput};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{AfterDecision, Hook, HookDecision, HookEvent};
 
@@ -151,6 +155,25 @@ enum Outcome {
     Failed(String),
 }
 
+/// Most bytes of a hook's stdout or stderr that are read; a hook that writes more is cut off and
+/// its answer is then not valid JSON, which blocks.
+const MAX_HOOK_OUTPUT: u64 = 1024 * 1024;
+
+/// Kills a hook's whole process group when dropped: when the hook ends, times out, or the call
+/// (or the script that made it) is cancelled and stops waiting for it.
+struct GroupGuard(Option<i32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            // SAFETY: killpg only sends a signal; a group that is already gone returns ESRCH.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
 async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome {
     let secs = cmd.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
     let mut command = tokio::process::Command::new("sh");
@@ -160,7 +183,7 @@ async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // Its own process group, so a timeout kills everything the hook started.
+        // Its own process group, so everything the hook started can be killed with it.
         .process_group(0)
         .kill_on_drop(true);
     if let Some(dir) = cwd {
@@ -170,7 +193,7 @@ async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome
         Ok(c) => c,
         Err(e) => return Outcome::Failed(format!("could not start: {e}")),
     };
-    let pgid = child.id();
+    let _group = GroupGuard(child.id().and_then(|id| i32::try_from(id).ok()));
     if let Some(mut stdin) = child.stdin.take() {
         let bytes = serde_json::to_vec(input).unwrap_or_default();
         tokio::spawn(async move {
@@ -178,27 +201,41 @@ async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome
             let _ = stdin.write_all(&bytes).await;
         });
     }
-    let result = tokio::time::timeout(Duration::from_secs(secs), child.wait_with_output()).await;
-    if let Some(pgid) = pgid {
-        kill_group(pgid);
-    }
-    let output = match result {
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Outcome::Failed("could not be connected to".to_string());
+    };
+    let collect = async {
+        let read_all = |r: Box<dyn tokio::io::AsyncRead + Unpin + Send>| async move {
+            let mut buf = Vec::new();
+            let _ = r.take(MAX_HOOK_OUTPUT).read_to_end(&mut buf).await;
+            buf
+        };
+        let (out, err, status) = tokio::join!(
+            read_all(Box::new(stdout)),
+            read_all(Box::new(stderr)),
+            child.wait()
+        );
+        (out, err, status)
+    };
+    let (stdout, stderr, status) = match tokio::time::timeout(Duration::from_secs(secs), collect)
+        .await
+    {
         Err(_) => {
             return Outcome::Failed(format!(
                 "timed out after {secs} s and was killed; make it faster or raise its \"timeout\""
             ));
         }
-        Ok(Err(e)) => return Outcome::Failed(format!("could not be waited for: {e}")),
-        Ok(Ok(o)) => o,
+        Ok((_, _, Err(e))) => return Outcome::Failed(format!("could not be waited for: {e}")),
+        Ok((out, err, Ok(status))) => (out, err, status),
     };
-    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_string();
-    match output.status.code() {
+    let stdout = String::from_utf8_lossy(&stdout).trim().to_string();
+    let stderr = String::from_utf8_lossy(&stderr).trim().to_string();
+    match status.code() {
         Some(0) => Outcome::Ok(stdout),
         Some(2) => Outcome::Block(if stderr.is_empty() {
             "blocked by a hook (exit 2, no reason given)".to_string()
         } else {
-            stderr
+            crate::preview(&stderr, 1000)
         }),
         Some(code) => Outcome::Failed(format!(
             "exited with status {code}{}",
@@ -212,95 +249,131 @@ async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome
     }
 }
 
-fn kill_group(pgid: u32) {
-    if let Ok(pgid) = i32::try_from(pgid) {
-        // SAFETY: killpg only sends a signal; a group that is already gone returns ESRCH.
-        unsafe {
-            libc::killpg(pgid, libc::SIGKILL);
-        }
-    }
+/// A hook's JSON answer, as far as codemode understands one. Unknown fields and fields of the
+/// wrong type make the answer invalid, which blocks: a guard whose answer is misread must not
+/// become an open door.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Answer {
+    #[serde(rename = "continue")]
+    continue_: Option<bool>,
+    stop_reason: Option<String>,
+    // Accepted (and type-checked) for compatibility; they do not change the decision.
+    #[allow(dead_code)]
+    suppress_output: Option<bool>,
+    #[allow(dead_code)]
+    system_message: Option<String>,
+    decision: Option<String>,
+    reason: Option<String>,
+    hook_specific_output: Option<Specific>,
 }
 
-fn parse_stdout(stdout: &str) -> Result<Option<Value>, String> {
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Specific {
+    #[allow(dead_code)]
+    hook_event_name: Option<String>,
+    permission_decision: Option<String>,
+    permission_decision_reason: Option<String>,
+    updated_input: Option<Value>,
+    updated_tool_output: Option<Value>,
+    #[allow(dead_code)]
+    additional_context: Option<String>,
+}
+
+fn parse_answer(stdout: &str) -> Result<Option<Answer>, String> {
     if stdout.is_empty() {
         return Ok(None);
     }
-    serde_json::from_str::<Value>(stdout)
+    let value: Value = serde_json::from_str(stdout).map_err(|e| {
+        format!(
+            "wrote output that is not JSON ({e}): {}",
+            crate::preview(stdout, 200)
+        )
+    })?;
+    if !value.is_object() {
+        return Err(format!(
+            "answered {}, which is not a JSON object; exit 0 with no output allows, {{\"decision\": \"block\"}} blocks",
+            crate::preview(stdout, 100)
+        ));
+    }
+    serde_json::from_value::<Answer>(value)
         .map(Some)
         .map_err(|e| {
-            format!(
-                "wrote output that is not JSON ({e}): {}",
-                crate::preview(stdout, 200)
-            )
+            format!("answered JSON codemode does not recognise ({e}); exit 0 with no output allows")
         })
 }
 
-fn reason_of(v: &Value, keys: &[&str]) -> String {
-    keys.iter()
-        .find_map(|k| v.pointer(k).and_then(Value::as_str))
-        .unwrap_or("no reason given")
-        .to_string()
+fn reason(a: &Answer) -> String {
+    a.hook_specific_output
+        .as_ref()
+        .and_then(|s| s.permission_decision_reason.clone())
+        .or_else(|| a.reason.clone())
+        .or_else(|| a.stop_reason.clone())
+        .unwrap_or_else(|| "no reason given".to_string())
 }
 
+/// Only recognised answers allow: no output, `"decision": "approve"`, or
+/// `permissionDecision: "allow"` (possibly with `updatedInput`). Everything else blocks.
 fn before_decision(stdout: &str) -> Result<HookDecision, String> {
-    let Some(v) = parse_stdout(stdout)? else {
+    let Some(a) = parse_answer(stdout)? else {
         return Ok(HookDecision::Allow);
     };
-    if v.get("continue") == Some(&Value::Bool(false)) {
-        return Ok(HookDecision::Deny(reason_of(
-            &v,
-            &["/stopReason", "/reason"],
-        )));
+    if a.continue_ == Some(false) {
+        return Ok(HookDecision::Deny(reason(&a)));
     }
-    if v.get("decision").and_then(Value::as_str) == Some("block") {
-        return Ok(HookDecision::Deny(reason_of(&v, &["/reason"])));
-    }
-    let specific = v.get("hookSpecificOutput");
-    match specific
-        .and_then(|s| s.get("permissionDecision"))
-        .and_then(Value::as_str)
-    {
-        Some("deny") => {
-            return Ok(HookDecision::Deny(reason_of(
-                &v,
-                &["/hookSpecificOutput/permissionDecisionReason", "/reason"],
-            )));
+    let specific = a.hook_specific_output.as_ref();
+    let permission = specific.and_then(|s| s.permission_decision.as_deref());
+    match (a.decision.as_deref(), permission) {
+        (Some("block" | "deny"), _) | (_, Some("deny")) => Ok(HookDecision::Deny(reason(&a))),
+        (_, Some("ask")) => Ok(HookDecision::Ask(reason(&a))),
+        (Some("approve" | "allow") | None, Some("allow") | None) => {
+            match specific.and_then(|s| s.updated_input.clone()) {
+                Some(updated) => Ok(HookDecision::Rewrite(updated)),
+                None if a.decision.is_some() || permission.is_some() => Ok(HookDecision::Allow),
+                None => Err(
+                    "answered without a decision; exit 0 with no output allows, or say {\"decision\": \"approve\"}"
+                        .to_string(),
+                ),
+            }
         }
-        Some("ask") => {
-            return Ok(HookDecision::Ask(reason_of(
-                &v,
-                &["/hookSpecificOutput/permissionDecisionReason", "/reason"],
-            )));
-        }
-        Some("allow") | None => {}
-        Some(other) => {
-            return Err(format!(
-                "answered permissionDecision `{other}`; use allow, deny or ask"
-            ));
-        }
+        (Some(other), _) => Err(format!(
+            "answered decision `{}`; use approve or block",
+            crate::preview(other, 40)
+        )),
+        (_, Some(other)) => Err(format!(
+            "answered permissionDecision `{}`; use allow, deny or ask",
+            crate::preview(other, 40)
+        )),
     }
-    if let Some(updated) = specific.and_then(|s| s.get("updatedInput")) {
-        return Ok(HookDecision::Rewrite(updated.clone()));
-    }
-    Ok(HookDecision::Allow)
 }
 
+/// After a call: no output keeps the result, `updatedToolOutput` replaces it, `"decision":
+/// "approve"` keeps it; a block, or anything not recognised, withholds it.
 fn after_decision(stdout: &str) -> Result<AfterDecision, String> {
-    let Some(v) = parse_stdout(stdout)? else {
+    let Some(a) = parse_answer(stdout)? else {
         return Ok(AfterDecision::Keep);
     };
-    if v.get("decision").and_then(Value::as_str) == Some("block")
-        || v.get("continue") == Some(&Value::Bool(false))
+    if a.continue_ == Some(false) || matches!(a.decision.as_deref(), Some("block" | "deny")) {
+        return Ok(AfterDecision::Block(reason(&a)));
+    }
+    if let Some(updated) = a
+        .hook_specific_output
+        .as_ref()
+        .and_then(|s| s.updated_tool_output.clone())
     {
-        return Ok(AfterDecision::Block(reason_of(
-            &v,
-            &["/reason", "/stopReason"],
-        )));
+        return Ok(AfterDecision::Replace(ToolOutput::value(updated)));
     }
-    if let Some(updated) = v.pointer("/hookSpecificOutput/updatedToolOutput") {
-        return Ok(AfterDecision::Replace(ToolOutput::value(updated.clone())));
+    match a.decision.as_deref() {
+        Some("approve" | "allow") => Ok(AfterDecision::Keep),
+        Some(other) => Err(format!(
+            "answered decision `{}`; use approve or block",
+            crate::preview(other, 40)
+        )),
+        None => {
+            Err("answered without a decision; exit 0 with no output keeps the result".to_string())
+        }
     }
-    Ok(AfterDecision::Keep)
 }
 
 impl Hook for CommandHooks {
@@ -315,6 +388,13 @@ impl Hook for CommandHooks {
                         .unwrap_or_else(|e| HookDecision::Deny(failed(cmd, &e))),
                     Outcome::Block(reason) => HookDecision::Deny(reason),
                     Outcome::Failed(e) => HookDecision::Deny(failed(cmd, &e)),
+                };
+                let decision = match decision {
+                    HookDecision::Deny(r) if !r.contains("hook `") => {
+                        HookDecision::Deny(blocked_by(cmd, &r))
+                    }
+                    HookDecision::Ask(r) => HookDecision::Ask(blocked_by(cmd, &r)),
+                    other => other,
                 };
                 match decision {
                     HookDecision::Allow => {}
@@ -337,8 +417,14 @@ impl Hook for CommandHooks {
                 let decision = match run(cmd, self.cwd.as_ref(), &input).await {
                     Outcome::Ok(stdout) => after_decision(&stdout)
                         .unwrap_or_else(|e| AfterDecision::Block(failed(cmd, &e))),
-                    Outcome::Block(reason) => AfterDecision::Block(reason),
+                    Outcome::Block(reason) => AfterDecision::Block(blocked_by(cmd, &reason)),
                     Outcome::Failed(e) => AfterDecision::Block(failed(cmd, &e)),
+                };
+                let decision = match decision {
+                    AfterDecision::Block(r) if !r.contains("hook `") => {
+                        AfterDecision::Block(blocked_by(cmd, &r))
+                    }
+                    other => other,
                 };
                 match decision {
                     AfterDecision::Keep => {}
@@ -356,4 +442,9 @@ fn failed(cmd: &HookCommand, e: &str) -> String {
         "hook `{}` failed, so the call is blocked: it {e}",
         crate::preview(&cmd.command, 80)
     )
+}
+
+/// A block a hook asked for, naming the hook.
+fn blocked_by(cmd: &HookCommand, reason: &str) -> String {
+    format!("{reason} (hook `{}`)", crate::preview(&cmd.command, 80))
 }

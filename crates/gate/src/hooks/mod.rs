@@ -2,7 +2,7 @@
 
 mod command;
 
-use codemode_spec::{BoxFuture, CallKind, ModelFacts, Provenance, ToolOutput};
+use codemode_spec::{BoxFuture, CallKind, ModelFacts, Provenance, ScriptFacts, ToolOutput};
 use serde_json::Value;
 
 pub use command::{CommandHooks, HookCommand, HookConfigError, HookMatcher, HookSettings};
@@ -18,6 +18,8 @@ pub struct HookEvent {
     pub paths: Vec<String>,
     /// For a model call: the model it spends on.
     pub model: Option<ModelFacts>,
+    /// For the `codemode` call: the script's SHA-256 and size.
+    pub script: Option<ScriptFacts>,
     pub provenance: Provenance,
 }
 

@@ -30,6 +30,16 @@ pub struct PolicyInput<'a> {
     pub provenance: &'a Provenance,
     pub script: Counts,
     pub session: Counts,
+    /// The workspace root (absolute, symlinks resolved), for `context.in_workspace`.
+    pub workspace: Option<&'a str>,
+}
+
+/// Whether `path` is the workspace root or beneath it.
+pub(crate) fn in_workspace(workspace: Option<&str>, path: &str) -> bool {
+    let Some(root) = workspace else {
+        return false;
+    };
+    !path.is_empty() && std::path::Path::new(path).starts_with(root)
 }
 
 /// The policy's answer.
@@ -255,7 +265,15 @@ fn evaluate(
         "depth": p.depth,
         "parent": p.parent_call_id.clone().unwrap_or_default(),
         "script_id": p.script_id.clone().unwrap_or_default(),
-        "script_hash": p.script_hash.clone().unwrap_or_default(),
+        "script_hash": input
+            .facts
+            .script
+            .as_ref()
+            .map(|s| s.sha256.clone())
+            .or_else(|| p.script_hash.clone())
+            .unwrap_or_default(),
+        "script_bytes": input.facts.script.as_ref().map_or(0, |s| i64::try_from(s.bytes).unwrap_or(i64::MAX)),
+        "in_workspace": in_workspace(input.workspace, path),
         "client": p.client.clone().unwrap_or_default(),
         "script": counts_json(&input.script),
         "session": counts_json(&input.session),
@@ -380,6 +398,12 @@ pub struct ExplainInput {
     pub script: Counts,
     #[serde(default)]
     pub session: Counts,
+    /// The workspace root, for `context.in_workspace`.
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// For a `codemode` call: the script's SHA-256 and size.
+    #[serde(default)]
+    pub script_facts: Option<codemode_spec::ScriptFacts>,
 }
 
 fn empty_object() -> Value {
@@ -434,6 +458,8 @@ pub fn explain(
     let facts = CallFacts {
         paths: input.paths.clone(),
         model: input.model.clone(),
+        script: input.script_facts.clone(),
+        ..CallFacts::default()
     };
     let provenance = Provenance {
         call_id: "explain".into(),
@@ -456,6 +482,7 @@ pub fn explain(
             provenance: &provenance,
             script: input.script,
             session: input.session,
+            workspace: input.workspace.as_deref(),
         },
     );
     let policies_out: Vec<PolicyReason> = decision

@@ -48,6 +48,14 @@ pub enum PolicyError {
         line: usize,
         policy_id: String,
     },
+    #[error(
+        "{file}:{line}: `{policy_id}` is a policy template (it uses ?principal or ?resource), which codemode never links, so it would never apply; write the entity in its place (`principal == Session::\"...\"`, `resource == Tool::\"...\"`) or drop the condition"
+    )]
+    Template {
+        file: String,
+        line: usize,
+        policy_id: String,
+    },
     #[error("the generated Cedar schema is invalid (a bug in codemode-gate): {0}")]
     Schema(String),
 }
@@ -155,6 +163,26 @@ impl PolicySet {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| file.to_string());
         let starts = policy_starts(text);
+        // Cedar parses a template into a separate list; unlinked, it silently never applies.
+        if let Some(template) = parsed.templates().next() {
+            // Templates are numbered with the policies, in source order (`policy3`).
+            let line = template
+                .id()
+                .to_string()
+                .trim_start_matches("policy")
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| starts.get(n).copied())
+                .unwrap_or(1);
+            return Err(PolicyError::Template {
+                file: file.to_string(),
+                line,
+                policy_id: template
+                    .annotation("id")
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("{short} template")),
+            });
+        }
         // Policies come back keyed `policy0`, `policy1`, ... in source order.
         let mut policies: Vec<_> = parsed.policies().cloned().collect();
         policies.sort_by_key(|p| {

@@ -172,7 +172,12 @@ type CallContext = {{
   depth: Long,
   parent: String,
   script_id: String,
+  // SHA-256 of the running script; for the `codemode` call, of the script it starts.
   script_hash: String,
+  // For the `codemode` call: the script's size in bytes (0 for other calls).
+  script_bytes: Long,
+  // Whether `path` is the workspace root or beneath it (false when the call touches no path).
+  in_workspace: Bool,
   client: String,
   script: Counts,
   session: Counts,

@@ -7,12 +7,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use codemode_gate::{
-    ApprovalAnswer, ApprovalRequest, Approver, AuditLog, CallRequest, Gate, GateBuilder, PolicySet,
-    Registry,
+    ApprovalAnswer, ApprovalRequest, Approver, AuditKey, AuditLog, CallRequest, Gate, GateBuilder,
+    PolicySet, Registry,
 };
 use codemode_spec::{
-    Annotations, BoxFuture, CallFacts, CallKind, Exposure, ModelFacts, Origin, Provenance, Tool,
-    ToolCall, ToolError, ToolOutput, ToolSpec, Usage,
+    Annotations, BoxFuture, CallFacts, CallKind, Exposure, ModelFacts, Origin, PreparedCall,
+    Provenance, Tool, ToolError, ToolOutput, ToolSpec, Usage, prepared,
 };
 use serde_json::{Value, json};
 
@@ -71,8 +71,8 @@ impl TestTool {
         };
         t.facts = Some(Box::new(move |_| {
             Ok(CallFacts {
-                paths: vec![],
                 model: Some(facts.clone()),
+                ..Default::default()
             })
         }));
         t
@@ -107,7 +107,7 @@ impl TestTool {
             }
             Ok(CallFacts {
                 paths: vec![resolved.display().to_string()],
-                model: None,
+                ..Default::default()
             })
         }));
         self
@@ -119,31 +119,30 @@ impl Tool for TestTool {
         &self.spec
     }
 
-    fn facts(&self, args: &Value) -> Result<CallFacts, ToolError> {
-        match &self.facts {
-            Some(f) => f(args),
-            None => Ok(CallFacts::default()),
-        }
-    }
-
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let facts = match &self.facts {
+            Some(f) => f(&args)?,
+            None => CallFacts::default(),
+        };
         let runs = self.runs.clone();
         let usage = self.usage.clone();
         let delay = self.delay_ms;
         let seen = self.seen.clone();
-        Box::pin(async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            seen.lock().unwrap().push(call.args.clone());
-            if delay > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
-            }
-            Ok(ToolOutput {
-                value: json!({"echo": call.args}),
-                content: None,
-                is_error: false,
-                usage,
+        Ok(prepared(facts, move |_| {
+            Box::pin(async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                seen.lock().unwrap().push(args.clone());
+                if delay > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                }
+                Ok(ToolOutput {
+                    value: json!({"echo": args}),
+                    content: None,
+                    is_error: false,
+                    usage,
+                })
             })
-        })
+        }))
     }
 }
 
@@ -191,9 +190,14 @@ pub fn builder(reg: &Registry) -> GateBuilder {
     Gate::builder().registry(reg.clone()).policy(permit_all())
 }
 
+/// The key every test log is written with.
+pub fn test_key() -> AuditKey {
+    AuditKey::from_bytes([42; 32])
+}
+
 pub fn audit_in(dir: &Path) -> (AuditLog, std::path::PathBuf) {
     let path = dir.join("audit.jsonl");
-    (AuditLog::open(&path).unwrap(), path)
+    (AuditLog::open_with_key(&path, test_key()).unwrap(), path)
 }
 
 pub fn audit_lines(path: &Path) -> Vec<Value> {

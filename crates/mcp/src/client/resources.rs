@@ -10,8 +10,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use codemode_spec::{
-    Annotations, BoxFuture, CallKind, ContentBlock, Exposure, Tool, ToolCall, ToolError,
-    ToolOutput, ToolSpec,
+    Annotations, CallFacts, CallKind, ContentBlock, Exposure, PreparedCall, Tool, ToolError,
+    ToolOutput, ToolSpec, prepared,
 };
 use serde_json::{Value, json};
 
@@ -127,41 +127,41 @@ impl Tool for ResourceTool {
         &self.spec
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let upstream = self.upstream.clone();
         let kind = self.kind;
-        Box::pin(async move {
-            match kind {
-                ResourceKind::List => {
-                    let listed = upstream.list_resources_now(&call.cancel).await?;
-                    let value = json!({
-                        "resources": listed.resources,
-                        "resourceTemplates": listed.templates,
-                    });
-                    Ok(ToolOutput::value(value))
-                }
-                ResourceKind::Read => {
-                    let uri = call
-                        .args
-                        .get("uri")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| ToolError::invalid("read_resource takes {uri: string}"))?;
-                    let result = upstream.read_resource(uri, &call.cancel).await?;
-                    let mut value = serde_json::to_value(&result)
-                        .map_err(|e| ToolError::failed(format!("unreadable resource: {e}")))?;
-                    if let Value::Object(map) = &mut value {
-                        map.remove("_meta");
+        Ok(prepared(CallFacts::default(), move |ctx| {
+            Box::pin(async move {
+                match kind {
+                    ResourceKind::List => {
+                        let listed = upstream.list_resources_now(&ctx.cancel).await?;
+                        let value = json!({
+                            "resources": listed.resources,
+                            "resourceTemplates": listed.templates,
+                        });
+                        Ok(ToolOutput::value(value))
                     }
-                    let content = contents_for_model(&value);
-                    Ok(ToolOutput {
-                        value,
-                        content: Some(content),
-                        is_error: false,
-                        usage: None,
-                    })
+                    ResourceKind::Read => {
+                        let uri = args.get("uri").and_then(Value::as_str).ok_or_else(|| {
+                            ToolError::invalid("read_resource takes {uri: string}")
+                        })?;
+                        let result = upstream.read_resource(uri, &ctx.cancel).await?;
+                        let mut value = serde_json::to_value(&result)
+                            .map_err(|e| ToolError::failed(format!("unreadable resource: {e}")))?;
+                        if let Value::Object(map) = &mut value {
+                            map.remove("_meta");
+                        }
+                        let content = contents_for_model(&value);
+                        Ok(ToolOutput {
+                            value,
+                            content: Some(content),
+                            is_error: false,
+                            usage: None,
+                        })
+                    }
                 }
-            }
-        })
+            })
+        }))
     }
 }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use codemode_spec::{
-    Annotations, BoxFuture, Exposure, Tool, ToolCall, ToolError, ToolOutput, ToolSpec,
+    Annotations, CallFacts, Effect, Exposure, PreparedCall, Tool, ToolError, ToolSpec, prepared,
 };
 use rmcp::model::Tool as McpToolDef;
 use serde_json::{Map, Value, json};
@@ -64,21 +64,25 @@ impl Tool for McpTool {
         &self.spec
     }
 
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        let upstream = self.upstream.clone();
-        let remote = self.remote_name.clone();
-        let progress = call
-            .provenance
-            .parent_call_id
-            .as_deref()
-            .and_then(super::progress::sink_for)
-            .map(|sink| (sink, self.spec.name.clone()));
-        Box::pin(async move {
-            let result = upstream
-                .call(&remote, call.args, &call.cancel, progress)
-                .await?;
-            Ok(to_tool_output(upstream.name(), &remote, result))
-        })
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let (upstream, remote) = (self.upstream.clone(), self.remote_name.clone());
+        let name = self.spec.name.clone();
+        Ok(prepared(CallFacts::default(), move |ctx| {
+            let progress = ctx
+                .provenance
+                .parent_call_id
+                .as_deref()
+                .and_then(super::progress::sink_for)
+                .map(|sink| (sink, name));
+            Box::pin(async move {
+                // Once the request is out, a cancelled call may still have acted on the server.
+                let result = upstream
+                    .call(&remote, args, &ctx.cancel, progress)
+                    .await
+                    .map_err(|e| e.with_effect(Effect::Unknown))?;
+                Ok(to_tool_output(upstream.name(), &remote, result))
+            })
+        }))
     }
 }
 

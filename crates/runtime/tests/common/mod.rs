@@ -4,15 +4,23 @@
 
 use std::sync::{Arc, Mutex};
 
-use codemode_gate::{AuditLog, Budgets, Gate, Hook, HookDecision, HookEvent, PolicySet, Registry};
+use codemode_gate::{
+    AuditKey, AuditLog, Budgets, Gate, Hook, HookDecision, HookEvent, PolicySet, Registry,
+};
 use codemode_models::testing::TestProvider;
 use codemode_models::{Catalog, ModelsHttpConfig};
 use codemode_runtime::Codemode;
 use codemode_spec::{
-    BoxFuture, CallKind, CodemodeMode, Exposure, Tool, ToolCall, ToolError, ToolOutput, ToolSpec,
+    BoxFuture, CallFacts, CallKind, CodemodeMode, Exposure, PreparedCall, Tool, ToolError,
+    ToolOutput, ToolSpec, prepared,
 };
 use futures::FutureExt;
 use serde_json::{Value, json};
+
+/// The key every test log is written with.
+pub fn test_key() -> AuditKey {
+    AuditKey::from_bytes([42; 32])
+}
 
 pub const PERMIT_ALL: &str = "@id(\"everything\")\npermit (principal, action, resource);\n";
 
@@ -32,8 +40,10 @@ impl Tool for Echo {
     fn spec(&self) -> &ToolSpec {
         &self.0
     }
-    fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-        async move { Ok(ToolOutput::value(call.args)) }.boxed()
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        Ok(prepared(CallFacts::default(), move |_| {
+            async move { Ok(ToolOutput::value(args)) }.boxed()
+        }))
     }
 }
 
@@ -132,7 +142,7 @@ pub async fn world(opts: Options) -> World {
         .hook(recorder.clone())
         .budgets(opts.budgets)
         .mode(opts.mode)
-        .audit(AuditLog::open(&audit).unwrap())
+        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
         .build()
         .unwrap();
     let catalog = Catalog::from_json(&catalog_json(&provider.base_url())).unwrap();

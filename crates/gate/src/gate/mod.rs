@@ -1,23 +1,31 @@
-//! The pipeline: resolve → validate → facts → policy → hooks → approval → budget → execute →
-//! after-hooks → audit, for every call whoever makes it.
+//! The pipeline: resolve → validate → prepare → protected paths → reserve → policy → hooks →
+//! approval → run → after-hooks → settle → audit, for every call whoever makes it.
+
+mod admission;
+mod protect;
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use codemode_spec::{
-    CallFacts, CallKind, CodemodeMode, DeadlineClock, Exposure, Origin, Provenance, Tool, ToolCall,
-    ToolErrorKind, ToolOutput, ToolSpec,
+    CallFacts, CallKind, CodemodeMode, DeadlineClock, Exposure, Origin, PreparedCall, Provenance,
+    Tool, ToolOutput, ToolSpec,
 };
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+pub use admission::Admission;
+use admission::Pending;
+pub use protect::ProtectedPath;
+
 use crate::approval::{ApprovalAnswer, ApprovalRequest, Approver};
-use crate::audit::{AuditLog, sha256_hex};
-use crate::budget::{Budgets, CallRecord, Ledger, LedgerSnapshot};
+use crate::audit::AuditLog;
+use crate::budget::{Budgets, Ledger, LedgerSnapshot, estimate};
 use crate::error::{GateError, Stage};
-use crate::hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent};
+use crate::hooks::{CommandHooks, Hook, HookDecision, HookEvent};
 use crate::model_rules::ModelRules;
+use crate::outcome::CallRecord;
 use crate::policy::{Decision, PolicyError, PolicyInput, PolicySchema, PolicySet, decide};
 use crate::registry::{CODEMODE_TOOL, Lookup, Registry, Resolved};
 use crate::validate::check_args;
@@ -51,7 +59,7 @@ struct PolicyState {
     schema: PolicySchema,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     registry: Registry,
     policy: RwLock<Arc<PolicyState>>,
     hooks: Vec<Arc<dyn Hook>>,
@@ -67,6 +75,9 @@ struct Inner {
     audit_failure: Mutex<Option<String>>,
     models: ModelRules,
     max_depth: Option<u32>,
+    /// The workspace root as text, for `context.in_workspace`.
+    workspace: Option<String>,
+    protected: Vec<ProtectedPath>,
 }
 
 /// The one place that decides every call. Cheap to clone; share it between the runtime, the MCP
@@ -87,6 +98,8 @@ pub struct GateBuilder {
     mode: CodemodeMode,
     models: ModelRules,
     max_depth: Option<u32>,
+    workspace: Option<PathBuf>,
+    protected: Vec<ProtectedPath>,
 }
 
 impl GateBuilder {
@@ -135,12 +148,33 @@ impl GateBuilder {
         self.mode = mode;
         self
     }
+    /// The project the tools work in. Policies see `context.in_workspace` for each path; the
+    /// default policy lets read-only tools read inside it and asks outside it.
+    pub fn workspace(mut self, root: impl Into<PathBuf>) -> Self {
+        self.workspace = Some(root.into());
+        self
+    }
+    /// Paths no tool call may change, whatever the policy permits: checked on the call's
+    /// resolved paths before the policy is asked (see [`ProtectedPath`]).
+    pub fn protect(mut self, path: ProtectedPath) -> Self {
+        self.protected.push(path);
+        self
+    }
 
     /// Validates the policies against the schema of the tools registered now.
     pub fn build(self) -> Result<Gate, PolicyError> {
-        let set = self.policy.unwrap_or_else(PolicySet::defaults);
+        let set = with_codemode_permit(self.policy.unwrap_or_else(PolicySet::defaults))?;
         let schema = PolicySchema::for_registry(&self.registry)?;
         set.validate(&schema)?;
+        let mut protected = self.protected;
+        // The audit log and its head belong to the gate: no tool may change them.
+        if let Some(log) = self.audit.path() {
+            protected.push(ProtectedPath::new(log, "the audit log"));
+            protected.push(ProtectedPath::new(
+                crate::audit::head_path(log),
+                "the audit log's head",
+            ));
+        }
         Ok(Gate {
             inner: Arc::new(Inner {
                 registry: self.registry,
@@ -155,21 +189,33 @@ impl GateBuilder {
                 audit_failure: Mutex::new(None),
                 models: self.models,
                 max_depth: self.max_depth,
+                workspace: self
+                    .workspace
+                    .map(|w| protect::resolved(&w).to_string_lossy().into_owned()),
+                protected,
             }),
         })
     }
 }
 
-/// What the pipeline learned about a call, for the audit line and the call record.
-struct Trail {
-    name: String,
-    kind: Option<CallKind>,
-    args: Value,
-    paths: Vec<String>,
-    decision: &'static str,
-    policy_ids: Vec<String>,
-    usage: Option<codemode_spec::Usage>,
-    bytes: u64,
+/// Id of the built-in policy that lets scripts start (each of their calls is still judged).
+pub const CODEMODE_PERMIT_ID: &str = "builtin-codemode-scripts";
+
+/// Every policy set gets a permit for the `codemode` call itself, so scripts run unless a
+/// policy forbids them or asks (`@ask` on a permit) first. What a script does is judged call by
+/// call; a script with no permitted calls can change nothing.
+fn with_codemode_permit(mut set: PolicySet) -> Result<PolicySet, PolicyError> {
+    if set.ids().iter().any(|id| id == CODEMODE_PERMIT_ID) {
+        return Ok(set);
+    }
+    set.add_source(
+        "<built-in>",
+        &format!(
+            "@id(\"{CODEMODE_PERMIT_ID}\")\npermit (principal, action == Action::\"tool_call\", resource == Tool::\"{CODEMODE_TOOL}\");\n"
+        ),
+        false,
+    )?;
+    Ok(set)
 }
 
 impl Gate {
@@ -184,6 +230,8 @@ impl Gate {
             mode: CodemodeMode::On,
             models: ModelRules::default(),
             max_depth: None,
+            workspace: None,
+            protected: Vec::new(),
         }
     }
 
@@ -203,6 +251,7 @@ impl Gate {
     /// Replaces the policies (after tools were added, or settings changed). The new set is
     /// validated against a schema of the tools registered now; on error the old set stays.
     pub fn set_policy(&self, set: PolicySet) -> Result<(), PolicyError> {
+        let set = with_codemode_permit(set)?;
         let schema = PolicySchema::for_registry(&self.inner.registry)?;
         set.validate(&schema)?;
         *self.inner.policy.write().unwrap_or_else(|e| e.into_inner()) =
@@ -214,7 +263,11 @@ impl Gate {
     /// schema (for `codemode policy explain CALL.json` inside a running session).
     pub fn explain(&self, input: &crate::policy::ExplainInput) -> crate::policy::Explanation {
         let state = self.policy_state();
-        crate::policy::explain(&state.set, Some(&state.schema), input)
+        let mut input = input.clone();
+        if input.workspace.is_none() {
+            input.workspace = self.inner.workspace.clone();
+        }
+        crate::policy::explain(&state.set, Some(&state.schema), &input)
     }
 
     fn policy_state(&self) -> Arc<PolicyState> {
@@ -245,27 +298,117 @@ impl Gate {
         self.inner.ledger.session(session_id)
     }
 
-    /// The whole pipeline for one call.
+    /// The whole pipeline for one call: admit it, run what was admitted, finish (after-hooks,
+    /// budgets, one audit line). If this future is dropped part way, the call's audit line is
+    /// still written, saying it was cancelled and whether the tool had started.
     pub async fn call(&self, req: CallRequest) -> Result<ToolOutput, GateError> {
-        let started = Instant::now();
-        let mut trail = Trail {
-            name: req.name.clone(),
-            kind: None,
-            args: req.args.clone(),
-            paths: Vec::new(),
-            decision: "none",
-            policy_ids: Vec::new(),
-            usage: None,
-            bytes: 0,
-        };
-        let result = self.run(&req, &mut trail).await;
-        self.finish(&req, &trail, &result, started);
-        result
+        let mut admitted = self.admit(req).await?;
+        let executed = admitted.execute().await;
+        admitted.finish(executed).await
     }
 
-    async fn run(&self, req: &CallRequest, trail: &mut Trail) -> Result<ToolOutput, GateError> {
+    /// Everything before a call runs. On refusal, the call's audit line is written here. The
+    /// returned [`Admission`] holds the prepared call; whoever holds it must
+    /// [`finish`](Admission::finish) it (dropping it records the call as cancelled).
+    ///
+    /// `Gate::call` runs the prepared tool in between; the runtime admits the `codemode` call
+    /// itself this way and runs the script in between.
+    pub async fn admit(&self, req: CallRequest) -> Result<Admission, GateError> {
+        let mut pending = Pending::new(self.inner.clone(), &req);
+        match self.admit_steps(&req, &mut pending).await {
+            Ok(admitted) => Ok(Admission::new(pending, admitted, req)),
+            Err(e) => Err(pending.refuse(e)),
+        }
+    }
+
+    async fn admit_steps(
+        &self,
+        req: &CallRequest,
+        call: &mut Pending,
+    ) -> Result<Admitted, GateError> {
+        self.check_open(req)?;
+        let p = &req.provenance;
+        let resolved = self.resolve(&req.name, p.origin)?;
+        let spec = resolved.spec.clone();
+        call.note_tool(&spec);
+
+        let mut args = req.args.clone();
+        check_args(&spec.name, &resolved.validator, &args)
+            .map_err(|m| GateError::new(Stage::Validate, m))?;
+        let mut prepared = prepare(resolved.tool.as_ref(), &spec.name, args.clone())?;
+        call.note_facts(prepared.facts());
+        self.check_facts(&spec, prepared.facts())?;
+
+        // Counted before the policy decides, so parallel calls see each other.
+        let reservation = self
+            .inner
+            .ledger
+            .reserve(
+                &self.inner.budgets,
+                p,
+                spec.kind,
+                estimate(spec.kind, prepared.facts(), &args),
+            )
+            .map_err(|m| GateError::new(Stage::Budget, m))?;
+        let counts = reservation.counts;
+        call.note_reservation(reservation);
+        let policy = self.policy_state();
+        let mut ask = self.ask_policy(&policy, &spec, &args, prepared.facts(), p, counts, call)?;
+
+        for hook in &self.inner.hooks {
+            let ev = hook_event(&spec, &args, prepared.facts(), p);
+            let decision = tokio::select! {
+                d = hook.before(&ev) => d,
+                _ = req.cancel.cancelled() => {
+                    return Err(cancelled(Stage::Hook, "the call was cancelled while its hooks ran"));
+                }
+            };
+            match decision {
+                HookDecision::Allow => {}
+                HookDecision::Deny(reason) => {
+                    return Err(GateError::new(
+                        Stage::Hook,
+                        format!("a hook blocked `{}`: {reason}", spec.name),
+                    ));
+                }
+                HookDecision::Ask(reason) => add_ask(&mut ask, format!("{reason} (hook)")),
+                HookDecision::Rewrite(new_args) => {
+                    check_args(&spec.name, &resolved.validator, &new_args).map_err(|m| {
+                        GateError::new(
+                            Stage::Hook,
+                            format!("a hook rewrote the arguments into invalid ones, so the call is refused: {m}"),
+                        )
+                    })?;
+                    // New arguments may touch other paths: prepare and decide again.
+                    args = new_args;
+                    call.note_args(&args);
+                    prepared = prepare(resolved.tool.as_ref(), &spec.name, args.clone())?;
+                    call.note_facts(prepared.facts());
+                    self.check_facts(&spec, prepared.facts())?;
+                    if let Some(again) =
+                        self.ask_policy(&policy, &spec, &args, prepared.facts(), p, counts, call)?
+                    {
+                        ask = Some(again);
+                    }
+                }
+            }
+        }
+
+        if let Some((reason, ids)) = ask {
+            self.approve(req, &spec, &args, prepared.facts(), reason, ids)
+                .await?;
+        }
+        Ok(Admitted {
+            spec,
+            args,
+            prepared,
+        })
+    }
+
+    /// Refuses every call once the audit log could not be written, and calls cancelled already.
+    fn check_open(&self, req: &CallRequest) -> Result<(), GateError> {
         if req.cancel.is_cancelled() {
-            return Err(GateError::new(
+            return Err(cancelled(
                 Stage::Resolve,
                 "the call was cancelled before it started",
             ));
@@ -295,137 +438,14 @@ impl Gate {
                 ),
             ));
         }
-        let resolved = self.resolve(&req.name, req.provenance.origin)?;
-        let spec = resolved.spec.clone();
-        trail.name = spec.name.clone();
-        trail.kind = Some(spec.kind);
-        let p = &req.provenance;
+        Ok(())
+    }
 
-        let mut args = req.args.clone();
-        check_args(&spec.name, &resolved.validator, &args)
-            .map_err(|m| GateError::new(Stage::Validate, m))?;
-        let mut facts = facts_of(resolved.tool.as_ref(), &spec.name, &args)?;
-        trail.paths = facts.paths.clone();
-
-        self.check_model_settings(&spec, &facts)?;
-        let policy = self.policy_state();
-        let mut ask = self.ask_policy(&policy, &spec, &args, &facts, p, trail)?;
-
-        for hook in &self.inner.hooks {
-            let ev = HookEvent {
-                tool_name: spec.name.clone(),
-                kind: spec.kind,
-                args: args.clone(),
-                paths: facts.paths.clone(),
-                model: facts.model.clone(),
-                provenance: p.clone(),
-            };
-            match hook.before(&ev).await {
-                HookDecision::Allow => {}
-                HookDecision::Deny(reason) => {
-                    return Err(GateError::new(
-                        Stage::Hook,
-                        format!("a hook blocked `{}`: {reason}", spec.name),
-                    ));
-                }
-                HookDecision::Ask(reason) => {
-                    let sep = if ask_is_empty(&ask) { "" } else { "; " };
-                    ask.get_or_insert_with(|| (String::new(), Vec::new()))
-                        .0
-                        .push_str(&format!("{sep}{reason} (hook)"));
-                }
-                HookDecision::Rewrite(new_args) => {
-                    check_args(&spec.name, &resolved.validator, &new_args).map_err(|m| {
-                        GateError::new(
-                            Stage::Hook,
-                            format!("a hook rewrote the arguments into invalid ones, so the call is refused: {m}"),
-                        )
-                    })?;
-                    args = new_args;
-                    trail.args = args.clone();
-                    // New arguments may touch other paths: the policy decides again.
-                    facts = facts_of(resolved.tool.as_ref(), &spec.name, &args)?;
-                    trail.paths = facts.paths.clone();
-                    self.check_model_settings(&spec, &facts)?;
-                    if let Some(again) = self.ask_policy(&policy, &spec, &args, &facts, p, trail)? {
-                        ask = Some(again);
-                    }
-                }
-            }
-        }
-
-        if let Some((reason, ids)) = ask {
-            self.approve(req, &spec, &args, &facts, reason, ids).await?;
-        }
-
-        self.inner
-            .ledger
-            .reserve(&self.inner.budgets, p, spec.kind)
-            .map_err(|m| GateError::new(Stage::Budget, m))?;
-
-        let call = ToolCall {
-            args: args.clone(),
-            provenance: p.clone(),
-            cancel: req.cancel.clone(),
-        };
-        let executed = tokio::select! {
-            r = resolved.tool.call(call) => r,
-            _ = req.cancel.cancelled() => Err(codemode_spec::ToolError::cancelled()),
-        };
-        let mut output = match executed {
-            Ok(o) => o,
-            Err(e) => {
-                let mut err = GateError::new(
-                    Stage::Execute,
-                    format!("`{}` failed: {}", spec.name, e.message),
-                );
-                if e.kind == ToolErrorKind::Cancelled {
-                    err.message = format!("`{}` was cancelled", spec.name);
-                }
-                err.tool_error = Some(e.kind);
-                return Err(err);
-            }
-        };
-        trail.usage = output.usage.clone();
-
-        let ev = HookEvent {
-            tool_name: spec.name.clone(),
-            kind: spec.kind,
-            args: args.clone(),
-            paths: facts.paths.clone(),
-            model: facts.model.clone(),
-            provenance: p.clone(),
-        };
-        for hook in &self.inner.hooks {
-            match hook.after(&ev, &output).await {
-                AfterDecision::Keep => {}
-                AfterDecision::Replace(mut o) => {
-                    // Usage was spent whatever the hook shows the caller.
-                    o.usage = output.usage.clone();
-                    output = o;
-                }
-                AfterDecision::Block(reason) => {
-                    let _ =
-                        self.inner
-                            .ledger
-                            .charge(&self.inner.budgets, p, output.usage.as_ref(), 0);
-                    return Err(GateError::new(
-                        Stage::AfterHook,
-                        format!("a hook withheld the result of `{}`: {reason}", spec.name),
-                    ));
-                }
-            }
-        }
-
-        let bytes = serde_json::to_vec(&output.value)
-            .map(|b| b.len() as u64)
-            .unwrap_or(0);
-        trail.bytes = bytes;
-        self.inner
-            .ledger
-            .charge(&self.inner.budgets, p, output.usage.as_ref(), bytes)
-            .map_err(|m| GateError::new(Stage::Budget, m))?;
-        Ok(output)
+    /// What is refused on the facts alone, before any policy: model calls the settings switch
+    /// off, and changes to protected paths.
+    fn check_facts(&self, spec: &ToolSpec, facts: &CallFacts) -> Result<(), GateError> {
+        self.check_model_settings(spec, facts)?;
+        protect::check(&self.inner.protected, spec, facts)
     }
 
     /// Applies `models.enabled` and `models.allow` from settings to model calls.
@@ -481,7 +501,7 @@ impl Gate {
                 };
                 return Err(GateError::new(
                     Stage::Resolve,
-                    format!("no tool named `{name}`; {hint}"),
+                    format!("no tool named `{}`; {hint}", crate::preview(name, 100)),
                 ));
             }
         };
@@ -496,6 +516,12 @@ impl Gate {
         }
         match origin {
             Origin::Model if spec.name == CODEMODE_TOOL => {}
+            Origin::Script if spec.name == CODEMODE_TOOL => {
+                return refuse(
+                    "a script cannot start another codemode script; call the tools directly"
+                        .to_string(),
+                );
+            }
             Origin::Model if self.inner.mode == CodemodeMode::Only => {
                 return refuse(format!(
                     "`{}` cannot be called directly in codemode `only` mode; call it from a script instead: `await tools.{id}(...)` inside codemode",
@@ -520,8 +546,9 @@ impl Gate {
         Ok(found)
     }
 
-    /// Runs the policy. `Ok(Some(..))` means approval is needed.
-    #[allow(clippy::type_complexity)]
+    /// Runs the policy on the counts reserved for this call. `Ok(Some(..))` means approval is
+    /// needed.
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn ask_policy(
         &self,
         policy: &PolicyState,
@@ -529,9 +556,9 @@ impl Gate {
         args: &Value,
         facts: &CallFacts,
         p: &Provenance,
-        trail: &mut Trail,
+        (script, session): (crate::policy::Counts, crate::policy::Counts),
+        call: &mut Pending,
     ) -> Result<Option<(String, Vec<String>)>, GateError> {
-        let (script, session) = self.inner.ledger.counts(p);
         let decision = decide(
             &policy.set,
             Some(&policy.schema),
@@ -542,10 +569,10 @@ impl Gate {
                 provenance: p,
                 script,
                 session,
+                workspace: self.inner.workspace.as_deref(),
             },
         );
-        trail.decision = decision.as_str();
-        trail.policy_ids = decision.policy_ids().to_vec();
+        call.note_decision(&decision);
         match decision {
             Decision::Allow { .. } => Ok(None),
             Decision::Ask { reason, policy_ids } => Ok(Some((reason, policy_ids))),
@@ -617,86 +644,57 @@ impl Gate {
             )
             .with_policies(policy_ids)),
             Some(ApprovalAnswer::Unasked(why)) => Err(unasked(why)),
-            None => Err(GateError::new(Stage::Approval, "the call was cancelled while waiting for approval")
+            None => Err(cancelled(Stage::Approval, "the call was cancelled while waiting for approval")
                 .with_policies(policy_ids)),
         }
     }
+}
 
-    fn finish(
-        &self,
-        req: &CallRequest,
-        trail: &Trail,
-        result: &Result<ToolOutput, GateError>,
-        started: Instant,
-    ) {
-        let duration_ms = started.elapsed().as_millis() as u64;
-        let (status, stage, message) = match result {
-            Ok(o) if o.is_error => ("error", None, None),
-            Ok(_) => ("ok", None, None),
-            Err(e) if e.stage == Stage::Execute => {
-                ("error", Some(e.stage.as_str()), Some(e.message.clone()))
-            }
-            Err(e) => ("denied", Some(e.stage.as_str()), Some(e.message.clone())),
-        };
-        let p = &req.provenance;
-        let args_text = serde_json::to_string(&trail.args).unwrap_or_default();
-        let mut record = Map::new();
-        record.insert("time".into(), json!(utc_now()));
-        record.insert("provenance".into(), json!(p));
-        record.insert("tool".into(), json!(trail.name));
-        record.insert("kind".into(), json!(trail.kind));
-        record.insert(
-            "args_sha256".into(),
-            json!(sha256_hex(args_text.as_bytes())),
-        );
-        record.insert(
-            "args_preview".into(),
-            json!(crate::preview(&args_text, 200)),
-        );
-        record.insert("paths".into(), json!(trail.paths));
-        record.insert("decision".into(), json!(trail.decision));
-        record.insert("policy_ids".into(), json!(trail.policy_ids));
-        record.insert("status".into(), json!(status));
-        record.insert("stage".into(), json!(stage));
-        record.insert(
-            "message".into(),
-            json!(message.as_deref().map(|m| crate::preview(m, 500))),
-        );
-        record.insert("duration_ms".into(), json!(duration_ms));
-        record.insert("usage".into(), json!(trail.usage));
-        record.insert("bytes".into(), json!(trail.bytes));
-        if let Err(e) = self.inner.audit.append(record) {
-            tracing::error!("{e}");
-            *self
-                .inner
-                .audit_failure
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+/// What admission hands to the run: the resolved spec, the final arguments and the prepared
+/// call the decision was made on.
+pub(crate) struct Admitted {
+    pub spec: ToolSpec,
+    pub args: Value,
+    pub prepared: Box<dyn PreparedCall>,
+}
+
+/// A refusal because the caller cancelled: recorded as `cancelled`, not `denied`.
+fn cancelled(stage: Stage, message: &str) -> GateError {
+    let mut e = GateError::new(stage, message);
+    e.tool_error = Some(codemode_spec::ToolErrorKind::Cancelled);
+    e
+}
+
+fn add_ask(ask: &mut Option<(String, Vec<String>)>, reason: String) {
+    match ask {
+        Some((r, _)) if !r.is_empty() => {
+            r.push_str("; ");
+            r.push_str(&reason);
         }
-        if let Some(script_id) = &p.script_id {
-            self.inner.ledger.record(
-                script_id,
-                CallRecord {
-                    call_id: p.call_id.clone(),
-                    name: trail.name.clone(),
-                    status,
-                    stage,
-                    decision: trail.decision.to_string(),
-                    policy_ids: trail.policy_ids.clone(),
-                    usage: trail.usage.clone(),
-                    duration_ms,
-                },
-            );
-        }
+        Some((r, _)) => *r = reason,
+        None => *ask = Some((reason, Vec::new())),
     }
 }
 
-fn ask_is_empty(ask: &Option<(String, Vec<String>)>) -> bool {
-    ask.as_ref().is_none_or(|(r, _)| r.is_empty())
+pub(crate) fn hook_event(
+    spec: &ToolSpec,
+    args: &Value,
+    facts: &CallFacts,
+    p: &Provenance,
+) -> HookEvent {
+    HookEvent {
+        tool_name: spec.name.clone(),
+        kind: spec.kind,
+        args: args.clone(),
+        paths: facts.paths.clone(),
+        model: facts.model.clone(),
+        script: facts.script.clone(),
+        provenance: p.clone(),
+    }
 }
 
-fn facts_of(tool: &dyn Tool, name: &str, args: &Value) -> Result<CallFacts, GateError> {
-    tool.facts(args).map_err(|e| {
+fn prepare(tool: &dyn Tool, name: &str, args: Value) -> Result<Box<dyn PreparedCall>, GateError> {
+    tool.prepare(args).map_err(|e| {
         GateError::new(
             Stage::Facts,
             format!("`{name}` refused these arguments: {}", e.message),
@@ -704,44 +702,22 @@ fn facts_of(tool: &dyn Tool, name: &str, args: &Value) -> Result<CallFacts, Gate
     })
 }
 
-/// Current UTC time as RFC 3339 with milliseconds.
-fn utc_now() -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        now.subsec_millis()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use codemode_spec::{BoxFuture, ToolError};
+    use crate::audit::AuditKey;
+    use codemode_spec::{ToolError, prepared};
+    use serde_json::json;
 
     struct Echo(ToolSpec);
     impl Tool for Echo {
         fn spec(&self) -> &ToolSpec {
             &self.0
         }
-        fn call(&self, call: ToolCall) -> BoxFuture<'static, Result<ToolOutput, ToolError>> {
-            Box::pin(async move { Ok(ToolOutput::value(call.args)) })
+        fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+            Ok(prepared(CallFacts::default(), move |_| {
+                Box::pin(async move { Ok(ToolOutput::value(args)) })
+            }))
         }
     }
 
@@ -749,8 +725,7 @@ mod tests {
     async fn calls_are_refused_once_an_audit_line_cannot_be_written() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.jsonl");
-        std::fs::write(&path, "").unwrap();
-        let read_only = std::fs::File::open(&path).unwrap();
+        let log = AuditLog::open_with_key(&path, AuditKey::from_bytes([7; 32])).unwrap();
         let reg = Registry::new();
         reg.register(Arc::new(Echo(ToolSpec::new("t", "", json!({})))))
             .unwrap();
@@ -758,14 +733,21 @@ mod tests {
         let gate = Gate::builder()
             .registry(reg)
             .policy(policy)
-            .audit(AuditLog::with_file(path, read_only))
+            .audit(log)
             .build()
             .unwrap();
-        let p = Provenance::model("c1", "s");
-        let mut spec_call = CallRequest::new("t", json!({}), p.clone());
-        spec_call.provenance.origin = Origin::Script;
-        gate.call(spec_call.clone()).await.unwrap();
-        let err = gate.call(spec_call).await.unwrap_err();
+        let mut call = CallRequest::new("t", json!({}), Provenance::model("c1", "s"));
+        call.provenance.origin = Origin::Script;
+        gate.call(call.clone()).await.unwrap();
+        // Something else wrote a line the chain cannot continue from: the next line fails.
+        use std::io::Write;
+        let mut raw = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        raw.write_all(b"{\"forged\":true}\n").unwrap();
+        let _ = gate.call(call.clone()).await;
+        let err = gate.call(call).await.unwrap_err();
         assert_eq!(err.stage, Stage::Resolve);
         assert!(
             err.message.contains("audit log cannot be written"),

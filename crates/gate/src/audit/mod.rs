@@ -1,0 +1,329 @@
+//! The audit log: one JSON line per call, chained by keyed hashes, with a keyed head beside it.
+//!
+//! Each line is a JSON object whose last two fields are `prev` (the `hash` of the line before,
+//! 64 zeros for the first) and `hash`: HMAC-SHA256, under the user's [`AuditKey`], of the line's
+//! text up to and including `prev`'s value and its closing quote. A changed line fails its own
+//! hash; a removed or reordered line breaks the next `prev`; a forged line cannot be given a
+//! valid hash without the key, and neither can a whole rewritten chain.
+//!
+//! Cutting lines from the end leaves a valid chain, so the log keeps a head file beside it
+//! (`<log>.head`): the number of lines and the last hash, keyed too. It is rewritten under the
+//! same lock after every line, so a log shorter than its head, or different at the head's line,
+//! was cut or rewritten.
+//!
+//! Appends take an advisory `flock` on the log and read the chain's end from the file under it,
+//! so several processes can write one log and the chain stays whole.
+
+mod key;
+mod verify;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rustix::fs::FlockOperation;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+pub use key::AuditKey;
+pub use verify::{HeadCheck, VerifyReport, verify};
+
+pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("cannot open audit log {path}: {message}")]
+    Open { path: String, message: String },
+    #[error("cannot write audit log {path}: {message}")]
+    Write { path: String, message: String },
+    #[error("audit log {path} line {line}: {problem}")]
+    Broken {
+        path: String,
+        line: usize,
+        problem: String,
+    },
+    #[error("audit log {path}: {problem}")]
+    Head { path: String, problem: String },
+    #[error("audit key {path}: {problem}")]
+    Key { path: String, problem: String },
+}
+
+/// The head file beside a log.
+pub fn head_path(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".head");
+    PathBuf::from(name)
+}
+
+/// What the head file records: how many lines the log has and the last one's hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub lines: usize,
+    pub hash: String,
+}
+
+impl Head {
+    fn text(&self, key: &AuditKey) -> String {
+        format!(
+            "{{\"lines\":{},\"hash\":\"{}\",\"mac\":\"{}\"}}\n",
+            self.lines,
+            self.hash,
+            key.mac(self.signed().as_bytes())
+        )
+    }
+
+    fn signed(&self) -> String {
+        format!("codemode audit head\n{}\n{}", self.lines, self.hash)
+    }
+
+    /// Parses a head file; with a key, only a head whose MAC checks is returned.
+    pub(crate) fn parse(text: &str, key: Option<&AuditKey>) -> Result<Head, String> {
+        let v: Value = serde_json::from_str(text.trim()).map_err(|e| format!("not JSON ({e})"))?;
+        let lines = v.get("lines").and_then(Value::as_u64);
+        let hash = v.get("hash").and_then(Value::as_str);
+        let mac = v.get("mac").and_then(Value::as_str);
+        let (Some(lines), Some(hash), Some(mac)) = (lines, hash, mac) else {
+            return Err("it lacks `lines`, `hash` or `mac`".into());
+        };
+        let head = Head {
+            lines: lines as usize,
+            hash: hash.to_string(),
+        };
+        if let Some(key) = key
+            && !key.verify(head.signed().as_bytes(), mac)
+        {
+            return Err(
+                "its MAC does not verify with this key: it was forged, or written with another key"
+                    .into(),
+            );
+        }
+        Ok(head)
+    }
+}
+
+struct Files {
+    log: File,
+    head: File,
+}
+
+struct Inner {
+    path: PathBuf,
+    key: AuditKey,
+    files: Mutex<Files>,
+}
+
+/// Where decisions and outcomes are written. Cloning shares the files.
+#[derive(Clone, Default)]
+pub struct AuditLog {
+    inner: Option<Arc<Inner>>,
+}
+
+impl AuditLog {
+    /// No log (for embedders that record elsewhere).
+    pub fn disabled() -> Self {
+        AuditLog { inner: None }
+    }
+
+    /// Opens (or creates) the log keyed with the user's key at [`AuditKey::default_path`],
+    /// creating that key on first use. Callers that keep the key elsewhere use
+    /// [`AuditLog::open_with_key`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, AuditError> {
+        let key_path = AuditKey::default_path().ok_or_else(|| AuditError::Key {
+            path: "$XDG_STATE_HOME/codemode/audit.key".into(),
+            problem: "neither XDG_STATE_HOME nor HOME is set, so the key has no place; set one"
+                .into(),
+        })?;
+        Self::open_with_key(path, AuditKey::load_or_create(&key_path)?)
+    }
+
+    /// Opens (or creates) the log and continues its chain. The whole log is checked against the
+    /// key and its head first; a log that does not verify is refused, so new lines are never
+    /// chained onto a broken or forged one.
+    pub fn open_with_key(path: impl AsRef<Path>, key: AuditKey) -> Result<Self, AuditError> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        let open_err = |e: std::io::Error| AuditError::Open {
+            path: shown.clone(),
+            message: e.to_string(),
+        };
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(open_err)?;
+        }
+        let options = |append: bool| {
+            let mut o = OpenOptions::new();
+            o.create(true).read(true).mode(0o600);
+            if append {
+                o.append(true);
+            } else {
+                o.write(true);
+            }
+            o
+        };
+        let log = options(true).open(&path).map_err(open_err)?;
+        let head = options(false).open(head_path(&path)).map_err(open_err)?;
+        let inner = Inner {
+            path,
+            key,
+            files: Mutex::new(Files { log, head }),
+        };
+        {
+            let files = inner.lock();
+            let _lock = Flock::exclusive(&files.log).map_err(open_err)?;
+            let report = verify::verify_open(&inner.path, &files.log, &files.head, &inner.key)?;
+            if report.head_stale {
+                // A process stopped between writing a line and its head: catch the head up.
+                write_head(
+                    &files.head,
+                    &Head {
+                        lines: report.lines,
+                        hash: report.last_hash.clone(),
+                    },
+                    &inner.key,
+                )
+                .map_err(open_err)?;
+            }
+        }
+        Ok(AuditLog {
+            inner: Some(Arc::new(inner)),
+        })
+    }
+
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.as_ref().map(|i| i.path.as_path())
+    }
+
+    /// Appends one record (a JSON object) with its chain fields, under the log's lock.
+    pub fn append(&self, record: Map<String, Value>) -> Result<(), AuditError> {
+        let Some(inner) = &self.inner else {
+            return Ok(());
+        };
+        let write_err = |message: String| AuditError::Write {
+            path: inner.path.display().to_string(),
+            message,
+        };
+        let files = inner.lock();
+        let _lock = Flock::exclusive(&files.log).map_err(|e| write_err(e.to_string()))?;
+        // Another process may have appended since our last line: the end is read from the file.
+        let end = chain_end(&inner.path, &files.log, &files.head, &inner.key)?;
+        let mut record = record;
+        record.remove("prev");
+        record.remove("hash");
+        record.insert("prev".into(), Value::String(end.hash.clone()));
+        let body = serde_json::to_string(&Value::Object(record))
+            .map_err(|e| write_err(format!("the record is not JSON: {e}")))?;
+        // `body` ends with `}`; the MAC covers everything before it.
+        let head_text = &body[..body.len().saturating_sub(1)];
+        let hash = inner.key.mac(head_text.as_bytes());
+        let line = format!("{head_text},\"hash\":\"{hash}\"}}\n");
+        (&files.log)
+            .write_all(line.as_bytes())
+            .map_err(|e| write_err(e.to_string()))?;
+        write_head(
+            &files.head,
+            &Head {
+                lines: end.lines + 1,
+                hash,
+            },
+            &inner.key,
+        )
+        .map_err(|e| write_err(format!("the head file could not be updated: {e}")))
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An advisory exclusive lock on a file, released when dropped.
+struct Flock<'a>(&'a File);
+
+impl<'a> Flock<'a> {
+    fn exclusive(file: &'a File) -> std::io::Result<Self> {
+        rustix::fs::flock(file, FlockOperation::LockExclusive)?;
+        Ok(Flock(file))
+    }
+}
+
+impl Drop for Flock<'_> {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(self.0, FlockOperation::Unlock);
+    }
+}
+
+fn write_head(file: &File, head: &Head, key: &AuditKey) -> std::io::Result<()> {
+    let text = head.text(key);
+    file.write_all_at(text.as_bytes(), 0)?;
+    file.set_len(text.len() as u64)
+}
+
+/// The end of the chain as the file has it now: the line count and the last hash. Trusts the
+/// head when it names the file's last line (checked with the key), and reads the whole log
+/// otherwise.
+fn chain_end(path: &Path, log: &File, head: &File, key: &AuditKey) -> Result<Head, AuditError> {
+    let mut text = String::new();
+    let mut head_file = head;
+    head_file
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| head_file.read_to_string(&mut text))
+        .map_err(|e| AuditError::Open {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let last = last_line(log).map_err(|e| AuditError::Open {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    if let (Ok(head), Some(line)) = (Head::parse(&text, Some(key)), &last)
+        && verify::line_hash(line, key).as_deref() == Some(head.hash.as_str())
+    {
+        return Ok(head);
+    }
+    if last.is_none() && text.trim().is_empty() {
+        return Ok(Head {
+            lines: 0,
+            hash: GENESIS.to_string(),
+        });
+    }
+    let report = verify::verify_open(path, log, head, key)?;
+    Ok(Head {
+        lines: report.lines,
+        hash: report.last_hash,
+    })
+}
+
+/// The last complete line of the file, without its newline.
+fn last_line(file: &File) -> std::io::Result<Option<String>> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(None);
+    }
+    let mut tail: Vec<u8> = Vec::new();
+    let mut end = len;
+    let chunk = 4096u64;
+    loop {
+        let start = end.saturating_sub(chunk);
+        let mut buf = vec![0u8; (end - start) as usize];
+        file.read_exact_at(&mut buf, start)?;
+        buf.extend_from_slice(&tail);
+        tail = buf;
+        // Skip the final newline, then look for the one before the last line.
+        let body = tail.strip_suffix(b"\n").unwrap_or(&tail);
+        if let Some(at) = body.iter().rposition(|b| *b == b'\n') {
+            return Ok(Some(String::from_utf8_lossy(&body[at + 1..]).into_owned()));
+        }
+        if start == 0 {
+            return Ok(Some(String::from_utf8_lossy(body).into_owned()));
+        }
+        end = start;
+    }
+}
+
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}

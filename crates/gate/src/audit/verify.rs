@@ -1,0 +1,266 @@
+//! Checking an audit log: what can be proven with the key, and what only without it.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{AuditError, AuditKey, GENESIS, Head, head_path};
+
+/// How the log compares with its head file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadCheck {
+    /// The head names the log's last line and line count.
+    Matches,
+    /// The log has lines after the head (a process stopped between a line and its head).
+    Behind { extra: usize },
+    /// There is no head file (or it is empty): lines cut from the end could not be noticed.
+    Missing,
+}
+
+/// What `verify` found in a log that passed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyReport {
+    pub lines: usize,
+    /// Hash of the last line.
+    pub last_hash: String,
+    /// Every line's and the head's MAC was checked with the key.
+    pub authenticated: bool,
+    pub head: HeadCheck,
+}
+
+impl VerifyReport {
+    /// What the check proves, one sentence each.
+    pub fn proves(&self) -> Vec<String> {
+        let mut out = vec![
+            "no line was removed, changed or reordered between the first line and the last"
+                .to_string(),
+        ];
+        if self.authenticated {
+            out.push("every line and the head were written by a holder of the key: a forged line or a rechained file would not verify".into());
+        }
+        match (&self.head, self.authenticated) {
+            (HeadCheck::Matches, true) => {
+                out.push("no line was cut from the end: the keyed head names the last line".into())
+            }
+            (HeadCheck::Behind { extra }, true) => out.push(format!(
+                "no line was cut from the end; the last {extra} line(s) came after the head was last written (a process stopped between the two)"
+            )),
+            _ => {}
+        }
+        out
+    }
+
+    /// What it cannot prove, one sentence each.
+    pub fn cannot_prove(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.authenticated {
+            out.push("without the key, authenticity is unproven: anyone could have rewritten the whole file, head included, and recomputed every hash".into());
+        }
+        if self.head == HeadCheck::Missing {
+            out.push("with no head file, lines cut from the end cannot be noticed".into());
+        }
+        out.push("a log and head rolled back together to an earlier state they both had cannot be told from that state; keep the last hash elsewhere to notice that".into());
+        out
+    }
+}
+
+/// Checks the whole chain and its head. With the key, every line's MAC and the head's MAC are
+/// checked too; without it, only the chain's shape (each line's `prev` is the line before's
+/// `hash`) and its agreement with the head. Says which line is the first that does not fit.
+pub fn verify(path: impl AsRef<Path>, key: Option<&AuditKey>) -> Result<VerifyReport, AuditError> {
+    let path = path.as_ref();
+    let open = |p: &Path| {
+        std::fs::read(p).map_err(|e| AuditError::Open {
+            path: p.display().to_string(),
+            message: e.to_string(),
+        })
+    };
+    let bytes = open(path)?;
+    let head_text = match std::fs::read(head_path(path)) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => {
+            return Err(AuditError::Open {
+                path: head_path(path).display().to_string(),
+                message: e.to_string(),
+            });
+        }
+    };
+    check(path, &String::from_utf8_lossy(&bytes), &head_text, key)
+}
+
+/// What opening a log for appending learned.
+pub(crate) struct OpenReport {
+    pub lines: usize,
+    pub last_hash: String,
+    /// The head is behind the log and must be rewritten.
+    pub head_stale: bool,
+}
+
+/// Checks an open log with the key before it is appended to. A missing head is only accepted
+/// for an empty log.
+pub(crate) fn verify_open(
+    path: &Path,
+    log: &File,
+    head: &File,
+    key: &AuditKey,
+) -> Result<OpenReport, AuditError> {
+    let read = |mut f: &File| -> std::io::Result<String> {
+        let mut s = Vec::new();
+        f.seek(SeekFrom::Start(0))?;
+        f.read_to_end(&mut s)?;
+        Ok(String::from_utf8_lossy(&s).into_owned())
+    };
+    let io = |e: std::io::Error| AuditError::Open {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let text = read(log).map_err(io)?;
+    let head_text = read(head).map_err(io)?;
+    let report = check(path, &text, &head_text, Some(key))?;
+    if report.head == HeadCheck::Missing && report.lines > 0 {
+        return Err(AuditError::Head {
+            path: path.display().to_string(),
+            problem: format!(
+                "its head file {} is missing or empty, so lines cut from the end could not be noticed; restore the head, or move the log aside to start a new one",
+                head_path(path).display()
+            ),
+        });
+    }
+    Ok(OpenReport {
+        lines: report.lines,
+        last_hash: report.last_hash,
+        head_stale: report.head != HeadCheck::Matches,
+    })
+}
+
+/// The line's hash when its MAC verifies with `key`.
+pub(crate) fn line_hash(line: &str, key: &AuditKey) -> Option<String> {
+    let (head, hash) = split_line(line)?;
+    key.verify(head.as_bytes(), hash).then(|| hash.to_string())
+}
+
+/// The part a line's hash covers, and the hash.
+fn split_line(line: &str) -> Option<(&str, &str)> {
+    let at = line.rfind(",\"hash\":\"")?;
+    let hash = line[at..]
+        .strip_prefix(",\"hash\":\"")?
+        .strip_suffix("\"}")?;
+    Some((&line[..at], hash))
+}
+
+fn check(
+    path: &Path,
+    text: &str,
+    head_text: &str,
+    key: Option<&AuditKey>,
+) -> Result<VerifyReport, AuditError> {
+    let p = path.display().to_string();
+    let broken = |line: usize, problem: String| AuditError::Broken {
+        path: p.clone(),
+        line,
+        problem,
+    };
+    let head = if head_text.trim().is_empty() {
+        None
+    } else {
+        Some(
+            Head::parse(head_text, key).map_err(|problem| AuditError::Head {
+                path: p.clone(),
+                problem: format!(
+                    "its head file {} is not valid: {problem}",
+                    head_path(path).display()
+                ),
+            })?,
+        )
+    };
+    let ends_cleanly = text.is_empty() || text.ends_with('\n');
+    let lines: Vec<&str> = text.split_terminator('\n').collect();
+    let mut prev = GENESIS.to_string();
+    let mut hash_at_head: Option<String> = None;
+    for (i, line) in lines.iter().enumerate() {
+        let n = i + 1;
+        if n == lines.len() && !ends_cleanly {
+            return Err(broken(
+                n,
+                "the last line is truncated (a write was interrupted); remove it to continue the log".into(),
+            ));
+        }
+        let value: Value = serde_json::from_str(line)
+            .map_err(|e| broken(n, format!("not a JSON record ({e}); the line was changed")))?;
+        let Some((covered, hash)) = split_line(line) else {
+            return Err(broken(
+                n,
+                "the hash is missing or not at the end of the line; the line was changed".into(),
+            ));
+        };
+        if let Some(key) = key
+            && !key.verify(covered.as_bytes(), hash)
+        {
+            return Err(broken(
+                n,
+                "the line's MAC does not verify with the key: the line was changed or forged, or written with another key (or by a codemode without keyed logs)".into(),
+            ));
+        }
+        let stated_prev = value
+            .get("prev")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if stated_prev != prev {
+            let problem = if n == 1 {
+                "it does not start the chain: lines before it were removed".to_string()
+            } else {
+                format!(
+                    "it does not follow line {}: a line between them was removed, or lines were reordered",
+                    n - 1
+                )
+            };
+            return Err(broken(n, problem));
+        }
+        prev = hash.to_string();
+        if head.as_ref().is_some_and(|h| h.lines == n) {
+            hash_at_head = Some(prev.clone());
+        }
+    }
+    let count = lines.len();
+    let head_check = match &head {
+        None => HeadCheck::Missing,
+        Some(h) if h.lines > count => {
+            return Err(AuditError::Head {
+                path: p,
+                problem: format!(
+                    "the log has {count} lines but its head records {}: lines were cut from the end",
+                    h.lines
+                ),
+            });
+        }
+        Some(h) if h.lines == 0 && h.hash == GENESIS => {
+            if count == 0 {
+                HeadCheck::Matches
+            } else {
+                HeadCheck::Behind { extra: count }
+            }
+        }
+        Some(h) if hash_at_head.as_deref() != Some(h.hash.as_str()) => {
+            return Err(AuditError::Head {
+                path: p,
+                problem: format!(
+                    "line {} is not the line its head records: the log was rewritten from there on",
+                    h.lines
+                ),
+            });
+        }
+        Some(h) if h.lines == count => HeadCheck::Matches,
+        Some(h) => HeadCheck::Behind {
+            extra: count - h.lines,
+        },
+    };
+    Ok(VerifyReport {
+        lines: count,
+        last_hash: prev,
+        authenticated: key.is_some(),
+        head: head_check,
+    })
+}

@@ -1,0 +1,381 @@
+//! A call between its admission and its outcome line, and the guard that makes sure the line is
+//! written exactly once, whatever happens to the caller.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use codemode_spec::{
+    CallFacts, CallKind, Effect, PreparedCall, Provenance, RunContext, ScriptFacts, ToolError,
+    ToolErrorKind, ToolOutput, ToolSpec, Usage,
+};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::{Admitted, CallRequest, Inner, hook_event};
+use crate::audit::sha256_hex;
+use crate::budget::Reservation;
+use crate::error::{GateError, Stage};
+use crate::hooks::AfterDecision;
+use crate::outcome::{CallOutcome, Status};
+use crate::policy::Decision;
+
+/// What the gate has learned about a call so far, and the promise of its one outcome line: if
+/// the call is dropped before [`Pending::write`] ran, `Drop` writes a `cancelled` line.
+pub(crate) struct Pending {
+    gate: Arc<Inner>,
+    started: Instant,
+    provenance: Provenance,
+    tool: String,
+    kind: Option<CallKind>,
+    args: Value,
+    paths: Vec<String>,
+    script: Option<ScriptFacts>,
+    decision: &'static str,
+    policy_ids: Vec<String>,
+    reservation: Option<Reservation>,
+    /// The tool was started; `effect` is what it reported when it ended.
+    ran: bool,
+    effect: Option<Effect>,
+    usage: Option<Usage>,
+    written: bool,
+}
+
+impl Pending {
+    pub fn new(gate: Arc<Inner>, req: &CallRequest) -> Self {
+        Pending {
+            gate,
+            started: Instant::now(),
+            provenance: req.provenance.clone(),
+            tool: crate::preview(&req.name, 200),
+            kind: None,
+            args: req.args.clone(),
+            paths: Vec::new(),
+            script: None,
+            decision: "none",
+            policy_ids: Vec::new(),
+            reservation: None,
+            ran: false,
+            effect: None,
+            usage: None,
+            written: false,
+        }
+    }
+
+    pub fn note_tool(&mut self, spec: &ToolSpec) {
+        self.tool = spec.name.clone();
+        self.kind = Some(spec.kind);
+    }
+
+    pub fn note_args(&mut self, args: &Value) {
+        self.args = args.clone();
+    }
+
+    pub fn note_facts(&mut self, facts: &CallFacts) {
+        self.paths = facts.paths.clone();
+        self.script = facts.script.clone();
+    }
+
+    pub fn note_reservation(&mut self, r: Reservation) {
+        self.reservation = Some(r);
+    }
+
+    pub fn note_decision(&mut self, d: &Decision) {
+        self.decision = d.as_str();
+        self.policy_ids = d.policy_ids().to_vec();
+    }
+
+    /// A refusal before anything ran: the reservation is given back, the line written.
+    pub fn refuse(mut self, e: GateError) -> GateError {
+        if let Some(r) = self.reservation.take() {
+            self.gate.ledger.release(&self.provenance, &r);
+        }
+        let status = if e.tool_error == Some(ToolErrorKind::Cancelled) {
+            Status::Cancelled
+        } else {
+            Status::Denied
+        };
+        self.write(status, Some(e.stage), Some(&e.message), Effect::None, 0);
+        e
+    }
+
+    /// Replaces the reservation's estimate with what the call spent.
+    fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
+        self.usage = usage.cloned();
+        match self.reservation.take() {
+            Some(r) => {
+                self.gate
+                    .ledger
+                    .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The call's one outcome line, and its record on the script's ledger.
+    fn write(
+        &mut self,
+        status: Status,
+        stage: Option<Stage>,
+        message: Option<&str>,
+        effect: Effect,
+        bytes: u64,
+    ) {
+        if self.written {
+            return;
+        }
+        self.written = true;
+        let args_text = serde_json::to_string(&self.args).unwrap_or_default();
+        let outcome = CallOutcome {
+            time: utc_now(),
+            provenance: self.provenance.clone(),
+            tool: self.tool.clone(),
+            kind: self.kind,
+            args_sha256: sha256_hex(args_text.as_bytes()),
+            args_preview: crate::preview(&args_text, 200),
+            paths: std::mem::take(&mut self.paths),
+            script: self.script.take(),
+            decision: self.decision.to_string(),
+            policy_ids: std::mem::take(&mut self.policy_ids),
+            status,
+            stage,
+            message: message.map(|m| crate::preview(m, 500)),
+            effect,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+            usage: self.usage.clone(),
+            bytes,
+        };
+        if let Ok(Value::Object(record)) = serde_json::to_value(&outcome)
+            && let Err(e) = self.gate.audit.append(record)
+        {
+            tracing::error!("{e}");
+            *self
+                .gate
+                .audit_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        }
+        if let Some(script_id) = &self.provenance.script_id {
+            self.gate.ledger.record(script_id, outcome);
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.written {
+            return;
+        }
+        // The caller stopped waiting. A call that never started gives its reservation back; one
+        // that started keeps it, and is charged its estimate, since what it spent is unknown.
+        match self.reservation.take() {
+            Some(r) if self.ran => {
+                let _ = self
+                    .gate
+                    .ledger
+                    .settle(&self.gate.budgets, &self.provenance, &r, None, 0);
+            }
+            Some(r) => self.gate.ledger.release(&self.provenance, &r),
+            None => {}
+        }
+        let (stage, effect) = if self.ran {
+            (Stage::Execute, self.effect.unwrap_or(Effect::Unknown))
+        } else {
+            (Stage::Resolve, Effect::None)
+        };
+        let message = if self.ran {
+            "the caller stopped waiting while the call ran"
+        } else {
+            "the caller stopped waiting before the call ran"
+        };
+        self.write(Status::Cancelled, Some(stage), Some(message), effect, 0);
+    }
+}
+
+/// A call the gate admitted: decided on, counted, not yet run. [`Admission::finish`] writes its
+/// outcome; dropping it unfinished records it as cancelled.
+pub struct Admission {
+    pending: Pending,
+    spec: ToolSpec,
+    args: Value,
+    facts: CallFacts,
+    prepared: Option<Box<dyn PreparedCall>>,
+    provenance: Provenance,
+    cancel: CancellationToken,
+}
+
+impl Admission {
+    pub(crate) fn new(pending: Pending, admitted: Admitted, req: CallRequest) -> Self {
+        Admission {
+            pending,
+            facts: admitted.prepared.facts().clone(),
+            spec: admitted.spec,
+            args: admitted.args,
+            prepared: Some(admitted.prepared),
+            provenance: req.provenance,
+            cancel: req.cancel,
+        }
+    }
+
+    /// The call's id: what nested calls name as their parent.
+    pub fn call_id(&self) -> &str {
+        &self.provenance.call_id
+    }
+
+    pub fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    /// The arguments the call was decided on (after any hook's rewrite).
+    pub fn args(&self) -> &Value {
+        &self.args
+    }
+
+    /// The facts the call was decided on.
+    pub fn facts(&self) -> &CallFacts {
+        &self.facts
+    }
+
+    /// Marks the call as started, for work done by the caller instead of the prepared tool
+    /// (the runtime runs the `codemode` call's script itself).
+    pub fn begin(&mut self) {
+        self.pending.ran = true;
+    }
+
+    /// Runs the prepared call: exactly what was decided on. Cancellation is cooperative: the
+    /// tool sees the call's token and says in its error whether its effect happened.
+    pub async fn execute(&mut self) -> Result<ToolOutput, ToolError> {
+        let Some(prepared) = self.prepared.take() else {
+            return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
+        };
+        self.pending.ran = true;
+        let result = prepared
+            .run(RunContext {
+                provenance: self.provenance.clone(),
+                cancel: self.cancel.clone(),
+            })
+            .await;
+        self.pending.effect = Some(match &result {
+            Ok(_) => Effect::Applied,
+            Err(e) => e.effect,
+        });
+        result
+    }
+
+    /// After-hooks, budgets settled with what the call spent, and its one audit line.
+    pub async fn finish(
+        mut self,
+        executed: Result<ToolOutput, ToolError>,
+    ) -> Result<ToolOutput, GateError> {
+        let name = self.spec.name.clone();
+        let mut output = match executed {
+            Ok(o) => o,
+            Err(e) => {
+                let cancelled = e.kind == ToolErrorKind::Cancelled;
+                let mut err = GateError::new(
+                    Stage::Execute,
+                    if cancelled {
+                        format!("`{name}` was cancelled")
+                    } else {
+                        format!("`{name}` failed: {}", e.message)
+                    },
+                );
+                err.tool_error = Some(e.kind);
+                let _ = self.pending.settle(None, 0);
+                let status = if cancelled {
+                    Status::Cancelled
+                } else {
+                    Status::Error
+                };
+                self.pending.write(
+                    status,
+                    Some(Stage::Execute),
+                    Some(&err.message),
+                    e.effect,
+                    0,
+                );
+                return Err(err);
+            }
+        };
+        self.pending.effect = Some(Effect::Applied);
+        let ev = hook_event(&self.spec, &self.args, &self.facts, &self.provenance);
+        let gate = self.pending.gate.clone();
+        for hook in &gate.hooks {
+            match hook.after(&ev, &output).await {
+                AfterDecision::Keep => {}
+                AfterDecision::Replace(mut o) => {
+                    // Usage was spent whatever the hook shows the caller.
+                    o.usage = output.usage.clone();
+                    output = o;
+                }
+                AfterDecision::Block(reason) => {
+                    let _ = self.pending.settle(output.usage.as_ref(), 0);
+                    let err = GateError::new(
+                        Stage::AfterHook,
+                        format!("a hook withheld the result of `{name}`: {reason}"),
+                    );
+                    self.pending.write(
+                        Status::Denied,
+                        Some(Stage::AfterHook),
+                        Some(&err.message),
+                        Effect::Applied,
+                        0,
+                    );
+                    return Err(err);
+                }
+            }
+        }
+        // A script's text is made of its calls' results, which were counted as they returned.
+        let bytes = if self.spec.name == crate::registry::CODEMODE_TOOL {
+            0
+        } else {
+            serde_json::to_vec(&output.value)
+                .map(|b| b.len() as u64)
+                .unwrap_or(0)
+        };
+        if let Err(m) = self.pending.settle(output.usage.as_ref(), bytes) {
+            let err = GateError::new(Stage::Budget, m);
+            self.pending.write(
+                Status::Denied,
+                Some(Stage::Budget),
+                Some(&err.message),
+                Effect::Applied,
+                bytes,
+            );
+            return Err(err);
+        }
+        let status = if output.is_error {
+            Status::Error
+        } else {
+            Status::Ok
+        };
+        self.pending
+            .write(status, None, None, Effect::Applied, bytes);
+        Ok(output)
+    }
+}
+
+/// Current UTC time as RFC 3339 with milliseconds.
+fn utc_now() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = now.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}

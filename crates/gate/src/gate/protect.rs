@@ -1,0 +1,84 @@
+//! Paths the gate keeps for itself: its configuration, the audit log and its key.
+
+use std::path::{Path, PathBuf};
+
+use codemode_spec::{CallFacts, ToolSpec};
+
+use crate::error::{GateError, Stage};
+
+/// A path (a file, or a directory and everything beneath it) that no tool call may change,
+/// whatever the policy permits: the project's `.codemode/`, the user's configuration directory,
+/// the audit log and its key. Checked on a call's resolved paths before the policy is asked.
+///
+/// Calls of tools that declare themselves read-only may still read it. A tool that reports no
+/// paths (an MCP tool, `bash`'s command line) cannot be checked here; see the README for what
+/// that leaves open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProtectedPath {
+    path: PathBuf,
+    why: String,
+}
+
+impl ProtectedPath {
+    /// `path` is resolved as far as it exists (symlinks followed), so it compares with the
+    /// resolved paths tools report.
+    pub fn new(path: impl AsRef<Path>, why: impl Into<String>) -> Self {
+        ProtectedPath {
+            path: resolved(path.as_ref()),
+            why: why.into(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn covers(&self, path: &str) -> bool {
+        Path::new(path).starts_with(&self.path)
+    }
+}
+
+/// `path` with its deepest existing ancestor canonicalized and the rest appended.
+pub(crate) fn resolved(path: &Path) -> PathBuf {
+    let mut missing = Vec::new();
+    let mut current = path.to_path_buf();
+    loop {
+        if let Ok(real) = std::fs::canonicalize(&current) {
+            let mut out = real;
+            out.extend(missing.iter().rev());
+            return out;
+        }
+        match (current.file_name(), current.parent()) {
+            (Some(name), Some(parent)) => {
+                missing.push(name.to_os_string());
+                current = parent.to_path_buf();
+            }
+            _ => return path.to_path_buf(),
+        }
+    }
+}
+
+/// Refuses a call that may change a protected path. Read-only tools may read them.
+pub(crate) fn check(
+    protected: &[ProtectedPath],
+    spec: &ToolSpec,
+    facts: &CallFacts,
+) -> Result<(), GateError> {
+    if spec.annotations.read_only_hint == Some(true)
+        || facts.path_use == codemode_spec::PathUse::WorkingDirectory
+    {
+        return Ok(());
+    }
+    for path in &facts.paths {
+        if let Some(p) = protected.iter().find(|p| p.covers(path)) {
+            return Err(GateError::new(
+                Stage::Protected,
+                format!(
+                    "`{}` may not change {path}: it is {}, which the gate protects whatever the policy permits; change it by hand outside codemode",
+                    spec.name, p.why
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

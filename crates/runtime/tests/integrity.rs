@@ -1,0 +1,214 @@
+//! Scripts attacking the record: calls left running when a script returns, and a symlink
+//! flipping under calls the policy judged to stay inside the workspace.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use codemode_gate::{AuditLog, Gate, PolicySet, Registry};
+use codemode_runtime::{Codemode, ScriptRequest};
+use codemode_tools::{ToolsConfig, builtin_tools};
+use common::test_key;
+use serde_json::Value;
+
+struct Installation {
+    codemode: Codemode,
+    audit: std::path::PathBuf,
+    root: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn install(policy: &str) -> Installation {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap().join("ws");
+    std::fs::create_dir_all(&root).unwrap();
+    let registry = Registry::new();
+    for tool in builtin_tools(&ToolsConfig::new(&root)) {
+        registry.register(tool).unwrap();
+    }
+    let audit = dir.path().join("audit.jsonl");
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("test.cedar", policy).unwrap())
+        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
+        .workspace(&root)
+        .build()
+        .unwrap();
+    Installation {
+        codemode: Codemode::builder().gate(gate).build().unwrap(),
+        audit,
+        root,
+        _dir: dir,
+    }
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_unawaited_writes_each_leave_exactly_one_truthful_line() {
+    let inst = install("permit (principal, action, resource);");
+    let run = inst
+        .codemode
+        .run_script(ScriptRequest::new(
+            "for (let i = 0; i < 200; i++) tools.write({ path: `out/f${i}.txt`, content: 'x' }); return 1",
+            "s",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    let written = std::fs::read_dir(inst.root.join("out"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    let log = lines(&inst.audit);
+    let writes: Vec<&Value> = log.iter().filter(|l| l["tool"] == "write").collect();
+    let ids: std::collections::HashSet<&str> = writes
+        .iter()
+        .map(|l| l["provenance"]["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(writes.len(), 200, "every call has a line");
+    assert_eq!(ids.len(), 200, "and only one");
+    let applied = writes.iter().filter(|l| l["effect"] == "applied").count();
+    assert_eq!(
+        applied, written,
+        "lines saying a file was written = files written"
+    );
+    for l in &writes {
+        assert!(
+            l["effect"] == "applied" || l["effect"] == "none",
+            "a write's effect is known: {l}"
+        );
+    }
+    codemode_gate::verify(&inst.audit, Some(&test_key())).unwrap();
+    eprintln!("{written} of 200 writes ran before the script ended");
+}
+
+const WORKSPACE_ONLY: &str = r#"@id("all") permit (principal, action, resource);
+@id("workspace-only") forbid (principal, action == Action::"tool_call", resource)
+  when { context.path != "" && !context.in_workspace };
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipping_symlink_never_leads_a_judged_call_outside_and_the_log_names_what_was_touched() {
+    let inst = install(WORKSPACE_ONLY);
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().canonicalize().unwrap().join("secret.txt");
+    std::fs::write(&secret, "SECRET\n").unwrap();
+    let inner = inst.root.join("inside.txt");
+    std::fs::write(&inner, "INSIDE\n").unwrap();
+    let link = inst.root.join("link");
+    std::os::unix::fs::symlink(&inner, &link).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = {
+        let (stop, link, targets) = (stop.clone(), link.clone(), [inner.clone(), secret.clone()]);
+        std::thread::spawn(move || {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let tmp = link.with_extension("tmp");
+                let _ = std::fs::remove_file(&tmp);
+                std::os::unix::fs::symlink(&targets[i % 2], &tmp).unwrap();
+                std::fs::rename(&tmp, &link).unwrap();
+                i += 1;
+            }
+            i
+        })
+    };
+    let script = r#"
+        const out = [];
+        for (let i = 0; i < 250; i++) {
+          try { out.push(await tools.read({ path: "link" })); } catch (e) { out.push("refused"); }
+          try { await tools.write({ path: "link", content: `w${i}` }); } catch (e) {}
+        }
+        return out.join("|");
+    "#;
+    let mut reads = String::new();
+    for _ in 0..4 {
+        let run = inst
+            .codemode
+            .run_script(ScriptRequest::new(script, "s"))
+            .await;
+        assert!(!run.is_error, "{}", run.text);
+        reads.push_str(run.result.unwrap().value.unwrap().as_str().unwrap());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let flips = flipper.join().unwrap();
+    assert!(flips > 100, "the attacker barely ran");
+    assert!(!reads.contains("SECRET"), "a read escaped the workspace");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "SECRET\n");
+    let inside = inner.to_str().unwrap();
+    let mut ran = 0;
+    for l in lines(&inst.audit) {
+        if l["tool"] == "codemode" || l["status"] != "ok" {
+            continue;
+        }
+        ran += 1;
+        // What ran was judged on the inside file, and the line says so.
+        assert_eq!(l["paths"], serde_json::json!([inside]), "{l}");
+    }
+    assert!(ran > 100, "too few calls ran: {ran}");
+}
+
+#[tokio::test]
+async fn a_script_cannot_write_the_gates_configuration_even_when_permitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap().join("ws");
+    std::fs::create_dir_all(root.join(".codemode")).unwrap();
+    std::fs::write(root.join(".codemode/settings.json"), "{}").unwrap();
+    std::os::unix::fs::symlink(
+        root.join(".codemode/settings.json"),
+        root.join("innocent.json"),
+    )
+    .unwrap();
+    let registry = Registry::new();
+    for tool in builtin_tools(&ToolsConfig::new(&root)) {
+        registry.register(tool).unwrap();
+    }
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("all.cedar", "permit (principal, action, resource);").unwrap())
+        .workspace(&root)
+        .protect(codemode_gate::ProtectedPath::new(
+            root.join(".codemode"),
+            "the project's codemode configuration",
+        ))
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).build().unwrap();
+    let script = r#"
+        const out = [];
+        for (const call of [
+          () => tools.write({ path: ".codemode/settings.json", content: "{\"hooks\":{}}" }),
+          () => tools.write({ path: "innocent.json", content: "{\"hooks\":{}}" }),
+          () => tools.edit({ path: ".codemode/settings.json", old_string: "{}", new_string: "{\"x\":1}" }),
+          () => tools.write({ path: ".codemode/new-policy.cedar", content: "permit(principal, action, resource);" }),
+        ]) {
+          try { await call(); out.push("written"); } catch (e) { out.push(e.stage); }
+        }
+        out.push(await tools.read({ path: ".codemode/settings.json" }));
+        return out;
+    "#;
+    let run = codemode.run_script(ScriptRequest::new(script, "s")).await;
+    assert!(!run.is_error, "{}", run.text);
+    let value = run.result.unwrap().value.unwrap();
+    assert_eq!(
+        value,
+        serde_json::json!([
+            "protected",
+            "protected",
+            "protected",
+            "protected",
+            "     1\t{}\n"
+        ])
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join(".codemode/settings.json")).unwrap(),
+        "{}"
+    );
+    assert!(!root.join(".codemode/new-policy.cedar").exists());
+}

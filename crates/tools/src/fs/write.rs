@@ -1,0 +1,122 @@
+//! Writing a file so that readers see either the old content or the new, never half of it, and
+//! only where the call was judged to write.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use codemode_spec::{Effect, ToolError};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use super::{FileId, Leaf, Resolved, changed, errno_error, file_type};
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Replaces (or creates) the resolved file with `bytes`: a temporary file in the held directory,
+/// flushed, then renamed over the name, all relative to the directory descriptor held since the
+/// call was judged. Missing parent directories are created beneath it without following
+/// symlinks. An existing file keeps its permissions. A file that is no longer the one judged,
+/// or a directory on the way that was swapped for a symlink, refuses the write.
+pub(crate) fn write_atomic(target: &Resolved, bytes: &[u8]) -> Result<(), ToolError> {
+    let path = &target.path;
+    let (names, judged): (&[OsString], Option<(FileId, u32)>) = match &target.leaf {
+        Leaf::Dir => {
+            return Err(ToolError::invalid(format!(
+                "{} is a directory; give the path of a file inside it",
+                path.display()
+            )));
+        }
+        Leaf::Entry { kind, .. } if *kind != FileType::RegularFile => {
+            return Err(ToolError::invalid(format!(
+                "{} is not a regular file (a device, FIFO or socket); only regular files can be written",
+                path.display()
+            )));
+        }
+        Leaf::Entry { name, fd, mode, .. } => {
+            let id = FileId::of_fd(fd).map_err(|e| errno_error("inspect", path, e))?;
+            (std::slice::from_ref(name), Some((id, *mode)))
+        }
+        Leaf::Missing(names) => (names.as_slice(), None),
+    };
+    let Some((name, parents)) = names.split_last() else {
+        return Err(ToolError::invalid(format!(
+            "{} has no file name; give a file path",
+            path.display()
+        )));
+    };
+    target.verify()?;
+    let mut dir: Option<OwnedFd> = None;
+    let mut dir_path = target.dir.path.clone();
+    for component in parents {
+        dir_path.push(component);
+        let parent = dir.as_ref().unwrap_or(&target.dir.fd);
+        match rustix::fs::mkdirat(parent, component.as_os_str(), Mode::from_raw_mode(0o777)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(errno_error("create the directory", &dir_path, e)),
+        }
+        let next = rustix::fs::openat(
+            parent,
+            component.as_os_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            Errno::LOOP | Errno::NOTDIR | Errno::NOENT => changed(path),
+            e => errno_error("open the directory", &dir_path, e),
+        })?;
+        dir = Some(next);
+    }
+    let dir = dir.as_ref().unwrap_or(&target.dir.fd);
+    let mode = match rustix::fs::statat(dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(now) => {
+            let same = judged.is_some_and(|(id, _)| FileId::of(&now) == id);
+            if !same && (judged.is_some() || file_type(&now) != FileType::RegularFile) {
+                return Err(changed(path));
+            }
+            judged.map_or(now.st_mode & 0o7777, |(_, mode)| mode)
+        }
+        Err(Errno::NOENT) if judged.is_none() => 0o666,
+        Err(Errno::NOENT) => return Err(changed(path)),
+        Err(e) => return Err(errno_error("inspect", path, e)),
+    };
+    let temp_name = temp_name(name);
+    let temp = rustix::fs::openat(
+        dir,
+        temp_name.as_os_str(),
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        // A new file gets the usual permissions (0666 less the umask); an old one keeps its own.
+        Mode::from_raw_mode(if judged.is_some() { 0o600 } else { mode }),
+    )
+    .map_err(|e| errno_error("create a temporary file beside", path, e))?;
+    let keep_mode = judged.map(|(_, mode)| mode);
+    let written = fill(temp, bytes, keep_mode).and_then(|()| {
+        rustix::fs::renameat(dir, temp_name.as_os_str(), dir, name.as_os_str())
+            .map_err(std::io::Error::from)
+    });
+    if let Err(e) = written {
+        let _ = rustix::fs::unlinkat(dir, temp_name.as_os_str(), AtFlags::empty());
+        return Err(crate::support::io_error("write", path, &e).with_effect(Effect::None));
+    }
+    Ok(())
+}
+
+fn fill(fd: OwnedFd, bytes: &[u8], keep_mode: Option<u32>) -> std::io::Result<()> {
+    let mut file = File::from(fd);
+    file.write_all(bytes)?;
+    if let Some(mode) = keep_mode {
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
+    }
+    // Flush before the rename so a crash cannot leave the new name on empty content.
+    file.sync_all()
+}
+
+fn temp_name(name: &OsStr) -> OsString {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut out = OsString::from(".");
+    out.push(name);
+    out.push(format!(".{}.{n}.tmp", std::process::id()));
+    out
+}

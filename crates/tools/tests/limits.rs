@@ -1,0 +1,75 @@
+//! Host-side work per call is bounded, whatever the arguments: reads stream, patterns are capped,
+//! and errors never echo a huge input back.
+
+mod common;
+
+use codemode_spec::ToolErrorKind;
+use common::Bench;
+use serde_json::json;
+
+/// The process's peak resident memory so far, in KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_reads_of_an_endless_proc_file_stay_small() {
+    let b = Bench::new();
+    let before = peak_rss_kib();
+    let reads = (0..8).map(|_| b.call("read", json!({"path": "/proc/self/pagemap"})));
+    for result in futures::future::join_all(reads).await {
+        let err = result.unwrap_err();
+        assert!(err.message.contains("binary"), "{}", err.message);
+    }
+    let grown_mib = (peak_rss_kib() - before) / 1024;
+    // Each read looks at its first 8 KiB; before, each loaded up to 256 MiB.
+    assert!(
+        grown_mib < 64,
+        "eight reads grew the peak by {grown_mib} MiB"
+    );
+}
+
+#[tokio::test]
+async fn a_huge_line_is_streamed_and_cut() {
+    let b = Bench::new();
+    let mut text = "x".repeat(20 * 1024 * 1024);
+    text.push_str("\nsecond line\n");
+    b.put("wide.txt", &text);
+    let out = b.text("read", json!({"path": "wide.txt"})).await;
+    assert!(out.len() < 10_000, "{} bytes returned", out.len());
+    assert!(out.contains("[line cut: "), "{}", &out[..200]);
+    assert!(out.contains("     2\tsecond line"), "{out:.300}");
+}
+
+#[tokio::test]
+async fn a_sixty_megabyte_pattern_is_refused_without_being_echoed() {
+    let b = Bench::new();
+    b.put("a.txt", "hello\n");
+    let huge = "a".repeat(60 * 1024 * 1024);
+    let err = b.error("grep", json!({"pattern": huge})).await;
+    assert_eq!(err.kind, ToolErrorKind::InvalidArguments);
+    assert!(
+        err.message.len() < 1000,
+        "{} bytes of error",
+        err.message.len()
+    );
+    assert!(err.message.contains("bytes long"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn a_pattern_that_compiles_too_big_is_refused_briefly() {
+    let b = Bench::new();
+    b.put("a.txt", "hello\n");
+    let err = b.error("grep", json!({"pattern": "\\w{2000}{2000}"})).await;
+    assert_eq!(err.kind, ToolErrorKind::InvalidArguments);
+    assert!(err.message.len() < 1500, "{}", err.message);
+    let err = b
+        .error("find", json!({"pattern": "*".repeat(100_000)}))
+        .await;
+    assert!(err.message.len() < 1000, "{}", err.message);
+}
