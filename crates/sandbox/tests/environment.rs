@@ -425,6 +425,7 @@ async fn lockdown_and_absent_capabilities() {
             "console",
             "text",
             "image",
+            "textOf",
             "exit"
         ])
     );
