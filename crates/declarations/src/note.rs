@@ -12,7 +12,8 @@ use crate::text::json_string;
 /// codemode description repeating its whole declaration (its arguments are already declared).
 ///
 /// The result is shown as `a string`, field names (`{ output, exit_code }`), the field names of
-/// each variant of a union of objects, a one-line type, or a pointer to `describeTool`.
+/// each variant of a union of objects, a one-line type, or a pointer to `describeTool`; an MCP
+/// tool's as `McpResult` with the fields of its structured content.
 pub fn direct_tool_note(spec: &ToolSpec) -> String {
     format!(
         "Codemode: `tools.{}(args)` resolves to {}.",
@@ -25,6 +26,18 @@ fn describe_output(spec: &ToolSpec) -> String {
     let Some(schema) = &spec.output_schema else {
         return "a string".into();
     };
+    match crate::mcp_result::structured_content(schema) {
+        None => {}
+        Some(None) => return "an `McpResult` (declared in the codemode tool)".into(),
+        Some(Some(structured)) => {
+            return match fields(&structured, &structured, 1) {
+                Some(fields) => {
+                    format!("`McpResult<{fields}>` (`McpResult` is declared in the codemode tool)")
+                }
+                None => "an `McpResult` (declared in the codemode tool)".into(),
+            };
+        }
+    }
     let rendered = render_type(
         schema,
         &RenderOptions {
