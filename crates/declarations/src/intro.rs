@@ -10,13 +10,13 @@ const HEAD: &str = "Write the body of an async JavaScript function (plain source
 
 const CALLS: &str = "
 - `await tools.<name>(args)` resolves to the declared type. Run calls in parallel with `Promise.all`; calls not awaited are cancelled when the script ends.
-- A refused call throws an Error whose `stage` is `validate` (arguments must match the type; nothing is converted), `policy`, `hook`, `approval` (a person said no, or nobody could be asked) or `budget`; its message says whether a person was asked and what to do next.";
+- A call that is refused or fails throws an Error with a `stage`: `validate` (arguments must match the type; nothing is converted), `policy`, `hook`, `approval` (a person said no, or nobody could be asked), `budget`, or `execute` (the tool itself failed). A refusal's message says whether a person was asked and what to do next.";
 
 const FAILURES_PLAIN: &str = "
-- A tool's own failure throws too. Writes, `bash` and tools not marked read-only may need a person's approval, or be refused by policy.";
+- Writes, `bash` and tools not marked read-only may need a person's approval, or be refused by policy.";
 
 const FAILURES_MCP: &str = "
-- A tool's own failure throws too, but MCP tools resolve to an `McpResult` with `isError: true`; `textOf(result)` joins its text blocks. Writes, `bash` and MCP tools not marked read-only may need a person's approval, or be refused by policy.";
+- MCP tools resolve to an `McpResult` even when they fail (`isError: true`); `textOf(result)` joins its text blocks. Writes, `bash` and MCP tools not marked read-only may need a person's approval, or be refused by policy.";
 
 const OUTPUT: &str = "
 - Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` ends early. `store(key, value)` / `load(key)` keep JSON across runs.";

@@ -137,6 +137,20 @@ mod tests {
             direct_tool_note(&bash),
             "Codemode: `tools.bash(args)` resolves to `{ output, exit_code }`."
         );
+        let mut mcp = ToolSpec::new("mcp__s__echo", "Echo", json!({"type": "object"}));
+        mcp.output_schema = Some(crate::mcp_result_schema(None));
+        assert_eq!(
+            direct_tool_note(&mcp),
+            "Codemode: `tools.mcp__s__echo(args)` resolves to an `McpResult` (declared in the codemode tool)."
+        );
+        mcp.output_schema = Some(crate::mcp_result_schema(
+            json!({"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]})
+                .as_object(),
+        ));
+        assert_eq!(
+            direct_tool_note(&mcp),
+            "Codemode: `tools.mcp__s__echo(args)` resolves to `McpResult<{ sum }>` (`McpResult` is declared in the codemode tool)."
+        );
         let read = ToolSpec::new("read-file", "", json!({}));
         assert_eq!(
             direct_tool_note(&read),

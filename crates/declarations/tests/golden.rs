@@ -244,9 +244,10 @@ fn the_model_as_user_set_matches_its_golden() {
     assert!(text.contains("type Entity = {") && text.contains("args: { entities: Entity[] }"));
     for needed in [
         "`textOf(result)` joins its text blocks",
-        "MCP tools resolve to an `McpResult` with `isError: true`",
-        "A refused call throws an Error whose `stage` is `validate`",
-        "its message says whether a person was asked and what to do next",
+        "MCP tools resolve to an `McpResult` even when they fail (`isError: true`)",
+        "A call that is refused or fails throws an Error with a `stage`: `validate`",
+        "`budget`, or `execute` (the tool itself failed)",
+        "A refusal's message says whether a person was asked and what to do next",
         "Writes, `bash` and MCP tools not marked read-only may need a person's approval",
         "Every tool is callable as `tools.<name>(args)` as soon as you know its name",
         "search-only tools",
