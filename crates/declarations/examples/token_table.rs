@@ -82,6 +82,16 @@ fn main() {
         });
     }
 
+    // The set of the model-as-user test as codemode registers it: MCP tools resolve to the whole
+    // MCP result (`McpResult<S>` here; the reference's MCP adapter wraps them the same way).
+    let (tools, namespaces) = support::coding_and_mcp_as_client();
+    rows.push(Row {
+        label: format!("coding + 3 MCP servers as registered ({})", tools.len()),
+        tools,
+        namespaces,
+        budget: DEFAULT_INLINE_BUDGET_TOKENS,
+    });
+
     let dump = std::env::var("TOKEN_TABLE_DUMP").ok();
     println!(
         "| tool set | direct JSON o200k / cl100k | ours o200k / cl100k (listed) | reference o200k / cl100k (listed) | ours / reference (o200k) |"

@@ -14,10 +14,13 @@
 
 mod description;
 mod identifiers;
+mod intro;
+mod mcp_result;
 mod note;
 mod render;
 mod schema;
 mod search;
+mod shared;
 mod tags;
 mod text;
 mod tokens;
@@ -27,9 +30,12 @@ pub use description::{
     codemode_description, default_inline_budget,
 };
 pub use identifiers::{IdentifierCollision, identifier_collisions};
+pub use mcp_result::mcp_result_schema;
 pub use note::direct_tool_note;
 pub use render::{
     DEFAULT_MAX_TYPE_CHARS, RenderOptions, render_declaration, render_type, tool_sample,
 };
-pub use search::{DEFAULT_SEARCH_LIMIT, SearchError, SearchHit, SearchOptions, ToolIndex};
+pub use search::{
+    DEFAULT_SEARCH_LIMIT, LookupError, SearchError, SearchHit, SearchOptions, ToolIndex,
+};
 pub use tokens::{Encoding, count_tokens, direct_definitions_json};

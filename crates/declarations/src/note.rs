@@ -12,7 +12,8 @@ use crate::text::json_string;
 /// codemode description repeating its whole declaration (its arguments are already declared).
 ///
 /// The result is shown as `a string`, field names (`{ output, exit_code }`), the field names of
-/// each variant of a union of objects, a one-line type, or a pointer to `describeTool`.
+/// each variant of a union of objects, a one-line type, or a pointer to `describeTool`; an MCP
+/// tool's as `McpResult` with the fields of its structured content.
 pub fn direct_tool_note(spec: &ToolSpec) -> String {
     format!(
         "Codemode: `tools.{}(args)` resolves to {}.",
@@ -25,6 +26,18 @@ fn describe_output(spec: &ToolSpec) -> String {
     let Some(schema) = &spec.output_schema else {
         return "a string".into();
     };
+    match crate::mcp_result::structured_content(schema) {
+        None => {}
+        Some(None) => return "an `McpResult` (declared in the codemode tool)".into(),
+        Some(Some(structured)) => {
+            return match fields(&structured, &structured, 1) {
+                Some(fields) => {
+                    format!("`McpResult<{fields}>` (`McpResult` is declared in the codemode tool)")
+                }
+                None => "an `McpResult` (declared in the codemode tool)".into(),
+            };
+        }
+    }
     let rendered = render_type(
         schema,
         &RenderOptions {
@@ -123,6 +136,20 @@ mod tests {
         assert_eq!(
             direct_tool_note(&bash),
             "Codemode: `tools.bash(args)` resolves to `{ output, exit_code }`."
+        );
+        let mut mcp = ToolSpec::new("mcp__s__echo", "Echo", json!({"type": "object"}));
+        mcp.output_schema = Some(crate::mcp_result_schema(None));
+        assert_eq!(
+            direct_tool_note(&mcp),
+            "Codemode: `tools.mcp__s__echo(args)` resolves to an `McpResult` (declared in the codemode tool)."
+        );
+        mcp.output_schema = Some(crate::mcp_result_schema(
+            json!({"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]})
+                .as_object(),
+        ));
+        assert_eq!(
+            direct_tool_note(&mcp),
+            "Codemode: `tools.mcp__s__echo(args)` resolves to `McpResult<{ sum }>` (`McpResult` is declared in the codemode tool)."
         );
         let read = ToolSpec::new("read-file", "", json!({}));
         assert_eq!(

@@ -5,11 +5,15 @@
 //! the closing `;` before `}` is left out. Members are indented two spaces per level so nested
 //! objects read correctly.
 
+use std::cell::Cell;
+
 use codemode_spec::ToolSpec;
 use serde_json::Value;
 
+use crate::mcp_result::structured_content;
 use crate::schema::{self, Object, Ty};
-use crate::text::{comment_lines, json_string};
+use crate::shared::SharedTypes;
+use crate::text::{comment_lines, json_string, shorten};
 
 /// How [`render_type`] and [`render_declaration`] print.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,10 +52,23 @@ const INDENT: &str = "  ";
 /// becomes `unknown` if still too long.
 pub fn render_type(schema: &Value, opts: &RenderOptions) -> String {
     let ty = schema::build(schema);
-    print_bounded(&ty, opts)
+    print_bounded(&ty, opts, &Listing::default())
 }
 
-fn print_bounded(ty: &Ty, opts: &RenderOptions) -> String {
+/// What printing inside the codemode description adds: names of shared types, and shortened
+/// property comments (the full text stays in `describeTool`).
+#[derive(Default)]
+pub(crate) struct Listing<'a> {
+    pub shared: Option<&'a SharedTypes>,
+    /// Property comments longer than this many characters are shortened.
+    pub doc_chars: Option<usize>,
+    /// Set when some comment was shortened.
+    pub shortened: Cell<bool>,
+    /// Leave out tags a call passes validation without knowing: `@default`, `@minLen 1`.
+    pub lean_tags: bool,
+}
+
+pub(crate) fn print_bounded(ty: &Ty, opts: &RenderOptions, listing: &Listing) -> String {
     let mut attempts = vec![(opts.tags, opts.docs)];
     if opts.tags {
         attempts.push((false, opts.docs));
@@ -60,7 +77,12 @@ fn print_bounded(ty: &Ty, opts: &RenderOptions) -> String {
         attempts.push((false, false));
     }
     for (tags, docs) in attempts {
-        let text = Printer { tags, docs }.ty(ty, 0);
+        let text = Printer {
+            tags,
+            docs,
+            listing,
+        }
+        .ty(ty, 0);
         if text.len() <= opts.max_chars {
             return text;
         }
@@ -68,9 +90,74 @@ fn print_bounded(ty: &Ty, opts: &RenderOptions) -> String {
     "unknown".to_string()
 }
 
+/// An object type printed on one line without comments or tags: two objects with the same key
+/// have the same shape.
+pub(crate) fn shape_key(object: &Object) -> String {
+    Printer {
+        tags: false,
+        docs: false,
+        listing: &Listing::default(),
+    }
+    .object(object, 0)
+}
+
+/// `type Name = { … };` for a shared object type, with comments and tags.
+pub(crate) fn print_shared(name: &str, object: &Object, listing: &Listing) -> String {
+    let body = Printer {
+        tags: true,
+        docs: true,
+        listing,
+    }
+    .object(object, 0);
+    format!("type {name} = {body};\n")
+}
+
+/// A tool's input and output, read from its schemas once.
+pub(crate) struct ToolTypes {
+    pub input: Ty,
+    pub output: Output,
+}
+
+pub(crate) enum Output {
+    /// No output schema: the call resolves to the tool's text.
+    Text,
+    Type(Ty),
+    /// An MCP result, with the type of its structured content when the tool declares one.
+    Mcp(Option<Ty>),
+}
+
+impl ToolTypes {
+    pub(crate) fn of(spec: &ToolSpec) -> ToolTypes {
+        let output = match &spec.output_schema {
+            None => Output::Text,
+            Some(schema) => match structured_content(schema) {
+                Some(None) => Output::Mcp(None),
+                Some(Some(structured)) => Output::Mcp(Some(schema::build(&structured))),
+                None => Output::Type(schema::build(schema)),
+            },
+        };
+        ToolTypes {
+            input: schema::build(&spec.input_schema),
+            output,
+        }
+    }
+
+    /// The types a listing prints, for finding shared ones: the input, then the output.
+    pub(crate) fn trees(&self) -> Vec<&Ty> {
+        let mut out = vec![&self.input];
+        match &self.output {
+            Output::Type(t) | Output::Mcp(Some(t)) => out.push(t),
+            Output::Text | Output::Mcp(None) => {}
+        }
+        out
+    }
+}
+
 /// One tool as a member of `tools`: its description as `//` comment lines, then
 /// `name(args: T): Promise<R>;`. A tool without an output schema resolves to its text, hence
 /// `Promise<string>`.
+///
+/// An MCP tool's result is written `McpResult<S>`, the type the codemode description declares.
 pub fn render_declaration(spec: &ToolSpec, opts: &RenderOptions) -> String {
     let mut out = String::new();
     if opts.docs {
@@ -108,16 +195,37 @@ pub(crate) fn signature(
     opts: &RenderOptions,
     output_docs: bool,
 ) -> String {
-    let input = render_type(&spec.input_schema, opts);
+    print_signature(
+        key,
+        &ToolTypes::of(spec),
+        opts,
+        output_docs,
+        &Listing::default(),
+    )
+}
+
+pub(crate) fn print_signature(
+    key: &str,
+    types: &ToolTypes,
+    opts: &RenderOptions,
+    output_docs: bool,
+    listing: &Listing,
+) -> String {
+    let input = print_bounded(&types.input, opts, listing);
     // Tags describe what a caller must send; on results they only cost tokens.
     let output_opts = RenderOptions {
         tags: false,
         docs: output_docs && opts.docs,
         ..opts.clone()
     };
-    let output = match &spec.output_schema {
-        None => "string".to_string(),
-        Some(schema) => render_type(schema, &output_opts),
+    let output = match &types.output {
+        Output::Text => "string".to_string(),
+        Output::Type(ty) => print_bounded(ty, &output_opts, listing),
+        Output::Mcp(None) => "McpResult".to_string(),
+        Output::Mcp(Some(ty)) => match print_bounded(ty, &output_opts, listing).as_str() {
+            "unknown" => "McpResult".to_string(),
+            structured => format!("McpResult<{structured}>"),
+        },
     };
     format!("{key}(args: {input}): Promise<{output}>;")
 }
@@ -141,12 +249,13 @@ pub(crate) fn push_comment(out: &mut String, lines: &[String], indent: &str) {
     }
 }
 
-struct Printer {
+struct Printer<'l, 'a> {
     tags: bool,
     docs: bool,
+    listing: &'l Listing<'a>,
 }
 
-impl Printer {
+impl Printer<'_, '_> {
     fn ty(&self, ty: &Ty, level: usize) -> String {
         match ty {
             Ty::Unknown => "unknown".into(),
@@ -185,7 +294,29 @@ impl Printer {
                 }
                 format!("[{}]", parts.join(", "))
             }
-            Ty::Object(object) => self.object(object, level),
+            Ty::Object(object) => match self.shared_name(object) {
+                Some(name) => name,
+                None => self.object(object, level),
+            },
+        }
+    }
+
+    fn shared_name(&self, object: &Object) -> Option<String> {
+        let shared = self.listing.shared?;
+        shared.name_of(&shape_key(object)).map(str::to_string)
+    }
+
+    /// A property's comment lines, shortened in a listing when they are long.
+    fn doc(&self, lines: &[String]) -> Vec<String> {
+        let Some(max) = self.listing.doc_chars else {
+            return lines.to_vec();
+        };
+        match shorten(&lines.join("\n"), max) {
+            Some(short) => {
+                self.listing.shortened.set(true);
+                vec![short]
+            }
+            None => lines.to_vec(),
         }
     }
 
@@ -212,12 +343,21 @@ impl Printer {
                 let ty = self.ty(&prop.ty, level + 1);
                 let head = format!("{}{}: {ty}", prop.key, if prop.optional { "?" } else { "" });
                 let mut comment: Vec<String> = if self.docs {
-                    prop.doc.clone()
+                    self.doc(&prop.doc)
                 } else {
                     Vec::new()
                 };
-                if self.tags && !prop.tags.is_empty() {
-                    let tags = prop.tags.join(" ");
+                let tags: Vec<&str> = prop
+                    .tags
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|t| {
+                        !(self.listing.lean_tags
+                            && (t.starts_with("@default") || *t == "@minLen 1"))
+                    })
+                    .collect();
+                if self.tags && !tags.is_empty() {
+                    let tags = tags.join(" ");
                     match comment.last_mut() {
                         Some(last) if !last.is_empty() => {
                             last.push(' ');

@@ -1,9 +1,12 @@
 //! `searchTools`, `describeTool`, `describeNamespace`: finding tools that are not listed.
 //!
-//! Ranking is BM25 over three fields with different weights: the tool name (most telling), the
-//! text (description, parameter names and descriptions) and the namespace text (least). Results
-//! are ordered by exact name match, then by how many query words they cover, then by score, so a
-//! query naming a tool always finds it first.
+//! Ranking is BM25 over three fields with different weights: the tool's name and title (most
+//! telling), its text (description, parameter names, descriptions and allowed values, and the
+//! names of its result's fields) and its namespace's text (least). Results are ordered by exact
+//! name match, then by how many query words they cover, then by score, so a query naming a tool
+//! always finds it first. A tool that matches only through its namespace's text (a server's
+//! instructions mention everything the server does) is left out as soon as some tool matches by
+//! its own name or text.
 
 use std::collections::HashMap;
 
@@ -23,6 +26,7 @@ const B: f64 = 0.75;
 /// Field weights, in the order name, text (description and parameters), namespace.
 const FIELD_WEIGHTS: [f64; FIELDS] = [3.0, 1.0, 0.5];
 const FIELDS: usize = 3;
+const NAMESPACE_FIELD: usize = 2;
 /// Schema properties read for the text field; bounds work on huge schemas.
 const MAX_SCHEMA_WORDS_NODES: usize = 2_000;
 
@@ -53,6 +57,47 @@ pub struct SearchHit {
     /// The tool's sample ([`crate::tool_sample`]).
     pub description: String,
     pub score: f64,
+}
+
+/// An unknown name given to `describeTool` or `describeNamespace`, with the names closest to it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    #[error("{}", unknown_tool(.name, .closest))]
+    UnknownTool { name: String, closest: Vec<String> },
+    #[error("{}", unknown_namespace(.name, .known))]
+    UnknownNamespace { name: String, known: Vec<String> },
+    #[error(
+        "describeTool({name:?}, {{schema: true}}): {count} tools share the script name `tools.{name}` ({names}); ask for one by its raw name"
+    )]
+    Ambiguous {
+        name: String,
+        count: usize,
+        names: String,
+    },
+}
+
+fn unknown_tool(name: &str, closest: &[String]) -> String {
+    let mut out = format!("describeTool({name:?}): no tool is named {name:?}.");
+    if closest.is_empty() {
+        out.push_str(" None is close;");
+    } else {
+        let names: Vec<String> = closest.iter().map(|c| format!("tools.{c}")).collect();
+        out.push_str(&format!(" Closest: {}.", names.join(", ")));
+    }
+    out.push_str(" searchTools(\"what it does\") finds tools by topic.");
+    out
+}
+
+fn unknown_namespace(name: &str, known: &[String]) -> String {
+    match known {
+        [] => format!(
+            "describeNamespace({name:?}): there are no namespaces; every tool is in ALL_TOOLS."
+        ),
+        known => format!(
+            "describeNamespace({name:?}): no namespace is named {name:?}. Namespaces: {}.",
+            known.join(", ")
+        ),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -120,7 +165,12 @@ impl ToolIndex {
                 .as_ref()
                 .map(|n| namespace_text(n, &namespaces))
                 .unwrap_or_default();
-            let texts = [tool.name.clone(), tool_text(&tool), namespace];
+            let mut name_text = tool.name.clone();
+            if let Some(title) = &tool.annotations.title {
+                name_text.push(' ');
+                name_text.push_str(title);
+            }
+            let texts = [name_text, tool_text(&tool), namespace];
             let mut lengths = [0usize; FIELDS];
             let mut seen_in_doc: Vec<String> = Vec::new();
             for (field, text) in texts.iter().enumerate() {
@@ -191,6 +241,8 @@ impl ToolIndex {
 
         let mut scores: HashMap<usize, (f64, usize)> = HashMap::new();
         let mut matched: HashMap<usize, Vec<&str>> = HashMap::new();
+        // Docs matched by their own name or text, not only by their namespace's text.
+        let mut own: Vec<bool> = vec![false; self.docs.len()];
         for term in &terms {
             let Some(postings) = self.postings.get(term) else {
                 continue;
@@ -203,6 +255,9 @@ impl ToolIndex {
                 let norm = 1.0 - B + B * length / self.average_lengths[field];
                 let score = FIELD_WEIGHTS[field] * idf * tf * (K1 + 1.0) / (tf + K1 * norm);
                 scores.entry(doc).or_default().0 += score;
+                if field != NAMESPACE_FIELD {
+                    own[doc] = true;
+                }
                 let seen = matched.entry(doc).or_default();
                 if !seen.contains(&term.as_str()) {
                     seen.push(term);
@@ -210,6 +265,19 @@ impl ToolIndex {
             }
         }
 
+        let in_scope = |doc: &Doc| match &opts.namespace {
+            Some(namespace) => doc
+                .tool
+                .namespace
+                .as_deref()
+                .is_some_and(|n| namespace_matches(n, namespace)),
+            None => true,
+        };
+        let any_own = self
+            .docs
+            .iter()
+            .enumerate()
+            .any(|(i, d)| own[i] && in_scope(d));
         let mut ranked: Vec<(bool, usize, f64, usize)> = Vec::new();
         for (doc_index, doc) in self.docs.iter().enumerate() {
             if let Some(namespace) = &opts.namespace
@@ -228,6 +296,9 @@ impl ToolIndex {
                 }
                 continue;
             };
+            if any_own && !own[doc_index] && !is_exact {
+                continue;
+            }
             let covered = matched.get(&doc_index).map_or(0, Vec::len);
             if !doc.local_terms.is_empty() && doc.local_terms.iter().all(|t| terms.contains(t)) {
                 for term in &doc.local_terms {
@@ -259,19 +330,15 @@ impl ToolIndex {
     }
 
     /// The sample of the tool whose raw name, or else identifier, is `name_or_identifier`. When
-    /// several tools share the identifier, all their samples, each saying how to call it.
-    pub fn describe_tool(&self, name_or_identifier: &str) -> Option<String> {
-        if let Some(doc) = self.docs.iter().find(|d| d.tool.name == name_or_identifier) {
-            return Some(doc.sample.clone());
-        }
-        let by_identifier: Vec<&Doc> = self
-            .docs
-            .iter()
-            .filter(|d| d.identifier == name_or_identifier)
-            .collect();
-        match by_identifier.as_slice() {
-            [] => None,
-            [one] => Some(one.sample.clone()),
+    /// several tools share the identifier, all their samples, each saying how to call it. An
+    /// unknown name is an error naming the closest tools.
+    pub fn describe_tool(&self, name_or_identifier: &str) -> Result<String, LookupError> {
+        match self.lookup(name_or_identifier).as_slice() {
+            [] => Err(LookupError::UnknownTool {
+                name: name_or_identifier.to_string(),
+                closest: self.closest_tools(name_or_identifier),
+            }),
+            [one] => Ok(one.sample.clone()),
             many => {
                 let names: Vec<&str> = many.iter().map(|d| d.tool.name.as_str()).collect();
                 let mut out = format!(
@@ -283,14 +350,102 @@ impl ToolIndex {
                     out.push_str("\n\n");
                     out.push_str(&doc.sample);
                 }
-                Some(out)
+                Ok(out)
             }
         }
     }
 
+    /// The input JSON Schema of a tool, found as [`ToolIndex::describe_tool`] finds it.
+    pub fn input_schema(&self, name_or_identifier: &str) -> Result<Value, LookupError> {
+        match self.lookup(name_or_identifier).as_slice() {
+            [] => Err(LookupError::UnknownTool {
+                name: name_or_identifier.to_string(),
+                closest: self.closest_tools(name_or_identifier),
+            }),
+            [one] => Ok(one.tool.input_schema.clone()),
+            many => Err(LookupError::Ambiguous {
+                name: name_or_identifier.to_string(),
+                count: many.len(),
+                names: many
+                    .iter()
+                    .map(|d| d.tool.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// The tool with this raw name, else the tools with this identifier.
+    fn lookup(&self, name_or_identifier: &str) -> Vec<&Doc> {
+        if let Some(doc) = self.docs.iter().find(|d| d.tool.name == name_or_identifier) {
+            return vec![doc];
+        }
+        self.docs
+            .iter()
+            .filter(|d| d.identifier == name_or_identifier)
+            .collect()
+    }
+
+    /// Up to five identifiers close to `wanted`: the same letters and digits, one name inside the
+    /// other, a few typos (in the whole name or the part after the namespace), or when none is
+    /// that close, names sharing a word with it. Descriptions are not consulted: a name that matches nothing gets no guesses.
+    fn closest_tools(&self, wanted: &str) -> Vec<String> {
+        let want = normalize(wanted);
+        let want_terms = tokenize(wanted);
+        let mut scored: Vec<(usize, &str)> = Vec::new();
+        for doc in &self.docs {
+            let local = doc.tool.name.rsplit("__").next().unwrap_or(&doc.tool.name);
+            let similar = doc
+                .exact_names
+                .iter()
+                .chain(std::iter::once(&normalize(local)))
+                .filter(|n| !n.is_empty() && !want.is_empty())
+                .filter_map(|n| {
+                    if *n == want {
+                        return Some(0);
+                    }
+                    let inside = n.contains(&want) && 2 * want.len() >= n.len();
+                    let around = want.contains(n.as_str()) && 2 * n.len() >= want.len();
+                    if inside || around {
+                        return Some(1);
+                    }
+                    let distance = strsim::levenshtein(n, &want);
+                    (distance <= (n.len().max(want.len()) / 3).max(2)).then_some(1 + distance)
+                })
+                .min();
+            let shared_words = doc
+                .local_terms
+                .iter()
+                .filter(|t| t.len() > 2 && want_terms.contains(t))
+                .count();
+            let score = match (similar, shared_words) {
+                (Some(s), _) => s,
+                (None, 0) => continue,
+                (None, n) => 100 - n.min(50),
+            };
+            scored.push((score, &doc.identifier));
+        }
+        // Names sharing only a word are guesses: shown when nothing is closer.
+        if scored.iter().any(|(score, _)| *score < 50) {
+            scored.retain(|(score, _)| *score < 50);
+        }
+        scored.sort();
+        let mut out: Vec<String> = Vec::new();
+        for (_, identifier) in scored {
+            if !out.iter().any(|o| o == identifier) {
+                out.push(identifier.to_string());
+            }
+            if out.len() == 5 {
+                break;
+            }
+        }
+        out
+    }
+
     /// `{name, description?, instructions?, tools: [identifiers]}` for the first namespace whose
-    /// name matches (literally, as an identifier, or by the part after `mcp__`), else `None`.
-    pub fn describe_namespace(&self, name: &str) -> Option<Value> {
+    /// name matches (literally, as an identifier, or by the part after `mcp__`). An unknown name is
+    /// an error listing the namespaces there are (the closest first).
+    pub fn describe_namespace(&self, name: &str) -> Result<Value, LookupError> {
         let mut candidates: Vec<NamespaceSpec> = self.namespaces.clone();
         for doc in &self.docs {
             if let Some(ns) = &doc.tool.namespace
@@ -303,10 +458,27 @@ impl ToolIndex {
             }
         }
         candidates.sort_by(|a, b| a.name.cmp(&b.name));
-        let found = candidates
+        let Some(found) = candidates
             .iter()
             .find(|c| c.name == name)
-            .or_else(|| candidates.iter().find(|c| namespace_matches(&c.name, name)))?;
+            .or_else(|| candidates.iter().find(|c| namespace_matches(&c.name, name)))
+        else {
+            let want = normalize(name);
+            let mut known: Vec<(usize, String)> = candidates
+                .iter()
+                .map(|c| {
+                    (
+                        strsim::levenshtein(&normalize(&c.name), &want),
+                        c.name.clone(),
+                    )
+                })
+                .collect();
+            known.sort();
+            return Err(LookupError::UnknownNamespace {
+                name: name.to_string(),
+                known: known.into_iter().take(20).map(|(_, n)| n).collect(),
+            });
+        };
         let mut out = Map::new();
         out.insert("name".into(), json!(found.name));
         if let Some(description) = &found.description {
@@ -322,7 +494,7 @@ impl ToolIndex {
             .map(|d| json!(d.identifier))
             .collect();
         out.insert("tools".into(), Value::Array(tools));
-        Some(Value::Object(out))
+        Ok(Value::Object(out))
     }
 
     /// Every indexed tool as `ALL_TOOLS` lists it, sorted by name (score 0).
@@ -362,15 +534,24 @@ fn namespace_text(name: &str, namespaces: &[NamespaceSpec]) -> String {
     text
 }
 
-/// The description plus parameter names and descriptions, a bounded walk of the input schema.
+/// The description, the parameters' names, descriptions and allowed values, and the names of
+/// the result's fields (of an MCP result, its structured content's): a bounded walk of the schemas.
 fn tool_text(tool: &ToolSpec) -> String {
     let mut text = tool.description.clone();
     let mut budget = MAX_SCHEMA_WORDS_NODES;
-    schema_words(&tool.input_schema, &mut text, &mut budget, 0);
+    schema_words(&tool.input_schema, &mut text, &mut budget, 0, true);
+    if let Some(output) = &tool.output_schema {
+        match crate::mcp_result::structured_content(output) {
+            Some(Some(structured)) => schema_words(&structured, &mut text, &mut budget, 0, false),
+            Some(None) => {}
+            None => schema_words(output, &mut text, &mut budget, 0, false),
+        }
+    }
     text
 }
 
-fn schema_words(schema: &Value, out: &mut String, budget: &mut usize, depth: usize) {
+/// Appends property names (and for inputs, their descriptions and string values) to `out`.
+fn schema_words(schema: &Value, out: &mut String, budget: &mut usize, depth: usize, input: bool) {
     if depth > 4 || *budget == 0 {
         return;
     }
@@ -384,13 +565,20 @@ fn schema_words(schema: &Value, out: &mut String, budget: &mut usize, depth: usi
         *budget -= 1;
         out.push(' ');
         out.push_str(name);
-        if let Some(description) = property.get("description").and_then(Value::as_str) {
-            out.push(' ');
-            out.push_str(description);
+        if input {
+            if let Some(description) = property.get("description").and_then(Value::as_str) {
+                out.push(' ');
+                out.push_str(description);
+            }
+            let values = property.get("enum").and_then(Value::as_array);
+            for value in values.into_iter().flatten().filter_map(Value::as_str) {
+                out.push(' ');
+                out.push_str(value);
+            }
         }
-        schema_words(property, out, budget, depth + 1);
+        schema_words(property, out, budget, depth + 1, input);
         if let Some(items) = property.get("items") {
-            schema_words(items, out, budget, depth + 1);
+            schema_words(items, out, budget, depth + 1, input);
         }
     }
 }
@@ -455,7 +643,7 @@ fn is_cjk(ch: char) -> bool {
         0x3040..=0x30FF | 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0x20000..=0x2FA1F)
 }
 
-fn singular(word: String) -> String {
+pub(crate) fn singular(word: String) -> String {
     if let Some(stem) = word.strip_suffix("ies")
         && stem.chars().count() >= 2
     {

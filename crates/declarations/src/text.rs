@@ -47,6 +47,79 @@ pub(crate) fn comment_lines(text: &str) -> Vec<String> {
     out
 }
 
+/// The beginning of `text` in whole sentences, at most about `max_chars` characters, ending in
+/// ` …` when something was left out; `None` when `text` fits already. When the next sentence does
+/// not fit, its leading clauses (up to a `;` or `,`) are kept if they do. The first sentence is
+/// always kept (cut at a word when it alone is over twice the limit), so a shortened description
+/// still says what the tool does. Line breaks count as spaces.
+pub(crate) fn shorten(text: &str, max_chars: usize) -> Option<String> {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max_chars {
+        return None;
+    }
+    let mut kept = String::new();
+    for sentence in sentences(&flat) {
+        let room = max_chars.saturating_sub(kept.chars().count() + usize::from(!kept.is_empty()));
+        let fits = sentence.chars().count() <= room;
+        if !kept.is_empty() && !fits {
+            if let Some(clause) = leading_clauses(sentence, room) {
+                kept.push(' ');
+                kept.push_str(clause);
+            }
+            break;
+        }
+        if !kept.is_empty() {
+            kept.push(' ');
+        }
+        kept.push_str(sentence);
+        if !fits {
+            break;
+        }
+    }
+    if kept.chars().count() > 2 * max_chars {
+        let cut: String = kept.chars().take(max_chars).collect();
+        kept = match cut.rfind(' ') {
+            Some(space) if space > max_chars / 2 => cut[..space].to_string(),
+            _ => cut,
+        };
+    }
+    if kept.len() >= flat.len() {
+        return None;
+    }
+    kept.push_str(" …");
+    Some(kept)
+}
+
+/// The longest start of `sentence` that ends at a `;` or `,` and fits in `room` characters, if it
+/// is long enough to say something (a third of the sentence, and 24 characters).
+fn leading_clauses(sentence: &str, room: usize) -> Option<&str> {
+    let end = sentence
+        .char_indices()
+        .filter(|(i, c)| matches!(c, ';' | ',') && sentence[*i + 1..].starts_with(' '))
+        .map(|(i, _)| i)
+        .rfind(|&i| sentence[..i].chars().count() <= room)?;
+    let clause = &sentence[..end];
+    let long_enough = clause.chars().count() >= 24 && 3 * clause.len() >= sentence.len();
+    long_enough.then_some(clause)
+}
+
+/// Splits at a `.`, `!` or `?` followed by a space (`e.g. x` splits too; such a cut is harmless).
+fn sentences(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let bytes = text.as_bytes();
+    for i in 0..bytes.len() {
+        if matches!(bytes[i], b'.' | b'!' | b'?') && bytes.get(i + 1) == Some(&b' ') {
+            out.push(&text[start..=i]);
+            start = i + 2;
+        }
+    }
+    if start < text.len() {
+        out.push(&text[start..]);
+    }
+    out
+}
+
 /// One line of foreign text (a tag value such as a pattern or a default): line terminators and
 /// other control characters are written as `\uXXXX` so the value stays on its line and stays exact.
 pub(crate) fn one_line(text: &str) -> String {
@@ -112,6 +185,30 @@ mod tests {
     fn splits_every_line_terminator_and_neutralizes_markers() {
         let lines = comment_lines("a\r\nb\rc\u{2028}d */ ```x\u{7}y\n\n\n\ne\n\n");
         assert_eq!(lines, vec!["a", "b", "c", "d */ '''x y", "", "e"]);
+    }
+
+    #[test]
+    fn shorten_keeps_whole_sentences() {
+        assert_eq!(shorten("Short.", 100), None);
+        assert_eq!(
+            shorten("First one. Second one is longer. Third.", 25).as_deref(),
+            Some("First one. …")
+        );
+        assert_eq!(
+            shorten("First one. Second.\nThird line here.", 20).as_deref(),
+            Some("First one. Second. …")
+        );
+        // The next sentence's leading clause, when it fits and says enough.
+        assert_eq!(
+            shorten("Read a file. Text comes back with line numbers; at most 2000 lines per call, and a note.", 60).as_deref(),
+            Some("Read a file. Text comes back with line numbers …")
+        );
+        // A first sentence far over the limit is cut at a word.
+        let long = format!("{} end. Next.", "word ".repeat(40));
+        let cut = shorten(&long, 30).unwrap();
+        assert!(cut.ends_with(" …") && cut.chars().count() <= 32, "{cut}");
+        // Multi-byte text is cut on character boundaries.
+        assert!(shorten(&"é".repeat(100), 10).is_some());
     }
 
     #[test]

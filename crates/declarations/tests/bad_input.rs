@@ -234,7 +234,8 @@ fn weird_names_and_descriptions() {
     }
     let text = codemode_description(&DescriptionInput::new(&tools, &[]));
     // The listing block must close exactly once: descriptions cannot end the fence early.
-    assert_eq!(text.matches("```").count(), 2, "{text}");
+    let listing = &text[text.find("```ts").unwrap()..];
+    assert_eq!(listing.matches("```").count(), 2, "{text}");
     let block = &text[text.find("```ts").unwrap() + 5..text.rfind("```").unwrap()];
     support::balanced(block).unwrap();
     // `a.b.c` and `a-b.c` share `a_b_c`: both are declared by raw name, neither shadows the other.

@@ -35,14 +35,15 @@ fn listed_per_namespace(description: &str) -> Vec<(String, usize, bool)> {
 }
 
 #[test]
-fn budget_bounds_the_listing_and_every_namespace_is_represented_first() {
+fn budget_bounds_the_listing_and_takes_whole_namespaces() {
     let (tools, namespaces) = support::catalog(20);
     let zero = DescriptionInput {
         inline_budget_tokens: 0,
         ..DescriptionInput::new(&tools, &namespaces)
     };
     let headings_only = count_tokens(listing(&codemode_description(&zero)), Encoding::O200kBase);
-    for budget in [600, 1200, 2000, 3000] {
+    let mut listed_before = 0;
+    for budget in [600, 1200, 2000, 3000, 6000, 20_000] {
         let input = DescriptionInput {
             inline_budget_tokens: budget,
             ..DescriptionInput::new(&tools, &namespaces)
@@ -58,37 +59,95 @@ fn budget_bounds_the_listing_and_every_namespace_is_represented_first() {
         );
         let per_ns = listed_per_namespace(&text);
         assert_eq!(per_ns.len(), 25, "every namespace has a heading");
-        let complete = per_ns.iter().any(|(_, n, _)| *n == 20);
-        let empty = per_ns.iter().any(|(_, n, _)| *n == 0);
-        assert!(
-            !(complete && empty),
-            "budget {budget}: a namespace is complete while another is empty: {per_ns:?}"
-        );
         for (name, n, marked) in &per_ns {
-            assert_eq!(
-                *marked,
-                *n < 20,
-                "budget {budget}: {name} lists {n} of 20 but marked={marked}"
+            assert!(
+                (*n == 20 && !marked) || (*n == 0 && *marked),
+                "budget {budget}: {name} lists {n} of 20 (marked {marked}); a namespace is whole or not listed"
             );
         }
-        let counts: Vec<usize> = per_ns.iter().map(|(_, n, _)| *n).collect();
-        let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+        let listed = per_ns.iter().filter(|(_, n, _)| *n > 0).count();
         assert!(
-            max - min <= 1,
-            "budget {budget}: round-robin keeps namespaces within one tool: {counts:?}"
+            listed >= listed_before,
+            "a bigger budget lists fewer namespaces"
         );
+        listed_before = listed;
+        if listed < 25 {
+            assert!(
+                text.contains("namespaces marked `not listed` (whole namespaces are listed, smallest first, within a token budget)"),
+                "the rule is stated when it left something out: {text}"
+            );
+            assert!(text.contains(" (20 tools, not listed)\n"), "{text}");
+        }
     }
-    let zero = DescriptionInput {
-        inline_budget_tokens: 0,
-        ..DescriptionInput::new(&tools, &namespaces)
-    };
+    assert!(listed_before > 0, "a big budget lists namespaces");
     let text = codemode_description(&zero);
     assert!(
         listed_per_namespace(&text)
             .iter()
             .all(|(_, n, marked)| *n == 0 && *marked)
     );
-    assert!(text.contains("// ## mcp__billing: The billing service: manage billing data through its API (20 not listed)\n"), "{text}");
+    assert!(text.contains("// ## mcp__billing: The billing service: manage billing data through its API (20 tools, not listed)\n"), "{text}");
+    // Everything fits: nothing is left out, so there is no word about searching.
+    let all = codemode_description(&DescriptionInput {
+        inline_budget_tokens: usize::MAX,
+        ..DescriptionInput::new(&tools, &namespaces)
+    });
+    assert!(
+        !all.contains("not listed") && !all.contains("searchTools"),
+        "{all}"
+    );
+    assert!(
+        !listing(&all).contains('…'),
+        "an unlimited budget shortens nothing"
+    );
+}
+
+/// When whole texts do not fit, long descriptions and comments are cut at sentences (`…`),
+/// then parameter comments go; `describeTool` keeps everything, and the description says so.
+#[test]
+fn texts_are_shortened_only_as_far_as_the_budget_needs() {
+    let (tools, namespaces) = support::all_mcp();
+    let whole = codemode_description(&DescriptionInput {
+        mode: CodemodeMode::Only,
+        inline_budget_tokens: usize::MAX,
+        ..DescriptionInput::new(&tools, &namespaces)
+    });
+    assert!(whole.contains("Only works within allowed directories."));
+    assert!(!listing(&whole).contains('…'));
+    let mut previous = count_tokens(&whole, Encoding::O200kBase);
+    let mut saw_shortened = false;
+    let mut saw_no_parameter_docs = false;
+    for budget in [2600, 2200, 1800] {
+        let text = codemode_description(&DescriptionInput {
+            mode: CodemodeMode::Only,
+            inline_budget_tokens: budget,
+            ..DescriptionInput::new(&tools, &namespaces)
+        });
+        let tokens = count_tokens(&text, Encoding::O200kBase);
+        assert!(tokens <= previous, "budget {budget}: {tokens} > {previous}");
+        previous = tokens;
+        if listing(&text).contains(" …") {
+            saw_shortened = true;
+            assert!(
+                text.contains("Not listed below:") && text.contains("text after `…`"),
+                "{text}"
+            );
+            assert!(text.contains("`await describeTool(name)` → that text and declaration"));
+        }
+        if text.contains("parameter comments") {
+            saw_no_parameter_docs = true;
+            assert!(!listing(&text).contains("// Message to echo"), "{text}");
+        }
+        // Whatever the level, every tool that is listed keeps its whole signature.
+        assert!(
+            listing(&text).contains("mcp__everything__get_sum(args: { a: number; b: number })")
+                || listing(&text).contains("mcp__everything__get_sum(args: {\n  a: number;")
+        );
+    }
+    assert!(
+        saw_shortened && saw_no_parameter_docs,
+        "the budgets above reach both levels"
+    );
 }
 
 #[test]
@@ -226,8 +285,15 @@ fn globals_and_namespace_descriptions_show() {
     });
     assert!(with_models.contains("`models`: classifiers and image generation"));
     let none = codemode_description(&DescriptionInput::new(&[], &[]));
-    assert!(!none.contains("```ts"), "no tools, no listing block");
-    assert!(none.contains("searchTools") && none.contains("// @options:"));
+    assert!(
+        !none.contains("```"),
+        "no tools, no listing block and no example"
+    );
+    assert!(none.contains("// @options:") && none.contains("`text(v)`"));
+    assert!(
+        !none.contains("searchTools") && !none.contains("refused"),
+        "no tools, no word about calling or finding them: {none}"
+    );
 }
 
 #[test]

@@ -5,8 +5,8 @@
 mod support;
 
 use codemode_declarations::{
-    DescriptionInput, Globals, RenderOptions, codemode_description, direct_tool_note,
-    render_declaration, render_type, tool_sample,
+    DescriptionInput, Globals, RenderOptions, SearchOptions, ToolIndex, codemode_description,
+    default_inline_budget, direct_tool_note, render_declaration, render_type, tool_sample,
 };
 use codemode_spec::{CodemodeMode, Exposure, ToolSpec};
 use serde_json::{Value, json};
@@ -191,4 +191,147 @@ fn descriptions_match_their_goldens() {
         ..DescriptionInput::new(&tools, &namespaces)
     };
     check("description-budget-0.txt", &codemode_description(&none));
+}
+
+/// The 43 tools of the model-as-user test (the coding tools and the three servers as the MCP
+/// client registers them), one of them deferred, in mode `only` with the default budget: the
+/// script API with refusals and approvals (issue 14, item 3), `McpResult` declared once with its
+/// complete blocks and `textOf` (items 4, 5), the example (5), shared shapes named once (4, 8),
+/// what is not listed and how to find it, with the finders' return shapes (1, 2, 7).
+#[test]
+fn the_model_as_user_set_matches_its_golden() {
+    let (mut tools, namespaces) = support::coding_and_mcp_as_client();
+    for tool in tools
+        .iter_mut()
+        .filter(|t| t.name == "mcp__everything__get_tiny_image")
+    {
+        tool.exposure = Exposure::Deferred;
+    }
+    let input = DescriptionInput {
+        mode: CodemodeMode::Only,
+        ..DescriptionInput::new(&tools, &namespaces)
+    };
+    let input = DescriptionInput {
+        inline_budget_tokens: default_inline_budget(&input),
+        ..input
+    };
+    let text = codemode_description(&input);
+    check("description-mcp-client.txt", &text);
+
+    // What the golden shows, asserted so that a regenerated golden cannot quietly lose it.
+    assert_eq!(text.matches("type McpResult<S = unknown> = { content: Block[]; structuredContent?: S; isError?: boolean };").count(), 1);
+    assert_eq!(text.matches("type Block =").count(), 1);
+    for block in [
+        "{ type: \"text\"; text: string }",
+        "{ type: \"image\" | \"audio\"; data: string; mimeType: string }",
+        "{ type: \"resource_link\"; uri: string; name: string; mimeType?: string; description?: string }",
+        "{ type: \"resource\"; resource: { uri: string; mimeType?: string; text?: string; blob?: string } }",
+        "`data` and `blob` are base64",
+    ] {
+        assert!(text.contains(block), "{block}");
+    }
+    let mcp_listed = text.matches("): Promise<McpResult").count();
+    assert_eq!(mcp_listed, 35, "every listed MCP tool refers to McpResult");
+    assert!(
+        !text.contains("content: { data?: string"),
+        "the result type is not repeated"
+    );
+    assert_eq!(
+        text.matches("(args: ").count(),
+        42,
+        "every tool but the deferred one is listed"
+    );
+    assert!(text.contains("type Entity = {") && text.contains("args: { entities: Entity[] }"));
+    for needed in [
+        "`textOf(result)` joins its text blocks",
+        "MCP tools resolve to an `McpResult` even when they fail (`isError: true`)",
+        "A call that is refused or fails throws an Error with a `stage`: `validate`",
+        "`budget`, or `execute` (the tool itself failed)",
+        "A refusal's message says whether a person was asked and what to do next",
+        "Writes, `bash` and MCP tools not marked read-only may need a person's approval",
+        "Every tool is callable as `tools.<name>(args)` as soon as you know its name",
+        "search-only tools",
+        "`await searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`",
+        "`describeTool(name, {schema: true})` → its input JSON Schema",
+        "`await describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`",
+        "`ALL_TOOLS` → `{name, description}[]`",
+        "unknown names throw, naming the closest",
+        "Promise.all(",
+        ".map(textOf)",
+    ] {
+        assert!(text.contains(needed), "missing {needed:?}");
+    }
+}
+
+/// No tools: only what a script can do without them.
+#[test]
+fn no_tools_matches_its_golden() {
+    check(
+        "description-none.txt",
+        &codemode_description(&DescriptionInput::new(&[], &[])),
+    );
+}
+
+/// 500 tools in 25 namespaces at the budget chosen for them: every namespace named with its count.
+#[test]
+fn a_large_catalog_matches_its_golden() {
+    let (tools, namespaces) = support::catalog(20);
+    let input = DescriptionInput::new(&tools, &namespaces);
+    let input = DescriptionInput {
+        inline_budget_tokens: default_inline_budget(&input),
+        ..input
+    };
+    check("description-catalog-500.txt", &codemode_description(&input));
+}
+
+/// What the finders answer: ranked search, samples, input schemas, and the errors for unknown
+/// names with the closest ones (item 7).
+#[test]
+fn discovery_answers_match_their_golden() {
+    let (tools, namespaces) = support::coding_and_mcp_as_client();
+    let index = ToolIndex::new(&tools, &namespaces);
+    let mut out = String::new();
+    let opts = SearchOptions {
+        limit: 10,
+        namespace: None,
+    };
+    for query in [
+        "resource",
+        "image",
+        "read a file",
+        "knowledge graph relations",
+    ] {
+        let hits: Vec<String> = index
+            .search(query, &opts)
+            .unwrap()
+            .into_iter()
+            .map(|h| h.identifier)
+            .collect();
+        out.push_str(&format!(
+            "=== searchTools({query:?}, {{limit: 10}})\n{}\n\n",
+            hits.join("\n")
+        ));
+    }
+    out.push_str(&format!(
+        "=== describeTool(\"mcp__everything__get_structured_content\")\n{}\n\n",
+        index
+            .describe_tool("mcp__everything__get_structured_content")
+            .unwrap()
+    ));
+    out.push_str(&format!(
+        "=== describeTool(\"mcp__memory__search_nodes\", {{schema: true}})\n{}\n\n",
+        serde_json::to_string_pretty(&index.input_schema("mcp__memory__search_nodes").unwrap())
+            .unwrap()
+    ));
+    for unknown in ["get_tiny_img", "mcp__filesystem__read_fil", "unknown"] {
+        out.push_str(&format!(
+            "=== describeTool({unknown:?})\n{}\n\n",
+            index.describe_tool(unknown).unwrap_err()
+        ));
+    }
+    out.push_str(&format!(
+        "=== describeNamespace(\"memroy\")\n{}\n",
+        index.describe_namespace("memroy").unwrap_err()
+    ));
+    check("discovery.txt", &out);
 }

@@ -4,7 +4,7 @@ mod support;
 
 use std::time::Instant;
 
-use codemode_declarations::{SearchError, SearchOptions, ToolIndex};
+use codemode_declarations::{LookupError, SearchError, SearchOptions, ToolIndex};
 use codemode_spec::{Exposure, NamespaceSpec, ToolSpec};
 use serde_json::json;
 
@@ -110,7 +110,7 @@ fn ranking_uses_names_descriptions_parameters_and_plurals() {
         .iter()
         .all(|n| n != "secret_reader")
     );
-    assert_eq!(index.describe_tool("secret_reader"), None);
+    assert!(index.describe_tool("secret_reader").is_err());
 }
 
 #[test]
@@ -207,17 +207,17 @@ fn describe_tool_and_namespace() {
     let mut dashed = ToolSpec::new("lint-js", "Lint.", json!({"type": "object"}));
     dashed.exposure = Exposure::Codemode;
     let small = ToolIndex::new(&[dashed], &[]);
-    assert!(small.describe_tool("lint_js").is_some());
-    assert!(small.describe_tool("lint-js").is_some());
-    assert_eq!(small.describe_tool("nope"), None);
+    assert!(small.describe_tool("lint_js").is_ok());
+    assert!(small.describe_tool("lint-js").is_ok());
+    assert!(small.describe_tool("nope").is_err());
 
     let ns = index.describe_namespace("dev_radius").unwrap();
     assert_eq!(
         ns,
         json!({"name": "mcp__dev_radius", "description": "Issue tracker", "instructions": "Use search_issues first.", "tools": ["mcp__dev_radius__search_issues"]})
     );
-    assert_eq!(index.describe_namespace("mcp__dev-radius"), Some(ns));
-    assert_eq!(index.describe_namespace("x"), None);
+    assert_eq!(index.describe_namespace("mcp__dev-radius"), Ok(ns));
+    assert!(index.describe_namespace("x").is_err());
     let memory = index.describe_namespace("mcp__memory").unwrap();
     assert_eq!(memory["tools"].as_array().unwrap().len(), 9);
 }
@@ -283,5 +283,150 @@ fn order_is_exact_then_coverage_then_score() {
     assert_eq!(
         names(&again, "report storage", &opts),
         names(&index, "report storage", &opts)
+    );
+}
+
+/// The first version ranked `echo` and `get_env` among the top ten for "resource": they matched
+/// only through the server's instructions, which mention resources.
+#[test]
+fn a_namespace_text_alone_does_not_make_a_hit() {
+    let (tools, mut namespaces) = support::all_mcp();
+    for ns in &mut namespaces {
+        if ns.name == "mcp__everything" {
+            ns.instructions = Some(
+                "Tools, resources, resource templates and prompts for testing; resource links and embedded resources.".into(),
+            );
+        }
+    }
+    let index = ToolIndex::new(&tools, &namespaces);
+    let opts = SearchOptions {
+        limit: 10,
+        namespace: None,
+    };
+    let hits = names(&index, "resource", &opts);
+    assert!(!hits.is_empty());
+    for noise in [
+        "mcp__everything__echo",
+        "mcp__everything__get_env",
+        "mcp__everything__get_sum",
+    ] {
+        assert!(!hits.contains(&noise.to_string()), "{noise} in {hits:?}");
+    }
+    for wanted in [
+        "mcp__everything__get_resource_links",
+        "mcp__everything__get_resource_reference",
+        "mcp__everything__gzip_file_as_resource",
+    ] {
+        let at = hits.iter().position(|h| h == wanted);
+        assert!(
+            at.is_some_and(|i| i < 4),
+            "{wanted} not near the top of {hits:?}"
+        );
+    }
+    // When nothing matches by its own text, the namespace's text still finds its tools.
+    let hits = names(&index, "prompts templates", &opts);
+    assert!(
+        !hits.is_empty() && hits.iter().all(|h| h.starts_with("mcp__everything__")),
+        "{hits:?}"
+    );
+}
+
+#[test]
+fn titles_allowed_values_and_result_fields_are_searched() {
+    let mut tool = ToolSpec::new(
+        "wx",
+        "Current conditions.",
+        json!({"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}),
+    );
+    tool.annotations.title = Some("Weather station".into());
+    tool.output_schema = Some(codemode_declarations::mcp_result_schema(
+        json!({"type": "object", "properties": {"humidity": {"type": "number"}}}).as_object(),
+    ));
+    let other = ToolSpec::new("echo", "Echo text back.", json!({"type": "object"}));
+    let index = ToolIndex::new(&[tool, other], &[]);
+    let opts = SearchOptions::default();
+    assert_eq!(names(&index, "weather", &opts), vec!["wx"]);
+    assert_eq!(names(&index, "fahrenheit", &opts), vec!["wx"]);
+    assert_eq!(names(&index, "humidity", &opts), vec!["wx"]);
+    // The MCP result's own fields (content, text, …) are not words of every MCP tool.
+    assert!(names(&index, "content", &opts).is_empty());
+}
+
+#[test]
+fn unknown_names_throw_with_the_closest() {
+    let index = index();
+    let err = index.describe_tool("mcp__memory__read_grap").unwrap_err();
+    let LookupError::UnknownTool { closest, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(closest[0], "mcp__memory__read_graph");
+    let message = err.to_string();
+    assert!(
+        message.contains("Closest: tools.mcp__memory__read_graph"),
+        "{message}"
+    );
+    assert!(message.contains("searchTools("), "{message}");
+    // The part after the namespace is enough.
+    let err = index.describe_tool("open_node").unwrap_err().to_string();
+    assert!(err.contains("tools.mcp__memory__open_nodes"), "{err}");
+    // Nothing close: no guesses, a pointer to search instead.
+    let err = index.describe_tool("qqqqqqqq").unwrap_err().to_string();
+    assert!(
+        err.contains("None is close") && err.contains("searchTools("),
+        "{err}"
+    );
+    // Hidden tools are not suggested.
+    let err = index.describe_tool("secret_readr").unwrap_err().to_string();
+    assert!(!err.contains("secret_reader"), "{err}");
+
+    let err = index.describe_namespace("mcp__memroy").unwrap_err();
+    let LookupError::UnknownNamespace { known, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(
+        known[0], "mcp__memory",
+        "the closest namespace first: {known:?}"
+    );
+    assert!(known.len() <= 20);
+    let empty = ToolIndex::new(&[], &[]);
+    assert!(
+        empty
+            .describe_namespace("x")
+            .unwrap_err()
+            .to_string()
+            .contains("no namespaces")
+    );
+}
+
+#[test]
+fn describe_tool_can_return_the_input_schema() {
+    let index = index();
+    let schema = index.input_schema("mcp__memory__create_entities").unwrap();
+    assert_eq!(schema["required"], json!(["entities"]));
+    assert_eq!(
+        index.input_schema("read").unwrap(),
+        support::coding_tools()
+            .into_iter()
+            .find(|t| t.name == "read")
+            .unwrap()
+            .input_schema
+    );
+    assert!(matches!(
+        index.input_schema("nope_nope"),
+        Err(LookupError::UnknownTool { .. })
+    ));
+    let tools = vec![
+        ToolSpec::new("my-tool", "Dashes", json!({"type": "object"})),
+        ToolSpec::new("my.tool", "Dots", json!({"type": "object"})),
+    ];
+    let shared = ToolIndex::new(&tools, &[]);
+    let err = shared.input_schema("my_tool").unwrap_err().to_string();
+    assert!(
+        err.contains("my-tool, my.tool") && err.contains("raw name"),
+        "{err}"
+    );
+    assert_eq!(
+        shared.input_schema("my.tool").unwrap(),
+        json!({"type": "object"})
     );
 }

@@ -95,6 +95,34 @@ fn rendered_declarations_type_check() {
         ));
     }
 
+    // MCP tools as the client registers them (`McpResult<S>`, shared shapes), with random
+    // structured content, at every level of detail.
+    let (mut client, client_namespaces) = support::coding_and_mcp_as_client();
+    for i in 0..200 {
+        let mut tool = ToolSpec::new(
+            format!("mcp__random__tool_{i}"),
+            "random",
+            support::random_schema(&mut rng, 0),
+        );
+        tool.namespace = Some("mcp__random".into());
+        let structured = support::random_schema(&mut rng, 0);
+        tool.output_schema = Some(codemode_declarations::mcp_result_schema(
+            structured.as_object(),
+        ));
+        client.push(tool);
+    }
+    for (i, budget) in [usize::MAX, 6000, 3000, 1500].into_iter().enumerate() {
+        let input = DescriptionInput {
+            mode: CodemodeMode::Only,
+            inline_budget_tokens: budget,
+            ..DescriptionInput::new(&client, &client_namespaces)
+        };
+        files.push((
+            format!("client{i}.d.ts"),
+            format!("export {{}};\n{}", block(&codemode_description(&input))),
+        ));
+    }
+
     let mut args = vec![
         "--noEmit".to_string(),
         "--strict".to_string(),

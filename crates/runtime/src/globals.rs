@@ -36,12 +36,9 @@ pub(crate) fn answer(
 ) -> Option<Result<Value, String>> {
     let result = match name {
         "searchTools" => search(args, index),
-        "describeTool" => match args.first() {
-            Some(Value::String(n)) => Ok(index.describe_tool(n).map(Value::String).unwrap_or(Value::Null)),
-            _ => Err("describeTool() expects a tool name as a string, for example describeTool(\"read\")".into()),
-        },
+        "describeTool" => describe_tool(args, index),
         "describeNamespace" => match args.first() {
-            Some(Value::String(n)) => Ok(index.describe_namespace(n).unwrap_or(Value::Null)),
+            Some(Value::String(n)) => index.describe_namespace(n).map_err(|e| e.to_string()),
             _ => Err("describeNamespace() expects a namespace name as a string, for example describeNamespace(\"mcp__github\")".into()),
         },
         "models.getModelsOfType" | "models.getAvailableOfType" | "models.getModelOfType" => {
@@ -53,6 +50,47 @@ pub(crate) fn answer(
         _ => return None,
     };
     Some(result)
+}
+
+/// `describeTool(name)`: the tool's text and declaration; `describeTool(name, {schema: true})`:
+/// its input JSON Schema. An unknown name throws, naming the closest tools.
+fn describe_tool(args: &[Value], index: &ToolIndex) -> Result<Value, String> {
+    let Some(Value::String(name)) = args.first() else {
+        return Err(
+            "describeTool() expects a tool name as a string, for example describeTool(\"read\")"
+                .into(),
+        );
+    };
+    let schema = match args.get(1) {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if let Some(key) = o.keys().find(|k| k.as_str() != "schema") {
+                return Err(format!(
+                    "describeTool() knows one option, `schema`; got `{key}`. Pass {{ schema: true }} for the input JSON Schema"
+                ));
+            }
+            match o.get("schema") {
+                None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+                Some(Value::Bool(true)) => true,
+                Some(v) => {
+                    return Err(format!(
+                        "describeTool() option `schema` must be true or false, got {v}"
+                    ));
+                }
+            }
+        }
+        Some(v) => {
+            return Err(format!(
+                "describeTool() options must be an object like {{ schema: true }}, got {v}"
+            ));
+        }
+    };
+    let described = if schema {
+        index.input_schema(name)
+    } else {
+        index.describe_tool(name).map(Value::String)
+    };
+    described.map_err(|e| e.to_string())
 }
 
 fn search(args: &[Value], index: &ToolIndex) -> Result<Value, String> {
@@ -122,4 +160,104 @@ fn models_reader(name: &str, args: &[Value], catalog: &Catalog) -> Result<Value,
         }
     };
     result.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use codemode_spec::{NamespaceSpec, ToolSpec};
+
+    fn index() -> ToolIndex {
+        let mut read = ToolSpec::new(
+            "mcp__fs__read_text_file",
+            "Read a file as text.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        );
+        read.namespace = Some("mcp__fs".into());
+        let echo = ToolSpec::new("echo", "Echo text back.", json!({"type": "object"}));
+        let ns = NamespaceSpec {
+            name: "mcp__fs".into(),
+            description: Some("Files".into()),
+            instructions: None,
+        };
+        ToolIndex::new(&[read, echo], &[ns])
+    }
+
+    fn ask(name: &str, args: Value) -> Result<Value, String> {
+        let args = args.as_array().cloned().unwrap_or_default();
+        answer(name, &args, &index(), None).expect("a read-only global")
+    }
+
+    #[test]
+    fn describe_tool_throws_for_unknown_names_with_the_closest() {
+        let err = ask("describeTool", json!(["mcp__fs__read_txt_file"])).unwrap_err();
+        assert!(
+            err.contains("no tool is named")
+                && err.contains("Closest: tools.mcp__fs__read_text_file"),
+            "{err}"
+        );
+        let err = ask("describeTool", json!(["zzzzzz"])).unwrap_err();
+        assert!(
+            err.contains("None is close") && err.contains("searchTools("),
+            "{err}"
+        );
+        let text = ask("describeTool", json!(["read_text_file"]));
+        assert!(
+            text.is_err(),
+            "a local name alone is not a tool name: {text:?}"
+        );
+        let text = ask("describeTool", json!(["mcp__fs__read_text_file"])).unwrap();
+        assert!(text.as_str().unwrap().starts_with("Read a file as text."));
+    }
+
+    #[test]
+    fn describe_tool_returns_the_input_schema_on_request() {
+        let schema = ask(
+            "describeTool",
+            json!(["mcp__fs__read_text_file", {"schema": true}]),
+        )
+        .unwrap();
+        assert_eq!(schema["required"], json!(["path"]));
+        // `schema: false` and no options are the text.
+        for args in [
+            json!(["echo", {"schema": false}]),
+            json!(["echo", null]),
+            json!(["echo"]),
+        ] {
+            assert!(ask("describeTool", args).unwrap().is_string());
+        }
+        for (args, expected) in [
+            (
+                json!(["echo", {"schma": true}]),
+                "knows one option, `schema`; got `schma`",
+            ),
+            (
+                json!(["echo", {"schema": "yes"}]),
+                "`schema` must be true or false",
+            ),
+            (
+                json!(["echo", true]),
+                "options must be an object like { schema: true }",
+            ),
+            (json!([42]), "expects a tool name as a string"),
+            (
+                json!(["nope", {"schema": true}]),
+                "no tool is named \"nope\"",
+            ),
+        ] {
+            let err = ask("describeTool", args.clone()).unwrap_err();
+            assert!(err.contains(expected), "{args}: {err}");
+        }
+    }
+
+    #[test]
+    fn describe_namespace_throws_for_unknown_names() {
+        let ns = ask("describeNamespace", json!(["fs"])).unwrap();
+        assert_eq!(ns["tools"], json!(["mcp__fs__read_text_file"]));
+        let err = ask("describeNamespace", json!(["mcp__fz"])).unwrap_err();
+        assert!(
+            err.contains("no namespace is named") && err.contains("mcp__fs"),
+            "{err}"
+        );
+    }
 }

@@ -96,6 +96,7 @@ const SANDBOX_LOCAL: &[&str] = &[
     "load",
     "store",
     "text",
+    "textOf",
 ];
 
 async fn run(world: &World, source: &str) -> codemode_runtime::ScriptRun {
@@ -228,7 +229,7 @@ async fn read_only_helpers_reach_neither_the_gate_nor_a_provider() {
         &world,
         r#"const hits = await searchTools("echo");
            const d = await describeTool("echo");
-           const n = await describeNamespace("nothing");
+           const n = await describeNamespace("nothing").catch(e => e.message);
            const all = await models.getModelsOfType("classifier");
            const avail = await models.getAvailableOfType("image");
            const one = await models.getModelOfType("classifier", "p", "judge");
@@ -239,6 +240,13 @@ async fn read_only_helpers_reach_neither_the_gate_nor_a_provider() {
     let v = run.result.unwrap().value.unwrap();
     assert!(v["hits"].as_u64().unwrap() >= 1);
     assert_eq!(v["d"], "string");
+    assert!(
+        v["n"]
+            .as_str()
+            .unwrap()
+            .starts_with("describeNamespace(\"nothing\")"),
+        "{v}"
+    );
     assert_eq!(v["all"], 1);
     assert_eq!(v["avail"], 1);
     assert_eq!(v["one"], "judge");

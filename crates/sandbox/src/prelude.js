@@ -460,6 +460,22 @@
     hostOutput(2, data, mime);
   }
 
+  // textOf(result): the text of an MCP result's text blocks, joined, the line every MCP script
+  // writes. Takes the result, its content array, or a string (returned as it is).
+  function textOf(result) {
+    if (typeof result === "string") return result;
+    const blocks = arrayIsArray(result) ? result : result !== null && typeof result === "object" ? result.content : undefined;
+    if (!arrayIsArray(blocks)) {
+      throw new TypeErrorCtor("textOf() takes a tool result with a `content` array of blocks, such an array, or a string");
+    }
+    let out = "";
+    for (let i = 0; i < blocks.length; i++) {
+      const b = blocks[i];
+      if (b !== null && typeof b === "object" && b.type === "text" && typeof b.text === "string") out += b.text;
+    }
+    return out;
+  }
+
   function exit() {
     finishOk(undefined);
     throw EXIT;
@@ -549,6 +565,7 @@
     setGlobal("console", consoleObj);
     setGlobal("text", text);
     setGlobal("image", image);
+    setGlobal("textOf", textOf);
     setGlobal("exit", exit);
     const namespaces = new MapCtor();
     for (let i = 0; i < cfg.globals.length; i++) {

@@ -10,6 +10,7 @@ const RESERVED: &[&str] = &[
     "console",
     "text",
     "image",
+    "textOf",
     "exit",
     "globalThis",
     "store",

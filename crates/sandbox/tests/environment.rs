@@ -418,6 +418,7 @@ async fn lockdown_and_absent_capabilities() {
             "console",
             "text",
             "image",
+            "textOf",
             "exit"
         ])
     );

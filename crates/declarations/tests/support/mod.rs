@@ -63,6 +63,39 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
+/// One captured MCP server as the MCP client registers it: each tool resolves to the whole MCP
+/// result (`McpResult<S>`, with the tool's output schema as `S`) and keeps its annotations.
+pub fn mcp_server_as_client(server: &str) -> (Vec<ToolSpec>, NamespaceSpec) {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/mcp-{server}.json")).unwrap();
+    let dump: Value = serde_json::from_str(&text).unwrap();
+    let (mut tools, ns) = mcp_server(server);
+    for (tool, raw) in tools.iter_mut().zip(dump["tools"].as_array().unwrap()) {
+        tool.output_schema = Some(codemode_declarations::mcp_result_schema(
+            tool.output_schema.as_ref().and_then(Value::as_object),
+        ));
+        let hints = &raw["annotations"];
+        tool.annotations.title = raw["title"].as_str().map(str::to_string);
+        tool.annotations.read_only_hint = hints["readOnlyHint"].as_bool();
+        tool.annotations.destructive_hint = hints["destructiveHint"].as_bool();
+        tool.annotations.idempotent_hint = hints["idempotentHint"].as_bool();
+        tool.annotations.open_world_hint = hints["openWorldHint"].as_bool();
+    }
+    (tools, ns)
+}
+
+/// The 43 tools of the model-as-user test: the coding tools and the three servers as the MCP
+/// client registers them.
+pub fn coding_and_mcp_as_client() -> (Vec<ToolSpec>, Vec<NamespaceSpec>) {
+    let mut tools = coding_tools();
+    let mut namespaces = Vec::new();
+    for server in ["server-everything", "server-filesystem", "server-memory"] {
+        let (t, ns) = mcp_server_as_client(server);
+        tools.extend(t);
+        namespaces.push(ns);
+    }
+    (tools, namespaces)
+}
+
 /// Every captured MCP server together.
 pub fn all_mcp() -> (Vec<ToolSpec>, Vec<NamespaceSpec>) {
     let mut tools = Vec::new();

@@ -1,0 +1,140 @@
+//! The script API part of the description: fixed sentences, each present only when it applies
+//! (no tool, no word about calls; no MCP tool, no `McpResult`; everything listed, no discovery).
+//!
+//! The wording of refusals here matches the messages the gate writes: every refusal throws, its
+//! `stage` says which step refused, and its message says whether a person was asked.
+
+use crate::description::Globals;
+
+const HEAD: &str = "Write the body of an async JavaScript function (plain source, no code fence) for QuickJS: no Node, files, network or timers; top-level `await` and `return` work.";
+
+const CALLS: &str = "
+- `await tools.<name>(args)` resolves to the declared type. Run calls in parallel with `Promise.all`; calls not awaited are cancelled when the script ends.
+- A call that is refused or fails throws an Error with a `stage`: `validate` (arguments must match the type; nothing is converted), `policy`, `hook`, `approval` (a person said no, or nobody could be asked), `budget`, or `execute` (the tool itself failed). A refusal's message says whether a person was asked and what to do next.";
+
+const FAILURES_PLAIN: &str = "
+- Writes, `bash` and tools not marked read-only may need a person's approval, or be refused by policy.";
+
+const FAILURES_MCP: &str = "
+- MCP tools resolve to an `McpResult` even when they fail (`isError: true`); `textOf(result)` joins its text blocks. Writes, `bash` and MCP tools not marked read-only may need a person's approval, or be refused by policy.";
+
+const OUTPUT: &str = "
+- Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` ends early. `store(key, value)` / `load(key)` keep JSON across runs.";
+
+const OPTIONS: &str =
+    "\n- First line may be `// @options: {\"max_output_tokens\": 10000, \"timeout_ms\": 60000}`.";
+
+const DISCOVERY: &str = " Every tool is callable as `tools.<name>(args)` as soon as you know its name. To find names and details (unknown names throw, naming the closest):
+  `await searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`, best match first; `description` is the tool's text and declaration
+  `await describeTool(name)` → that text and declaration; `describeTool(name, {schema: true})` → its input JSON Schema
+  `await describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`
+  `ALL_TOOLS` → `{name, description}[]` of every callable tool";
+
+const EXAMPLE_PLAIN: &str = "
+
+Example:
+```js
+const texts = await Promise.all(paths.map(path => tools.<name>({ path })));
+text(texts.filter(t => t.includes(\"TODO\")).length);
+```";
+
+const EXAMPLE_MCP: &str = "
+
+Example:
+```js
+const rs = await Promise.all(queries.map(query => tools.<name>({ query })));
+text(rs.filter(r => !r.isError).map(textOf).join(\"\\n\"));
+```";
+
+/// What the listing leaves out, so the model knows when to search.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Omitted {
+    /// Namespaces shown only by heading, over the listing's budget.
+    pub namespaces: bool,
+    /// Tools kept out of the listing by configuration (`deferred`).
+    pub deferred: bool,
+    /// Descriptions or comments cut short, ending in `…`.
+    pub shortened: bool,
+    /// Parameter comments left out.
+    pub parameter_docs: bool,
+}
+
+impl Omitted {
+    fn any(&self) -> bool {
+        self.namespaces || self.deferred || self.shortened || self.parameter_docs
+    }
+}
+
+pub(crate) struct Intro<'a> {
+    /// Some tool is callable from scripts.
+    pub tools: bool,
+    /// Some callable tool resolves to an `McpResult`.
+    pub mcp: bool,
+    /// Some tool is listed in the declarations below.
+    pub listed: bool,
+    pub omitted: Omitted,
+    pub globals: &'a Globals,
+    /// Direct tools (mode `on`) as `tools.x`, callable here with the same arguments.
+    pub direct: &'a [String],
+}
+
+impl Intro<'_> {
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::from(HEAD);
+        if self.tools {
+            out.push_str(CALLS);
+            out.push_str(if self.mcp {
+                FAILURES_MCP
+            } else {
+                FAILURES_PLAIN
+            });
+        }
+        out.push_str(OUTPUT);
+        if self.globals.models {
+            out.push('\n');
+            match &self.globals.models_doc {
+                Some(doc) => out.push_str(&format!(
+                    "- `models`: classifiers and image generation; read {doc} first."
+                )),
+                None => out.push_str(
+                    "- `models`: classifiers and image generation: `models.getAvailableOfType(type)`, `models.classify(model, context)`, `models.generateImages(model, context)`.",
+                ),
+            }
+        }
+        out.push_str(OPTIONS);
+        if self.omitted.any() {
+            out.push_str(&self.left_out());
+            out.push_str(DISCOVERY);
+        }
+        if !self.direct.is_empty() {
+            out.push_str(&format!(
+                "\n\nYour declared tools are callable here too, with the same arguments: {}.",
+                self.direct.join(", ")
+            ));
+        }
+        if self.listed {
+            out.push_str(if self.mcp { EXAMPLE_MCP } else { EXAMPLE_PLAIN });
+        }
+        out
+    }
+
+    /// One line saying what the listing leaves out, and the rule that decided it.
+    fn left_out(&self) -> String {
+        let mut parts: Vec<&str> = Vec::new();
+        if self.omitted.namespaces {
+            parts.push(
+                "namespaces marked `not listed` (whole namespaces are listed, smallest first, within a token budget)",
+            );
+        }
+        if self.omitted.deferred {
+            parts.push("search-only tools");
+        }
+        if self.omitted.shortened {
+            parts.push("text after `…`");
+        }
+        if self.omitted.parameter_docs {
+            parts.push("parameter comments");
+        }
+        format!("\n- Not listed below: {}.", parts.join(", "))
+    }
+}

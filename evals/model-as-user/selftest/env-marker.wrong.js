@@ -1,0 +1,1 @@
+return "0123456789abcdef";

@@ -1,0 +1,1 @@
+return (await tools.bash({ command: "sha256sum README.md" })).output.split(" ")[0];
