@@ -177,8 +177,7 @@ pub(crate) fn check_holder(cell: &CellRecord, replica: &str) -> Result<()> {
 
 /// Steps must continue the log exactly: `entries[0].step == last + 1`, then consecutive.
 pub(crate) fn check_steps(cell: &str, last: u64, entries: &[ReplayEntry]) -> Result<()> {
-    let mut expected = last + 1;
-    for e in entries {
+    for (expected, e) in (last + 1..).zip(entries) {
         if e.step != expected {
             return Err(StateError::ReplayOutOfOrder {
                 cell: cell.to_string(),
@@ -186,7 +185,6 @@ pub(crate) fn check_steps(cell: &str, last: u64, entries: &[ReplayEntry]) -> Res
                 got: e.step,
             });
         }
-        expected += 1;
     }
     Ok(())
 }

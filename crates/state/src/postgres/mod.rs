@@ -705,9 +705,8 @@ impl StateStore for PostgresStore {
     fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let now = self.clock.now_ms();
-            Ok(
-                on_ledgers!(self, &reservation.sorted_keys(), tx => ops::release(&tx, reservation, now)),
-            )
+            on_ledgers!(self, &reservation.sorted_keys(), tx => ops::release(&tx, reservation, now));
+            Ok(())
         })
     }
 

@@ -62,7 +62,9 @@ impl Default for SqliteOptions {
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 pub struct SqliteStore {
-    jobs: mpsc::Sender<Job>,
+    /// `None` only while dropping.
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
     clock: Clock,
     notifier: Notifier,
@@ -114,7 +116,7 @@ impl SqliteStore {
         let (jobs, rx) = mpsc::channel::<Job>();
         let thread_path = path.clone();
         let thread_options = options.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("codemode-state-sqlite".into())
             .spawn(move || {
                 let mut conn = match open_connection(&thread_path, &thread_options) {
@@ -139,7 +141,8 @@ impl SqliteStore {
             detail: "its thread stopped while opening".into(),
         })??;
         Ok(SqliteStore {
-            jobs,
+            jobs: Some(jobs),
+            thread: Some(thread),
             path,
             clock,
             notifier: Notifier::new(Some(options.poll_interval)),
@@ -169,10 +172,10 @@ impl SqliteStore {
             });
             let _ = tx.send(r);
         });
-        let sent = self.jobs.send(job);
+        let sent = self.jobs.as_ref().map(|j| j.send(job));
         Box::pin(async move {
             let location = self.describe();
-            if sent.is_err() {
+            if !matches!(sent, Some(Ok(()))) {
                 return Err(StateError::Backend {
                     location,
                     detail: "its thread has stopped".into(),
@@ -200,6 +203,17 @@ impl SqliteStore {
             }
             r
         })
+    }
+}
+
+impl Drop for SqliteStore {
+    /// Waits for queued operations to finish and the connection to close (SQLite checkpoints
+    /// the WAL then), so that once a store is dropped the file is complete and quiet.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -231,6 +245,20 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         });
     }
     conn.busy_timeout(options.busy_timeout).map_err(err)?;
+    // Refuse someone else's database, or a newer codemode's, before changing anything in it
+    // (switching to WAL rewrites the header).
+    check_ownership(&conn, &location)?;
+    if options.check_at_open {
+        let verdict: String = conn
+            .pragma_query_value(None, "quick_check", |r| r.get(0))
+            .map_err(err)?;
+        if verdict != "ok" {
+            return Err(StateError::Corrupt {
+                location,
+                detail: format!("quick_check says: {verdict}"),
+            });
+        }
+    }
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
         .map_err(err)?;
@@ -246,19 +274,43 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         "NORMAL"
     };
     conn.pragma_update(None, "synchronous", sync).map_err(err)?;
-    if options.check_at_open {
-        let verdict: String = conn
-            .pragma_query_value(None, "quick_check", |r| r.get(0))
-            .map_err(err)?;
-        if verdict != "ok" {
+    migrate(&conn, &location)?;
+    Ok(conn)
+}
+
+fn table_count(conn: &Connection, location: &str) -> Result<i64> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
+        [],
+        |r| r.get(0),
+    )
+    .map_err(|e| sqlite_error(location, e))
+}
+
+/// Is this a codemode state file (or an empty one) of a schema this build knows?
+fn check_ownership(conn: &Connection, location: &str) -> Result<()> {
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| sqlite_error(location, e))?;
+    if version > schema::latest() {
+        return Err(StateError::TooNew {
+            location: location.to_string(),
+            found: version,
+            known: schema::latest(),
+        });
+    }
+    if version == 0 {
+        let tables = table_count(conn, location)?;
+        if tables > 0 {
             return Err(StateError::Corrupt {
-                location,
-                detail: format!("quick_check says: {verdict}"),
+                location: location.to_string(),
+                detail: format!(
+                    "it is a SQLite database with {tables} tables that codemode did not create"
+                ),
             });
         }
     }
-    migrate(&conn, &location)?;
-    Ok(conn)
+    Ok(())
 }
 
 /// Applies missing migrations, each with its version in `user_version`, in one `IMMEDIATE`
@@ -270,31 +322,9 @@ fn migrate(conn: &Connection, location: &str) -> Result<()> {
     let mut version: i64 = tx
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(err)?;
-    if version > schema::latest() {
-        return Err(StateError::TooNew {
-            location: location.to_string(),
-            found: version,
-            known: schema::latest(),
-        });
-    }
-    if version == 0 {
-        // A file that is a SQLite database but not ours (it has tables, no version) is refused
-        // rather than written into.
-        let tables: i64 = tx
-            .query_row(
-                "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(err)?;
-        if tables > 0 {
-            return Err(StateError::Corrupt {
-                location: location.to_string(),
-                detail: format!(
-                    "it is a SQLite database with {tables} tables that codemode did not create"
-                ),
-            });
-        }
+    if version > schema::latest() || (version == 0 && table_count(&tx, location)? > 0) {
+        // Another process changed the file since check_ownership; let it say why.
+        return check_ownership(&tx, location);
     }
     for (v, sql) in schema::MIGRATIONS {
         if *v > version {

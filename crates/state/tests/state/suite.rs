@@ -76,7 +76,7 @@ fn reserve_req(ledgers: Vec<(LedgerKey, Limits)>) -> ReserveRequest {
     }
 }
 
-fn line_maker(text: String) -> codemode_state::AuditLineFn {
+pub fn line_maker(text: String) -> codemode_state::AuditLineFn {
     Box::new(move |head| {
         let prev = head.hash.clone().unwrap_or_else(|| "0".repeat(64));
         let hash = hex::encode(Sha256::digest(format!("{prev}\n{text}").as_bytes()));
