@@ -9,6 +9,7 @@
 //! Connections are plain TCP or a Unix socket: TLS (`sslmode=require`) is not supported yet.
 
 mod ops;
+mod pipelined;
 
 use std::time::Duration;
 
@@ -169,16 +170,19 @@ macro_rules! in_tx {
     };
 }
 
-/// A budget operation on `$keys`' ledgers: their rows are created first if this store has not
-/// seen them, and once more if one went missing since.
+/// A budget operation (`$body`, a `pipelined` call on the pooled `$client`) on `$keys`'
+/// ledgers: their rows are created first if this store has not seen them, and once more if
+/// one went missing since.
 macro_rules! on_ledgers {
-    ($self:ident, $keys:expr, $tx:ident => $body:expr) => {{
+    ($self:ident, $keys:expr, $client:ident => $body:expr) => {{
         $self.ensure_ledgers($keys).await?;
-        match try_in_tx!($self, $tx => $body) {
+        let $client = $self.client().await?;
+        match $body.await {
             Err(OpError::MissingLedgers) => {
                 $self.forget_ledgers();
                 $self.ensure_ledgers($keys).await?;
-                in_tx!($self, $tx => $body)
+                let $client = $self.client().await?;
+                $body.await.map_err(|e| $self.op_err(e))?
             }
             other => other.map_err(|e| $self.op_err(e))?,
         }
@@ -684,7 +688,7 @@ impl StateStore for PostgresStore {
             let id = uuid::Uuid::new_v4().simple().to_string();
             let now = self.clock.now_ms();
             let keys: Vec<String> = request.sorted().into_iter().map(|(k, _, _)| k).collect();
-            Ok(on_ledgers!(self, &keys, tx => ops::reserve(&tx, &request, id.clone(), now)))
+            Ok(on_ledgers!(self, &keys, c => pipelined::reserve(c, &request, id.clone(), now)))
         })
     }
 
@@ -696,16 +700,18 @@ impl StateStore for PostgresStore {
         Box::pin(async move {
             actual.validate("settled amounts")?;
             let now = self.clock.now_ms();
-            Ok(
-                on_ledgers!(self, &reservation.sorted_keys(), tx => ops::settle(&tx, reservation, &actual, now)),
-            )
+            let settled = on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, Some(&actual), now));
+            settled.ok_or_else(|| StateError::Backend {
+                location: self.location.clone(),
+                detail: "settling returned no outcome".into(),
+            })
         })
     }
 
     fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let now = self.clock.now_ms();
-            on_ledgers!(self, &reservation.sorted_keys(), tx => ops::release(&tx, reservation, now));
+            on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, None, now));
             Ok(())
         })
     }
@@ -714,7 +720,7 @@ impl StateStore for PostgresStore {
         Box::pin(async move {
             key.validate()?;
             let now = self.clock.now_ms();
-            Ok(on_ledgers!(self, &[key.encode()], tx => ops::get_ledger(&tx, key, now)))
+            Ok(on_ledgers!(self, &[key.encode()], c => pipelined::get_ledger(c, key, now)))
         })
     }
 
@@ -726,7 +732,10 @@ impl StateStore for PostgresStore {
         Box::pin(async move {
             audit::validate_stream(stream)?;
             let now = self.clock.now_ms();
-            Ok(in_tx!(self, tx => ops::append_audit(&tx, stream, make, now)))
+            let c = self.client().await?;
+            pipelined::append_audit(c, stream, make, now)
+                .await
+                .map_err(|e| self.op_err(e))
         })
     }
 
