@@ -182,6 +182,11 @@ async fn bench(backend: &str, stores: Vec<Arc<dyn StateStore>>) {
             &concurrent(&stores, op).await,
         );
     }
+    row(
+        backend,
+        "reserve+settle, 1,000 concurrent over 100 sessions",
+        &concurrent(&stores, Op::BudgetSpread).await,
+    );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
