@@ -245,6 +245,8 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         });
     }
     conn.busy_timeout(options.busy_timeout).map_err(err)?;
+    // Every statement the store runs stays prepared.
+    conn.set_prepared_statement_cache_capacity(64);
     // Refuse someone else's database, or a newer codemode's, before changing anything in it
     // (switching to WAL rewrites the header).
     check_ownership(&conn, &location)?;

@@ -41,6 +41,21 @@ impl From<rusqlite::Error> for OpError {
 
 pub(crate) type OpResult<T> = Result<T, OpError>;
 
+/// Statements are prepared once per connection and kept (parsing SQL costs as much as
+/// running these small statements).
+fn exec(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(p)
+}
+
+fn row<T>(
+    conn: &Connection,
+    sql: &str,
+    p: impl rusqlite::Params,
+    f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    conn.prepare_cached(sql)?.query_row(p, f)
+}
+
 fn write_tx(conn: &mut Connection) -> rusqlite::Result<Transaction<'_>> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
 }
@@ -82,12 +97,14 @@ pub(crate) fn touch_session(
     now: i64,
 ) -> OpResult<SessionRecord> {
     let tx = write_tx(conn)?;
-    tx.execute(
+    exec(
+        &tx,
         "INSERT INTO sessions (id, principal, created_at_ms, last_seen_ms) VALUES (?1, ?2, ?3, ?3)
          ON CONFLICT (id) DO UPDATE SET last_seen_ms = max(last_seen_ms, excluded.last_seen_ms)",
         params![id, principal, now],
     )?;
-    let s = tx.query_row(
+    let s = row(
+        &tx,
         &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"),
         [id],
         session_row,
@@ -97,19 +114,19 @@ pub(crate) fn touch_session(
 }
 
 pub(crate) fn get_session(conn: &mut Connection, id: &str) -> OpResult<Option<SessionRecord>> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"),
-            [id],
-            session_row,
-        )
-        .optional()?)
+    Ok(row(
+        conn,
+        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"),
+        [id],
+        session_row,
+    )
+    .optional()?)
 }
 
 pub(crate) fn delete_session(conn: &mut Connection, id: &str) -> OpResult<bool> {
     let tx = write_tx(conn)?;
-    let a = tx.execute("DELETE FROM sessions WHERE id = ?1", [id])?;
-    let b = tx.execute("DELETE FROM session_store WHERE session_id = ?1", [id])?;
+    let a = exec(&tx, "DELETE FROM sessions WHERE id = ?1", [id])?;
+    let b = exec(&tx, "DELETE FROM session_store WHERE session_id = ?1", [id])?;
     tx.commit()?;
     Ok(a + b > 0)
 }
@@ -140,14 +157,16 @@ pub(crate) fn apply_store(
     for c in changes {
         match c {
             StoreChange::Set { key, value } => {
-                tx.execute(
+                exec(
+                    &tx,
                     "INSERT INTO session_store (session_id, key, value) VALUES (?1, ?2, ?3)
                      ON CONFLICT (session_id, key) DO UPDATE SET value = excluded.value",
                     params![session, key, json_text(value)],
                 )?;
             }
             StoreChange::Delete { key } => {
-                tx.execute(
+                exec(
+                    &tx,
                     "DELETE FROM session_store WHERE session_id = ?1 AND key = ?2",
                     params![session, key],
                 )?;
@@ -221,7 +240,8 @@ impl CellRow {
 }
 
 fn read_cell(conn: &Connection, id: &str) -> OpResult<Option<CellRecord>> {
-    conn.query_row(
+    row(
+        conn,
         &format!("SELECT {CELL_COLS} FROM cells WHERE id = ?1"),
         [id],
         cell_row,
@@ -242,7 +262,8 @@ fn read_cells(conn: &Connection, sql: &str, p: impl rusqlite::Params) -> OpResul
 }
 
 fn write_cell(conn: &Connection, c: &CellRecord) -> OpResult<()> {
-    conn.execute(
+    exec(
+        conn,
         "UPDATE cells SET status = ?2, approval_id = ?3, result = ?4, owner = ?5,
                 lease_until_ms = ?6, updated_at_ms = ?7 WHERE id = ?1",
         params![
@@ -260,7 +281,8 @@ fn write_cell(conn: &Connection, c: &CellRecord) -> OpResult<()> {
 
 pub(crate) fn create_cell(conn: &mut Connection, new: NewCell, now: i64) -> OpResult<CellRecord> {
     let tx = write_tx(conn)?;
-    let exists: bool = tx.query_row(
+    let exists: bool = row(
+        &tx,
         "SELECT EXISTS (SELECT 1 FROM cells WHERE id = ?1)",
         [&new.id],
         |r| r.get(0),
@@ -273,7 +295,8 @@ pub(crate) fn create_cell(conn: &mut Connection, new: NewCell, now: i64) -> OpRe
         .into());
     }
     if let Some(limit) = new.max_live_per_session {
-        let live: i64 = tx.query_row(
+        let live: i64 = row(
+            &tx,
             "SELECT count(*) FROM cells WHERE session_id = ?1
                AND status NOT IN ('finished', 'failed', 'terminated')",
             [&new.session_id],
@@ -301,8 +324,11 @@ pub(crate) fn create_cell(conn: &mut Connection, new: NewCell, now: i64) -> OpRe
         created_at_ms: now,
         updated_at_ms: now,
     };
-    tx.execute(
-        &format!("INSERT INTO cells ({CELL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, NULL, ?7, ?8, ?9, ?9)"),
+    exec(
+        &tx,
+        &format!(
+            "INSERT INTO cells ({CELL_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, NULL, ?7, ?8, ?9, ?9)"
+        ),
         params![
             record.id,
             record.session_id,
@@ -364,7 +390,7 @@ pub(crate) fn update_cell(
     cell::apply_update(&mut c, update, now);
     write_cell(&tx, &c)?;
     if update.status.is_terminal() {
-        tx.execute("DELETE FROM cell_replay WHERE cell_id = ?1", [id])?;
+        exec(&tx, "DELETE FROM cell_replay WHERE cell_id = ?1", [id])?;
     }
     tx.commit()?;
     Ok(c)
@@ -385,8 +411,8 @@ pub(crate) fn claimable_cells(conn: &mut Connection, now: i64) -> OpResult<Vec<C
 
 pub(crate) fn delete_cell(conn: &mut Connection, id: &str) -> OpResult<bool> {
     let tx = write_tx(conn)?;
-    tx.execute("DELETE FROM cell_replay WHERE cell_id = ?1", [id])?;
-    let n = tx.execute("DELETE FROM cells WHERE id = ?1", [id])?;
+    exec(&tx, "DELETE FROM cell_replay WHERE cell_id = ?1", [id])?;
+    let n = exec(&tx, "DELETE FROM cells WHERE id = ?1", [id])?;
     tx.commit()?;
     Ok(n > 0)
 }
@@ -402,7 +428,8 @@ pub(crate) fn append_replay(
         id: cell_id.to_string(),
     })?;
     cell::check_holder(&c, replica)?;
-    let last: i64 = tx.query_row(
+    let last: i64 = row(
+        &tx,
         "SELECT coalesce(max(step), 0) FROM cell_replay WHERE cell_id = ?1",
         [cell_id],
         |r| r.get(0),
@@ -515,7 +542,8 @@ impl ApprovalRow {
 }
 
 fn read_approval(conn: &Connection, id: &str) -> OpResult<Option<ApprovalRecord>> {
-    conn.query_row(
+    row(
+        conn,
         &format!("SELECT {APPROVAL_COLS} FROM approvals WHERE id = ?1"),
         [id],
         approval_row,
@@ -526,7 +554,7 @@ fn read_approval(conn: &Connection, id: &str) -> OpResult<Option<ApprovalRecord>
 }
 
 fn write_answer(conn: &Connection, a: &ApprovalRecord) -> OpResult<()> {
-    conn.execute(
+    exec(conn,
         "UPDATE approvals SET state = ?2, answered_by = ?3, answered_channel = ?4, answered_at_ms = ?5
           WHERE id = ?1 AND state = 'pending'",
         params![a.id, a.state.as_str(), a.answered_by, a.answered_channel, a.answered_at_ms],
@@ -542,7 +570,8 @@ pub(crate) fn create_approval(
 ) -> OpResult<ApprovalRecord> {
     let a = new.into_record(id, now);
     let tx = write_tx(conn)?;
-    tx.execute(
+    exec(
+        &tx,
         &format!(
             "INSERT INTO approvals ({APPROVAL_COLS})
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, NULL, NULL, NULL)"
@@ -642,11 +671,12 @@ fn amounts_at(r: &Row<'_>, start: usize) -> rusqlite::Result<Amounts> {
 
 /// Creates the ledger row if needed and returns (used, reserved).
 fn ledger_row(tx: &Transaction<'_>, key: &str) -> OpResult<(Amounts, Amounts)> {
-    tx.execute(
+    exec(
+        &tx,
         "INSERT INTO budget_ledgers (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
         [key],
     )?;
-    Ok(tx.query_row(
+    Ok(row(&tx,
         "SELECT used_calls, used_model_calls, used_tokens, used_cost_micro_usd, used_bytes,
                 reserved_calls, reserved_model_calls, reserved_tokens, reserved_cost_micro_usd, reserved_bytes
            FROM budget_ledgers WHERE key = ?1",
@@ -663,7 +693,8 @@ fn write_ledger(
 ) -> OpResult<()> {
     let u = used.to_i64s();
     let h = reserved.to_i64s();
-    tx.execute(
+    exec(
+        &tx,
         "UPDATE budget_ledgers SET used_calls = ?2, used_model_calls = ?3, used_tokens = ?4,
                 used_cost_micro_usd = ?5, used_bytes = ?6, reserved_calls = ?7,
                 reserved_model_calls = ?8, reserved_tokens = ?9, reserved_cost_micro_usd = ?10,
@@ -720,7 +751,7 @@ pub(crate) fn reserve(
     let a = req.amounts.to_i64s();
     for (k, used, reserved) in rows {
         write_ledger(&tx, k, &used, &reserved.plus(&req.amounts))?;
-        tx.execute(
+        exec(&tx,
             "INSERT INTO budget_holds (id, ledger, calls, model_calls, tokens, cost_micro_usd, bytes, expires_at_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![id, k, a[0], a[1], a[2], a[3], a[4], expires_at_ms],
@@ -817,19 +848,19 @@ pub(crate) fn get_ledger(
 // --- audit --------------------------------------------------------------------------------
 
 fn head(conn: &Connection, stream: &str) -> OpResult<AuditHead> {
-    Ok(conn
-        .query_row(
-            "SELECT seq, hash FROM audit_heads WHERE stream = ?1",
-            [stream],
-            |r| {
-                Ok(AuditHead {
-                    seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
-                    hash: Some(r.get(1)?),
-                })
-            },
-        )
-        .optional()?
-        .unwrap_or_default())
+    Ok(row(
+        conn,
+        "SELECT seq, hash FROM audit_heads WHERE stream = ?1",
+        [stream],
+        |r| {
+            Ok(AuditHead {
+                seq: u64::try_from(r.get::<_, i64>(0)?).unwrap_or(0),
+                hash: Some(r.get(1)?),
+            })
+        },
+    )
+    .optional()?
+    .unwrap_or_default())
 }
 
 pub(crate) fn append_audit(
@@ -842,11 +873,20 @@ pub(crate) fn append_audit(
     let head = head(&tx, stream)?;
     let rec = audit::make_line(stream, &head, make, now)?;
     let seq = i64::try_from(rec.seq).unwrap_or(i64::MAX);
-    tx.execute(
+    exec(
+        &tx,
         "INSERT INTO audit_lines (stream, seq, prev, hash, line, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![stream, seq, rec.prev.as_deref().unwrap_or(""), rec.hash, rec.line, now],
+        params![
+            stream,
+            seq,
+            rec.prev.as_deref().unwrap_or(""),
+            rec.hash,
+            rec.line,
+            now
+        ],
     )?;
-    tx.execute(
+    exec(
+        &tx,
         "INSERT INTO audit_heads (stream, seq, hash) VALUES (?1, ?2, ?3)
          ON CONFLICT (stream) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
         params![stream, seq, rec.hash],
