@@ -672,11 +672,11 @@ fn amounts_at(r: &Row<'_>, start: usize) -> rusqlite::Result<Amounts> {
 /// Creates the ledger row if needed and returns (used, reserved).
 fn ledger_row(tx: &Transaction<'_>, key: &str) -> OpResult<(Amounts, Amounts)> {
     exec(
-        &tx,
+        tx,
         "INSERT INTO budget_ledgers (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
         [key],
     )?;
-    Ok(row(&tx,
+    Ok(row(tx,
         "SELECT used_calls, used_model_calls, used_tokens, used_cost_micro_usd, used_bytes,
                 reserved_calls, reserved_model_calls, reserved_tokens, reserved_cost_micro_usd, reserved_bytes
            FROM budget_ledgers WHERE key = ?1",
@@ -694,7 +694,7 @@ fn write_ledger(
     let u = used.to_i64s();
     let h = reserved.to_i64s();
     exec(
-        &tx,
+        tx,
         "UPDATE budget_ledgers SET used_calls = ?2, used_model_calls = ?3, used_tokens = ?4,
                 used_cost_micro_usd = ?5, used_bytes = ?6, reserved_calls = ?7,
                 reserved_model_calls = ?8, reserved_tokens = ?9, reserved_cost_micro_usd = ?10,
