@@ -3,6 +3,7 @@
 use crate::clock::format_ms;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateError {
     // --- configuration and start-up ---
     #[error(

@@ -550,12 +550,16 @@ impl StateStore for MemoryStore {
             audit::validate_stream(stream)?;
             let now = self.clock.now_ms();
             let mut inner = self.lock();
-            let lines = inner.audit.entry(stream.to_string()).or_default();
-            let head = lines.last().map_or_else(AuditHead::default, |l| AuditHead {
-                seq: l.seq,
-                hash: Some(l.hash.clone()),
-            });
+            let head = inner
+                .audit
+                .get(stream)
+                .and_then(|lines| lines.last())
+                .map_or_else(AuditHead::default, |l| AuditHead {
+                    seq: l.seq,
+                    hash: Some(l.hash.clone()),
+                });
             let record = audit::make_line(stream, &head, make, now)?;
+            let lines = inner.audit.entry(stream.to_string()).or_default();
             lines.push(record.clone());
             Ok(record)
         })();

@@ -261,14 +261,20 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
             });
         }
     }
+    // WAL needs `-wal` and `-shm` files beside the database: a directory this user may not
+    // write refuses them.
+    let wal_refused = |detail: String| StateError::ReadOnly {
+        location: location.clone(),
+        detail: format!("SQLite cannot create its write-ahead log beside the file ({detail})"),
+    };
     let mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .map_err(err)?;
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::CannotOpen) => wal_refused(e.to_string()),
+            _ => err(e),
+        })?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StateError::Unavailable {
-            location,
-            detail: format!("it cannot use write-ahead logging (journal mode stayed `{mode}`)"),
-        });
+        return Err(wal_refused(format!("the journal mode stayed `{mode}`")));
     }
     let sync = if options.synchronous_full {
         "FULL"

@@ -370,8 +370,28 @@ async fn a_file_locked_by_another_writer_is_a_clear_error_then_works() {
     assert_eq!(store.load_store("s").await.unwrap()["kept"], json!(1));
 }
 
+/// Opens `db` as a user who cannot write through permission bits: `nobody` in a child
+/// process when the tests run as root (root writes through any bits), else this process.
+async fn open_as_unprivileged(db: &Path) -> String {
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::process::CommandExt;
+        let out = child("open", db)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("child as nobody");
+        assert!(out.status.success(), "child failed: {:?}", out.status);
+        child_lines(&out.stdout).join("\n")
+    } else {
+        match open(db).await {
+            Ok(_) => "opened".to_string(),
+            Err(e) => format!("error {e:?}: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
-async fn a_read_only_file_is_a_clear_error() {
+async fn a_read_only_file_or_directory_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     {
@@ -388,32 +408,30 @@ async fn a_read_only_file_is_a_clear_error() {
             .unwrap();
     }
     let before = std::fs::read(&db).unwrap();
-    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o444)).unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
-    let message = if unsafe { libc::geteuid() } == 0 {
-        // Root writes through any permission bits: open the file as `nobody` in a child.
-        use std::os::unix::process::CommandExt;
-        let out = child("open", &db)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .expect("child as nobody");
-        assert!(out.status.success(), "child failed: {:?}", out.status);
-        child_lines(&out.stdout).join("\n")
-    } else {
-        match open(&db).await {
-            Ok(_) => "opened".to_string(),
-            Err(e) => format!("error {e:?}: {e}"),
-        }
-    };
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mode =
+        |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+
+    // The file itself read-only.
+    mode(&db, 0o444);
+    mode(dir.path(), 0o555);
+    let message = open_as_unprivileged(&db).await;
     assert!(message.starts_with("error ReadOnly"), "{message}");
     assert!(
         message.contains("make the file and its directory writable"),
         "{message}"
     );
+
+    // The file writable, but not its directory (no room for the write-ahead log).
+    mode(&db, 0o666);
+    let message = open_as_unprivileged(&db).await;
+    assert!(message.starts_with("error ReadOnly"), "{message}");
+    assert!(message.contains("its directory writable"), "{message}");
+
+    mode(dir.path(), 0o755);
     assert!(
         std::fs::read(&db).unwrap() == before,
         "the file was changed"
     );
+    let store = open(&db).await.expect("opens once writable");
+    assert_eq!(store.load_store("s").await.unwrap()["kept"], json!(1));
 }
