@@ -320,12 +320,12 @@ impl PostgresStore {
                 known: schema::latest(),
             });
         }
-        for (v, sql) in schema::MIGRATIONS {
-            if *v > current {
-                tx.batch_execute(sql).await.map_err(|e| self.pg_err(&e))?;
+        for (v, sql) in schema::postgres() {
+            if v > current {
+                tx.batch_execute(&sql).await.map_err(|e| self.pg_err(&e))?;
                 tx.execute(
                     "INSERT INTO codemode_schema_versions (version, applied_at_ms) VALUES ($1, $2)",
-                    &[v, &self.clock.now_ms()],
+                    &[&v, &self.clock.now_ms()],
                 )
                 .await
                 .map_err(|e| self.pg_err(&e))?;

@@ -1,14 +1,12 @@
-//! The operations on every gated call (charging budgets, appending audit lines), in two round
-//! trips each instead of one per statement.
+//! The operations on every gated call (charging budgets, appending audit lines), in as few
+//! round trips as their decisions allow.
 //!
-//! A budget decision needs the locked rows before it can write, so it cannot be one
-//! statement without moving the rules into SQL. Instead the statements are pipelined: the
-//! first round trip sends `BEGIN`, the locking `SELECT … FOR UPDATE` and what else can go
-//! before the decision; the second sends every write and `COMMIT`. The server still runs them
-//! one after another in one transaction, so the locking is exactly that of the plain version,
-//! and rows stay locked for one round trip rather than several.
-//!
-//! If a write in the second batch fails, the `COMMIT` after it only ends the failed
+//! Charging a budget is one statement: a function (`codemode_reserve`,
+//! `codemode_finish_hold`, see `schema/postgres_v1.sql`) that locks the ledgers, decides and
+//! writes inside the server, so shared ledgers stay locked only while it runs. An audit
+//! append needs the caller's closure between reading the head and writing the line, so it
+//! pipelines: `BEGIN` and the head's lock in one round trip, the writes and `COMMIT` in the
+//! next. If a write in that second batch fails, the `COMMIT` after it only ends the failed
 //! transaction (PostgreSQL rolls it back), and the write's error is returned. A connection
 //! left inside a transaction (the caller stopped waiting, or a round trip failed) is not
 //! returned to the pool but closed, which rolls it back.
@@ -24,30 +22,18 @@ use tokio_postgres::types::ToSql;
 use super::ops::{OpError, OpResult};
 use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord};
 use crate::budget::{
-    self, Amounts, LedgerKey, LedgerSnapshot, Reservation, ReserveOutcome, ReserveRequest,
-    SettleOutcome,
+    self, Amounts, BudgetRefusal, Counter, LedgerKey, LedgerSnapshot, Limits, Reservation,
+    ReserveOutcome, ReserveRequest, SettleOutcome,
 };
 use crate::error::StateError;
 
-const LOCK: &str = "SELECT key, used_calls, used_model_calls, used_tokens, used_cost_micro_usd, \
-     used_bytes, reserved_calls, reserved_model_calls, reserved_tokens, reserved_cost_micro_usd, \
-     reserved_bytes FROM budget_ledgers WHERE key = ANY($1) ORDER BY key FOR UPDATE";
-
-const EXPIRE: &str = "UPDATE budget_holds SET expired = 1
-     WHERE ledger = ANY($1) AND expired = 0 AND expires_at_ms <= $2
-     RETURNING ledger, calls, model_calls, tokens, cost_micro_usd, bytes";
-
-const TAKE_HOLD: &str = "DELETE FROM budget_holds WHERE id = $1
-     RETURNING ledger, expired, calls, model_calls, tokens, cost_micro_usd, bytes";
-
-const WRITE_LEDGER: &str = "UPDATE budget_ledgers SET used_calls = $2, used_model_calls = $3, \
-     used_tokens = $4, used_cost_micro_usd = $5, used_bytes = $6, reserved_calls = $7, \
-     reserved_model_calls = $8, reserved_tokens = $9, reserved_cost_micro_usd = $10, \
-     reserved_bytes = $11 WHERE key = $1";
-
-const INSERT_HOLDS: &str = "INSERT INTO budget_holds
-     (id, ledger, calls, model_calls, tokens, cost_micro_usd, bytes, expires_at_ms)
-     SELECT $1, k, $3, $4, $5, $6, $7, $8 FROM unnest($2::text[]) AS t(k)";
+const RESERVE: &str = "SELECT refused_key, refused_counter, used, reserved, lim
+     FROM codemode_reserve($1, $2, $3, $4, $5, $6)";
+const FINISH_HOLD: &str = "SELECT key, used, reserved FROM codemode_finish_hold($1, $2, $3, $4)";
+const LOCK_LEDGER: &str = "SELECT codemode_lock_ledgers($1, $2)";
+const READ_LEDGER: &str = "SELECT ARRAY[used_calls, used_model_calls, used_tokens, \
+     used_cost_micro_usd, used_bytes], ARRAY[reserved_calls, reserved_model_calls, \
+     reserved_tokens, reserved_cost_micro_usd, reserved_bytes] FROM budget_ledgers WHERE key = $1";
 
 const HEAD_ROW: &str = "INSERT INTO audit_heads (stream, seq, hash) VALUES ($1, 0, '') ON CONFLICT (stream) DO NOTHING";
 const LOCK_HEAD: &str = "SELECT seq, hash FROM audit_heads WHERE stream = $1 FOR UPDATE";
@@ -93,9 +79,13 @@ impl TxConn {
         self.in_tx.store(true, Ordering::Relaxed);
     }
 
+    fn left_tx(&self) {
+        self.in_tx.store(false, Ordering::Relaxed);
+    }
+
     async fn rollback(&self) -> OpResult<()> {
         self.c().batch_execute("ROLLBACK").await?;
-        self.in_tx.store(false, Ordering::Relaxed);
+        self.left_tx();
         Ok(())
     }
 
@@ -107,7 +97,7 @@ impl TxConn {
         let commit = results.pop().unwrap_or(Ok(()));
         // Whatever the writes did, a COMMIT that returned ended the transaction.
         if commit.is_ok() {
-            self.in_tx.store(false, Ordering::Relaxed);
+            self.left_tx();
         }
         for r in results {
             r?;
@@ -125,98 +115,29 @@ fn col<'r, T: tokio_postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> OpR
     })
 }
 
-fn amounts_at(r: &Row, start: usize) -> OpResult<Amounts> {
-    let mut v = [0i64; 5];
-    for (i, x) in v.iter_mut().enumerate() {
-        *x = col(r, start + i)?;
-    }
-    Ok(Amounts::from_i64s(v))
-}
-
-/// The ledgers as locked, with expired holds given back; and whether any expired.
-struct Locked {
-    ledgers: BTreeMap<String, (Amounts, Amounts)>,
-    expired_any: bool,
-    /// For settle/release: the taken hold's rows, ledger → amounts still held.
-    hold: BTreeMap<String, Option<Amounts>>,
-}
-
-/// Round trip 1: `BEGIN`, lock the ledgers in key order, expire their holds that ran out,
-/// and (for settle and release) take the hold's rows.
-async fn lock(conn: &TxConn, keys: &[String], now: i64, hold_id: Option<&str>) -> OpResult<Locked> {
-    let c = conn.c();
-    let lock = c.prepare_cached(LOCK).await?;
-    let expire = c.prepare_cached(EXPIRE).await?;
-    let take = match hold_id {
-        Some(_) => Some(c.prepare_cached(TAKE_HOLD).await?),
-        None => None,
-    };
-    conn.entering_tx();
-    let c = conn.c();
-    let id = hold_id.unwrap_or_default();
-    let lock_params: [&(dyn ToSql + Sync); 1] = [&keys];
-    let expire_params: [&(dyn ToSql + Sync); 2] = [&keys, &now];
-    let take_params: [&(dyn ToSql + Sync); 1] = [&id];
-    let (begin, locked, expired, taken) = tokio::join!(
-        c.batch_execute("BEGIN"),
-        c.query(&lock, &lock_params),
-        c.query(&expire, &expire_params),
-        async {
-            match &take {
-                Some(t) => c.query(t, &take_params).await,
-                None => Ok(Vec::new()),
-            }
-        }
-    );
-    begin?;
-    let (locked, expired, taken) = (locked?, expired?, taken?);
-    let mut ledgers = BTreeMap::new();
-    for r in &locked {
-        ledgers.insert(col::<String>(r, 0)?, (amounts_at(r, 1)?, amounts_at(r, 6)?));
-    }
-    if ledgers.len() < keys.len() {
-        conn.rollback().await?;
-        return Err(OpError::MissingLedgers);
-    }
-    for r in &expired {
-        let key: String = col(r, 0)?;
-        if let Some((_, reserved)) = ledgers.get_mut(&key) {
-            *reserved = reserved.minus(&amounts_at(r, 1)?);
-        }
-    }
-    let mut hold = BTreeMap::new();
-    for r in &taken {
-        let expired_flag: i64 = col(r, 1)?;
-        let held = if expired_flag == 0 {
-            Some(amounts_at(r, 2)?)
-        } else {
-            None
-        };
-        hold.insert(col::<String>(r, 0)?, held);
-    }
-    Ok(Locked {
-        ledgers,
-        expired_any: !expired.is_empty(),
-        hold,
-    })
-}
-
-/// The statements writing ledgers' new values.
-fn ledger_writes<'a>(
-    c: &'a Client,
-    stmt: &'a tokio_postgres::Statement,
-    values: &'a [(String, [i64; 5], [i64; 5])],
-) -> Vec<Write<'a>> {
-    values
-        .iter()
-        .map(|(k, u, h)| {
-            let params: [&(dyn ToSql + Sync); 11] = [
-                k, &u[0], &u[1], &u[2], &u[3], &u[4], &h[0], &h[1], &h[2], &h[3], &h[4],
-            ];
-            let fut = async move { c.execute(stmt, &params).await.map(|_| ()) };
-            Box::pin(fut) as Write<'a>
+fn amounts_of(v: Vec<i64>) -> OpResult<Amounts> {
+    let arr: [i64; 5] = v.try_into().map_err(|v: Vec<i64>| {
+        OpError::State(StateError::Corrupt {
+            location: String::new(),
+            detail: format!("a ledger has {} counters instead of 5", v.len()),
         })
-        .collect()
+    })?;
+    Ok(Amounts::from_i64s(arr))
+}
+
+/// The functions' own errors (`CM001`, `CM002`) as what they mean.
+fn function_error(e: tokio_postgres::Error, reservation: &str) -> OpError {
+    match e.as_db_error().map(|d| d.code().code()) {
+        Some("CM001") => OpError::MissingLedgers,
+        Some("CM002") => OpError::State(StateError::UnknownReservation {
+            id: reservation.to_string(),
+        }),
+        _ => OpError::Pg(e),
+    }
+}
+
+fn limit_i64(l: Option<u64>) -> i64 {
+    l.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))
 }
 
 pub(crate) async fn reserve(
@@ -225,59 +146,62 @@ pub(crate) async fn reserve(
     id: String,
     now: i64,
 ) -> OpResult<ReserveOutcome> {
-    let conn = TxConn::new(client);
-    let write = conn.c().prepare_cached(WRITE_LEDGER).await?;
-    let insert = conn.c().prepare_cached(INSERT_HOLDS).await?;
+    let stmt = client.prepare_cached(RESERVE).await?;
     let sorted = req.sorted();
     let keys: Vec<String> = sorted.iter().map(|(k, _, _)| k.clone()).collect();
-    let locked = lock(&conn, &keys, now, None).await?;
-    for (k, key, limits) in &sorted {
-        let (used, reserved) = locked.ledgers.get(k).copied().unwrap_or_default();
-        if let Err(refusal) = budget::check_room(key, &used, &reserved, limits, &req.amounts) {
-            if locked.expired_any {
-                // Keep the expiries: write the corrected ledgers.
-                let values: Vec<_> = locked
-                    .ledgers
-                    .iter()
-                    .map(|(k, (u, h))| (k.clone(), u.to_i64s(), h.to_i64s()))
-                    .collect();
-                let c = conn.c();
-                conn.commit_with(ledger_writes(c, &write, &values)).await?;
-            } else {
-                conn.rollback().await?;
-            }
-            return Ok(ReserveOutcome::Refused(refusal));
-        }
-    }
-    let values: Vec<_> = locked
-        .ledgers
+    let limits: Vec<i64> = sorted
         .iter()
-        .map(|(k, (u, h))| (k.clone(), u.to_i64s(), h.plus(&req.amounts).to_i64s()))
+        .flat_map(|(_, _, l)| Counter::ALL.map(|c| limit_i64(l.get(c))))
         .collect();
+    let amounts: Vec<i64> = req.amounts.to_i64s().to_vec();
     let expires_at_ms = now.saturating_add(budget::hold_ms(req.hold_for));
-    let a = req.amounts.to_i64s();
-    let hold_params: [&(dyn ToSql + Sync); 8] = [
-        &id,
-        &keys,
-        &a[0],
-        &a[1],
-        &a[2],
-        &a[3],
-        &a[4],
-        &expires_at_ms,
-    ];
-    let c = conn.c();
-    let mut writes = ledger_writes(c, &write, &values);
-    writes.push(Box::pin(async {
-        c.execute(&insert, &hold_params).await.map(|_| ())
-    }));
-    conn.commit_with(writes).await?;
-    Ok(ReserveOutcome::Granted(Reservation {
-        id,
-        ledgers: req.ledgers.clone(),
-        amounts: req.amounts,
-        expires_at_ms,
+    let rows = client
+        .query(
+            &stmt,
+            &[&id, &keys, &limits, &amounts, &now, &expires_at_ms],
+        )
+        .await
+        .map_err(|e| function_error(e, &id))?;
+    let Some(r) = rows.first() else {
+        return Ok(ReserveOutcome::Granted(Reservation {
+            id,
+            ledgers: req.ledgers.clone(),
+            amounts: req.amounts,
+            expires_at_ms,
+        }));
+    };
+    let key: String = col(r, 0)?;
+    let counter: i32 = col(r, 1)?;
+    let (ledger, _) = sorted
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|(_, k, l)| (*k, *l))
+        .ok_or_else(|| {
+            OpError::State(StateError::Backend {
+                location: String::new(),
+                detail: format!("the refusal names ledger `{key}`, which was not asked for"),
+            })
+        })?;
+    let counter = usize::try_from(counter - 1)
+        .ok()
+        .and_then(|i| Counter::ALL.get(i).copied())
+        .ok_or_else(|| corrupt_counter(counter))?;
+    let u64_of = |x: i64| u64::try_from(x).unwrap_or(0);
+    Ok(ReserveOutcome::Refused(BudgetRefusal {
+        ledger: ledger.clone(),
+        counter,
+        used: u64_of(col(r, 2)?),
+        reserved: u64_of(col(r, 3)?),
+        limit: u64_of(col(r, 4)?),
+        amount: req.amounts.get(counter),
     }))
+}
+
+fn corrupt_counter(c: i32) -> OpError {
+    OpError::State(StateError::Backend {
+        location: String::new(),
+        detail: format!("the refusal names counter {c}, which does not exist"),
+    })
 }
 
 /// Settles (`actual` is `Some`) or releases a reservation.
@@ -287,67 +211,73 @@ pub(crate) async fn finish_hold(
     actual: Option<&Amounts>,
     now: i64,
 ) -> OpResult<Option<SettleOutcome>> {
-    let conn = TxConn::new(client);
-    let write = conn.c().prepare_cached(WRITE_LEDGER).await?;
+    let stmt = client.prepare_cached(FINISH_HOLD).await?;
     let keys = r.sorted_keys();
-    let locked = lock(&conn, &keys, now, Some(&r.id)).await?;
-    if locked.hold.is_empty() {
-        conn.rollback().await?;
-        return Err(StateError::UnknownReservation { id: r.id.clone() }.into());
+    let actual_arr: Option<Vec<i64>> = actual.map(|a| a.to_i64s().to_vec());
+    let rows = client
+        .query(&stmt, &[&r.id, &keys, &actual_arr, &now])
+        .await
+        .map_err(|e| function_error(e, &r.id))?;
+    if actual.is_none() {
+        return Ok(None);
     }
-    let mut sorted: Vec<(String, &LedgerKey, &budget::Limits)> =
+    let mut by_key = BTreeMap::new();
+    for row in &rows {
+        let key: String = col(row, 0)?;
+        by_key.insert(key, (amounts_of(col(row, 1)?)?, amounts_of(col(row, 2)?)?));
+    }
+    let mut sorted: Vec<(String, &LedgerKey, &Limits)> =
         r.ledgers.iter().map(|(k, l)| (k.encode(), k, l)).collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut snapshots = Vec::new();
+    let mut ledgers = Vec::new();
     let mut overruns = Vec::new();
-    let mut values = Vec::new();
     for (k, key, limits) in sorted {
-        let (mut used, mut reserved) = locked.ledgers.get(&k).copied().unwrap_or_default();
-        if let Some(Some(held)) = locked.hold.get(&k) {
-            reserved = reserved.minus(held);
-        }
-        if let Some(actual) = actual {
-            used = used.plus(actual);
-            overruns.extend(budget::overruns(key, &used, limits));
-        }
-        values.push((k, used.to_i64s(), reserved.to_i64s()));
-        snapshots.push(LedgerSnapshot {
+        let (used, reserved) = by_key.get(&k).copied().unwrap_or_default();
+        overruns.extend(budget::overruns(key, &used, limits));
+        ledgers.push(LedgerSnapshot {
             key: key.clone(),
             used,
             reserved,
         });
     }
-    // Ledgers whose holds expired but that this reservation does not name (none in
-    // practice: the lock covers exactly its ledgers) need no write.
-    let c = conn.c();
-    conn.commit_with(ledger_writes(c, &write, &values)).await?;
-    Ok(actual.map(|_| SettleOutcome {
-        ledgers: snapshots,
-        overruns,
-    }))
+    Ok(Some(SettleOutcome { ledgers, overruns }))
 }
 
+/// Locks the ledger (giving back holds that ran out), reads it and commits, in one round trip.
 pub(crate) async fn get_ledger(
     client: Client,
     key: &LedgerKey,
     now: i64,
 ) -> OpResult<LedgerSnapshot> {
     let conn = TxConn::new(client);
-    let write = conn.c().prepare_cached(WRITE_LEDGER).await?;
-    let k = key.encode();
-    let locked = lock(&conn, std::slice::from_ref(&k), now, None).await?;
-    let (used, reserved) = locked.ledgers.get(&k).copied().unwrap_or_default();
-    if locked.expired_any {
-        let values = vec![(k, used.to_i64s(), reserved.to_i64s())];
-        let c = conn.c();
-        conn.commit_with(ledger_writes(c, &write, &values)).await?;
-    } else {
-        conn.rollback().await?;
+    let c = conn.c();
+    let (lock, read) = (
+        c.prepare_cached(LOCK_LEDGER).await?,
+        c.prepare_cached(READ_LEDGER).await?,
+    );
+    let k = vec![key.encode()];
+    conn.entering_tx();
+    let lock_params: [&(dyn ToSql + Sync); 2] = [&k, &now];
+    let read_params: [&(dyn ToSql + Sync); 1] = [&k[0]];
+    let (begin, locked, row, commit) = tokio::join!(
+        c.batch_execute("BEGIN"),
+        c.query(&lock, &lock_params),
+        c.query_opt(&read, &read_params),
+        c.batch_execute("COMMIT"),
+    );
+    let commit = commit.map_err(OpError::Pg);
+    if commit.is_ok() {
+        conn.left_tx();
     }
+    begin?;
+    locked.map_err(|e| function_error(e, ""))?;
+    let row = row?;
+    commit?;
+    let row = row.ok_or(OpError::MissingLedgers)?;
     Ok(LedgerSnapshot {
         key: key.clone(),
-        used,
-        reserved,
+        used: amounts_of(col(&row, 0)?)?,
+        reserved: amounts_of(col(&row, 1)?)?,
     })
 }
 
