@@ -5,7 +5,7 @@
 //! call the person was shown, and the gate must check the hash again before it runs the call,
 //! so an approval can never be spent on a different call. Answering is a compare-and-set on a
 //! pending, unexpired row: of two approvers at once exactly one wins, the other gets
-//! [`StateError::ApprovalAnswered`](crate::StateError::ApprovalAnswered).
+//! [`crate::StateError::ApprovalAnswered`].
 
 use std::time::Duration;
 

@@ -19,7 +19,15 @@
 //! still pending, does this replica hold the cell) are taken on rows locked for the
 //! transaction (`SELECT … FOR UPDATE` on PostgreSQL, an `IMMEDIATE` transaction on SQLite, one
 //! mutex in memory), never on a value read earlier, so they hold across threads, processes and
-//! replicas. The rules themselves are shared Rust code, so every backend decides alike.
+//! replicas. The rules are shared Rust code, so every backend decides alike; the one exception
+//! is budget charging on PostgreSQL, which runs in SQL functions (installed by the migration)
+//! so that a ledger every call shares stays locked for microseconds rather than round trips.
+//! One test suite runs against all three backends to hold them to the same behaviour.
+//!
+//! Where state lives: `memory:` in the process; `sqlite:///path` in one file (WAL mode) that
+//! several processes on one machine may share; `postgres://…` in one database (optionally a
+//! schema of it) that every replica shares, with `LISTEN`/`NOTIFY` to wake waiters on the
+//! other replicas ([`StateStore::watch`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), codemode_state::StateError> {
