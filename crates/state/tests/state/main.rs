@@ -40,6 +40,7 @@ every_backend!(
     two_approvers_at_once_one_wins,
     approvals_expire_once_into_denials,
     an_answer_on_one_replica_wakes_the_other,
+    a_cell_finished_on_one_replica_wakes_a_waiter_on_the_other,
     budgets_reserve_settle_release,
     budget_holds_of_a_dead_replica_expire,
     thousand_reservations_two_replicas_budget_of_ten,

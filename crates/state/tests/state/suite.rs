@@ -663,6 +663,40 @@ pub async fn an_answer_on_one_replica_wakes_the_other(env: Env) {
     answerer.await.unwrap().unwrap();
 }
 
+/// `wait` on a cell held elsewhere: the replica holding it finishes it; the waiter sees it.
+pub async fn a_cell_finished_on_one_replica_wakes_a_waiter_on_the_other(env: Env) {
+    env.a
+        .create_cell(new_cell("c", "s", "holder"))
+        .await
+        .unwrap();
+    let mut watch = env.b.watch(Topic::Cell("c".into()));
+    let finisher = {
+        let a = env.a.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let done = CellUpdate {
+                status: CellStatus::Finished,
+                approval_id: None,
+                result: Some(json!(42)),
+            };
+            a.update_cell("c", "holder", done).await
+        })
+    };
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let c = env.b.get_cell("c").await.unwrap().unwrap();
+            if c.status.is_terminal() {
+                return c;
+            }
+            watch.changed().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{}: the waiter never saw the cell finish", env.name));
+    assert_eq!(seen.result, Some(json!(42)));
+    finisher.await.unwrap().unwrap();
+}
+
 // --- budgets ------------------------------------------------------------------------------
 
 pub async fn budgets_reserve_settle_release(env: Env) {
