@@ -1,0 +1,161 @@
+//! The one trait every backend implements.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
+use crate::approval::{Answer, ApprovalQuery, ApprovalRecord, NewApproval};
+use crate::audit::{AuditHead, AuditLineFn, AuditRecord};
+use crate::budget::{
+    Amounts, LedgerKey, LedgerSnapshot, Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,
+};
+use crate::cell::{CellRecord, CellUpdate, NewCell, ReplayEntry};
+use crate::error::Result;
+use crate::session::{SessionRecord, StoreChange};
+use crate::watch::{Topic, Watch};
+
+/// Durable state shared by every replica that opens the same database.
+///
+/// Object-safe (methods return boxed futures), so the runtime holds an `Arc<dyn StateStore>`
+/// chosen at start by URL ([`crate::open`]). Every method that writes is one transaction:
+/// it commits whole or not at all.
+pub trait StateStore: Send + Sync + 'static {
+    /// Where the state lives, for logs and errors (never with a password).
+    fn describe(&self) -> String;
+
+    /// Checks that the database answers (for `/readyz`).
+    fn ping(&self) -> BoxFuture<'_, Result<()>>;
+
+    /// Subscribes to changes of a cell or an approval; see [`Watch`].
+    fn watch(&self, topic: Topic) -> Watch;
+
+    // --- sessions -------------------------------------------------------------------------
+
+    /// Records that a session was seen now, creating it (with `principal`) the first time.
+    fn touch_session<'a>(
+        &'a self,
+        id: &'a str,
+        principal: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<SessionRecord>>;
+
+    fn get_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<SessionRecord>>>;
+
+    /// Removes a session and its `store()` values. Returns whether it existed.
+    fn delete_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
+
+    /// The session's `store()` values (empty for an unknown session).
+    fn load_store<'a>(&'a self, session: &'a str)
+    -> BoxFuture<'a, Result<BTreeMap<String, Value>>>;
+
+    /// Applies a script's `store()` writes in order, all together.
+    fn apply_store<'a>(
+        &'a self,
+        session: &'a str,
+        changes: &'a [StoreChange],
+    ) -> BoxFuture<'a, Result<()>>;
+
+    // --- cells ----------------------------------------------------------------------------
+
+    /// Creates a running cell held by `cell.owner`.
+    fn create_cell(&self, cell: NewCell) -> BoxFuture<'_, Result<CellRecord>>;
+
+    fn get_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<CellRecord>>>;
+
+    /// A session's cells, oldest first.
+    fn list_cells<'a>(&'a self, session: &'a str) -> BoxFuture<'a, Result<Vec<CellRecord>>>;
+
+    /// Takes the cell for `replica` (or renews its lease) when nobody else holds a live lease.
+    fn claim_cell<'a>(
+        &'a self,
+        id: &'a str,
+        replica: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<CellRecord>>;
+
+    /// Sets the status (and approval, result) of a cell `replica` holds. A terminal status
+    /// releases the cell and drops its replay log.
+    fn update_cell<'a>(
+        &'a self,
+        id: &'a str,
+        replica: &'a str,
+        update: CellUpdate,
+    ) -> BoxFuture<'a, Result<CellRecord>>;
+
+    /// Live cells nobody holds a live lease on: what a starting replica may pick up.
+    fn claimable_cells(&self) -> BoxFuture<'_, Result<Vec<CellRecord>>>;
+
+    /// Deletes a cell and its replay log. Returns whether it existed.
+    fn delete_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
+
+    /// Appends steps to the replay log of a cell `replica` holds; they must continue it.
+    fn append_replay<'a>(
+        &'a self,
+        cell: &'a str,
+        replica: &'a str,
+        entries: &'a [ReplayEntry],
+    ) -> BoxFuture<'a, Result<()>>;
+
+    fn read_replay<'a>(&'a self, cell: &'a str) -> BoxFuture<'a, Result<Vec<ReplayEntry>>>;
+
+    // --- approvals ------------------------------------------------------------------------
+
+    fn create_approval(&self, approval: NewApproval) -> BoxFuture<'_, Result<ApprovalRecord>>;
+
+    fn get_approval<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<ApprovalRecord>>>;
+
+    /// Oldest first.
+    fn list_approvals(&self, query: ApprovalQuery) -> BoxFuture<'_, Result<Vec<ApprovalRecord>>>;
+
+    /// Answers a pending approval: a compare-and-set, so of two answers at once one wins.
+    fn answer_approval<'a>(
+        &'a self,
+        id: &'a str,
+        answer: Answer,
+    ) -> BoxFuture<'a, Result<ApprovalRecord>>;
+
+    /// Marks every pending approval past its time as expired and returns them (each needs an
+    /// audit line). Approvals expire only here, so each expiry is returned exactly once.
+    fn expire_approvals(&self) -> BoxFuture<'_, Result<Vec<ApprovalRecord>>>;
+
+    // --- budgets --------------------------------------------------------------------------
+
+    /// Holds the amounts on every ledger, or refuses naming the first that has no room.
+    fn reserve(&self, request: ReserveRequest) -> BoxFuture<'_, Result<ReserveOutcome>>;
+
+    /// Replaces a hold by what the call spent.
+    fn settle<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        actual: Amounts,
+    ) -> BoxFuture<'a, Result<SettleOutcome>>;
+
+    /// Drops a hold for a call that did not run.
+    fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>>;
+
+    /// A ledger as stored now (zeros for one never charged).
+    fn get_ledger<'a>(&'a self, key: &'a LedgerKey) -> BoxFuture<'a, Result<LedgerSnapshot>>;
+
+    // --- audit ----------------------------------------------------------------------------
+
+    /// Appends the line `make` builds on the stream's current head, serialized with every
+    /// other append to the stream, on every replica.
+    fn append_audit<'a>(
+        &'a self,
+        stream: &'a str,
+        make: AuditLineFn,
+    ) -> BoxFuture<'a, Result<AuditRecord>>;
+
+    /// Up to `limit` lines with `seq > after_seq`, in order.
+    fn read_audit<'a>(
+        &'a self,
+        stream: &'a str,
+        after_seq: u64,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<AuditRecord>>>;
+
+    fn audit_head<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<AuditHead>>;
+
+    fn audit_streams(&self) -> BoxFuture<'_, Result<Vec<String>>>;
+}

@@ -1,0 +1,119 @@
+//! Two store instances on one shared state, for each backend: two handles of one store in
+//! memory, two connections (own threads) on one SQLite file, two pools on one PostgreSQL
+//! schema. Both share a manual clock, so tests move time without sleeping.
+
+use std::any::Any;
+use std::io::Write;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use codemode_state::{
+    Clock, ManualClock, MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore,
+    StateStore,
+};
+
+pub const PG_URL_VAR: &str = "CODEMODE_TEST_POSTGRES_URL";
+pub const START_MS: i64 = 1_800_000_000_000;
+
+pub struct Env {
+    pub name: &'static str,
+    pub a: Arc<dyn StateStore>,
+    pub b: Arc<dyn StateStore>,
+    pub clock: ManualClock,
+    _keep: Box<dyn Any + Send>,
+}
+
+/// The PostgreSQL URL, or `None` after saying once, on the real stderr (not captured by the
+/// test harness), why PostgreSQL tests are skipped.
+pub fn postgres_url() -> Option<String> {
+    static SAY: Once = Once::new();
+    match std::env::var(PG_URL_VAR) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            SAY.call_once(|| {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: PostgreSQL state tests, because {PG_URL_VAR} is not set; run them with `scripts/with-postgres cargo test -p codemode-state`"
+                );
+            });
+            None
+        }
+    }
+}
+
+pub fn test_sqlite_options() -> SqliteOptions {
+    SqliteOptions {
+        busy_timeout: Duration::from_secs(60),
+        poll_interval: Duration::from_millis(50),
+        ..SqliteOptions::default()
+    }
+}
+
+/// Options for a store in a fresh schema of its own (tests run in parallel).
+pub fn test_postgres_options(schema: &str) -> PostgresOptions {
+    PostgresOptions {
+        pool_size: 8,
+        schema: Some(schema.to_string()),
+        poll_interval: Duration::from_secs(60),
+        ..PostgresOptions::default()
+    }
+}
+
+pub fn fresh_schema() -> String {
+    format!(
+        "cm_test_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    )
+}
+
+impl Env {
+    pub async fn memory() -> Option<Env> {
+        let (clock, handle) = Clock::manual(START_MS);
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new(clock));
+        Some(Env {
+            name: "memory",
+            a: store.clone(),
+            b: store,
+            clock: handle,
+            _keep: Box::new(()),
+        })
+    }
+
+    pub async fn sqlite() -> Option<Env> {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("state.db");
+        let (clock, handle) = Clock::manual(START_MS);
+        let a = SqliteStore::open(&path, test_sqlite_options(), clock.clone())
+            .await
+            .expect("open sqlite a");
+        let b = SqliteStore::open(&path, test_sqlite_options(), clock)
+            .await
+            .expect("open sqlite b");
+        Some(Env {
+            name: "sqlite",
+            a: Arc::new(a),
+            b: Arc::new(b),
+            clock: handle,
+            _keep: Box::new(dir),
+        })
+    }
+
+    pub async fn postgres() -> Option<Env> {
+        let url = postgres_url()?;
+        let schema = fresh_schema();
+        let (clock, handle) = Clock::manual(START_MS);
+        let a = PostgresStore::open(&url, test_postgres_options(&schema), clock.clone())
+            .await
+            .expect("open postgres a");
+        let b = PostgresStore::open(&url, test_postgres_options(&schema), clock)
+            .await
+            .expect("open postgres b");
+        Some(Env {
+            name: "postgres",
+            a: Arc::new(a),
+            b: Arc::new(b),
+            clock: handle,
+            _keep: Box::new(()),
+        })
+    }
+}
