@@ -96,7 +96,10 @@ async fn reads_judged_inside_never_read_outside_while_a_symlink_flips() {
     let read = b.tool("read");
     let swapper = Swapper::symlinks(link, [inner.clone(), secret.clone()]);
     let (mut judged_inside, mut escapes, mut refused) = (0, 0, 0);
-    for _ in 0..ROUNDS {
+    for round in 0..ROUNDS * 10 {
+        if round >= ROUNDS && judged_inside > 50 {
+            break;
+        }
         let Some((prepared, path)) = judged(read.as_ref(), &json!({"path": "link"})) else {
             continue;
         };
@@ -141,7 +144,12 @@ async fn writes_judged_inside_never_land_outside_while_a_symlink_flips() {
     let write = b.tool("write");
     let swapper = Swapper::symlinks(link, [target.clone(), victim.clone()]);
     let mut written = 0;
-    for i in 0..ROUNDS {
+    // Keep going until enough writes ran: on a loaded 2-core machine the
+    // swapper can win most rounds, and a round it wins proves nothing.
+    for i in 0..ROUNDS * 10 {
+        if i >= ROUNDS && written >= 50 {
+            break;
+        }
         let content = format!("write {i}");
         let args = json!({"path": "link", "content": content});
         let Some((prepared, path)) = judged(write.as_ref(), &args) else {
