@@ -67,11 +67,38 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
     let approvals = codemode_mcp::ElicitationApprover::new();
-    let installation =
-        setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
+    let installation = setup::build_with(
+        &args.setup,
+        &args.limits,
+        Some(Arc::new(approvals.clone())),
+        true,
+    )
+    .await?;
     for warning in installation.warnings() {
         tracing::warn!("{warning}");
     }
+    // Cells whose process stopped (killed, crashed) are rebuilt here by replaying their logs.
+    if installation.codemode().cells().is_some() {
+        match installation.codemode().resume_cells().await {
+            Ok(ids) if !ids.is_empty() => {
+                tracing::info!(cells = ?ids, "took over cells left by a stopped codemode")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("could not take over cells left by a stopped codemode: {e}"),
+        }
+    }
+    // A stopped process's cells become free when its lease lapses: keep looking.
+    let resumer = installation.codemode().cells().is_some().then(|| {
+        let codemode = installation.codemode().clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Err(e) = codemode.resume_cells().await {
+                    tracing::debug!("looking for cells to take over failed: {e}");
+                }
+            }
+        })
+    });
     // MCP servers connect in the background: `initialize` is answered at once, and every
     // client hears when the servers' tools arrive or change (the registry already follows).
     let mut changes = installation.tools_changed();
@@ -127,6 +154,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         );
     }
     follower.abort();
+    if let Some(resumer) = resumer {
+        resumer.abort();
+    }
     installation.shutdown().await;
     signals.abort();
     served?;

@@ -33,7 +33,7 @@ use codemode_state::{StateError, StateStore};
 
 pub use approver::PausingApprover;
 pub use report::{CellReport, PendingCall, WaitOptions};
-pub use run::answer_approval;
+pub use run::{answer_approval, expire_in};
 
 pub(crate) use live::LiveCell;
 pub(crate) use record::CellLink;
