@@ -11,10 +11,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cells-client.cjs");
+const CLIENT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/cells-client.cjs"
+);
 
 fn testbed() -> PathBuf {
-    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../testbed/node_modules"));
+    let p = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testbed/node_modules"
+    ));
     assert!(
         p.join("@modelcontextprotocol/sdk").exists(),
         "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
@@ -73,7 +79,10 @@ impl Env {
 
     fn serve_args(&self) -> Vec<String> {
         let mut args = vec!["serve".to_string(), "--mode".into(), "only".into()];
-        args.extend(["--policy".into(), self.root.join("policy.cedar").display().to_string()]);
+        args.extend([
+            "--policy".into(),
+            self.root.join("policy.cedar").display().to_string(),
+        ]);
         args.extend(self.dirs());
         args
     }
@@ -117,11 +126,17 @@ fn a_long_script_yields_and_wait_returns_the_rest() {
     assert_eq!(r["tools"], json!(["codemode", "wait"]), "{r}");
     let first = &r["first"];
     assert_eq!(first["status"], "running", "{first}");
-    assert!(first["text"].as_str().unwrap().contains("before"), "{first}");
-    assert!(!first["text"].as_str().unwrap().contains("after"), "{first}");
+    assert!(
+        first["text"].as_str().unwrap().contains("before"),
+        "{first}"
+    );
+    assert!(
+        !first["text"].as_str().unwrap().contains("after"),
+        "{first}"
+    );
     let last = &r["last"];
     assert_eq!(last["status"], "finished", "{r}");
-    assert_eq!(last["structured"]["result"]["value"], 42, "{last}");
+    assert_eq!(last["structured"]["value"], 42, "{last}");
     let seen: String = r["waits"]
         .as_array()
         .unwrap()
@@ -136,7 +151,11 @@ fn a_long_script_yields_and_wait_returns_the_rest() {
         ("bad", "timeout_ms"),
     ] {
         assert_eq!(r[key]["isError"], true, "{key}: {}", r[key]);
-        assert!(r[key]["text"].as_str().unwrap().contains(needle), "{key}: {}", r[key]);
+        assert!(
+            r[key]["text"].as_str().unwrap().contains(needle),
+            "{key}: {}",
+            r[key]
+        );
     }
     assert_eq!(r["long"]["status"], "running");
     assert_eq!(r["stopped"]["status"], "terminated", "{}", r["stopped"]);
@@ -144,7 +163,11 @@ fn a_long_script_yields_and_wait_returns_the_rest() {
 
 fn approval_json(env: &Env, id: &str) -> Value {
     let out = env.approvals(&["show", id, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -163,7 +186,10 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
     assert_eq!(r["status"], "waiting_for_approval", "{r}");
     let pending = &r["structured"]["pending"][0];
     assert_eq!(pending["tool"], "bash");
-    assert_eq!(pending["arguments"], json!({"command": "echo second >> count.txt"}));
+    assert_eq!(
+        pending["arguments"],
+        json!({"command": "echo second >> count.txt"})
+    );
     assert_eq!(pending["policy_ids"], json!(["second-step-needs-a-person"]));
     let id = pending["approval_id"].as_str().unwrap().to_string();
     assert_eq!(env.count(), "first\n");
@@ -171,7 +197,10 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
     // The server is dead; the approval is still there for the person.
     let list = env.approvals(&["list"]);
     let listed = String::from_utf8_lossy(&list.stdout);
-    assert!(listed.contains(&id) && listed.contains("echo second"), "{listed}");
+    assert!(
+        listed.contains(&id) && listed.contains("echo second"),
+        "{listed}"
+    );
     let shown = approval_json(&env, &id);
     assert_eq!(shown["approval"]["state"], "pending");
     assert_eq!(shown["cell"]["status"], "waiting_for_approval");
@@ -185,7 +214,11 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("different call"));
 
     let ok = env.approvals(&["approve", &id, "--by", "alice"]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     let twice = env.approvals(&["deny", &id]);
     assert_eq!(twice.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&twice.stderr).contains("already answered"));
@@ -216,7 +249,11 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
     });
     std::fs::write(&stop, "").unwrap();
     let out = holder.join().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(env.count(), "first\nsecond\n", "no call ran twice");
 
     let audit = std::fs::read_to_string(env.root.join("state/audit.jsonl")).unwrap();
@@ -239,20 +276,35 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
         },
         None,
     );
-    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
 }
 
 #[test]
 fn a_state_database_that_cannot_be_used_stops_serve_at_start_with_a_clear_error() {
     let env = Env::new();
     let db: &Path = &env.root.join("state/state.db");
-    std::fs::write(db, b"this is not an SQLite database, it is a text file that got here").unwrap();
+    std::fs::write(
+        db,
+        b"this is not an SQLite database, it is a text file that got here",
+    )
+    .unwrap();
     let mut cmd = common::codemode();
     cmd.args(env.serve_args());
     let out = common::pipe(cmd, None);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("damaged or is not a codemode state database"), "{err}");
+    assert!(
+        err.contains("damaged or is not a codemode state database"),
+        "{err}"
+    );
     // Nothing was overwritten.
-    assert!(std::fs::read(db).unwrap().starts_with(b"this is not an SQLite"));
+    assert!(
+        std::fs::read(db)
+            .unwrap()
+            .starts_with(b"this is not an SQLite")
+    );
 }

@@ -179,10 +179,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" | "min" => n * 60.0,
         "h" => n * 3600.0,
         "d" => n * 86400.0,
-        other => return Err(format!("unknown unit `{other}` in `{s}`; use ms, s, m, h or d")),
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{s}`; use ms, s, m, h or d"
+            ));
+        }
     };
     if !(secs > 0.0 && secs.is_finite() && secs < 1e10) {
-        return Err(format!("`{s}` must be more than zero and less than 300 years"));
+        return Err(format!(
+            "`{s}` must be more than zero and less than 300 years"
+        ));
     }
     Ok(Duration::from_secs_f64(secs))
 }
@@ -200,7 +206,9 @@ fn duration_opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::
             "0 seconds would expire every approval at once; give a positive duration such as \"30m\"",
         )),
         Some(Raw::Seconds(s)) => Ok(Some(Duration::from_secs(s))),
-        Some(Raw::Text(t)) => parse_duration(&t).map(Some).map_err(serde::de::Error::custom),
+        Some(Raw::Text(t)) => parse_duration(&t)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
     }
 }
 

@@ -203,7 +203,9 @@ impl HostState {
         let logged_call = logged.clone();
         let run = async move {
             match logged_call {
-                Some((link, name, args)) => logged_gate_call(gate, request, &link, &name, &args).await,
+                Some((link, name, args)) => {
+                    logged_gate_call(gate, request, &link, &name, &args).await
+                }
                 None => gate.call(request).await.map_err(gate_error),
             }
         };
@@ -272,8 +274,13 @@ async fn logged_gate_call(
     link.started(seq, name, args).await.map_err(plain_error)?;
     let executed = admission.execute().await;
     let outcome = admission.finish(executed).await.map_err(gate_error);
-    let seen = outcome.as_ref().map(|o| o.value.clone()).map_err(Clone::clone);
-    link.ended(seq, name, args, &seen).await.map_err(plain_error)?;
+    let seen = outcome
+        .as_ref()
+        .map(|o| o.value.clone())
+        .map_err(Clone::clone);
+    link.ended(seq, name, args, &seen)
+        .await
+        .map_err(plain_error)?;
     outcome
 }
 

@@ -53,9 +53,9 @@ mod run;
 mod store;
 
 pub use builder::{CodemodeBuilder, RuntimeError};
+pub use cells::{CellError, CellReport, Cells, CellsConfig, PendingCall, WaitOptions};
 /// The state store crate, for front ends that answer approvals or list cells.
 pub use codemode_state;
-pub use cells::{CellError, CellReport, Cells, CellsConfig, PendingCall, WaitOptions};
 pub use globals::READ_ONLY_GLOBALS;
 pub use run::{CallEvent, CallObserver, GateRecord, ScriptRequest, ScriptRun, ScriptSurface};
 

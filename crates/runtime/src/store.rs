@@ -51,7 +51,9 @@ pub(crate) fn changes(writes: &[StoreWrite]) -> Vec<codemode_state::StoreChange>
                 key: key.clone(),
                 value: value.clone(),
             },
-            StoreWrite::Delete { key, .. } => codemode_state::StoreChange::Delete { key: key.clone() },
+            StoreWrite::Delete { key, .. } => {
+                codemode_state::StoreChange::Delete { key: key.clone() }
+            }
         })
         .collect()
 }

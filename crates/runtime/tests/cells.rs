@@ -127,11 +127,7 @@ async fn world(dir: &std::path::Path, setup: Setup) -> World {
         .audit(audit)
         .build()
         .unwrap();
-    let codemode = Codemode::builder()
-        .gate(gate)
-        .cells(cells)
-        .build()
-        .unwrap();
+    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
     World {
         codemode,
         runs,
@@ -157,7 +153,11 @@ fn wait_for(ms: u64) -> WaitOptions {
 async fn finish(w: &World, session: &str, cell: &str) -> (codemode_runtime::CellReport, String) {
     let mut all = String::new();
     for _ in 0..200 {
-        let r = w.codemode.wait_cell(session, cell, wait_for(2_000)).await.unwrap();
+        let r = w
+            .codemode
+            .wait_cell(session, cell, wait_for(2_000))
+            .await
+            .unwrap();
         all.push_str(&r.text);
         if r.status.is_terminal() {
             return (r, all);
@@ -186,12 +186,19 @@ return "done";"#;
     assert_eq!(last.status, CellStatus::Finished, "{all}");
     assert!(all.contains("second"), "{all}");
     assert!(last.text.contains("done"), "{}", last.text);
-    assert!(!last.text.contains("first"), "output already reported is not repeated: {}", last.text);
+    assert!(
+        !last.text.contains("first"),
+        "output already reported is not repeated: {}",
+        last.text
+    );
     assert_eq!(w.runs.load(Ordering::SeqCst), 2);
     // The result was returned: waiting again is an error, as is another session's or an
     // unknown cell.
     let again = w.codemode.wait_cell("s1", &first.cell, wait_for(10)).await;
-    assert!(matches!(again, Err(CellError::Finished { .. })), "{again:?}");
+    assert!(
+        matches!(again, Err(CellError::Finished { .. })),
+        "{again:?}"
+    );
     let stored = w.store.get_cell(&first.cell).await.unwrap().unwrap();
     assert_eq!(stored.status, CellStatus::Finished);
     assert!(w.store.read_replay(&first.cell).await.unwrap().is_empty());
@@ -204,15 +211,33 @@ async fn wait_refuses_unknown_and_other_sessions_cells() {
     let code = "// @options: {\"yield_after_ms\": 50}\nawait tools.counted({ms: 3000}); return 1";
     let r = w.codemode.start_cell(req(code, "owner")).await.unwrap();
     assert_eq!(r.status, CellStatus::Running);
-    let other = w.codemode.wait_cell("intruder", &r.cell, wait_for(10)).await;
+    let other = w
+        .codemode
+        .wait_cell("intruder", &r.cell, wait_for(10))
+        .await;
     let message = other.unwrap_err().to_string();
     assert!(message.contains("no cell"), "{message}");
-    let unknown = w.codemode.wait_cell("owner", "cell_nope", wait_for(10)).await;
+    let unknown = w
+        .codemode
+        .wait_cell("owner", "cell_nope", wait_for(10))
+        .await;
     assert!(matches!(unknown, Err(CellError::Unknown(_))), "{unknown:?}");
     // The intruder's attempt to terminate did nothing either.
-    let terminate = WaitOptions { timeout: None, terminate: true };
-    assert!(w.codemode.wait_cell("intruder", &r.cell, terminate.clone()).await.is_err());
-    let done = w.codemode.wait_cell("owner", &r.cell, wait_for(10_000)).await.unwrap();
+    let terminate = WaitOptions {
+        timeout: None,
+        terminate: true,
+    };
+    assert!(
+        w.codemode
+            .wait_cell("intruder", &r.cell, terminate.clone())
+            .await
+            .is_err()
+    );
+    let done = w
+        .codemode
+        .wait_cell("owner", &r.cell, wait_for(10_000))
+        .await
+        .unwrap();
     assert_eq!(done.status, CellStatus::Finished, "{}", done.text);
 }
 
@@ -225,12 +250,23 @@ async fn terminate_stops_the_script_and_cancels_its_calls() {
     assert_eq!(r.status, CellStatus::Running);
     let stopped = w
         .codemode
-        .wait_cell("s", &r.cell, WaitOptions { timeout: None, terminate: true })
+        .wait_cell(
+            "s",
+            &r.cell,
+            WaitOptions {
+                timeout: None,
+                terminate: true,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(stopped.status, CellStatus::Terminated, "{}", stopped.text);
     assert!(!stopped.text.contains("never"));
-    assert_eq!(w.cancelled.load(Ordering::SeqCst), 2, "both calls in flight were cancelled");
+    assert_eq!(
+        w.cancelled.load(Ordering::SeqCst),
+        2,
+        "both calls in flight were cancelled"
+    );
     let stored = w.store.get_cell(&r.cell).await.unwrap().unwrap();
     assert_eq!(stored.status, CellStatus::Terminated);
 }
@@ -258,15 +294,27 @@ return seen;"#;
     let r = w.codemode.start_cell(req(code, "s")).await.unwrap();
     assert_eq!(r.status, CellStatus::Running);
     let (last, _) = finish(&w, "s", &r.cell).await;
-    let value = &last.structured()["result"]["value"];
-    assert_eq!(value, &json!(["ok", "ok", "ok", "budget", "budget", "budget"]), "{}", last.text);
+    let value = &last.structured()["value"];
+    assert_eq!(
+        value,
+        &json!(["ok", "ok", "ok", "budget", "budget", "budget"]),
+        "{}",
+        last.text
+    );
     assert_eq!(w.runs.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_has_a_bounded_number_of_live_cells() {
     let dir = tempfile::tempdir().unwrap();
-    let w = world(dir.path(), Setup { max_live: 2, ..Setup::default() }).await;
+    let w = world(
+        dir.path(),
+        Setup {
+            max_live: 2,
+            ..Setup::default()
+        },
+    )
+    .await;
     let code = "// @options: {\"yield_after_ms\": 20}\nawait tools.counted({ms: 5000})";
     let a = w.codemode.start_cell(req(code, "s")).await.unwrap();
     let _b = w.codemode.start_cell(req(code, "s")).await.unwrap();
@@ -275,9 +323,15 @@ async fn a_session_has_a_bounded_number_of_live_cells() {
     assert!(message.contains("already has 2 live cells"), "{message}");
     // Another session is not affected.
     assert!(w.codemode.start_cell(req(code, "t")).await.is_ok());
-    let stop = WaitOptions { timeout: None, terminate: true };
+    let stop = WaitOptions {
+        timeout: None,
+        terminate: true,
+    };
     w.codemode.wait_cell("s", &a.cell, stop).await.unwrap();
-    assert!(w.codemode.start_cell(req(code, "s")).await.is_ok(), "room again after one ended");
+    assert!(
+        w.codemode.start_cell(req(code, "s")).await.is_ok(),
+        "room again after one ended"
+    );
 }
 
 fn audit_lines(path: &std::path::Path) -> Vec<Value> {
@@ -300,13 +354,22 @@ return r.n;"#;
     assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
     let pending = &r.pending[0];
     assert_eq!(pending.tool, "danger");
-    assert_eq!(pending.arguments, json!({ "path": "/etc/motd", "mode": 420 }));
-    assert_eq!(pending.policy_ids, vec!["danger-needs-a-person".to_string()]);
+    assert_eq!(
+        pending.arguments,
+        json!({ "path": "/etc/motd", "mode": 420 })
+    );
+    assert_eq!(
+        pending.policy_ids,
+        vec!["danger-needs-a-person".to_string()]
+    );
     assert!(r.text.contains(&pending.approval_id), "{}", r.text);
     assert_eq!(w.danger_runs.load(Ordering::SeqCst), 0);
     let stored = w.store.get_cell(&r.cell).await.unwrap().unwrap();
     assert_eq!(stored.status, CellStatus::WaitingForApproval);
-    assert_eq!(stored.approval_id.as_deref(), Some(pending.approval_id.as_str()));
+    assert_eq!(
+        stored.approval_id.as_deref(),
+        Some(pending.approval_id.as_str())
+    );
 
     w.codemode
         .answer_approval(&pending.approval_id, Decision::Approve, "alice", "library")
@@ -322,8 +385,14 @@ return r.n;"#;
         .answer_approval(&pending.approval_id, Decision::Deny, "mallory", "library")
         .await;
     let message = again.unwrap_err().to_string();
-    assert!(message.contains("already answered") && message.contains("alice"), "{message}");
-    let unknown = w.codemode.answer_approval("ap_nope", Decision::Approve, "x", "library").await;
+    assert!(
+        message.contains("already answered") && message.contains("alice"),
+        "{message}"
+    );
+    let unknown = w
+        .codemode
+        .answer_approval("ap_nope", Decision::Approve, "x", "library")
+        .await;
     assert!(unknown.unwrap_err().to_string().contains("no approval"));
     let lines = audit_lines(&w.audit);
     let answer = lines
@@ -355,16 +424,26 @@ async fn a_denied_or_expired_approval_is_a_refusal_the_script_sees() {
         .await
         .unwrap();
     let (last, _) = finish(&w, "s", &denied.cell).await;
-    assert!(last.text.contains("approval: `danger` was not approved"), "{}", last.text);
+    assert!(
+        last.text.contains("approval: `danger` was not approved"),
+        "{}",
+        last.text
+    );
 
     let expiring = w.codemode.start_cell(req(code, "s")).await.unwrap();
     assert_eq!(expiring.status, CellStatus::WaitingForApproval);
     let id = expiring.pending[0].approval_id.clone();
     let (last, _) = finish(&w, "s", &expiring.cell).await;
     assert!(last.text.contains("expired"), "{}", last.text);
-    let late = w.codemode.answer_approval(&id, Decision::Approve, "carol", "library").await;
+    let late = w
+        .codemode
+        .answer_approval(&id, Decision::Approve, "carol", "library")
+        .await;
     let message = late.unwrap_err().to_string();
-    assert!(message.contains("expired") || message.contains("already answered"), "{message}");
+    assert!(
+        message.contains("expired") || message.contains("already answered"),
+        "{message}"
+    );
     assert_eq!(w.danger_runs.load(Ordering::SeqCst), 0);
     let lines = audit_lines(&w.audit);
     let expired: Vec<&Value> = lines
@@ -386,8 +465,10 @@ async fn of_two_answers_at_once_exactly_one_wins() {
         .unwrap();
     let id = r.pending[0].approval_id.clone();
     let (a, b) = tokio::join!(
-        w.codemode.answer_approval(&id, Decision::Approve, "alice", "library"),
-        w.codemode.answer_approval(&id, Decision::Deny, "bob", "library"),
+        w.codemode
+            .answer_approval(&id, Decision::Approve, "alice", "library"),
+        w.codemode
+            .answer_approval(&id, Decision::Deny, "bob", "library"),
     );
     assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
     let (last, _) = finish(&w, "s", &r.cell).await;
@@ -411,18 +492,41 @@ async fn of_two_answers_at_once_exactly_one_wins() {
         Some(&other_hash),
     )
     .await;
-    assert!(matches!(forged, Err(StateError::ApprovalMismatch { .. })), "{forged:?}");
-    let terminate = WaitOptions { timeout: None, terminate: true };
-    w.codemode.wait_cell("s", &r2.cell, terminate).await.unwrap();
-    let left = w.store.list_approvals(ApprovalQuery::pending()).await.unwrap();
-    assert!(left.is_empty(), "a terminated cell leaves no pending approval: {left:?}");
+    assert!(
+        matches!(forged, Err(StateError::ApprovalMismatch { .. })),
+        "{forged:?}"
+    );
+    let terminate = WaitOptions {
+        timeout: None,
+        terminate: true,
+    };
+    w.codemode
+        .wait_cell("s", &r2.cell, terminate)
+        .await
+        .unwrap();
+    let left = w
+        .store
+        .list_approvals(ApprovalQuery::pending())
+        .await
+        .unwrap();
+    assert!(
+        left.is_empty(),
+        "a terminated cell leaves no pending approval: {left:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_taken_over_by_another_process_replays_its_calls_and_runs_none_twice() {
     let dir = tempfile::tempdir().unwrap();
     let lease = Duration::from_millis(600);
-    let first = world(dir.path(), Setup { lease, ..Setup::default() }).await;
+    let first = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
     let code = r#"const a = await tools.counted({ step: 1 });
 const b = await tools.counted({ step: 2, random: Math.random() });
 text("before " + a.n + b.n);
@@ -449,13 +553,29 @@ return [a.n, b.n, d.n];"#;
     .unwrap();
     tokio::time::sleep(lease + Duration::from_millis(300)).await;
     // ... and a second process takes the cell over.
-    let second = world(dir.path(), Setup { lease, ..Setup::default() }).await;
+    let second = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
     let resumed = second.codemode.resume_cells().await.unwrap();
     assert_eq!(resumed, vec![r.cell.clone()]);
     let (last, all) = finish(&second, "s", &r.cell).await;
     assert_eq!(last.status, CellStatus::Finished, "{all}");
-    assert_eq!(last.structured()["result"]["value"], json!([1, 2, 1]), "{}", last.text);
-    assert_eq!(second.runs.load(Ordering::SeqCst), 0, "no recorded call ran again");
+    assert_eq!(
+        last.structured()["value"],
+        json!([1, 2, 1]),
+        "{}",
+        last.text
+    );
+    assert_eq!(
+        second.runs.load(Ordering::SeqCst),
+        0,
+        "no recorded call ran again"
+    );
     assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
     assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
 }
@@ -464,7 +584,14 @@ return [a.n, b.n, d.n];"#;
 async fn a_script_that_differs_on_replay_fails_naming_the_step() {
     let dir = tempfile::tempdir().unwrap();
     let lease = Duration::from_millis(400);
-    let first = world(dir.path(), Setup { lease, ..Setup::default() }).await;
+    let first = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
     // The script depends on the store, which changes between the run and its replay.
     let code = r#"const mode = load("mode") ?? "a";
 await tools.counted({ mode });
@@ -485,12 +612,23 @@ return mode;"#;
         .await
         .unwrap();
     tokio::time::sleep(lease + Duration::from_millis(300)).await;
-    let second = world(dir.path(), Setup { lease, ..Setup::default() }).await;
+    let second = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
     second.codemode.resume_cells().await.unwrap();
     let (last, _) = finish(&second, "s", &r.cell).await;
     assert_eq!(last.status, CellStatus::Failed);
     assert!(last.text.contains("diverged at step 1"), "{}", last.text);
-    assert!(last.text.contains(r#"{"mode":"b"}"#) && last.text.contains(r#"{"mode":"a"}"#), "{}", last.text);
+    assert!(
+        last.text.contains(r#"{"mode":"b"}"#) && last.text.contains(r#"{"mode":"a"}"#),
+        "{}",
+        last.text
+    );
     assert_eq!(second.runs.load(Ordering::SeqCst), 0);
     let stored = second.store.get_cell(&r.cell).await.unwrap().unwrap();
     assert_eq!(stored.status, CellStatus::Failed);

@@ -275,7 +275,7 @@ impl InstallationBuilder {
             audit = log;
         }
         let cells = match cells_on {
-            true => Some(open_cells(durable, audit).await?),
+            true => Some(open_cells(durable, audit, &workdir).await?),
             false => None,
         };
         match (&cells, self.approver) {
@@ -343,8 +343,10 @@ impl InstallationBuilder {
 async fn open_cells(
     durable: &codemode_config::Durable,
     audit: AuditLog,
+    workdir: &Path,
 ) -> Result<codemode_runtime::Cells, SetupError> {
-    if let codemode_state::StateUrl::Sqlite(path) = codemode_state::StateUrl::parse(&durable.state_url)?
+    if let codemode_state::StateUrl::Sqlite(path) =
+        codemode_state::StateUrl::parse(&durable.state_url)?
         && let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
         && !dir.exists()
@@ -352,7 +354,8 @@ async fn open_cells(
         // The state directory may not exist yet on a fresh machine; private to the user.
         let _ = std::fs::create_dir_all(dir);
     }
-    let store = codemode_state::open(&durable.state_url, codemode_state::OpenOptions::default()).await?;
+    let store =
+        codemode_state::open(&durable.state_url, codemode_state::OpenOptions::default()).await?;
     let mut config = codemode_runtime::CellsConfig::new(store);
     config.yield_after = std::time::Duration::from_millis(durable.yield_after_ms);
     config.max_live_per_session = durable.max_cells_per_session;
@@ -360,6 +363,7 @@ async fn open_cells(
         durable.when_nobody_can_answer == codemode_config::WhenNobodyCanAnswer::Pause;
     config.approval_expiry = durable.approval_expiry;
     config.audit = audit;
+    config.scope = workdir.display().to_string();
     if let Some(ms) = std::env::var("CODEMODE_CELL_LEASE_MS")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())

@@ -77,25 +77,21 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     for warning in installation.warnings() {
         tracing::warn!("{warning}");
     }
-    // Cells whose process stopped (killed, crashed) are rebuilt here by replaying their logs.
-    if installation.codemode().cells().is_some() {
-        match installation.codemode().resume_cells().await {
-            Ok(ids) if !ids.is_empty() => {
-                tracing::info!(cells = ?ids, "took over cells left by a stopped codemode")
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!("could not take over cells left by a stopped codemode: {e}"),
-        }
-    }
-    // A stopped process's cells become free when its lease lapses: keep looking.
+    // Cells of this project whose process stopped (killed, crashed) are rebuilt here by
+    // replaying their logs, once that process's lease lapsed: look now and then, in the
+    // background so that clients are answered at once.
     let resumer = installation.codemode().cells().is_some().then(|| {
         let codemode = installation.codemode().clone();
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                if let Err(e) = codemode.resume_cells().await {
-                    tracing::debug!("looking for cells to take over failed: {e}");
+                match codemode.resume_cells().await {
+                    Ok(ids) if !ids.is_empty() => {
+                        tracing::info!(cells = ?ids, "took over cells left by a stopped codemode")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!("looking for cells to take over failed: {e}"),
                 }
+                tokio::time::sleep(Duration::from_secs(2)).await;
             }
         })
     });

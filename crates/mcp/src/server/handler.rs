@@ -30,8 +30,13 @@ use crate::client::{ProxyError, route_progress, upstream_output_schema};
 const WAIT_TOOL: &str = "wait";
 
 /// A cell's report: its text, then media, with the report as `structuredContent`.
-fn cell_result(report: &codemode_runtime::CellReport) -> CallToolResult {
-    let mut content = vec![Content::text(report.text.clone())];
+fn cell_result(report: &codemode_runtime::CellReport, extra_text: Option<&str>) -> CallToolResult {
+    let mut text = report.text.clone();
+    if let Some(extra) = extra_text {
+        text.push('\n');
+        text.push_str(extra);
+    }
+    let mut content = vec![Content::text(text)];
     for block in &report.media {
         if let Ok(c) = serde_json::from_value::<Content>(block.clone()) {
             content.push(c);
@@ -43,17 +48,14 @@ fn cell_result(report: &codemode_runtime::CellReport) -> CallToolResult {
         CallToolResult::success(content)
     };
     let mut structured = report.structured();
-    if let Some(output) = structured
-        .get_mut("result")
-        .and_then(|r| r.get_mut("output"))
-        .and_then(Value::as_array_mut)
-    {
+    if let Some(output) = structured.get_mut("output").and_then(Value::as_array_mut) {
         for item in output.iter_mut() {
             if let Some(map) = item.as_object_mut()
                 && map.get("type").and_then(Value::as_str) == Some("image")
                 && let Some(Value::String(data)) = map.remove("data")
             {
                 map.insert("bytes".into(), json!(data.len() / 4 * 3));
+                map.insert("note".into(), json!("sent as an image content block"));
             }
         }
     }
@@ -246,7 +248,13 @@ impl CodemodeHandler {
             let report = self.codemode.start_cell(req).await;
             drop(reporter);
             return match report {
-                Ok(report) => cell_result(&report),
+                Ok(report) => {
+                    let note = report
+                        .run
+                        .as_ref()
+                        .and_then(|run| self.unavailable_note(run));
+                    cell_result(&report, note.as_deref())
+                }
                 Err(e) => CallToolResult::error(vec![Content::text(e.to_string())]),
             };
         }
@@ -302,7 +310,10 @@ impl CodemodeHandler {
         // A client that gives up waiting does not stop the cell: it keeps running.
         tokio::select! {
             r = self.codemode.wait_cell(&session_id, cell, opts) => match r {
-                Ok(report) => cell_result(&report),
+                Ok(report) => {
+                    let note = report.run.as_ref().and_then(|run| self.unavailable_note(run));
+                    cell_result(&report, note.as_deref())
+                }
                 Err(e) => CallToolResult::error(vec![Content::text(e.to_string())]),
             },
             _ = context.ct.cancelled() => CallToolResult::error(vec![Content::text("wait was cancelled; the cell keeps running")]),

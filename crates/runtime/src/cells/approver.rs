@@ -143,12 +143,11 @@ async fn wait_for_answer(
     let store = cells.store();
     loop {
         let mut watch = store.watch(Topic::Approval(approval.id.clone()));
-        let now = store
-            .get_approval(&approval.id)
-            .await?
-            .ok_or_else(|| codemode_state::StateError::UnknownApproval {
+        let now = store.get_approval(&approval.id).await?.ok_or_else(|| {
+            codemode_state::StateError::UnknownApproval {
                 id: approval.id.clone(),
-            })?;
+            }
+        })?;
         if now.call_hash != hash {
             // Never happens unless the row was changed behind the store's back: refuse.
             return Ok(ApprovalRecord {

@@ -27,6 +27,8 @@ struct State {
     output: Vec<OutputItem>,
     /// Output items already handed to a caller.
     reported: usize,
+    /// Reports handed out so far.
+    reports: usize,
     /// Approvals the script's calls wait for now.
     pending: Vec<ApprovalRecord>,
     terminated: bool,
@@ -51,6 +53,8 @@ pub(crate) struct Snapshot {
     pub pending: Vec<ApprovalRecord>,
     /// The run, the first time it is reported after the cell ended.
     pub run: Option<(ScriptRun, usize)>,
+    /// No report was handed out before this one (the run did not yield).
+    pub first: bool,
 }
 
 impl LiveCell {
@@ -171,6 +175,8 @@ impl LiveCell {
     pub fn take_report(&self) -> Snapshot {
         let mut s = self.lock();
         let from = s.reported;
+        let first = s.reports == 0;
+        s.reports += 1;
         let new_output = s.output[from..].to_vec();
         s.reported = s.output.len();
         let pending = s.pending.clone();
@@ -188,6 +194,7 @@ impl LiveCell {
             new_output,
             pending,
             run,
+            first,
         }
     }
 

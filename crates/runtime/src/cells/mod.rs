@@ -59,6 +59,10 @@ pub struct CellsConfig {
     pub approval_expiry: Duration,
     /// Where answers and expiries are recorded: the gate's audit log.
     pub audit: AuditLog,
+    /// Which installation the cells belong to (`codemode-setup` uses the project directory):
+    /// a process takes over only cells of its own scope, never those of another project run
+    /// with other tools and policies on the same state database.
+    pub scope: String,
 }
 
 impl CellsConfig {
@@ -73,6 +77,7 @@ impl CellsConfig {
             pause_approvals: false,
             approval_expiry: Duration::from_secs(3600),
             audit: AuditLog::disabled(),
+            scope: String::new(),
         }
     }
 }
@@ -217,7 +222,9 @@ async fn background(cells: Weak<CellsInner>) {
                             tracing::warn!(cell = %cell.id, "lost the cell's lease: {e}");
                             cell.lost_lease(e.to_string());
                         }
-                        e => tracing::warn!(cell = %cell.id, "could not renew the cell's lease: {e}"),
+                        e => {
+                            tracing::warn!(cell = %cell.id, "could not renew the cell's lease: {e}")
+                        }
                     }
                 }
             }

@@ -196,10 +196,7 @@ impl CellLink {
             .append_replay(
                 &self.cell.id,
                 &self.replica,
-                &[ReplayEntry {
-                    step: *next,
-                    entry,
-                }],
+                &[ReplayEntry { step: *next, entry }],
             )
             .await;
         match written {

@@ -63,7 +63,7 @@ impl CellReport {
     pub(crate) fn from_snapshot(cell: &str, snap: Snapshot) -> CellReport {
         let pending: Vec<PendingCall> = snap.pending.iter().map(PendingCall::from).collect();
         if let Some((run, reported)) = snap.run {
-            return finished(cell, snap.status, run, reported);
+            return finished(cell, snap.status, run, reported, snap.first);
         }
         let mut media = Vec::new();
         let mut text = render_output(&snap.new_output, &mut media);
@@ -106,14 +106,21 @@ impl CellReport {
         }
     }
 
-    /// The report as data (the MCP result's `structuredContent`).
+    /// The report as data (the MCP result's `structuredContent`): once the cell ended, the
+    /// run's structured result (`ok`, `value`, `output`, `calls`, ...) as `run_script` gives it;
+    /// always `cell` and `status`, and the calls waiting for a person as `pending`.
     pub fn structured(&self) -> Value {
-        let mut v = json!({ "cell": self.cell, "status": self.status.as_str() });
+        let mut v = match &self.run {
+            Some(run) => run.structured(),
+            None => json!({}),
+        };
+        if !v.is_object() {
+            v = json!({ "result": v });
+        }
+        v["cell"] = json!(self.cell);
+        v["status"] = json!(self.status.as_str());
         if !self.pending.is_empty() {
             v["pending"] = json!(self.pending);
-        }
-        if let Some(run) = &self.run {
-            v["result"] = run.structured();
         }
         v
     }
@@ -121,7 +128,13 @@ impl CellReport {
 
 /// The report after the cell ended: the usual result text, with only the output not reported
 /// before.
-fn finished(cell: &str, status: CellStatus, run: ScriptRun, reported: usize) -> CellReport {
+fn finished(
+    cell: &str,
+    status: CellStatus,
+    run: ScriptRun,
+    reported: usize,
+    first: bool,
+) -> CellReport {
     let mut text = run.text.clone();
     let mut media = run.media.clone();
     if reported > 0
@@ -140,11 +153,13 @@ fn finished(cell: &str, status: CellStatus, run: ScriptRun, reported: usize) -> 
                 .any(|o| matches!(o, OutputItem::Image { data, .. } if m.get("data").and_then(Value::as_str) == Some(data)))
         });
     }
-    let note = match status {
-        CellStatus::Terminated => format!("\n[Cell {cell} was terminated.]"),
-        _ => format!("\n[Cell {cell} has ended.]"),
-    };
-    text.push_str(&note);
+    // A run that never yielded reads as any script's result.
+    if !first {
+        text.push_str(&match status {
+            CellStatus::Terminated => format!("\n[Cell {cell} was terminated.]"),
+            _ => format!("\n[Cell {cell} has ended.]"),
+        });
+    }
     CellReport {
         cell: cell.to_string(),
         status,

@@ -25,6 +25,8 @@ struct CellOptions {
     seed: u32,
     start_ms: f64,
     yield_after_ms: u64,
+    #[serde(default)]
+    scope: String,
 }
 
 /// How long `wait` with `terminate` waits for the script and its calls to stop.
@@ -79,6 +81,7 @@ impl Codemode {
             seed: determinism.seed,
             start_ms: determinism.start_ms,
             yield_after_ms: yield_after.as_millis() as u64,
+            scope: config.scope.clone(),
         };
         let store = cells.store().clone();
         let created = async {
@@ -126,7 +129,18 @@ impl Codemode {
             Some(admission),
             link,
         ));
-        live.settle(CellStatus::Running, yield_after).await;
+        // Until the first report the caller is waiting: cancelling its call (or shutting down,
+        // or dropping this future) stops the script, as for a plain run. After that the cell
+        // runs on its own.
+        let mut unreported = Unreported(Some(live.clone()));
+        tokio::select! {
+            _ = live.settle(CellStatus::Running, yield_after) => {}
+            _ = req.abort.cancelled() => {
+                live.terminate();
+                let _ = tokio::time::timeout(TERMINATE_WAIT, live.ended()).await;
+            }
+        }
+        unreported.0 = None;
         Ok(CellReport::from_snapshot(&cell_id, live.take_report()))
     }
 
@@ -184,7 +198,12 @@ impl Codemode {
         let store = cells.store().clone();
         let mut resumed = Vec::new();
         for cell in store.claimable_cells().await? {
-            if cells.live(&cell.id).is_some() {
+            let scope = cell
+                .options
+                .get("scope")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if cells.live(&cell.id).is_some() || scope != config.scope {
                 continue;
             }
             let claimed = match store
@@ -219,7 +238,11 @@ impl Codemode {
             let options: CellOptions = match serde_json::from_value(claimed.options.clone()) {
                 Ok(o) => o,
                 Err(e) => {
-                    fail(format!("cell {} cannot be rebuilt: its options cannot be read ({e})", claimed.id)).await;
+                    fail(format!(
+                        "cell {} cannot be rebuilt: its options cannot be read ({e})",
+                        claimed.id
+                    ))
+                    .await;
                     continue;
                 }
             };
@@ -229,7 +252,12 @@ impl Codemode {
                 claimed.session_id.clone(),
                 tokio_util::sync::CancellationToken::new(),
             ));
-            let link = match CellLink::new(live.clone(), store.clone(), config.replica.clone(), &entries) {
+            let link = match CellLink::new(
+                live.clone(),
+                store.clone(),
+                config.replica.clone(),
+                &entries,
+            ) {
                 Ok(l) => Arc::new(l),
                 Err(e) => {
                     fail(format!("cell {}: {e}", claimed.id)).await;
@@ -289,6 +317,17 @@ impl Codemode {
                 .replayed
                 .load(std::sync::atomic::Ordering::Relaxed),
         )
+    }
+}
+
+/// Terminates a cell whose first report never reached its caller (the caller went away).
+struct Unreported(Option<Arc<LiveCell>>);
+
+impl Drop for Unreported {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0.take() {
+            cell.terminate();
+        }
     }
 }
 
@@ -394,12 +433,13 @@ pub async fn answer_approval(
     channel: &str,
     shown_hash: Option<&str>,
 ) -> Result<ApprovalRecord, StateError> {
-    let current = store
-        .get_approval(approval_id)
-        .await?
-        .ok_or_else(|| StateError::UnknownApproval {
-            id: approval_id.to_string(),
-        })?;
+    let current =
+        store
+            .get_approval(approval_id)
+            .await?
+            .ok_or_else(|| StateError::UnknownApproval {
+                id: approval_id.to_string(),
+            })?;
     if current.state == ApprovalState::Pending && current.expires_at_ms <= now_ms() {
         expire_in(store, audit).await;
     }
