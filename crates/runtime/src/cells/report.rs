@@ -145,7 +145,7 @@ fn finished(
         let budget = rest
             .options
             .max_output_tokens
-            .unwrap_or(rest.limits.max_output_tokens as u64);
+            .unwrap_or(rest.limits.max_output_tokens);
         text = render_model_text(&rest, budget).text;
         media.retain(|m| {
             !result.output[..reported.min(result.output.len())]
