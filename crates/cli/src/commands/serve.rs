@@ -155,11 +155,16 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     }
     installation.shutdown().await;
     signals.abort();
-    served?;
     if signalled {
+        // A signal during the stdio handshake ends it as "cancelled": that is the stop asked
+        // for, not a failure.
+        if let Err(e) = &served {
+            tracing::info!("stopped by a signal: {e}");
+        }
         // Everything is stopped and written; do not wait for a read of stdin that will never end.
         std::process::exit(0);
     }
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
