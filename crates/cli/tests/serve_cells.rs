@@ -308,3 +308,44 @@ fn a_state_database_that_cannot_be_used_stops_serve_at_start_with_a_clear_error(
             .starts_with(b"this is not an SQLite")
     );
 }
+
+#[test]
+fn codemode_run_pauses_until_another_process_answers() {
+    let env = Env::new();
+    let mut cmd = common::codemode();
+    cmd.args(["run", "--json", "--policy"])
+        .arg(env.root.join("policy.cedar"))
+        .args(env.dirs())
+        .arg("-");
+    let script = r#"await tools.bash({ command: "echo first >> count.txt" });
+try { await tools.bash({ command: "echo second >> count.txt" }); return "approved"; }
+catch (e) { return e.stage; }"#;
+    let run = std::thread::spawn(move || common::pipe(cmd, Some(script)));
+    let mut id = String::new();
+    wait_until("the run paused", Duration::from_secs(60), || {
+        let out = env.approvals(&["list", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if let Some(line) = text.lines().next() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            id = v["id"].as_str().unwrap().to_string();
+            return true;
+        }
+        false
+    });
+    assert_eq!(env.count(), "first\n");
+    let denied = env.approvals(&["deny", &id, "--by", "bob"]);
+    assert!(
+        denied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&denied.stderr)
+    );
+    let out = run.join().unwrap();
+    let (code, value, stderr) = common::json_outcome(out);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(value["value"], "approval", "{value}");
+    assert!(
+        stderr.contains(&id) && stderr.contains("codemode approvals approve"),
+        "{stderr}"
+    );
+    assert_eq!(env.count(), "first\n", "the denied call never ran");
+}
