@@ -44,6 +44,9 @@ enum Command {
     Trust(commands::trust::TrustArgs),
     /// Serve codemode over MCP (stdio by default, streamable HTTP with --listen).
     Serve(commands::serve::ServeArgs),
+    /// List, show, approve or deny calls that paused for a person's approval.
+    #[command(subcommand)]
+    Approvals(commands::approvals::ApprovalsCommand),
     /// Show which isolation layers (seccomp, Landlock, rlimits, ...) hold scripts on this machine.
     Doctor,
 }
@@ -83,6 +86,11 @@ pub struct SetupArgs {
     /// Leave out the built-in coding tools.
     #[arg(long)]
     pub no_builtins: bool,
+    /// Where durable state (cells, paused approvals, store() values) lives: `sqlite:///path`,
+    /// `postgres://…` or `memory:` (default: state.url of your settings, else state.db in the
+    /// state directory).
+    #[arg(long = "state", value_name = "URL")]
+    pub state_url: Option<String>,
 }
 
 #[tokio::main]
@@ -105,6 +113,7 @@ async fn main() -> ExitCode {
         Command::Audit(cmd) => commands::audit::run(cmd),
         Command::Trust(args) => commands::trust::run(args),
         Command::Serve(args) => commands::serve::run(args).await,
+        Command::Approvals(cmd) => commands::approvals::run(cmd).await,
         Command::Doctor => commands::doctor::run(),
     };
     match result {

@@ -56,6 +56,17 @@ fn mode(flag: Option<&str>) -> Result<Option<CodemodeMode>> {
     })
 }
 
+/// The flags' layer of the configuration.
+pub fn command_line(args: &SetupArgs, flags: &LimitFlags) -> Result<CommandLine> {
+    Ok(CommandLine {
+        policy_files: args.policies.clone(),
+        audit_path: args.audit.clone(),
+        mode: mode(args.mode.as_deref())?,
+        limits: flags.limits(),
+        state_url: args.state_url.clone(),
+    })
+}
+
 /// The user's directories: the flags, else the environment.
 pub fn config_paths(
     config_dir: Option<&PathBuf>,
@@ -78,7 +89,7 @@ pub fn config_paths(
 pub async fn build(args: &SetupArgs, flags: &LimitFlags) -> Result<Installation> {
     let approver =
         TerminalApprover::if_interactive().map(|a| Arc::new(a) as Arc<dyn codemode_gate::Approver>);
-    build_with(args, flags, approver).await
+    build_with(args, flags, approver, false).await
 }
 
 /// An installation with a given approver (`None`: every `ask` is denied, naming the policy).
@@ -86,6 +97,7 @@ pub async fn build_with(
     args: &SetupArgs,
     flags: &LimitFlags,
     approver: Option<Arc<dyn codemode_gate::Approver>>,
+    cells: bool,
 ) -> Result<Installation> {
     let workdir = match &args.workdir {
         Some(d) => d.clone(),
@@ -97,12 +109,8 @@ pub async fn build_with(
             args.state_dir.as_ref(),
         )?)
         .builtins(!args.no_builtins)
-        .command_line(CommandLine {
-            policy_files: args.policies.clone(),
-            audit_path: args.audit.clone(),
-            mode: mode(args.mode.as_deref())?,
-            limits: flags.limits(),
-        });
+        .cells(cells)
+        .command_line(command_line(args, flags)?);
     if let Some(f) = &args.mcp_config {
         builder = builder.mcp_config(f);
     }

@@ -121,6 +121,8 @@ fn serve_follows_an_upstream_tool_list_change_and_tells_the_client() {
         "on",
         "--config-dir",
         config.path(),
+        "--state-dir",
+        config.path().join("state"),
         "--policy",
         policy,
         "--workdir",

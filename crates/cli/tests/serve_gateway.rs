@@ -60,6 +60,8 @@ fn serve(servers: Value, policy: &str, extra: &[&str]) -> Serve {
         "--no-builtins".into(),
         "--config-dir".into(),
         config.path().display().to_string(),
+        "--state-dir".into(),
+        config.path().join("state").display().to_string(),
         "--workdir".into(),
         config.path().display().to_string(),
         "--policy".into(),

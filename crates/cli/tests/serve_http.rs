@@ -33,6 +33,8 @@ fn serve(extra: &[&str]) -> (Server, String, tempfile::TempDir) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
         .arg(config.path())
+        .arg("--state-dir")
+        .arg(config.path().join("state"))
         .args(extra)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -85,8 +87,8 @@ fn two_http_sessions_keep_their_own_store_and_the_token_is_required() {
     assert_eq!(v["unauthorized"], 401, "{v}");
     assert_eq!(
         v["tools"],
-        serde_json::json!(["codemode"]),
-        "mode only offers codemode alone"
+        serde_json::json!(["codemode", "wait"]),
+        "mode only offers codemode alone, and wait for its cells"
     );
     assert_eq!(v["stored"]["value"], "a");
     assert_eq!(v["again"]["value"], "a", "the same session sees its store");

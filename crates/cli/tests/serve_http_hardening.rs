@@ -33,6 +33,8 @@ fn origin_malformed_json_unknown_sessions_bearer_case_and_host_names() {
             "--config-dir",
         ])
         .arg(config.path())
+        .arg("--state-dir")
+        .arg(config.path().join("state"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

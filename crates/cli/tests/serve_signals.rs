@@ -65,6 +65,8 @@ fn stops_cleanly_on(signal: &str, http: bool) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
     cmd.args(["serve", "--no-builtins", "--mode", "only", "--config-dir"])
         .arg(dir.path())
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
         .arg("--workdir")
         .arg(dir.path());
     if http {

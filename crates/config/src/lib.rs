@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+pub mod durable;
 mod error;
 pub mod jsonc;
 mod load;
@@ -35,6 +36,7 @@ mod paths;
 pub mod settings;
 pub mod trust;
 
+pub use durable::{Durable, WhenNobodyCanAnswer};
 pub use error::{ConfigError, Problem};
 pub use load::{Activation, Configuration, Sources};
 pub use narrow::Narrowing;

@@ -210,10 +210,23 @@ pub struct SettingsFile {
     pub tools: BTreeMap<String, ToolRule>,
     pub models: ModelRules,
     pub audit: AuditSettings,
+    pub state: crate::durable::StateSettings,
+    pub approvals: crate::durable::ApprovalSettings,
+    pub cells: crate::durable::CellSettings,
 }
 
-const SECTIONS: [&str; 8] = [
-    "limits", "mode", "budgets", "hooks", "policy", "tools", "models", "audit",
+const SECTIONS: [&str; 11] = [
+    "limits",
+    "mode",
+    "budgets",
+    "hooks",
+    "policy",
+    "tools",
+    "models",
+    "audit",
+    "state",
+    "approvals",
+    "cells",
 ];
 
 impl SettingsFile {
@@ -251,6 +264,9 @@ impl SettingsFile {
                 "tools" => section(file, key, v, &mut problems, &mut s.tools),
                 "models" => section(file, key, v, &mut problems, &mut s.models),
                 "audit" => section(file, key, v, &mut problems, &mut s.audit),
+                "state" => section(file, key, v, &mut problems, &mut s.state),
+                "approvals" => section(file, key, v, &mut problems, &mut s.approvals),
+                "cells" => section(file, key, v, &mut problems, &mut s.cells),
                 other => problems.push(Problem::new(
                     file,
                     other,
@@ -516,6 +532,8 @@ pub struct Settings {
     pub models: ModelRules,
     pub audit_path: Option<PathBuf>,
     pub policies: Policies,
+    /// Durable state, paused approvals and cells.
+    pub durable: crate::durable::Durable,
 }
 
 /// Where each file is, for the merge.
@@ -538,6 +556,8 @@ pub struct CommandLine {
     pub mode: Option<CodemodeMode>,
     /// May only lower the limits of the files (and the built-in defaults).
     pub limits: Limits,
+    /// Where durable state lives (`--state`), over `state.url` of the files.
+    pub state_url: Option<String>,
 }
 
 impl Settings {
@@ -630,6 +650,17 @@ impl Settings {
             .or_else(|| n.user_only("audit.path", user_audit, project_audit));
 
         let policies = policies(&u, &user_file, &p, &project_file, trusted, cli, problems);
+        let durable = crate::durable::merge(
+            &mut n,
+            input.state_dir,
+            cli.state_url.as_deref(),
+            &u.state,
+            &p.state,
+            &u.approvals,
+            &p.approvals,
+            &u.cells,
+            &p.cells,
+        );
 
         warnings.extend(n.into_warnings());
         Settings {
@@ -647,6 +678,7 @@ impl Settings {
             models,
             audit_path,
             policies,
+            durable,
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct Globals {
     /// Where the model can read the `models` API (a file path or URL). Without it the description
     /// names the main calls instead.
     pub models_doc: Option<String>,
+    /// Scripts run as cells: a long run yields and is resumed with the `wait` tool.
+    pub cells: bool,
 }
 
 /// Everything the codemode description is built from.

@@ -24,6 +24,9 @@ const OUTPUT: &str = "
 const OPTIONS: &str =
     "\n- First line may be `// @options: {\"max_output_tokens\": 10000, \"timeout_ms\": 60000}`.";
 
+const CELLS: &str = "
+- A run still going after its yield time (`\"yield_after_ms\"` in the options line lowers it) returns its output so far and `{cell, status: \"running\"}` and keeps running; call the `wait` tool with `{cell}` for more output and the result, or `{cell, terminate: true}` to stop it. Status `waiting_for_approval` means a person must answer first.";
+
 const DISCOVERY: &str = " Every tool is callable as `tools.<name>(args)` as soon as you know its name. To find names and details (unknown names throw, naming the closest):
   `await searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`, best match first; `description` is the tool's text and declaration
   `await describeTool(name)` → that text and declaration; `describeTool(name, {schema: true})` → its input JSON Schema
@@ -102,6 +105,9 @@ impl Intro<'_> {
             }
         }
         out.push_str(OPTIONS);
+        if self.globals.cells {
+            out.push_str(CELLS);
+        }
         if self.omitted.any() {
             out.push_str(&self.left_out());
             out.push_str(DISCOVERY);

@@ -280,6 +280,7 @@ fn globals_and_namespace_descriptions_show() {
         globals: codemode_declarations::Globals {
             models: true,
             models_doc: None,
+            cells: false,
         },
         ..DescriptionInput::new(&tools, &namespaces)
     });

@@ -181,6 +181,7 @@ fn descriptions_match_their_goldens() {
         globals: Globals {
             models: true,
             models_doc: Some("docs/models.md".into()),
+            cells: false,
         },
         inline_budget_tokens: 1500,
         ..DescriptionInput::new(&tools, &namespaces)

@@ -29,6 +29,7 @@ pub struct CodemodeBuilder {
     models: Option<(Arc<Catalog>, ModelsHttpConfig)>,
     inline_budget_tokens: Option<usize>,
     codemode_tool_off: bool,
+    cells: Option<crate::cells::Cells>,
 }
 
 impl CodemodeBuilder {
@@ -72,6 +73,13 @@ impl CodemodeBuilder {
         self
     }
 
+    /// Runs scripts as cells (see [`crate::cells`]) with durable state in `cells`' store. Give
+    /// the gate `cells.approver(..)` as its approver for approvals that pause.
+    pub fn cells(mut self, cells: crate::cells::Cells) -> Self {
+        self.cells = Some(cells);
+        self
+    }
+
     pub fn build(self) -> Result<Codemode, RuntimeError> {
         let gate = self.gate.ok_or(RuntimeError::MissingGate)?;
         // The `codemode` call itself passes the gate; several installations may share one.
@@ -103,6 +111,7 @@ impl CodemodeBuilder {
                 inline_budget_tokens: self.inline_budget_tokens,
                 offer_codemode_tool: !self.codemode_tool_off,
                 stores: SessionStores::default(),
+                cells: self.cells,
                 next_id: AtomicU64::new(1),
             }),
         })

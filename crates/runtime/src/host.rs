@@ -26,6 +26,9 @@ pub(crate) struct ScriptIdentity {
     pub depth: u32,
     /// Told when each gated call starts and ends.
     pub on_call: Option<crate::CallObserver>,
+    /// The cell this run is: its calls are answered from its replay log while the log has
+    /// them, and logged before the script sees each result.
+    pub cell: Option<Arc<crate::cells::CellLink>>,
 }
 
 pub(crate) struct RuntimeHost {
@@ -151,6 +154,20 @@ impl HostState {
         tool: String,
         args: Option<Value>,
     ) -> Result<Value, HostError> {
+        if let Some(link) = &self.identity.cell {
+            match link.replay(call.id, &call.name, &call.args) {
+                crate::cells::record::Replayed::Live => {}
+                crate::cells::record::Replayed::Result(r) => return r,
+                crate::cells::record::Replayed::Stop(message) => {
+                    return Err(host_error(message, "Error", Map::new()));
+                }
+            }
+        }
+        let logged = self
+            .identity
+            .cell
+            .clone()
+            .map(|link| (link, call.name.clone(), call.args.clone()));
         let id = &self.identity;
         let parent = id
             .parent_call_id
@@ -182,15 +199,22 @@ impl HostState {
             cancel: call.cancel.clone(),
             clock: Some(call.clock.clone()),
         };
+        let gate = self.gate.clone();
+        let logged_call = logged.clone();
+        let run = async move {
+            match logged_call {
+                Some((link, name, args)) => {
+                    logged_gate_call(gate, request, &link, &name, &args).await
+                }
+                None => gate.call(request).await.map_err(gate_error),
+            }
+        };
         let outcome = match &self.io {
             Some(io) => {
-                let gate = self.gate.clone();
                 // Not aborted when the script stops waiting: the sandbox cancels the call's
                 // token, the tool stops cooperatively, and the gate writes the call's outcome
                 // line; `run_script` waits for these tasks before it returns.
-                let task = self
-                    .in_flight
-                    .spawn_on(async move { gate.call(request).await }, io);
+                let task = self.in_flight.spawn_on(run, io);
                 match task.await {
                     Ok(outcome) => outcome,
                     Err(e) => {
@@ -203,7 +227,7 @@ impl HostState {
                 }
             }
             // Not inside a tokio runtime: the call runs on the sandbox's worker.
-            None => self.gate.call(request).await,
+            None => run.await,
         };
         if let (Some(observe), Some(name)) = (&self.on_call, observed_name) {
             observe.notify(crate::CallEvent::Finished {
@@ -221,9 +245,47 @@ impl HostState {
                 collect_images(&output.value, &mut spent.generated_images, &call.name);
                 Ok(output.value)
             }
-            Err(e) => Err(gate_error(e)),
+            Err(e) => Err(e),
         }
     }
+}
+
+/// A cell's call: admitted by the gate (approval included), logged as started, run, logged with
+/// its result, and only then handed to the script. A log that cannot be written stops the cell
+/// (it could not be rebuilt) and, before the tool ran, the call too.
+async fn logged_gate_call(
+    gate: Gate,
+    request: CallRequest,
+    link: &crate::cells::CellLink,
+    name: &str,
+    args: &Value,
+) -> Result<codemode_spec::ToolOutput, HostError> {
+    let seq = request.provenance.seq.unwrap_or_default();
+    let mut admission = match gate.admit(request).await {
+        Ok(a) => a,
+        Err(e) => {
+            let e = gate_error(e);
+            link.ended(seq, name, args, &Err(e.clone()))
+                .await
+                .map_err(plain_error)?;
+            return Err(e);
+        }
+    };
+    link.started(seq, name, args).await.map_err(plain_error)?;
+    let executed = admission.execute().await;
+    let outcome = admission.finish(executed).await.map_err(gate_error);
+    let seen = outcome
+        .as_ref()
+        .map(|o| o.value.clone())
+        .map_err(Clone::clone);
+    link.ended(seq, name, args, &seen)
+        .await
+        .map_err(plain_error)?;
+    outcome
+}
+
+fn plain_error(message: String) -> HostError {
+    host_error(message, "Error", Map::new())
 }
 
 /// Maps a global's JavaScript arguments to the registered tool's single JSON argument.

@@ -44,6 +44,7 @@
 //! ```
 
 mod builder;
+pub mod cells;
 mod codemode_tool;
 mod globals;
 mod host;
@@ -52,6 +53,9 @@ mod run;
 mod store;
 
 pub use builder::{CodemodeBuilder, RuntimeError};
+pub use cells::{CellError, CellReport, Cells, CellsConfig, PendingCall, WaitOptions};
+/// The state store crate, for front ends that answer approvals or list cells.
+pub use codemode_state;
 pub use globals::READ_ONLY_GLOBALS;
 pub use run::{CallEvent, CallObserver, GateRecord, ScriptRequest, ScriptRun, ScriptSurface};
 
@@ -81,6 +85,7 @@ struct Inner {
     inline_budget_tokens: Option<usize>,
     offer_codemode_tool: bool,
     stores: store::SessionStores,
+    cells: Option<cells::Cells>,
     next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -134,6 +139,7 @@ impl Codemode {
             globals: Globals {
                 models: self.models_enabled(),
                 models_doc: None,
+                cells: self.inner.cells.is_some(),
             },
             inline_budget_tokens: 0,
         };
@@ -203,9 +209,24 @@ impl Codemode {
             .await
     }
 
-    /// Drops a session's store (for example when an MCP session ends).
+    /// Drops a session's store (for example when an MCP session ends), in the state store too.
     pub fn end_session(&self, session_id: &str) {
         self.inner.stores.remove(session_id);
+        if let Some(durable) = self.durable_store().cloned()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let id = session_id.to_string();
+            rt.spawn(async move {
+                if let Err(e) = durable.delete_session(&id).await {
+                    tracing::warn!(session = %id, "could not delete the session's stored values: {e}");
+                }
+            });
+        }
+    }
+
+    /// The state store, when this installation keeps durable state (cells, `store()` values).
+    pub fn durable_store(&self) -> Option<&Arc<dyn codemode_state::StateStore>> {
+        self.inner.cells.as_ref().map(|c| c.store())
     }
 
     /// The session's stored values, as `load()` sees them.

@@ -218,7 +218,21 @@ impl Codemode {
     /// own calls name as their parent. Calls still running when the script ends are cancelled
     /// and waited for, so each writes its outcome line before the run returns.
     pub async fn run_script(&self, req: ScriptRequest) -> ScriptRun {
+        let (admission, source, call_id) = match self.admit_script(&req).await {
+            Ok(admitted) => admitted,
+            Err(run) => return run,
+        };
         let script_id = self.next_call_id("script");
+        let run = self.execute(&req, source, script_id, call_id, None).await;
+        self.finish_admission(admission, run).await
+    }
+
+    /// The `codemode` call passes the gate: returns its admission (begun), the source to run
+    /// (a hook may have rewritten it) and the call's id; or the refused run.
+    pub(crate) async fn admit_script(
+        &self,
+        req: &ScriptRequest,
+    ) -> Result<(codemode_gate::Admission, String, String), ScriptRun> {
         let call_id = req
             .parent_call_id
             .clone()
@@ -238,7 +252,7 @@ impl Codemode {
             .await;
         let mut admission = match admitted {
             Ok(a) => a,
-            Err(e) => return ScriptRun::refused(script_id, e.message),
+            Err(e) => return Err(ScriptRun::refused(self.next_call_id("script"), e.message)),
         };
         // A hook may have rewritten the script: what runs is what was decided on.
         let source = admission
@@ -248,7 +262,15 @@ impl Codemode {
             .unwrap_or(&req.source)
             .to_string();
         admission.begin();
-        let mut run = self.execute(&req, source, script_id, call_id).await;
+        Ok((admission, source, call_id))
+    }
+
+    /// The `codemode` call's after-hooks and audit line, once its script ended.
+    pub(crate) async fn finish_admission(
+        &self,
+        admission: codemode_gate::Admission,
+        mut run: ScriptRun,
+    ) -> ScriptRun {
         let output = ToolOutput {
             value: Value::String(run.text.clone()),
             content: None,
@@ -275,12 +297,13 @@ impl Codemode {
         run
     }
 
-    async fn execute(
+    pub(crate) async fn execute(
         &self,
         req: &ScriptRequest,
         source: String,
         script_id: String,
         call_id: String,
+        cell: Option<std::sync::Arc<crate::cells::CellLink>>,
     ) -> ScriptRun {
         if let Err(e) = codemode_sandbox::parse_source(&source) {
             // Refused input never reaches the sandbox and has no "script failed" header.
@@ -294,6 +317,7 @@ impl Codemode {
             script_hash: script_facts(&source).sha256,
             depth: 1,
             on_call: req.on_call.clone(),
+            cell: cell.clone(),
         };
 
         let surface = self.script_surface();
@@ -316,17 +340,34 @@ impl Codemode {
         );
         let spent = host.spent_handle();
         let in_flight = host.in_flight();
+        let on_output = cell.as_ref().map(|link| {
+            let live = link.cell.clone();
+            codemode_sandbox::OutputTap::new(move |item| live.push_output(item))
+        });
+        let store = match self.durable_store() {
+            Some(durable) => match durable.load_store(&req.session_id).await {
+                Ok(values) => values,
+                Err(e) => {
+                    return ScriptRun::refused(
+                        script_id,
+                        format!("The session's stored values could not be read: {e}"),
+                    );
+                }
+            },
+            None => self.inner.stores.snapshot(&req.session_id),
+        };
         let script = Script {
             source,
             tools,
             globals: surface.globals.clone(),
             host: std::sync::Arc::new(host),
-            store: self.inner.stores.snapshot(&req.session_id),
+            store,
             determinism: req.determinism,
             record: req.record.clone(),
             replay: req.replay.clone(),
             abort: req.abort.clone(),
             clock: codemode_spec::DeadlineClock::new(),
+            on_output,
         };
         let mut result = self.sandbox().run(script).await;
         // The sandbox cancelled the calls still out; let each finish and write its line.
@@ -360,6 +401,16 @@ impl Codemode {
             self.inner
                 .stores
                 .apply(&req.session_id, &result.store_writes);
+            if let Some(durable) = self.durable_store() {
+                let changes = crate::store::changes(&result.store_writes);
+                if let Err(e) = durable.apply_store(&req.session_id, &changes).await {
+                    result.ok = false;
+                    result.error = Some(codemode_sandbox::ScriptError::new(
+                        codemode_sandbox::ErrorKind::Sandbox,
+                        format!("The script's store() writes could not be saved: {e}"),
+                    ));
+                }
+            }
         }
         let rendered = codemode_sandbox::render_model_text(
             &result,
@@ -406,7 +457,7 @@ impl Codemode {
 
 impl ScriptRun {
     /// A run refused before the sandbox: bad input, or the `codemode` call was not admitted.
-    fn refused(script_id: String, text: String) -> Self {
+    pub(crate) fn refused(script_id: String, text: String) -> Self {
         ScriptRun {
             script_id,
             text,

@@ -41,3 +41,19 @@ impl SessionStores {
         self.by_session.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// A script's writes as the state store takes them.
+pub(crate) fn changes(writes: &[StoreWrite]) -> Vec<codemode_state::StoreChange> {
+    writes
+        .iter()
+        .map(|w| match w {
+            StoreWrite::Set { key, value } => codemode_state::StoreChange::Set {
+                key: key.clone(),
+                value: value.clone(),
+            },
+            StoreWrite::Delete { key, .. } => {
+                codemode_state::StoreChange::Delete { key: key.clone() }
+            }
+        })
+        .collect()
+}

@@ -115,6 +115,23 @@ pub struct Script {
     pub replay: Option<PathBuf>,
     pub abort: CancellationToken,
     pub clock: DeadlineClock,
+    /// Told of each output item the host accepted, as it comes (for runs that report their
+    /// output before they end). Called on the script's pool thread: it must not block.
+    pub on_output: Option<OutputTap>,
+}
+
+/// Receives output items while the script runs; see [`Script::on_output`].
+#[derive(Clone)]
+pub struct OutputTap(Arc<dyn Fn(&crate::OutputItem) + Send + Sync>);
+
+impl OutputTap {
+    pub fn new(tap: impl Fn(&crate::OutputItem) + Send + Sync + 'static) -> Self {
+        OutputTap(Arc::new(tap))
+    }
+
+    pub(crate) fn tell(&self, item: &crate::OutputItem) {
+        (self.0)(item)
+    }
 }
 
 impl Script {
@@ -131,6 +148,7 @@ impl Script {
             replay: None,
             abort: CancellationToken::new(),
             clock: DeadlineClock::new(),
+            on_output: None,
         }
     }
 

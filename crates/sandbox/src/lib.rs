@@ -55,7 +55,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use codemode_spec::to_identifier;
-pub use host::{Determinism, Host, HostCall, HostCallKind, HostError, Script, ToolEntry};
+pub use host::{
+    Determinism, Host, HostCall, HostCallKind, HostError, OutputTap, Script, ToolEntry,
+};
 pub use limits::{Isolation, Limits, SandboxConfig};
 pub use model_text::{ModelText, render_model_text};
 pub use process::host::{WORKER_ENV, WorkerProgram};

@@ -71,6 +71,7 @@ pub(crate) struct Session {
     det: Option<Det>,
     /// Why the host ended the run early (replay divergence).
     fatal: Option<ScriptError>,
+    on_output: Option<crate::host::OutputTap>,
 }
 
 fn sandbox_err(message: impl Into<String>) -> ScriptError {
@@ -249,6 +250,7 @@ impl Session {
         names.extend(script.globals.iter().cloned());
         let (tx, rx) = unbounded_channel();
         let session = Session {
+            on_output: script.on_output,
             host: script.host,
             clock: script.clock,
             abort: script.abort,
@@ -421,6 +423,9 @@ impl Session {
             || self.output_bytes > self.limits.max_output_chars.saturating_mul(BYTES_PER_CHAR)
         {
             return Err(Violation("more output than the output limits allow".into()));
+        }
+        if let Some(tap) = &self.on_output {
+            tap.tell(&item);
         }
         self.output.push(item);
         Ok(())

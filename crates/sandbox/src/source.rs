@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 const OPTIONS_PREFIX: &str = "// @options:";
-const SUPPORTED: &str = "the keys `max_output_tokens` and `timeout_ms` (both optional)";
+const SUPPORTED: &str =
+    "the keys `max_output_tokens`, `timeout_ms` and `yield_after_ms` (all optional)";
 
 /// Options a script may set on its first line. Both can only lower the operator's limits
 /// (see [`crate::Limits::effective`]).
@@ -13,6 +14,11 @@ pub struct ScriptOptions {
     pub max_output_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// After this long a still-running script returns its output so far and keeps running
+    /// (a cell; see `codemode-runtime`). The sandbox itself ignores it; the runtime lowers it
+    /// to the operator's limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub yield_after_ms: Option<u64>,
 }
 
 /// The script body (the options line replaced by an empty line so line numbers still match)
@@ -114,9 +120,17 @@ pub fn parse_source(input: &str) -> Result<ParsedSource, SourceError> {
                     );
                 }
             },
+            "yield_after_ms" => match v.as_u64().filter(|n| (1..=2_147_483_647).contains(n)) {
+                Some(n) => options.yield_after_ms = Some(n),
+                None => {
+                    return fail(
+                        "In // @options:, `yield_after_ms` takes a whole number of milliseconds from 1 to 2147483647",
+                    );
+                }
+            },
             other => {
                 return fail(format!(
-                    "// @options: does not know the key `{other}`; it takes only `max_output_tokens` and `timeout_ms`"
+                    "// @options: does not know the key `{other}`; it takes only `max_output_tokens`, `timeout_ms` and `yield_after_ms`"
                 ));
             }
         }

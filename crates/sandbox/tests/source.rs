@@ -64,6 +64,7 @@ fn options_only_lower_the_operators_limits() {
     let lower = ScriptOptions {
         timeout_ms: Some(500),
         max_output_tokens: Some(10),
+        ..ScriptOptions::default()
     };
     let l = Limits::effective(&defaults, &maximum, &lower);
     assert_eq!((l.timeout_ms, l.max_output_tokens), (500, 10));
@@ -71,14 +72,17 @@ fn options_only_lower_the_operators_limits() {
         ScriptOptions {
             timeout_ms: Some(3_600_000),
             max_output_tokens: Some(1_000_000),
+            ..ScriptOptions::default()
         },
         ScriptOptions {
             timeout_ms: Some(3_001),
             max_output_tokens: Some(101),
+            ..ScriptOptions::default()
         },
         ScriptOptions {
             timeout_ms: Some(2_147_483_647),
             max_output_tokens: Some((1 << 53) - 1),
+            ..ScriptOptions::default()
         },
     ] {
         let l = Limits::effective(&defaults, &maximum, &raise);
@@ -124,5 +128,18 @@ fn identifiers_follow_the_reference() {
         ("$x", "$x"),
     ] {
         assert_eq!(to_identifier(raw), id);
+    }
+}
+
+#[test]
+fn yield_after_ms_is_an_option_in_range() {
+    let p = parse_source("// @options: {\"yield_after_ms\": 250}\nreturn 1").unwrap();
+    assert_eq!(p.options.yield_after_ms, Some(250));
+    for bad in ["0", "-1", "\"soon\"", "2147483648"] {
+        let e = parse_source(&format!(
+            "// @options: {{\"yield_after_ms\": {bad}}}\nreturn 1"
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("yield_after_ms"), "{bad}: {e}");
     }
 }

@@ -76,6 +76,8 @@ pub enum SetupError {
     Registry(RegistryError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    #[error("{0}")]
+    State(#[from] codemode_state::StateError),
 }
 
 impl From<PolicyError> for SetupError {
@@ -116,9 +118,19 @@ pub struct InstallationBuilder {
     approver: Option<Arc<dyn Approver>>,
     connect: Option<ConnectOptions>,
     codemode_requested: bool,
+    cells: bool,
 }
 
 impl InstallationBuilder {
+    /// Runs scripts as cells that may yield and wait for approvals (`codemode serve` asks for
+    /// this), unless the settings turn cells off (`cells.enabled: false`). Cells keep durable
+    /// state in `state.url` (an SQLite file in your state directory by default), opened at
+    /// build: a locked, read-only or damaged database is an error here.
+    pub fn cells(mut self, on: bool) -> Self {
+        self.cells = on;
+        self
+    }
+
     /// Your configuration and state directories (default: from `XDG_*` and `HOME`).
     pub fn config_paths(mut self, paths: ConfigPaths) -> Self {
         self.paths = Some(paths);
@@ -234,9 +246,9 @@ impl InstallationBuilder {
         for hook in self.hooks {
             gate = gate.hook(hook);
         }
-        if let Some(approver) = self.approver {
-            gate = gate.approver(approver);
-        }
+        let durable = &settings.durable;
+        let cells_on = durable.cells_enabled.unwrap_or(self.cells)
+            || durable.when_nobody_can_answer == codemode_config::WhenNobodyCanAnswer::Pause;
         // The gate keeps its own configuration out of every tool's reach, whatever the policy.
         gate = gate
             .workspace(&workdir)
@@ -248,6 +260,7 @@ impl InstallationBuilder {
                 &sources.paths.config_dir,
                 "your codemode configuration",
             ));
+        let mut audit = AuditLog::disabled();
         if let Some(path) = &settings.audit_path {
             // The chain is keyed with a key of the user's, never the project's.
             let key_path = sources.paths.state_dir.join("audit.key");
@@ -258,7 +271,17 @@ impl InstallationBuilder {
             let key = AuditKey::load_or_create(&key_path).map_err(audit_error)?;
             gate = gate.protect(ProtectedPath::new(&key_path, "the audit log's key"));
             let log = AuditLog::open_with_key(path, key).map_err(audit_error)?;
-            gate = gate.audit(log);
+            gate = gate.audit(log.clone());
+            audit = log;
+        }
+        let cells = match cells_on {
+            true => Some(open_cells(durable, audit, &workdir).await?),
+            false => None,
+        };
+        match (&cells, self.approver) {
+            (Some(cells), approver) => gate = gate.approver(cells.approver(approver)),
+            (None, Some(approver)) => gate = gate.approver(approver),
+            (None, None) => {}
         }
         let gate = gate.build()?;
 
@@ -273,6 +296,9 @@ impl InstallationBuilder {
             .offer_codemode_tool(activation.codemode);
         if let Some(catalog) = catalog {
             codemode = codemode.models(Arc::new(catalog), ModelsHttpConfig::default());
+        }
+        if let Some(cells) = cells {
+            codemode = codemode.cells(cells);
         }
         let codemode = codemode.build()?;
 
@@ -311,6 +337,42 @@ impl InstallationBuilder {
             changed,
         })
     }
+}
+
+/// Opens the state store and sets cells up from the settings.
+async fn open_cells(
+    durable: &codemode_config::Durable,
+    audit: AuditLog,
+    workdir: &Path,
+) -> Result<codemode_runtime::Cells, SetupError> {
+    if let codemode_state::StateUrl::Sqlite(path) =
+        codemode_state::StateUrl::parse(&durable.state_url)?
+        && let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        // The state directory may not exist yet on a fresh machine; private to the user.
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let store =
+        codemode_state::open(&durable.state_url, codemode_state::OpenOptions::default()).await?;
+    let mut config = codemode_runtime::CellsConfig::new(store);
+    config.yield_after = std::time::Duration::from_millis(durable.yield_after_ms);
+    config.max_live_per_session = durable.max_cells_per_session;
+    config.pause_approvals =
+        durable.when_nobody_can_answer == codemode_config::WhenNobodyCanAnswer::Pause;
+    config.approval_expiry = durable.approval_expiry;
+    config.audit = audit;
+    config.scope = workdir.display().to_string();
+    if let Some(ms) = std::env::var("CODEMODE_CELL_LEASE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|ms| *ms >= 100)
+    {
+        // How soon a restarted process may take over cells of one that died (default 15 s).
+        config.lease = std::time::Duration::from_millis(ms);
+    }
+    Ok(codemode_runtime::Cells::new(config))
 }
 
 /// The catalog from the models files, restricted by `models.enabled` and `models.allow`; `None`
@@ -353,6 +415,7 @@ impl Installation {
             approver: None,
             connect: None,
             codemode_requested: false,
+            cells: false,
         }
     }
 

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod approvals;
 pub mod audit;
 pub mod doctor;
 pub mod policy;

@@ -96,7 +96,7 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
 /// The tools of the current set-up, so that policies may speak of any of their arguments; the
 /// built-in tools alone when the set-up cannot be built (its own policies may be what is broken).
 async fn registry_for(args: &SetupArgs) -> Registry {
-    match setup::build_with(args, &LimitFlags::default(), None).await {
+    match setup::build_with(args, &LimitFlags::default(), None, false).await {
         Ok(installation) => {
             // Its own policies may not fit yet; the tools are what matters here.
             let _ = installation.servers_ready().await;

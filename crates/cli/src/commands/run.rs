@@ -74,7 +74,14 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     request.determinism = determinism;
     request.record = args.record.clone();
     request.replay = args.replay.clone();
-    let run = installation.codemode().run_script(request).await;
+    let pausing = installation
+        .codemode()
+        .cells()
+        .is_some_and(|c| c.config().pause_approvals);
+    let run = match pausing && request.record.is_none() && request.replay.is_none() {
+        true => run_pausing(installation.codemode(), request).await?,
+        false => installation.codemode().run_script(request).await,
+    };
     if args.verbose {
         print_trace(&run);
     }
@@ -85,6 +92,36 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// With `approvals.when_nobody_can_answer: "pause"`, the script runs as a cell: a call that
+/// needs approval waits (its id and the command that answers it go to stderr) until someone
+/// answers with `codemode approvals` from another terminal, or the approval expires.
+async fn run_pausing(
+    codemode: &codemode_runtime::Codemode,
+    request: ScriptRequest,
+) -> Result<codemode_runtime::ScriptRun> {
+    let session = request.session_id.clone();
+    let mut report = codemode.start_cell(request).await?;
+    let mut told = std::collections::HashSet::new();
+    loop {
+        if let Some(run) = report.run.take() {
+            return Ok(run);
+        }
+        for p in &report.pending {
+            if told.insert(p.approval_id.clone()) {
+                eprintln!(
+                    "codemode: `{}` waits for approval ({}): {}\n  answer with: codemode approvals approve {} (or deny)",
+                    p.tool, p.reason, p.arguments, p.approval_id
+                );
+            }
+        }
+        let wait = codemode_runtime::WaitOptions {
+            timeout: Some(std::time::Duration::from_secs(3600)),
+            terminate: false,
+        };
+        report = codemode.wait_cell(&session, &report.cell, wait).await?;
+    }
 }
 
 pub async fn demo(args: DemoArgs) -> Result<ExitCode> {

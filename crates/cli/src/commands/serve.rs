@@ -67,11 +67,34 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
     let approvals = codemode_mcp::ElicitationApprover::new();
-    let installation =
-        setup::build_with(&args.setup, &args.limits, Some(Arc::new(approvals.clone()))).await?;
+    let installation = setup::build_with(
+        &args.setup,
+        &args.limits,
+        Some(Arc::new(approvals.clone())),
+        true,
+    )
+    .await?;
     for warning in installation.warnings() {
         tracing::warn!("{warning}");
     }
+    // Cells of this project whose process stopped (killed, crashed) are rebuilt here by
+    // replaying their logs, once that process's lease lapsed: look now and then, in the
+    // background so that clients are answered at once.
+    let resumer = installation.codemode().cells().is_some().then(|| {
+        let codemode = installation.codemode().clone();
+        tokio::spawn(async move {
+            loop {
+                match codemode.resume_cells().await {
+                    Ok(ids) if !ids.is_empty() => {
+                        tracing::info!(cells = ?ids, "took over cells left by a stopped codemode")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!("looking for cells to take over failed: {e}"),
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        })
+    });
     // MCP servers connect in the background: `initialize` is answered at once, and every
     // client hears when the servers' tools arrive or change (the registry already follows).
     let mut changes = installation.tools_changed();
@@ -127,13 +150,21 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         );
     }
     follower.abort();
+    if let Some(resumer) = resumer {
+        resumer.abort();
+    }
     installation.shutdown().await;
     signals.abort();
-    served?;
     if signalled {
+        // A signal during the stdio handshake ends it as "cancelled": that is the stop asked
+        // for, not a failure.
+        if let Err(e) = &served {
+            tracing::info!("stopped by a signal: {e}");
+        }
         // Everything is stopped and written; do not wait for a read of stdin that will never end.
         std::process::exit(0);
     }
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -108,6 +108,11 @@ impl ElicitationApprover {
             );
             return ApprovalAnswer::Unasked("this client cannot show approval requests");
         }
+        self.elicit(&target, req).await
+    }
+
+    async fn elicit(&self, target: &SessionPeer, req: &ApprovalRequest) -> ApprovalAnswer {
+        let session = &req.provenance.session_id;
         let params: ElicitRequestParams = match serde_json::from_value(question(req)) {
             Ok(p) => p,
             Err(e) => {
@@ -141,6 +146,71 @@ impl ElicitationApprover {
             Err(e) => {
                 tracing::warn!(%session, error = %e, "approval denied: the elicitation failed");
                 ApprovalAnswer::Unasked("the client did not answer the approval request")
+            }
+        }
+    }
+}
+
+impl ElicitationApprover {
+    /// Asks the client of `session_id`, one at a time, about the calls of its cells that paused
+    /// for approval (nobody could be asked then), and answers each through the state store
+    /// (channel `elicitation`, answerer the client's name). The cell then goes on, in whichever
+    /// process holds it. An approval answered meanwhile elsewhere is skipped.
+    pub(crate) async fn ask_pending(
+        &self,
+        codemode: &codemode_runtime::Codemode,
+        session_id: &str,
+        client: Option<String>,
+    ) {
+        use codemode_runtime::codemode_state::{ApprovalQuery, ApprovalState, Decision};
+        let Some(cells) = codemode.cells() else {
+            return;
+        };
+        let query = ApprovalQuery {
+            state: Some(ApprovalState::Pending),
+            session_id: Some(session_id.to_string()),
+            cell_id: None,
+        };
+        let pending = match cells.store().list_approvals(query).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(session = %session_id, "could not list pending approvals: {e}");
+                return;
+            }
+        };
+        let Some(target) = self.session(session_id).filter(|t| t.can_elicit) else {
+            return;
+        };
+        for approval in pending {
+            let req = ApprovalRequest {
+                tool_name: approval.tool.clone(),
+                kind: codemode_spec::CallKind::Tool,
+                args: approval.arguments.clone(),
+                paths: Vec::new(),
+                provenance: serde_json::from_value(approval.provenance.clone())
+                    .unwrap_or_else(|_| codemode_spec::Provenance::model("", session_id)),
+                reason: format!("{} (asked earlier, while you were away)", approval.reason),
+                policy_ids: approval.policy_ids.clone(),
+            };
+            let decision = match self.elicit(&target, &req).await {
+                ApprovalAnswer::Yes | ApprovalAnswer::Always => Decision::Approve,
+                ApprovalAnswer::No => Decision::Deny,
+                // The client did not answer: the approval stays pending for another channel.
+                ApprovalAnswer::Unasked(_) => continue,
+            };
+            let by = client.clone().unwrap_or_else(|| "mcp-client".into());
+            let answered = codemode_runtime::cells::answer_approval(
+                cells.store().as_ref(),
+                &cells.config().audit,
+                &approval.id,
+                decision,
+                &by,
+                "elicitation",
+                Some(&approval.call_hash),
+            )
+            .await;
+            if let Err(e) = answered {
+                tracing::info!(approval = %approval.id, "the client's answer was not taken: {e}");
             }
         }
     }

@@ -26,6 +26,43 @@ use super::approval::ElicitationApprover;
 use super::result::{direct_result, script_result};
 use crate::client::{ProxyError, route_progress, upstream_output_schema};
 
+/// The second tool, declared when scripts run as cells.
+const WAIT_TOOL: &str = "wait";
+
+/// A cell's report: its text, then media, with the report as `structuredContent`.
+fn cell_result(report: &codemode_runtime::CellReport, extra_text: Option<&str>) -> CallToolResult {
+    let mut text = report.text.clone();
+    if let Some(extra) = extra_text {
+        text.push('\n');
+        text.push_str(extra);
+    }
+    let mut content = vec![Content::text(text)];
+    for block in &report.media {
+        if let Ok(c) = serde_json::from_value::<Content>(block.clone()) {
+            content.push(c);
+        }
+    }
+    let mut result = if report.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    let mut structured = report.structured();
+    if let Some(output) = structured.get_mut("output").and_then(Value::as_array_mut) {
+        for item in output.iter_mut() {
+            if let Some(map) = item.as_object_mut()
+                && map.get("type").and_then(Value::as_str) == Some("image")
+                && let Some(Value::String(data)) = map.remove("data")
+            {
+                map.insert("bytes".into(), json!(data.len() / 4 * 3));
+                map.insert("note".into(), json!("sent as an image content block"));
+            }
+        }
+    }
+    result.structured_content = Some(structured);
+    result
+}
+
 /// How often a running script tells a client that asked for progress that it is still alive.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -56,6 +93,8 @@ struct Session {
     on_end: OnEnd,
     codemode: Codemode,
     approvals: ElicitationApprover,
+    /// Set once this connection asked its client about approvals left pending earlier.
+    asked_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Session {
@@ -93,6 +132,7 @@ impl CodemodeHandler {
                 on_end,
                 codemode: codemode.clone(),
                 approvals: approvals.clone(),
+                asked_pending: std::sync::atomic::AtomicBool::new(false),
             }),
             codemode,
             approvals,
@@ -117,6 +157,20 @@ impl CodemodeHandler {
             .is_some_and(|info| info.capabilities.elicitation.is_some());
         self.approvals
             .register(id, context.peer.clone(), can_elicit, self.session.owner);
+        // A client that comes back (a new connection for its session) is asked about the calls
+        // of its cells that paused for approval while nobody could ask it.
+        if can_elicit
+            && self.codemode.cells().is_some()
+            && !self.session.asked_pending.swap(true, Ordering::AcqRel)
+        {
+            let approvals = self.approvals.clone();
+            let codemode = self.codemode.clone();
+            let session = id.clone();
+            let client = Self::client_name(context);
+            tokio::spawn(async move {
+                approvals.ask_pending(&codemode, &session, client).await;
+            });
+        }
         id.clone()
     }
 
@@ -190,10 +244,102 @@ impl CodemodeHandler {
             req.on_call = Some(r.observer());
             route_progress(&call_id, r.sink())
         });
+        if self.codemode.cells().is_some() {
+            let report = self.codemode.start_cell(req).await;
+            drop(reporter);
+            return match report {
+                Ok(report) => {
+                    let note = report
+                        .run
+                        .as_ref()
+                        .and_then(|run| self.unavailable_note(run));
+                    cell_result(&report, note.as_deref())
+                }
+                Err(e) => CallToolResult::error(vec![Content::text(e.to_string())]),
+            };
+        }
         let run = self.codemode.run_script(req).await;
         drop(reporter);
         let note = self.unavailable_note(&run);
         script_result(&run, note.as_deref())
+    }
+
+    /// The `wait` tool: more output of a cell of this session, its result, or its end.
+    async fn run_wait(
+        &self,
+        args: Option<Map<String, Value>>,
+        context: RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let _busy = self.opts.activity.enter();
+        let session_id = self.session_id(&context);
+        let args = args.unwrap_or_default();
+        let Some(cell) = args.get("cell").and_then(Value::as_str) else {
+            return CallToolResult::error(vec![Content::text(
+                "wait takes {\"cell\": \"<id a codemode call returned>\"}, optionally \"timeout_ms\" or \"terminate\": true; `cell` is missing or not a string",
+            )]);
+        };
+        let timeout = match args.get("timeout_ms") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64().filter(|ms| *ms <= 3_600_000) {
+                Some(ms) => Some(Duration::from_millis(ms)),
+                None => {
+                    return CallToolResult::error(vec![Content::text(
+                        "wait's `timeout_ms` is a whole number of milliseconds from 0 to 3600000",
+                    )]);
+                }
+            },
+        };
+        let terminate = match args.get("terminate") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return CallToolResult::error(vec![Content::text(
+                    "wait's `terminate` is true or false",
+                )]);
+            }
+        };
+        if let Some(key) = args
+            .keys()
+            .find(|k| !["cell", "timeout_ms", "terminate"].contains(&k.as_str()))
+        {
+            return CallToolResult::error(vec![Content::text(format!(
+                "wait does not know `{key}`; it takes `cell`, `timeout_ms` and `terminate`"
+            ))]);
+        }
+        let opts = codemode_runtime::WaitOptions { timeout, terminate };
+        // A client that gives up waiting does not stop the cell: it keeps running.
+        tokio::select! {
+            r = self.codemode.wait_cell(&session_id, cell, opts) => match r {
+                Ok(report) => {
+                    let note = report.run.as_ref().and_then(|run| self.unavailable_note(run));
+                    cell_result(&report, note.as_deref())
+                }
+                Err(e) => CallToolResult::error(vec![Content::text(e.to_string())]),
+            },
+            _ = context.ct.cancelled() => CallToolResult::error(vec![Content::text("wait was cancelled; the cell keeps running")]),
+        }
+    }
+
+    fn wait_tool(&self) -> Tool {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "cell": {"type": "string", "description": "The cell id a codemode call returned."},
+                "timeout_ms": {"type": "integer", "minimum": 0, "description": "Return after this long if the cell still runs."},
+                "terminate": {"type": "boolean", "description": "Stop the cell and cancel its calls."}
+            },
+            "required": ["cell"]
+        });
+        let mut tool = Tool::new_with_raw(
+            WAIT_TOOL,
+            Some(
+                "Continue a codemode script that yielded (status `running` or `waiting_for_approval`): returns its new output and, once it ended, its result. `terminate: true` stops it."
+                    .into(),
+            ),
+            Arc::new(as_object(schema)),
+        );
+        tool.annotations = Some(ToolAnnotations::with_title("Wait for a codemode cell"));
+        tool
     }
 
     /// When a script failed on a `tools.mcp__<server>__…` name of a server that is down, says
@@ -290,6 +436,9 @@ impl ServerHandler for CodemodeHandler {
         let mut tools = Vec::new();
         if self.codemode.offers_codemode_tool() {
             tools.push(self.codemode_tool());
+            if self.codemode.cells().is_some() {
+                tools.push(self.wait_tool());
+            }
         }
         if self.mode_on() {
             tools.extend(self.codemode.model_declared_tools().iter().map(to_mcp_tool));
@@ -310,6 +459,11 @@ impl ServerHandler for CodemodeHandler {
             )])
         } else if request.name == codemode_gate::CODEMODE_TOOL {
             self.run_codemode(request.arguments, context).await
+        } else if request.name == WAIT_TOOL
+            && self.codemode.offers_codemode_tool()
+            && self.codemode.cells().is_some()
+        {
+            self.run_wait(request.arguments, context).await
         } else {
             // Mode `only` is enforced by the gate, which refuses a model's direct call and says
             // to call the tool from a script instead.

@@ -1,0 +1,239 @@
+//! Cells: script runs that outlive a turn, and approvals that pause them instead of failing.
+//!
+//! A cell is one script run with an id. It may *yield*: after its yield time the caller gets
+//! the output so far and `status: running`, and the script keeps running on the embedder's
+//! runtime; [`Codemode::wait_cell`](crate::Codemode::wait_cell) returns more output and, once it
+//! ended, the result, or terminates it. It is still one sandbox run, so its deadline (which
+//! stands still while a person is asked) and its script budget hold across every yield.
+//!
+//! Everything needed to rebuild a live cell is in the state store ([`codemode_state`]): its
+//! source, options (seed and start time, so the run is deterministic) and a replay log of its
+//! calls, written before the script sees each result. A process that starts while a cell has
+//! no live holder (its server was killed) claims it and runs the script again, answering each
+//! recorded call from the log (no tool runs twice) until the script goes past the log; a call
+//! that differs from the log fails the cell naming the step.
+//!
+//! When a policy asks and nobody can answer now, [`PausingApprover`] (with `pause` chosen)
+//! records a pending approval bound to the call's hash and the cell waits for it; an answer
+//! from any process (the CLI, an MCP client's elicitation, the library) resumes it, and an
+//! approval that expires counts as a denial. Each answer and expiry is an audit line.
+
+mod approver;
+mod live;
+pub(crate) mod record;
+mod report;
+mod run;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use codemode_gate::AuditLog;
+use codemode_state::{StateError, StateStore};
+
+pub use approver::PausingApprover;
+pub use report::{CellReport, PendingCall, WaitOptions};
+pub use run::{answer_approval, expire_in};
+
+pub(crate) use live::LiveCell;
+pub(crate) use record::CellLink;
+
+/// How cells behave; built by `codemode-setup` from the settings.
+#[derive(Clone)]
+pub struct CellsConfig {
+    /// Where cells, approvals, replay logs and `store()` values live.
+    pub store: Arc<dyn StateStore>,
+    /// This process's name on cells it holds. Unique per process: several processes may share
+    /// one database, and a cell is driven by one of them at a time.
+    pub replica: String,
+    /// How long a holder's claim on a cell lasts without renewal; after that, another process
+    /// may take the cell over (rebuild it by replay).
+    pub lease: Duration,
+    /// The yield time for scripts that do not ask for one, and the most one may ask for.
+    pub yield_after: Duration,
+    /// Live cells one session may have at once.
+    pub max_live_per_session: u32,
+    /// Pause (rather than deny) an `ask` that nobody can answer now.
+    pub pause_approvals: bool,
+    /// A paused approval unanswered for this long counts as a denial.
+    pub approval_expiry: Duration,
+    /// Where answers and expiries are recorded: the gate's audit log.
+    pub audit: AuditLog,
+    /// Which installation the cells belong to (`codemode-setup` uses the project directory):
+    /// a process takes over only cells of its own scope, never those of another project run
+    /// with other tools and policies on the same state database.
+    pub scope: String,
+}
+
+impl CellsConfig {
+    /// Defaults around a store: 10 s yield, 8 cells a session, 15 s lease, deny, 1 h expiry.
+    pub fn new(store: Arc<dyn StateStore>) -> Self {
+        CellsConfig {
+            store,
+            replica: replica_name(),
+            lease: Duration::from_secs(15),
+            yield_after: Duration::from_secs(10),
+            max_live_per_session: 8,
+            pause_approvals: false,
+            approval_expiry: Duration::from_secs(3600),
+            audit: AuditLog::disabled(),
+            scope: String::new(),
+        }
+    }
+}
+
+/// `host-pid-random`: unique per process, readable in `codemode approvals show`.
+pub fn replica_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into());
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &random[..8])
+}
+
+/// Why a cell request failed. Messages say what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum CellError {
+    #[error("cells are not enabled in this installation; run scripts with run_script")]
+    Disabled,
+    #[error("there is no cell `{0}` in this session; `wait` takes the id a codemode call returned")]
+    Unknown(String),
+    #[error(
+        "cell `{id}` has already {status} and its result was returned; start a new run instead"
+    )]
+    Finished { id: String, status: String },
+    #[error(
+        "cell `{id}` is held by another codemode process ({owner}); wait on it there, or once that process has stopped"
+    )]
+    HeldElsewhere { id: String, owner: String },
+    #[error("{0}")]
+    Replay(String),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// The cells of one installation. Cheap to clone.
+#[derive(Clone)]
+pub struct Cells {
+    pub(crate) inner: Arc<CellsInner>,
+}
+
+pub(crate) struct CellsInner {
+    pub config: CellsConfig,
+    /// Cells this process runs, by id (a cell's script id is its cell id).
+    pub live: Mutex<HashMap<String, Arc<LiveCell>>>,
+    background: std::sync::OnceLock<()>,
+}
+
+impl Cells {
+    pub fn new(config: CellsConfig) -> Self {
+        Cells {
+            inner: Arc::new(CellsInner {
+                config,
+                live: Mutex::new(HashMap::new()),
+                background: std::sync::OnceLock::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &CellsConfig {
+        &self.inner.config
+    }
+
+    pub fn store(&self) -> &Arc<dyn StateStore> {
+        &self.inner.config.store
+    }
+
+    /// An approver for the gate: asks `inner` first, and pauses the call when nobody could be
+    /// asked and pausing is on (see [`PausingApprover`]).
+    pub fn approver(
+        &self,
+        inner: Option<Arc<dyn codemode_gate::Approver>>,
+    ) -> Arc<dyn codemode_gate::Approver> {
+        Arc::new(PausingApprover::new(self.clone(), inner))
+    }
+
+    /// Stops driving every cell here without recording their ends, as if this process had
+    /// died: their leases lapse and another process (or a later start) rebuilds them by replay.
+    /// Calls in flight are cancelled and, having no logged result, make their cell fail when it
+    /// is rebuilt; calls waiting for approval wait again. For tests of take-over, and a
+    /// shutdown that leaves cells to the next start.
+    pub fn abandon(&self) {
+        let live: Vec<Arc<LiveCell>> = self.lock().values().cloned().collect();
+        for cell in live.iter().filter(|c| !c.is_done()) {
+            cell.abandon();
+        }
+    }
+
+    /// The ids of the cells this process drives now.
+    pub fn live_ids(&self) -> Vec<String> {
+        self.lock()
+            .values()
+            .filter(|c| !c.is_done())
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    pub(crate) fn live(&self, id: &str) -> Option<Arc<LiveCell>> {
+        self.lock().get(id).cloned()
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<LiveCell>>> {
+        self.inner.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the lease renewer and the expiry sweeper once, on the current runtime.
+    pub(crate) fn ensure_background(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        self.inner.background.get_or_init(|| {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(background(weak));
+            }
+        });
+    }
+}
+
+/// Renews the leases of the cells this process holds, expires approvals past their time (each
+/// expiry is one audit line, written by whoever expired it), and forgets ended cells whose
+/// result nobody collected for an hour.
+async fn background(cells: Weak<CellsInner>) {
+    let mut last_renew = tokio::time::Instant::now();
+    loop {
+        let Some(inner) = cells.upgrade() else { return };
+        let cells = Cells { inner };
+        let lease = cells.config().lease;
+        let every = (lease / 3).max(Duration::from_millis(100));
+        if last_renew.elapsed() >= every {
+            last_renew = tokio::time::Instant::now();
+            let live: Vec<Arc<LiveCell>> = cells.lock().values().cloned().collect();
+            for cell in live.iter().filter(|c| !c.is_done() && !c.is_abandoned()) {
+                let claim = cells
+                    .store()
+                    .claim_cell(&cell.id, &cells.config().replica, lease)
+                    .await;
+                if let Err(e) = claim {
+                    match e {
+                        StateError::CellHeld { .. }
+                        | StateError::NotCellOwner { .. }
+                        | StateError::CellFinished { .. } => {
+                            // Another process took the cell over: stop driving it here.
+                            tracing::warn!(cell = %cell.id, "lost the cell's lease: {e}");
+                            cell.lost_lease(e.to_string());
+                        }
+                        e => {
+                            tracing::warn!(cell = %cell.id, "could not renew the cell's lease: {e}")
+                        }
+                    }
+                }
+            }
+        }
+        run::expire_due(&cells).await;
+        cells
+            .lock()
+            .retain(|_, c| !c.is_done() || c.done_for() < Duration::from_secs(3600));
+        drop(cells);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -1,0 +1,513 @@
+//! Starting, waiting on, terminating and rebuilding cells; answering approvals.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use codemode_gate::{Admission, AuditLog};
+use codemode_sandbox::Determinism;
+use codemode_state::{
+    Answer, ApprovalRecord, ApprovalState, CellStatus, CellUpdate, Decision, NewCell, StateError,
+    StateStore, format_ms,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::{CellError, CellLink, CellReport, Cells, LiveCell, WaitOptions};
+use crate::{Codemode, ScriptRequest, ScriptRun};
+
+/// What a cell needs to be rebuilt exactly: the same ids (an approval is bound to the call's
+/// provenance) and the same seed and start time (the same `Math.random()` and `Date.now()`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CellOptions {
+    call_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    client: Option<String>,
+    seed: u32,
+    start_ms: f64,
+    yield_after_ms: u64,
+    #[serde(default)]
+    scope: String,
+}
+
+/// How long `wait` with `terminate` waits for the script and its calls to stop.
+const TERMINATE_WAIT: Duration = Duration::from_secs(15);
+
+impl Codemode {
+    /// The cells of this installation, when enabled.
+    pub fn cells(&self) -> Option<&Cells> {
+        self.inner.cells.as_ref()
+    }
+
+    fn cells_or_err(&self) -> Result<Cells, CellError> {
+        self.cells().cloned().ok_or(CellError::Disabled)
+    }
+
+    /// Runs a script as a cell: returns when it ended, when it waits for a person, or after its
+    /// yield time (the script's `yield_after_ms`, at most the configured one) with the output
+    /// so far, while the script keeps running. The `codemode` call passes the gate first, as
+    /// in [`Codemode::run_script`].
+    pub async fn start_cell(&self, req: ScriptRequest) -> Result<CellReport, CellError> {
+        let cells = self.cells_or_err()?;
+        cells.ensure_background();
+        let config = cells.config().clone();
+        let cell_id = format!("cell_{}", uuid::Uuid::new_v4().simple());
+        let (admission, source, call_id) = match self.admit_script(&req).await {
+            Ok(admitted) => admitted,
+            Err(run) => return Ok(refused(&cell_id, run)),
+        };
+        let parsed = match codemode_sandbox::parse_source(&source) {
+            Ok(p) => p,
+            Err(e) => {
+                let run = ScriptRun::refused(cell_id.clone(), e.to_string());
+                let run = self.finish_admission(admission, run).await;
+                return Ok(refused(&cell_id, run));
+            }
+        };
+        let yield_after = parsed
+            .options
+            .yield_after_ms
+            .map(Duration::from_millis)
+            .map_or(config.yield_after, |asked| asked.min(config.yield_after));
+        let determinism = req.determinism.unwrap_or_else(|| Determinism {
+            seed: (uuid::Uuid::new_v4().as_u128() & 0xffff_ffff) as u32,
+            start_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as f64)
+                .unwrap_or(0.0),
+        });
+        let options = CellOptions {
+            call_id: call_id.clone(),
+            client: req.client.clone(),
+            seed: determinism.seed,
+            start_ms: determinism.start_ms,
+            yield_after_ms: yield_after.as_millis() as u64,
+            scope: config.scope.clone(),
+        };
+        let store = cells.store().clone();
+        let created = async {
+            store
+                .touch_session(&req.session_id, req.client.as_deref())
+                .await?;
+            store
+                .create_cell(NewCell {
+                    id: cell_id.clone(),
+                    session_id: req.session_id.clone(),
+                    source_hash: crate::codemode_tool::script_facts(&source).sha256,
+                    source: source.clone(),
+                    options: serde_json::to_value(&options).unwrap_or(Value::Null),
+                    owner: config.replica.clone(),
+                    lease: config.lease,
+                    max_live_per_session: Some(config.max_live_per_session),
+                })
+                .await
+        }
+        .await;
+        if let Err(e) = created {
+            let run = ScriptRun::refused(cell_id.clone(), e.to_string());
+            let _ = self.finish_admission(admission, run).await;
+            return Err(e.into());
+        }
+        let live = Arc::new(LiveCell::new(
+            cell_id.clone(),
+            req.session_id.clone(),
+            tokio_util::sync::CancellationToken::new(),
+        ));
+        let link = match CellLink::new(live.clone(), store, config.replica.clone(), &[]) {
+            Ok(l) => Arc::new(l),
+            Err(e) => return Err(CellError::Replay(e)),
+        };
+        let mut run_req = req.clone();
+        run_req.abort = live.abort.clone();
+        run_req.determinism = Some(determinism);
+        cells.lock().insert(cell_id.clone(), live.clone());
+        tokio::spawn(drive(
+            self.clone(),
+            cells.clone(),
+            run_req,
+            source,
+            call_id,
+            Some(admission),
+            link,
+        ));
+        // Until the first report the caller is waiting: cancelling its call (or shutting down,
+        // or dropping this future) stops the script, as for a plain run. After that the cell
+        // runs on its own.
+        let mut unreported = Unreported(Some(live.clone()));
+        tokio::select! {
+            _ = live.settle(CellStatus::Running, yield_after) => {}
+            _ = req.abort.cancelled() => {
+                live.terminate();
+                let _ = tokio::time::timeout(TERMINATE_WAIT, live.ended()).await;
+            }
+        }
+        unreported.0 = None;
+        Ok(CellReport::from_snapshot(&cell_id, live.take_report()))
+    }
+
+    /// New output of a cell of `session_id` and, once it ended, its result; or, with
+    /// `terminate`, stops it (its calls in flight are cancelled) and reports how it ended.
+    /// Waits until the cell ends, starts or stops waiting for a person, or the timeout.
+    pub async fn wait_cell(
+        &self,
+        session_id: &str,
+        cell_id: &str,
+        opts: WaitOptions,
+    ) -> Result<CellReport, CellError> {
+        let cells = self.cells_or_err()?;
+        let Some(live) = cells.live(cell_id) else {
+            return Err(match cells.store().get_cell(cell_id).await? {
+                Some(c) if c.session_id == session_id && c.status.is_terminal() => {
+                    CellError::Finished {
+                        id: c.id,
+                        status: c.status.as_str().into(),
+                    }
+                }
+                Some(c) if c.session_id == session_id => CellError::HeldElsewhere {
+                    id: c.id,
+                    owner: c.owner.unwrap_or_else(|| "nobody yet".into()),
+                },
+                _ => CellError::Unknown(cell_id.to_string()),
+            });
+        };
+        if live.session_id != session_id {
+            return Err(CellError::Unknown(cell_id.to_string()));
+        }
+        if live.collected() {
+            return Err(CellError::Finished {
+                id: cell_id.to_string(),
+                status: live.status().as_str().into(),
+            });
+        }
+        if opts.terminate {
+            live.terminate();
+            let _ = tokio::time::timeout(TERMINATE_WAIT, live.ended()).await;
+        } else {
+            let limit = opts.timeout.unwrap_or(cells.config().yield_after);
+            live.settle(live.status(), limit).await;
+        }
+        Ok(CellReport::from_snapshot(cell_id, live.take_report()))
+    }
+
+    /// Takes over the cells nobody holds (their process stopped) and rebuilds each by replaying
+    /// its log; each then goes on where it was (a call waiting for approval waits again, for
+    /// the same approval). Returns the ids of the cells taken over.
+    pub async fn resume_cells(&self) -> Result<Vec<String>, CellError> {
+        let cells = self.cells_or_err()?;
+        cells.ensure_background();
+        let config = cells.config().clone();
+        let store = cells.store().clone();
+        let mut resumed = Vec::new();
+        for cell in store.claimable_cells().await? {
+            let scope = cell
+                .options
+                .get("scope")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if cells.live(&cell.id).is_some() || scope != config.scope {
+                continue;
+            }
+            let claimed = match store
+                .claim_cell(&cell.id, &config.replica, config.lease)
+                .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::info!(cell = %cell.id, "not taking the cell over: {e}");
+                    continue;
+                }
+            };
+            let fail = |message: String| {
+                let store = store.clone();
+                let replica = config.replica.clone();
+                let id = claimed.id.clone();
+                async move {
+                    tracing::warn!(cell = %id, "{message}");
+                    let _ = store
+                        .update_cell(
+                            &id,
+                            &replica,
+                            CellUpdate {
+                                status: CellStatus::Failed,
+                                approval_id: None,
+                                result: Some(json!({ "text": message, "isError": true })),
+                            },
+                        )
+                        .await;
+                }
+            };
+            let options: CellOptions = match serde_json::from_value(claimed.options.clone()) {
+                Ok(o) => o,
+                Err(e) => {
+                    fail(format!(
+                        "cell {} cannot be rebuilt: its options cannot be read ({e})",
+                        claimed.id
+                    ))
+                    .await;
+                    continue;
+                }
+            };
+            let entries = store.read_replay(&claimed.id).await?;
+            let live = Arc::new(LiveCell::new(
+                claimed.id.clone(),
+                claimed.session_id.clone(),
+                tokio_util::sync::CancellationToken::new(),
+            ));
+            let link = match CellLink::new(
+                live.clone(),
+                store.clone(),
+                config.replica.clone(),
+                &entries,
+            ) {
+                Ok(l) => Arc::new(l),
+                Err(e) => {
+                    fail(format!("cell {}: {e}", claimed.id)).await;
+                    continue;
+                }
+            };
+            let mut req = ScriptRequest::new(claimed.source.clone(), claimed.session_id.clone());
+            req.client = options.client.clone();
+            req.parent_call_id = Some(options.call_id.clone());
+            req.abort = live.abort.clone();
+            req.determinism = Some(Determinism {
+                seed: options.seed,
+                start_ms: options.start_ms,
+            });
+            cells.lock().insert(claimed.id.clone(), live);
+            tokio::spawn(drive(
+                self.clone(),
+                cells.clone(),
+                req,
+                claimed.source.clone(),
+                options.call_id,
+                None,
+                link,
+            ));
+            resumed.push(claimed.id);
+        }
+        Ok(resumed)
+    }
+
+    /// Answers a pending approval from the library (channel `library`); see
+    /// [`answer_approval`].
+    pub async fn answer_approval(
+        &self,
+        approval_id: &str,
+        decision: Decision,
+        by: &str,
+        channel: &str,
+    ) -> Result<ApprovalRecord, CellError> {
+        let cells = self.cells_or_err()?;
+        Ok(answer_approval(
+            cells.store().as_ref(),
+            &cells.config().audit,
+            approval_id,
+            decision,
+            by,
+            channel,
+            None,
+        )
+        .await?)
+    }
+
+    /// How many calls a live cell answered from its replay log (for tests and benchmarks).
+    pub fn cell_replayed_calls(&self, cell_id: &str) -> Option<u64> {
+        Some(
+            self.cells()?
+                .live(cell_id)?
+                .replayed
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
+
+/// Terminates a cell whose first report never reached its caller (the caller went away).
+struct Unreported(Option<Arc<LiveCell>>);
+
+impl Drop for Unreported {
+    fn drop(&mut self) {
+        if let Some(cell) = self.0.take() {
+            cell.terminate();
+        }
+    }
+}
+
+/// Runs the cell's script to its end and records how it ended.
+async fn drive(
+    codemode: Codemode,
+    cells: Cells,
+    req: ScriptRequest,
+    source: String,
+    call_id: String,
+    admission: Option<Admission>,
+    link: Arc<CellLink>,
+) {
+    let live = link.cell.clone();
+    let cell_id = live.id.clone();
+    let run = codemode
+        .execute(&req, source, cell_id.clone(), call_id, Some(link.clone()))
+        .await;
+    let mut run = match admission {
+        Some(a) => codemode.finish_admission(a, run).await,
+        None => run,
+    };
+    if live.is_abandoned() {
+        cells.lock().remove(&cell_id);
+        return;
+    }
+    let status = if let Some(message) = live.failure() {
+        run.text = message;
+        run.is_error = true;
+        CellStatus::Failed
+    } else if live.was_terminated() {
+        CellStatus::Terminated
+    } else if run.is_error {
+        CellStatus::Failed
+    } else {
+        CellStatus::Finished
+    };
+    let config = cells.config();
+    let store = cells.store();
+    let written = store
+        .update_cell(
+            &cell_id,
+            &config.replica,
+            CellUpdate {
+                status,
+                approval_id: None,
+                result: Some(json!({ "text": run.text, "isError": run.is_error })),
+            },
+        )
+        .await;
+    if let Err(e) = written {
+        tracing::warn!(cell = %cell_id, "could not record how the cell ended: {e}");
+    }
+    // A call still waiting when the script ended will never run: its approval is void.
+    if let Ok(left) = store
+        .list_approvals(codemode_state::ApprovalQuery {
+            state: Some(ApprovalState::Pending),
+            cell_id: Some(cell_id.clone()),
+            session_id: None,
+        })
+        .await
+    {
+        for a in left {
+            let _ = answer_approval(
+                store.as_ref(),
+                &config.audit,
+                &a.id,
+                Decision::Deny,
+                "codemode",
+                "cell-ended",
+                None,
+            )
+            .await;
+        }
+    }
+    live.finish(status, run);
+}
+
+fn refused(cell: &str, run: ScriptRun) -> CellReport {
+    CellReport {
+        cell: cell.to_string(),
+        status: CellStatus::Failed,
+        text: run.text.clone(),
+        is_error: true,
+        pending: Vec::new(),
+        media: Vec::new(),
+        run: Some(run),
+    }
+}
+
+/// Answers a pending approval and writes the audit line naming who answered and through what.
+///
+/// The answer is bound to the call by its hash: `shown_hash` is the hash of the call the person
+/// was shown (`codemode approvals show` prints it); without it, the stored call's own hash is
+/// used, which still binds the answer to that one call. Of two answers at once exactly one
+/// wins; an expired, answered or unknown approval is an error saying so.
+pub async fn answer_approval(
+    store: &dyn StateStore,
+    audit: &AuditLog,
+    approval_id: &str,
+    decision: Decision,
+    by: &str,
+    channel: &str,
+    shown_hash: Option<&str>,
+) -> Result<ApprovalRecord, StateError> {
+    let current =
+        store
+            .get_approval(approval_id)
+            .await?
+            .ok_or_else(|| StateError::UnknownApproval {
+                id: approval_id.to_string(),
+            })?;
+    if current.state == ApprovalState::Pending && current.expires_at_ms <= now_ms() {
+        expire_in(store, audit).await;
+    }
+    let answered = store
+        .answer_approval(
+            approval_id,
+            Answer {
+                decision,
+                by: by.to_string(),
+                channel: channel.to_string(),
+                call_hash: shown_hash.unwrap_or(&current.call_hash).to_string(),
+            },
+        )
+        .await?;
+    write_audit(audit, &answered);
+    Ok(answered)
+}
+
+/// Expires every approval past its time; one audit line each.
+pub(crate) async fn expire_due(cells: &Cells) {
+    expire_in(cells.store().as_ref(), &cells.config().audit).await;
+}
+
+/// Expires due approvals in `store`, writing one audit line for each.
+pub async fn expire_in(store: &dyn StateStore, audit: &AuditLog) -> Vec<ApprovalRecord> {
+    match store.expire_approvals().await {
+        Ok(expired) => {
+            for a in &expired {
+                write_audit(audit, a);
+            }
+            expired
+        }
+        Err(e) => {
+            tracing::warn!("could not expire approvals: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// One audit line for an answered or expired approval.
+fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
+    let mut line = Map::new();
+    line.insert(
+        "time".into(),
+        json!(format_ms(a.answered_at_ms.unwrap_or_else(now_ms))),
+    );
+    line.insert("event".into(), json!("approval"));
+    line.insert("approval_id".into(), json!(a.id));
+    line.insert("decision".into(), json!(a.state.as_str()));
+    line.insert("by".into(), json!(a.answered_by));
+    line.insert("channel".into(), json!(a.answered_channel));
+    line.insert("tool".into(), json!(a.tool));
+    line.insert("call_hash".into(), json!(a.call_hash));
+    line.insert("policy_ids".into(), json!(a.policy_ids));
+    line.insert("session_id".into(), json!(a.session_id));
+    line.insert("cell_id".into(), json!(a.cell_id));
+    line.insert(
+        "call_id".into(),
+        a.provenance.get("call_id").cloned().unwrap_or(Value::Null),
+    );
+    if let Err(e) = audit.append(line) {
+        tracing::error!(approval = %a.id, "the approval's audit line could not be written: {e}");
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,635 @@
+//! Cells and paused approvals through the library, on a real SQLite state file: yield, wait,
+//! terminate, budgets across waits, approve/deny/expire, two answers at once, take-over by
+//! replay with a counting tool, and a script that behaves differently on replay.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use codemode_gate::{AuditKey, AuditLog, BudgetLimits, Budgets, Gate, PolicySet, Registry};
+use codemode_runtime::{CellError, Cells, CellsConfig, Codemode, ScriptRequest, WaitOptions};
+use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
+use codemode_state::{ApprovalQuery, CellStatus, Decision, StateError, StateStore};
+use futures::FutureExt;
+use serde_json::{Value, json};
+
+/// Counts its real runs; sleeps `ms` (cooperatively cancelled) when asked.
+struct Counted {
+    spec: ToolSpec,
+    runs: Arc<AtomicU64>,
+    cancelled: Arc<AtomicU64>,
+}
+
+impl Tool for Counted {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let runs = self.runs.clone();
+        let cancelled = self.cancelled.clone();
+        Ok(prepared(CallFacts::default(), move |ctx| {
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                let ms = args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+                if ms > 0 {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                        _ = ctx.cancel.cancelled() => {
+                            cancelled.fetch_add(1, Ordering::SeqCst);
+                            return Err(ToolError::cancelled());
+                        }
+                    }
+                }
+                Ok(ToolOutput::value(json!({ "n": n, "args": args })))
+            }
+            .boxed()
+        }))
+    }
+}
+
+const POLICY: &str = r#"
+@id("counted-runs")
+permit (principal, action == Action::"tool_call", resource == Tool::"counted");
+@id("danger-needs-a-person")
+@ask("danger changes things")
+permit (principal, action == Action::"tool_call", resource == Tool::"danger");
+"#;
+
+struct World {
+    codemode: Codemode,
+    runs: Arc<AtomicU64>,
+    danger_runs: Arc<AtomicU64>,
+    cancelled: Arc<AtomicU64>,
+    store: Arc<dyn StateStore>,
+    audit: std::path::PathBuf,
+}
+
+struct Setup {
+    pause: bool,
+    expiry: Duration,
+    lease: Duration,
+    budgets: Budgets,
+    max_live: u32,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            pause: true,
+            expiry: Duration::from_secs(600),
+            lease: Duration::from_secs(15),
+            budgets: Budgets::default(),
+            max_live: 8,
+        }
+    }
+}
+
+fn counted(name: &str, runs: &Arc<AtomicU64>, cancelled: &Arc<AtomicU64>) -> Arc<dyn Tool> {
+    Arc::new(Counted {
+        spec: ToolSpec::new(name, "counts", json!({"type": "object"})),
+        runs: runs.clone(),
+        cancelled: cancelled.clone(),
+    })
+}
+
+async fn world(dir: &std::path::Path, setup: Setup) -> World {
+    let store = codemode_state::open(
+        &format!("sqlite://{}", dir.join("state.db").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let runs = Arc::new(AtomicU64::new(0));
+    let danger_runs = Arc::new(AtomicU64::new(0));
+    let cancelled = Arc::new(AtomicU64::new(0));
+    let registry = Registry::new();
+    registry
+        .register(counted("counted", &runs, &cancelled))
+        .unwrap();
+    registry
+        .register(counted("danger", &danger_runs, &cancelled))
+        .unwrap();
+    let audit_path = dir.join("audit.jsonl");
+    let audit = AuditLog::open_with_key(&audit_path, AuditKey::from_bytes([7; 32])).unwrap();
+    let mut config = CellsConfig::new(store.clone());
+    config.pause_approvals = setup.pause;
+    config.approval_expiry = setup.expiry;
+    config.lease = setup.lease;
+    config.max_live_per_session = setup.max_live;
+    config.yield_after = Duration::from_secs(30);
+    config.audit = audit.clone();
+    let cells = Cells::new(config);
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("cells.cedar", POLICY).unwrap())
+        .approver(cells.approver(None))
+        .budgets(setup.budgets)
+        .audit(audit)
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
+    World {
+        codemode,
+        runs,
+        danger_runs,
+        cancelled,
+        store,
+        audit: audit_path,
+    }
+}
+
+fn req(code: &str, session: &str) -> ScriptRequest {
+    ScriptRequest::new(code, session)
+}
+
+fn wait_for(ms: u64) -> WaitOptions {
+    WaitOptions {
+        timeout: Some(Duration::from_millis(ms)),
+        terminate: false,
+    }
+}
+
+/// Waits until the cell ends, collecting every report's text.
+async fn finish(w: &World, session: &str, cell: &str) -> (codemode_runtime::CellReport, String) {
+    let mut all = String::new();
+    for _ in 0..200 {
+        let r = w
+            .codemode
+            .wait_cell(session, cell, wait_for(2_000))
+            .await
+            .unwrap();
+        all.push_str(&r.text);
+        if r.status.is_terminal() {
+            return (r, all);
+        }
+    }
+    panic!("cell {cell} did not end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_run_yields_its_output_so_far_and_wait_returns_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let code = r#"// @options: {"yield_after_ms": 300}
+text("first");
+await tools.counted({ ms: 1500 });
+text("second");
+await tools.counted({ ms: 1500 });
+return "done";"#;
+    let first = w.codemode.start_cell(req(code, "s1")).await.unwrap();
+    assert_eq!(first.status, CellStatus::Running, "{}", first.text);
+    assert!(first.text.contains("first"), "{}", first.text);
+    assert!(!first.text.contains("second"), "{}", first.text);
+    assert!(first.text.contains(&first.cell), "{}", first.text);
+    assert_eq!(first.structured()["status"], "running");
+    let (last, all) = finish(&w, "s1", &first.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    assert!(all.contains("second"), "{all}");
+    assert!(last.text.contains("done"), "{}", last.text);
+    assert!(
+        !last.text.contains("first"),
+        "output already reported is not repeated: {}",
+        last.text
+    );
+    assert_eq!(w.runs.load(Ordering::SeqCst), 2);
+    // The result was returned: waiting again is an error, as is another session's or an
+    // unknown cell.
+    let again = w.codemode.wait_cell("s1", &first.cell, wait_for(10)).await;
+    assert!(
+        matches!(again, Err(CellError::Finished { .. })),
+        "{again:?}"
+    );
+    let stored = w.store.get_cell(&first.cell).await.unwrap().unwrap();
+    assert_eq!(stored.status, CellStatus::Finished);
+    assert!(w.store.read_replay(&first.cell).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_refuses_unknown_and_other_sessions_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let code = "// @options: {\"yield_after_ms\": 50}\nawait tools.counted({ms: 3000}); return 1";
+    let r = w.codemode.start_cell(req(code, "owner")).await.unwrap();
+    assert_eq!(r.status, CellStatus::Running);
+    let other = w
+        .codemode
+        .wait_cell("intruder", &r.cell, wait_for(10))
+        .await;
+    let message = other.unwrap_err().to_string();
+    assert!(message.contains("no cell"), "{message}");
+    let unknown = w
+        .codemode
+        .wait_cell("owner", "cell_nope", wait_for(10))
+        .await;
+    assert!(matches!(unknown, Err(CellError::Unknown(_))), "{unknown:?}");
+    // The intruder's attempt to terminate did nothing either.
+    let terminate = WaitOptions {
+        timeout: None,
+        terminate: true,
+    };
+    assert!(
+        w.codemode
+            .wait_cell("intruder", &r.cell, terminate.clone())
+            .await
+            .is_err()
+    );
+    let done = w
+        .codemode
+        .wait_cell("owner", &r.cell, wait_for(10_000))
+        .await
+        .unwrap();
+    assert_eq!(done.status, CellStatus::Finished, "{}", done.text);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminate_stops_the_script_and_cancels_its_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let code = "// @options: {\"yield_after_ms\": 200}\ntext('going');\nawait Promise.all([tools.counted({ms: 60000}), tools.counted({ms: 60000})]);\ntext('never');";
+    let r = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::Running);
+    let stopped = w
+        .codemode
+        .wait_cell(
+            "s",
+            &r.cell,
+            WaitOptions {
+                timeout: None,
+                terminate: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(stopped.status, CellStatus::Terminated, "{}", stopped.text);
+    assert!(!stopped.text.contains("never"));
+    assert_eq!(
+        w.cancelled.load(Ordering::SeqCst),
+        2,
+        "both calls in flight were cancelled"
+    );
+    let stored = w.store.get_cell(&r.cell).await.unwrap().unwrap();
+    assert_eq!(stored.status, CellStatus::Terminated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_budget_holds_across_yields() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        budgets: Budgets {
+            script: BudgetLimits {
+                max_calls: Some(3),
+                ..BudgetLimits::default()
+            },
+            ..Budgets::default()
+        },
+        ..Setup::default()
+    };
+    let w = world(dir.path(), setup).await;
+    let code = r#"// @options: {"yield_after_ms": 100}
+const seen = [];
+for (let i = 0; i < 6; i++) {
+  try { await tools.counted({ ms: 300 }); seen.push("ok"); } catch (e) { seen.push(e.stage); }
+}
+return seen;"#;
+    let r = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::Running);
+    let (last, _) = finish(&w, "s", &r.cell).await;
+    let value = &last.structured()["value"];
+    assert_eq!(
+        value,
+        &json!(["ok", "ok", "ok", "budget", "budget", "budget"]),
+        "{}",
+        last.text
+    );
+    assert_eq!(w.runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_has_a_bounded_number_of_live_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(
+        dir.path(),
+        Setup {
+            max_live: 2,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let code = "// @options: {\"yield_after_ms\": 20}\nawait tools.counted({ms: 5000})";
+    let a = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    let _b = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    let third = w.codemode.start_cell(req(code, "s")).await;
+    let message = third.unwrap_err().to_string();
+    assert!(message.contains("already has 2 live cells"), "{message}");
+    // Another session is not affected.
+    assert!(w.codemode.start_cell(req(code, "t")).await.is_ok());
+    let stop = WaitOptions {
+        timeout: None,
+        terminate: true,
+    };
+    w.codemode.wait_cell("s", &a.cell, stop).await.unwrap();
+    assert!(
+        w.codemode.start_cell(req(code, "s")).await.is_ok(),
+        "room again after one ended"
+    );
+}
+
+fn audit_lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_call_waits_for_approval_and_runs_once_approved() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let code = r#"await tools.counted({});
+const r = await tools.danger({ path: "/etc/motd", mode: 420 });
+text("danger ran " + r.n);
+return r.n;"#;
+    let r = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let pending = &r.pending[0];
+    assert_eq!(pending.tool, "danger");
+    assert_eq!(
+        pending.arguments,
+        json!({ "path": "/etc/motd", "mode": 420 })
+    );
+    assert_eq!(
+        pending.policy_ids,
+        vec!["danger-needs-a-person".to_string()]
+    );
+    assert!(r.text.contains(&pending.approval_id), "{}", r.text);
+    assert_eq!(w.danger_runs.load(Ordering::SeqCst), 0);
+    let stored = w.store.get_cell(&r.cell).await.unwrap().unwrap();
+    assert_eq!(stored.status, CellStatus::WaitingForApproval);
+    assert_eq!(
+        stored.approval_id.as_deref(),
+        Some(pending.approval_id.as_str())
+    );
+
+    w.codemode
+        .answer_approval(&pending.approval_id, Decision::Approve, "alice", "library")
+        .await
+        .unwrap();
+    let (last, _) = finish(&w, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{}", last.text);
+    assert!(last.text.contains("danger ran 1"), "{}", last.text);
+    assert_eq!(w.danger_runs.load(Ordering::SeqCst), 1);
+    // Answering again is refused, naming who answered.
+    let again = w
+        .codemode
+        .answer_approval(&pending.approval_id, Decision::Deny, "mallory", "library")
+        .await;
+    let message = again.unwrap_err().to_string();
+    assert!(
+        message.contains("already answered") && message.contains("alice"),
+        "{message}"
+    );
+    let unknown = w
+        .codemode
+        .answer_approval("ap_nope", Decision::Approve, "x", "library")
+        .await;
+    assert!(unknown.unwrap_err().to_string().contains("no approval"));
+    let lines = audit_lines(&w.audit);
+    let answer = lines
+        .iter()
+        .find(|l| l["event"] == "approval")
+        .expect("an audit line for the answer");
+    assert_eq!(answer["decision"], "approved");
+    assert_eq!(answer["by"], "alice");
+    assert_eq!(answer["channel"], "library");
+    assert_eq!(answer["tool"], "danger");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_or_expired_approval_is_a_refusal_the_script_sees() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(
+        dir.path(),
+        Setup {
+            expiry: Duration::from_millis(1500),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let code = r#"try { await tools.danger({ n: 1 }); return "ran"; } catch (e) { return e.stage + ": " + e.message; }"#;
+    let denied = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    let id = denied.pending[0].approval_id.clone();
+    w.codemode
+        .answer_approval(&id, Decision::Deny, "bob", "library")
+        .await
+        .unwrap();
+    let (last, _) = finish(&w, "s", &denied.cell).await;
+    assert!(
+        last.text.contains("approval: `danger` was not approved"),
+        "{}",
+        last.text
+    );
+
+    let expiring = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(expiring.status, CellStatus::WaitingForApproval);
+    let id = expiring.pending[0].approval_id.clone();
+    let (last, _) = finish(&w, "s", &expiring.cell).await;
+    assert!(last.text.contains("expired"), "{}", last.text);
+    let late = w
+        .codemode
+        .answer_approval(&id, Decision::Approve, "carol", "library")
+        .await;
+    let message = late.unwrap_err().to_string();
+    assert!(
+        message.contains("expired") || message.contains("already answered"),
+        "{message}"
+    );
+    assert_eq!(w.danger_runs.load(Ordering::SeqCst), 0);
+    let lines = audit_lines(&w.audit);
+    let expired: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["event"] == "approval" && l["decision"] == "expired")
+        .collect();
+    assert_eq!(expired.len(), 1, "one audit line per expiry: {lines:?}");
+    assert_eq!(expired[0]["channel"], "expiry");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_answers_at_once_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let r = w
+        .codemode
+        .start_cell(req("return (await tools.danger({})).n", "s"))
+        .await
+        .unwrap();
+    let id = r.pending[0].approval_id.clone();
+    let (a, b) = tokio::join!(
+        w.codemode
+            .answer_approval(&id, Decision::Approve, "alice", "library"),
+        w.codemode
+            .answer_approval(&id, Decision::Deny, "bob", "library"),
+    );
+    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+    let (last, _) = finish(&w, "s", &r.cell).await;
+    let ran = w.danger_runs.load(Ordering::SeqCst);
+    assert_eq!(ran, u64::from(a.is_ok()), "{}", last.text);
+    // An approval answered with the hash of another call is refused.
+    let r2 = w
+        .codemode
+        .start_cell(req("return (await tools.danger({x: 2})).n", "s"))
+        .await
+        .unwrap();
+    let id2 = r2.pending[0].approval_id.clone();
+    let other_hash = codemode_state::call_hash("danger", &json!({"x": 3}), &json!({}));
+    let forged = codemode_runtime::cells::answer_approval(
+        w.store.as_ref(),
+        &AuditLog::disabled(),
+        &id2,
+        Decision::Approve,
+        "mallory",
+        "cli",
+        Some(&other_hash),
+    )
+    .await;
+    assert!(
+        matches!(forged, Err(StateError::ApprovalMismatch { .. })),
+        "{forged:?}"
+    );
+    let terminate = WaitOptions {
+        timeout: None,
+        terminate: true,
+    };
+    w.codemode
+        .wait_cell("s", &r2.cell, terminate)
+        .await
+        .unwrap();
+    let left = w
+        .store
+        .list_approvals(ApprovalQuery::pending())
+        .await
+        .unwrap();
+    assert!(
+        left.is_empty(),
+        "a terminated cell leaves no pending approval: {left:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_taken_over_by_another_process_replays_its_calls_and_runs_none_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(600);
+    let first = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let code = r#"const a = await tools.counted({ step: 1 });
+const b = await tools.counted({ step: 2, random: Math.random() });
+text("before " + a.n + b.n);
+const d = await tools.danger({ after: b.n });
+text("after " + d.n);
+return [a.n, b.n, d.n];"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    assert_eq!(first.runs.load(Ordering::SeqCst), 2);
+    // The first process dies (nothing is recorded about the cell's end) ...
+    first.codemode.cells().unwrap().abandon();
+    // ... the approval is answered while nobody holds the cell ...
+    codemode_runtime::cells::answer_approval(
+        first.store.as_ref(),
+        &AuditLog::disabled(),
+        &approval,
+        Decision::Approve,
+        "alice",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    // ... and a second process takes the cell over.
+    let second = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let resumed = second.codemode.resume_cells().await.unwrap();
+    assert_eq!(resumed, vec![r.cell.clone()]);
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    assert_eq!(
+        last.structured()["value"],
+        json!([1, 2, 1]),
+        "{}",
+        last.text
+    );
+    assert_eq!(
+        second.runs.load(Ordering::SeqCst),
+        0,
+        "no recorded call ran again"
+    );
+    assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
+    assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_that_differs_on_replay_fails_naming_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(400);
+    let first = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
+    // The script depends on the store, which changes between the run and its replay.
+    let code = r#"const mode = load("mode") ?? "a";
+await tools.counted({ mode });
+await tools.danger({});
+return mode;"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    first.codemode.cells().unwrap().abandon();
+    first
+        .store
+        .apply_store(
+            "s",
+            &[codemode_state::StoreChange::Set {
+                key: "mode".into(),
+                value: json!("b"),
+            }],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    let second = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
+    second.codemode.resume_cells().await.unwrap();
+    let (last, _) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Failed);
+    assert!(last.text.contains("diverged at step 1"), "{}", last.text);
+    assert!(
+        last.text.contains(r#"{"mode":"b"}"#) && last.text.contains(r#"{"mode":"a"}"#),
+        "{}",
+        last.text
+    );
+    assert_eq!(second.runs.load(Ordering::SeqCst), 0);
+    let stored = second.store.get_cell(&r.cell).await.unwrap().unwrap();
+    assert_eq!(stored.status, CellStatus::Failed);
+}
