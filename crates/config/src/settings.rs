@@ -118,7 +118,8 @@ pub struct BudgetLimits {
     pub max_bytes: Option<u64>,
 }
 
-/// Budgets for each script and for each session.
+/// Budgets for each script and for each session; per principal and per team for each UTC day
+/// (those need a shared `state.url` to mean anything across replicas).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Budgets {
@@ -126,6 +127,37 @@ pub struct Budgets {
     pub script: BudgetLimits,
     #[serde(default)]
     pub session: BudgetLimits,
+    #[serde(default)]
+    pub principal: BudgetLimits,
+    #[serde(default)]
+    pub team: BudgetLimits,
+}
+
+/// The `state` object: where durable state lives (`memory:`, `sqlite:///path`,
+/// `postgres://…`). Only your settings file may set it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The audit stream's name when the audit log is kept in the state store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_stream: Option<String>,
+}
+
+/// The `telemetry` object: OpenTelemetry traces and metrics, all off by default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// An OTLP/HTTP endpoint (`http://collector:4318`): traces and metrics are exported there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    /// Serve Prometheus metrics at `/metrics` on the HTTP listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<bool>,
+    /// Put calls' arguments on their spans (they may hold secrets; off by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_arguments: Option<bool>,
 }
 
 /// The `hooks` object, in the `PreToolUse`/`PostToolUse` convention.
@@ -210,10 +242,21 @@ pub struct SettingsFile {
     pub tools: BTreeMap<String, ToolRule>,
     pub models: ModelRules,
     pub audit: AuditSettings,
+    pub state: StateSettings,
+    pub telemetry: TelemetrySettings,
 }
 
-const SECTIONS: [&str; 8] = [
-    "limits", "mode", "budgets", "hooks", "policy", "tools", "models", "audit",
+const SECTIONS: [&str; 10] = [
+    "limits",
+    "mode",
+    "budgets",
+    "hooks",
+    "policy",
+    "tools",
+    "models",
+    "audit",
+    "state",
+    "telemetry",
 ];
 
 impl SettingsFile {
@@ -251,6 +294,8 @@ impl SettingsFile {
                 "tools" => section(file, key, v, &mut problems, &mut s.tools),
                 "models" => section(file, key, v, &mut problems, &mut s.models),
                 "audit" => section(file, key, v, &mut problems, &mut s.audit),
+                "state" => section(file, key, v, &mut problems, &mut s.state),
+                "telemetry" => section(file, key, v, &mut problems, &mut s.telemetry),
                 other => problems.push(Problem::new(
                     file,
                     other,
@@ -516,6 +561,12 @@ pub struct Settings {
     pub models: ModelRules,
     pub audit_path: Option<PathBuf>,
     pub policies: Policies,
+    /// `state.url` (yours or the command line's; a project's is ignored with a warning).
+    pub state_url: Option<String>,
+    /// `state.audit_stream`: with a state URL, the audit log is this stream in it.
+    pub audit_stream: Option<String>,
+    /// Yours only: a project cannot send your calls' traces elsewhere.
+    pub telemetry: TelemetrySettings,
 }
 
 /// Where each file is, for the merge.
@@ -538,6 +589,8 @@ pub struct CommandLine {
     pub mode: Option<CodemodeMode>,
     /// May only lower the limits of the files (and the built-in defaults).
     pub limits: Limits,
+    /// `--state URL`: replaces `state.url`.
+    pub state_url: Option<String>,
 }
 
 impl Settings {
@@ -593,6 +646,32 @@ impl Settings {
                 &u.budgets.session,
                 &p.budgets.session,
             ),
+            principal: narrow_budget(
+                &mut n,
+                "budgets.principal",
+                &u.budgets.principal,
+                &p.budgets.principal,
+            ),
+            team: narrow_budget(&mut n, "budgets.team", &u.budgets.team, &p.budgets.team),
+        };
+        let state_url = cli
+            .state_url
+            .clone()
+            .or_else(|| n.user_only("state.url", u.state.url.clone(), p.state.url.clone()));
+        let audit_stream = n.user_only(
+            "state.audit_stream",
+            u.state.audit_stream.clone(),
+            p.state.audit_stream.clone(),
+        );
+        let telemetry = if p.telemetry == TelemetrySettings::default() {
+            u.telemetry.clone()
+        } else {
+            n.user_only(
+                "telemetry",
+                Some(u.telemetry.clone()),
+                Some(p.telemetry.clone()),
+            )
+            .unwrap_or_default()
         };
 
         let mut hooks = u.hooks.clone();
@@ -647,6 +726,9 @@ impl Settings {
             models,
             audit_path,
             policies,
+            state_url,
+            audit_stream,
+            telemetry,
         }
     }
 }

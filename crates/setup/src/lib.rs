@@ -28,6 +28,7 @@
 
 mod convert;
 mod mcp;
+mod shared_state;
 mod wiring;
 
 use std::path::{Path, PathBuf};
@@ -76,6 +77,8 @@ pub enum SetupError {
     Registry(RegistryError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    #[error("the state store cannot be used: {0}")]
+    State(String),
 }
 
 impl From<PolicyError> for SetupError {
@@ -116,9 +119,30 @@ pub struct InstallationBuilder {
     approver: Option<Arc<dyn Approver>>,
     connect: Option<ConnectOptions>,
     codemode_requested: bool,
+    gate_extras: shared_state::GateExtras,
+    state_store: Option<Arc<dyn codemode_state::StateStore>>,
 }
 
 impl InstallationBuilder {
+    /// Who the sessions act for, for `budgets.principal` and `budgets.team` (HTTP sessions
+    /// may say otherwise per session, with [`Gate::set_principal`]).
+    pub fn principal(mut self, principal: Option<codemode_gate::Principal>) -> Self {
+        self.gate_extras.principal = principal;
+        self
+    }
+
+    /// Told about every call's outcome (metrics).
+    pub fn call_observer(mut self, observer: Arc<dyn codemode_gate::CallObserver>) -> Self {
+        self.gate_extras.observer = Some(observer);
+        self
+    }
+
+    /// A state store opened by the embedder, used instead of `state.url`.
+    pub fn state_store(mut self, store: Arc<dyn codemode_state::StateStore>) -> Self {
+        self.state_store = Some(store);
+        self
+    }
+
     /// Your configuration and state directories (default: from `XDG_*` and `HOME`).
     pub fn config_paths(mut self, paths: ConfigPaths) -> Self {
         self.paths = Some(paths);
@@ -248,7 +272,20 @@ impl InstallationBuilder {
                 &sources.paths.config_dir,
                 "your codemode configuration",
             ));
-        if let Some(path) = &settings.audit_path {
+        let state = match self.state_store {
+            Some(store) => Some(store),
+            None => shared_state::open_store(settings).await?,
+        };
+        let (wired, audit_in_store) = shared_state::wire(
+            gate,
+            state.as_ref(),
+            settings,
+            &sources.paths.state_dir.join("audit.key"),
+            self.gate_extras,
+            &mut warnings,
+        )?;
+        gate = wired;
+        if let Some(path) = settings.audit_path.as_ref().filter(|_| !audit_in_store) {
             // The chain is keyed with a key of the user's, never the project's.
             let key_path = sources.paths.state_dir.join("audit.key");
             let audit_error = |e: codemode_gate::AuditError| SetupError::Audit {
@@ -353,7 +390,14 @@ impl Installation {
             approver: None,
             connect: None,
             codemode_requested: false,
+            gate_extras: Default::default(),
+            state_store: None,
         }
+    }
+
+    /// The shared state store the gate keeps budgets (and perhaps the audit log) in.
+    pub fn state_store(&self) -> Option<Arc<dyn codemode_state::StateStore>> {
+        self.gate().state_store().cloned()
     }
 
     pub fn codemode(&self) -> &Codemode {
