@@ -87,6 +87,16 @@ pub async fn build_with(
     flags: &LimitFlags,
     approver: Option<Arc<dyn codemode_gate::Approver>>,
 ) -> Result<Installation> {
+    build_observed(args, flags, approver, None).await
+}
+
+/// As [`build_with`], with an observer of every call (metrics).
+pub async fn build_observed(
+    args: &SetupArgs,
+    flags: &LimitFlags,
+    approver: Option<Arc<dyn codemode_gate::Approver>>,
+    observer: Option<Arc<dyn codemode_gate::CallObserver>>,
+) -> Result<Installation> {
     let workdir = match &args.workdir {
         Some(d) => d.clone(),
         None => std::env::current_dir().context("could not read the current directory")?,
@@ -102,7 +112,15 @@ pub async fn build_with(
             audit_path: args.audit.clone(),
             mode: mode(args.mode.as_deref())?,
             limits: flags.limits(),
-        });
+            state_url: args.state_url.clone(),
+        })
+        .principal(args.principal.as_ref().map(|id| codemode_gate::Principal {
+            id: id.clone(),
+            team: args.team.clone(),
+        }));
+    if let Some(o) = observer {
+        builder = builder.call_observer(o);
+    }
     if let Some(f) = &args.mcp_config {
         builder = builder.mcp_config(f);
     }

@@ -25,7 +25,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, filter::Targets, reload};
 
-pub use metrics::{Gauges, Metrics, UpstreamState};
+pub use metrics::{Gauges, Metrics, MetricsSlot, UpstreamState};
 
 type OtelLayer = tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>;
 
@@ -211,17 +211,17 @@ impl Telemetry {
 
     /// Exports what is buffered and stops. Blocks (the exporters are blocking HTTP clients):
     /// call it from a blocking thread in async code.
-    pub fn shutdown(mut self) {
-        if let Some(t) = self.tracer.take() {
+    pub fn shutdown(&self) {
+        if let Some(t) = &self.tracer {
             let _ = t.force_flush();
             if let Err(e) = t.shutdown() {
                 tracing::warn!("stopping the trace exporter: {e}");
             }
         }
-        if let Some(switch) = self.switch.take() {
+        if let Some(switch) = &self.switch {
             let _ = switch.handle.reload(None);
         }
-        if let Some(m) = self.meter.take() {
+        if let Some(m) = &self.meter {
             let _ = m.force_flush();
             let _ = m.shutdown();
         }

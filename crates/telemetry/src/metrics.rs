@@ -142,3 +142,22 @@ impl CallObserver for Metrics {
         }
     }
 }
+
+/// An observer the gate can be built with before the settings say whether metrics are on;
+/// [`MetricsSlot::fill`] connects it once they are.
+#[derive(Clone, Default)]
+pub struct MetricsSlot(Arc<std::sync::OnceLock<Arc<Metrics>>>);
+
+impl MetricsSlot {
+    pub fn fill(&self, metrics: Arc<Metrics>) {
+        let _ = self.0.set(metrics);
+    }
+}
+
+impl CallObserver for MetricsSlot {
+    fn finished(&self, outcome: &CallOutcome) {
+        if let Some(m) = self.0.get() {
+            m.finished(outcome);
+        }
+    }
+}
