@@ -132,7 +132,8 @@ impl CallObserver for Metrics {
         self.duration
             .record(o.duration_ms as f64, &[tool.clone(), status]);
         if let Some(u) = &o.usage {
-            self.tokens.add(u.total_tokens(), std::slice::from_ref(&tool));
+            self.tokens
+                .add(u.total_tokens(), std::slice::from_ref(&tool));
             if u.cost_usd.is_finite() && u.cost_usd > 0.0 {
                 self.cost.add(u.cost_usd, std::slice::from_ref(&tool));
             }

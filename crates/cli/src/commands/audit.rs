@@ -87,7 +87,10 @@ async fn verify_stream(url: &str, stream: &str, key: Option<&AuditKey>) -> Resul
         .map_err(|e| anyhow::anyhow!("--state {}: {e}", codemode_state::redact(url)))?;
     let shown = format!("audit stream `{stream}` in {}", store.describe());
     if !store.audit_streams().await?.iter().any(|s| s == stream) {
-        eprintln!("{shown}: no such stream; the streams there are: {}", store.audit_streams().await?.join(", "));
+        eprintln!(
+            "{shown}: no such stream; the streams there are: {}",
+            store.audit_streams().await?.join(", ")
+        );
         return Ok(ExitCode::from(1));
     }
     match codemode_gate::verify_stream(store.as_ref(), stream, key).await {

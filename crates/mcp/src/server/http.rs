@@ -444,8 +444,12 @@ async fn readyz(State(guard): State<Guard>) -> Response {
             let ping = tokio::time::timeout(Duration::from_secs(3), store.ping()).await;
             match ping {
                 Ok(Ok(())) => json!({"ok": true, "backend": store.describe()}),
-                Ok(Err(e)) => json!({"ok": false, "backend": store.describe(), "error": e.to_string()}),
-                Err(_) => json!({"ok": false, "backend": store.describe(), "error": "no answer within 3 s"}),
+                Ok(Err(e)) => {
+                    json!({"ok": false, "backend": store.describe(), "error": e.to_string()})
+                }
+                Err(_) => {
+                    json!({"ok": false, "backend": store.describe(), "error": "no answer within 3 s"})
+                }
             }
         }
     };

@@ -68,7 +68,10 @@ impl Sessions {
     }
 
     /// Shares sessions with the other replicas through `store`.
-    pub(crate) fn with_shared(mut self: Arc<Self>, store: Option<Arc<dyn StateStore>>) -> Arc<Self> {
+    pub(crate) fn with_shared(
+        mut self: Arc<Self>,
+        store: Option<Arc<dyn StateStore>>,
+    ) -> Arc<Self> {
         if let Some(this) = Arc::get_mut(&mut self) {
             this.shared = store;
         }
