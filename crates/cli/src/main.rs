@@ -86,31 +86,42 @@ pub struct SetupArgs {
     /// Leave out the built-in coding tools.
     #[arg(long)]
     pub no_builtins: bool,
-    /// Where durable state (cells, paused approvals, store() values) lives: `sqlite:///path`,
-    /// `postgres://…` or `memory:` (default: state.url of your settings, else state.db in the
-    /// state directory).
-    #[arg(long = "state", value_name = "URL")]
+    /// Where durable state lives: `sqlite:///path/state.db`, `postgres://user@host/db` or
+    /// `memory:`. Replaces `state.url` of your settings. Set (here or there), budgets and, with
+    /// `state.audit_stream`, the audit log are kept in it and shared by every replica that uses
+    /// it; unset, cells keep state in state.db in your state directory.
+    #[arg(long = "state", value_name = "URL", env = "CODEMODE_STATE_URL")]
     pub state_url: Option<String>,
+    /// Who the calls are for, for `budgets.principal` (under `serve --listen`, a named token
+    /// from --tokens-file says it per session instead).
+    #[arg(long, value_name = "NAME")]
+    pub principal: Option<String>,
+    /// The principal's team, for `budgets.team`.
+    #[arg(long, value_name = "NAME", requires = "principal")]
+    pub team: Option<String>,
 }
+
+/// Where `serve` connects call spans to an OTLP exporter.
+pub(crate) static TRACES: std::sync::OnceLock<codemode_telemetry::TraceSwitch> =
+    std::sync::OnceLock::new();
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CODEMODE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, never in a client's log file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Log lines to stderr as CODEMODE_LOG says; call spans go to OTLP once `serve` reads the
+    // telemetry settings. Colour codes only for a person at a terminal, never in a log file.
+    let traces = codemode_telemetry::install(
+        tracing_subscriber::EnvFilter::try_from_env("CODEMODE_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
+    let _ = TRACES.set(traces);
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(args).await,
         Command::Demo(args) => commands::run::demo(args).await,
         Command::Tools(args) => commands::tools::run(args).await,
         Command::Policy(cmd) => commands::policy::run(cmd).await,
-        Command::Audit(cmd) => commands::audit::run(cmd),
+        Command::Audit(cmd) => commands::audit::run(cmd).await,
         Command::Trust(args) => commands::trust::run(args),
         Command::Serve(args) => commands::serve::run(args).await,
         Command::Approvals(cmd) => commands::approvals::run(cmd).await,

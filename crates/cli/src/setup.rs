@@ -99,6 +99,17 @@ pub async fn build_with(
     approver: Option<Arc<dyn codemode_gate::Approver>>,
     cells: bool,
 ) -> Result<Installation> {
+    build_observed(args, flags, approver, cells, None).await
+}
+
+/// As [`build_with`], with an observer of every call (metrics).
+pub async fn build_observed(
+    args: &SetupArgs,
+    flags: &LimitFlags,
+    approver: Option<Arc<dyn codemode_gate::Approver>>,
+    cells: bool,
+    observer: Option<Arc<dyn codemode_gate::CallObserver>>,
+) -> Result<Installation> {
     let workdir = match &args.workdir {
         Some(d) => d.clone(),
         None => std::env::current_dir().context("could not read the current directory")?,
@@ -110,7 +121,14 @@ pub async fn build_with(
         )?)
         .builtins(!args.no_builtins)
         .cells(cells)
-        .command_line(command_line(args, flags)?);
+        .command_line(command_line(args, flags)?)
+        .principal(args.principal.as_ref().map(|id| codemode_gate::Principal {
+            id: id.clone(),
+            team: args.team.clone(),
+        }));
+    if let Some(o) = observer {
+        builder = builder.call_observer(o);
+    }
     if let Some(f) = &args.mcp_config {
         builder = builder.mcp_config(f);
     }

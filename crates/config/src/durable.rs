@@ -8,16 +8,6 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::narrow::Narrowing;
 
-/// The `state` object.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StateSettings {
-    /// `sqlite:///path/state.db`, `postgres://…` or `memory:`. Only yours (or a trusted
-    /// project's): a project that chose where state lives could read or forge pending approvals.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-}
-
 /// What an `ask` does when nobody can answer it now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -103,17 +93,14 @@ pub fn default_state_url(state_dir: &Path) -> String {
 pub(crate) fn merge(
     n: &mut Narrowing,
     state_dir: &Path,
-    cli_state_url: Option<&str>,
-    u_state: &StateSettings,
-    p_state: &StateSettings,
+    state_url: Option<&str>,
     u_approvals: &ApprovalSettings,
     p_approvals: &ApprovalSettings,
     u_cells: &CellSettings,
     p_cells: &CellSettings,
 ) -> Durable {
-    let state_url = cli_state_url
+    let state_url = state_url
         .map(str::to_string)
-        .or_else(|| n.user_only("state.url", u_state.url.clone(), p_state.url.clone()))
         .unwrap_or_else(|| default_state_url(state_dir));
     // Denying is narrower than pausing: a project may turn pausing off, not on.
     let when = n
@@ -233,16 +220,12 @@ mod tests {
     }
 
     #[test]
-    fn an_untrusted_project_may_not_move_state_or_turn_pausing_on() {
+    fn an_untrusted_project_may_not_turn_pausing_on() {
         let mut n = Narrowing::new(".codemode/settings.json", false);
         let d = merge(
             &mut n,
             Path::new("/state"),
             None,
-            &StateSettings::default(),
-            &StateSettings {
-                url: Some("sqlite:///tmp/evil.db".into()),
-            },
             &ApprovalSettings::default(),
             &ApprovalSettings {
                 when_nobody_can_answer: Some(WhenNobodyCanAnswer::Pause),
@@ -262,7 +245,6 @@ mod tests {
         assert_eq!(d.max_cells_per_session, DEFAULT_MAX_CELLS_PER_SESSION);
         let warned = n.warnings().join("\n");
         for key in [
-            "state.url",
             "approvals.when_nobody_can_answer",
             "approvals.expire_after",
             "cells.max_per_session",
@@ -272,16 +254,12 @@ mod tests {
     }
 
     #[test]
-    fn a_trusted_project_may_and_the_command_line_wins() {
+    fn a_trusted_project_may_and_an_explicit_url_is_used() {
         let mut n = Narrowing::new("p", true);
         let d = merge(
             &mut n,
             Path::new("/state"),
             Some("memory:"),
-            &StateSettings::default(),
-            &StateSettings {
-                url: Some("sqlite:///x.db".into()),
-            },
             &ApprovalSettings::default(),
             &ApprovalSettings {
                 when_nobody_can_answer: Some(WhenNobodyCanAnswer::Pause),

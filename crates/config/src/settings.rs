@@ -118,7 +118,8 @@ pub struct BudgetLimits {
     pub max_bytes: Option<u64>,
 }
 
-/// Budgets for each script and for each session.
+/// Budgets for each script and for each session; per principal and per team for each UTC day
+/// (those need a shared `state.url` to mean anything across replicas).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Budgets {
@@ -126,6 +127,37 @@ pub struct Budgets {
     pub script: BudgetLimits,
     #[serde(default)]
     pub session: BudgetLimits,
+    #[serde(default)]
+    pub principal: BudgetLimits,
+    #[serde(default)]
+    pub team: BudgetLimits,
+}
+
+/// The `state` object: where durable state lives (`memory:`, `sqlite:///path`,
+/// `postgres://…`). Only your settings file may set it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The audit stream's name when the audit log is kept in the state store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_stream: Option<String>,
+}
+
+/// The `telemetry` object: OpenTelemetry traces and metrics, all off by default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// An OTLP/HTTP endpoint (`http://collector:4318`): traces and metrics are exported there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+    /// Serve Prometheus metrics at `/metrics` on the HTTP listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<bool>,
+    /// Put calls' arguments on their spans (they may hold secrets; off by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_arguments: Option<bool>,
 }
 
 /// The `hooks` object, in the `PreToolUse`/`PostToolUse` convention.
@@ -210,12 +242,13 @@ pub struct SettingsFile {
     pub tools: BTreeMap<String, ToolRule>,
     pub models: ModelRules,
     pub audit: AuditSettings,
-    pub state: crate::durable::StateSettings,
+    pub state: StateSettings,
     pub approvals: crate::durable::ApprovalSettings,
     pub cells: crate::durable::CellSettings,
+    pub telemetry: TelemetrySettings,
 }
 
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "limits",
     "mode",
     "budgets",
@@ -227,6 +260,7 @@ const SECTIONS: [&str; 11] = [
     "state",
     "approvals",
     "cells",
+    "telemetry",
 ];
 
 impl SettingsFile {
@@ -267,6 +301,7 @@ impl SettingsFile {
                 "state" => section(file, key, v, &mut problems, &mut s.state),
                 "approvals" => section(file, key, v, &mut problems, &mut s.approvals),
                 "cells" => section(file, key, v, &mut problems, &mut s.cells),
+                "telemetry" => section(file, key, v, &mut problems, &mut s.telemetry),
                 other => problems.push(Problem::new(
                     file,
                     other,
@@ -534,6 +569,14 @@ pub struct Settings {
     pub policies: Policies,
     /// Durable state, paused approvals and cells.
     pub durable: crate::durable::Durable,
+    /// `state.url` as set (yours or the command line's; a project's is ignored with a warning).
+    /// Set, budgets are kept in that store too, shared by every process that uses it; unset,
+    /// cells keep state in `durable.state_url` (an SQLite file) and budgets stay in memory.
+    pub state_url: Option<String>,
+    /// `state.audit_stream`: with a state URL, the audit log is this stream in it.
+    pub audit_stream: Option<String>,
+    /// Yours only: a project cannot send your calls' traces elsewhere.
+    pub telemetry: TelemetrySettings,
 }
 
 /// Where each file is, for the merge.
@@ -556,7 +599,7 @@ pub struct CommandLine {
     pub mode: Option<CodemodeMode>,
     /// May only lower the limits of the files (and the built-in defaults).
     pub limits: Limits,
-    /// Where durable state lives (`--state`), over `state.url` of the files.
+    /// `--state URL`: replaces `state.url` of the files.
     pub state_url: Option<String>,
 }
 
@@ -613,6 +656,32 @@ impl Settings {
                 &u.budgets.session,
                 &p.budgets.session,
             ),
+            principal: narrow_budget(
+                &mut n,
+                "budgets.principal",
+                &u.budgets.principal,
+                &p.budgets.principal,
+            ),
+            team: narrow_budget(&mut n, "budgets.team", &u.budgets.team, &p.budgets.team),
+        };
+        let state_url = cli
+            .state_url
+            .clone()
+            .or_else(|| n.user_only("state.url", u.state.url.clone(), p.state.url.clone()));
+        let audit_stream = n.user_only(
+            "state.audit_stream",
+            u.state.audit_stream.clone(),
+            p.state.audit_stream.clone(),
+        );
+        let telemetry = if p.telemetry == TelemetrySettings::default() {
+            u.telemetry.clone()
+        } else {
+            n.user_only(
+                "telemetry",
+                Some(u.telemetry.clone()),
+                Some(p.telemetry.clone()),
+            )
+            .unwrap_or_default()
         };
 
         let mut hooks = u.hooks.clone();
@@ -653,9 +722,7 @@ impl Settings {
         let durable = crate::durable::merge(
             &mut n,
             input.state_dir,
-            cli.state_url.as_deref(),
-            &u.state,
-            &p.state,
+            state_url.as_deref(),
             &u.approvals,
             &p.approvals,
             &u.cells,
@@ -679,6 +746,9 @@ impl Settings {
             audit_path,
             policies,
             durable,
+            state_url,
+            audit_stream,
+            telemetry,
         }
     }
 }

@@ -453,3 +453,37 @@ fn a_named_file_that_does_not_exist_is_an_error() {
         "{err}"
     );
 }
+
+#[test]
+fn an_untrusted_project_cannot_move_state_or_telemetry_and_is_warned_once() {
+    let d = dirs(
+        Some(json!({"state": {"url": "sqlite:///mine.db"}})),
+        Some(json!({
+            "state": {"url": "postgres://evil/db", "audit_stream": "theirs"},
+            "telemetry": {"otlp_endpoint": "http://evil:4318", "include_arguments": true}
+        })),
+    );
+    let c = load(&d);
+    let s = &c.settings;
+    assert_eq!(s.state_url.as_deref(), Some("sqlite:///mine.db"));
+    assert_eq!(s.durable.state_url, "sqlite:///mine.db");
+    assert_eq!(s.audit_stream, None);
+    assert_eq!(s.telemetry.otlp_endpoint, None);
+    let warnings = c.warnings.join("\n");
+    assert_eq!(warnings.matches("`state.url`").count(), 1, "{warnings}");
+    for key in ["state.audit_stream", "telemetry"] {
+        assert!(warnings.contains(&format!("`{key}`")), "{key}: {warnings}");
+    }
+}
+
+#[test]
+fn without_a_state_url_cells_use_a_file_in_the_state_directory_and_budgets_stay_in_memory() {
+    let d = dirs(None, None);
+    let c = load(&d);
+    assert_eq!(c.settings.state_url, None);
+    assert!(
+        c.settings.durable.state_url.ends_with("state/state.db"),
+        "{}",
+        c.settings.durable.state_url
+    );
+}

@@ -1,9 +1,15 @@
-//! Budgets per script and per session, with reservations taken under one lock.
+//! Budgets per script and per session, with reservations taken under one lock; with a shared
+//! state store, also per session, principal and team across replicas ([`SharedLedger`]).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use codemode_spec::{CallKind, Provenance, Usage};
+use codemode_state::{
+    Amounts, BudgetRefusal, Counter, LedgerKey, Limits, Reservation as StoreReservation,
+    ReserveOutcome, ReserveRequest, StateStore,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::outcome::CallRecord;
@@ -140,6 +146,8 @@ pub(crate) struct Reservation {
     estimate: Usage,
     /// What was counted before this call, as the policy sees it (script, session).
     pub counts: (Counts, Counts),
+    /// The hold on the shared ledgers, when the gate has a state store.
+    pub shared: Option<SharedHold>,
 }
 
 /// What a call is expected to spend before it runs, reserved against the cost and token caps
@@ -201,6 +209,7 @@ impl Ledger {
             kind,
             estimate,
             counts: (script_counts, session_counts),
+            shared: None,
         })
     }
 
@@ -307,4 +316,220 @@ fn sub(into: &mut Usage, u: &Usage) {
     into.output_tokens = into.output_tokens.saturating_sub(u.output_tokens);
     into.images = into.images.saturating_sub(u.images);
     into.cost_usd = (into.cost_usd - u.cost_usd).max(0.0);
+}
+
+/// Who a session acts for: budgets per principal and per team are kept per UTC day.
+///
+/// Under `codemode serve --listen`, the principal is the name of the bearer token the client
+/// authenticated with (`--tokens-file`); otherwise it is whatever the embedder set with
+/// [`crate::GateBuilder::principal`] (the CLI passes `--principal`, else nobody).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Principal {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+}
+
+/// Ceilings per principal and per team, per UTC day. They need a shared state store
+/// ([`crate::GateBuilder::shared_budgets`]): kept in one process they would be per replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DailyBudgets {
+    #[serde(default)]
+    pub principal: BudgetLimits,
+    #[serde(default)]
+    pub team: BudgetLimits,
+}
+
+impl BudgetLimits {
+    fn is_unlimited(&self) -> bool {
+        self == &BudgetLimits::default()
+    }
+
+    /// The store's limits for a call of `kind`: token and cost ceilings only stop model calls,
+    /// as in the in-process ledger.
+    fn store_limits(&self, kind: CallKind) -> Limits {
+        let model = kind == CallKind::Model;
+        Limits {
+            calls: self.max_calls,
+            model_calls: self.max_model_calls.filter(|_| model),
+            tokens: self.max_tokens.filter(|_| model),
+            cost_micro_usd: self.max_cost_usd.filter(|_| model).map(micro_usd_ceil),
+            bytes: self.max_bytes,
+        }
+    }
+}
+
+/// A dollar ceiling in whole micro-dollars, never rounded up past what was allowed.
+fn micro_usd_ceil(usd: f64) -> u64 {
+    if usd.is_finite() && usd > 0.0 {
+        (usd * 1_000_000.0).floor() as u64
+    } else {
+        0
+    }
+}
+
+/// Budgets kept in a [`StateStore`] that several replicas share: the session's (sessions move
+/// between replicas), and the principal's and team's of the day. A call charges only the
+/// ledgers that have a limit, so calls with nothing to count touch no shared row.
+pub(crate) struct SharedLedger {
+    store: Arc<dyn StateStore>,
+    daily: DailyBudgets,
+    /// A hold a replica never settles (it died mid-call) gives its budget back after this.
+    hold_for: Duration,
+}
+
+/// What a call holds in the shared store.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedHold {
+    reservation: StoreReservation,
+    kind: CallKind,
+}
+
+impl SharedLedger {
+    pub(crate) fn new(store: Arc<dyn StateStore>, daily: DailyBudgets) -> Self {
+        SharedLedger {
+            store,
+            daily,
+            hold_for: Duration::from_secs(15 * 60),
+        }
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn StateStore> {
+        &self.store
+    }
+
+    /// Holds the call's count (and a model call's estimate) on every shared ledger with a
+    /// limit, all or none. `Ok(None)`: no ledger to charge. A store that fails refuses the call.
+    pub(crate) async fn reserve(
+        &self,
+        session: &BudgetLimits,
+        p: &Provenance,
+        who: Option<&Principal>,
+        kind: CallKind,
+        estimate: &Usage,
+    ) -> Result<Option<SharedHold>, String> {
+        let day = codemode_state::utc_day(codemode_state::Clock::system().now_ms());
+        let mut ledgers = Vec::new();
+        if !session.is_unlimited() {
+            ledgers.push((
+                LedgerKey::session(p.session_id.clone()),
+                session.store_limits(kind),
+            ));
+        }
+        if let Some(who) = who {
+            if !self.daily.principal.is_unlimited() {
+                ledgers.push((
+                    LedgerKey::principal_day(who.id.clone(), day.clone()),
+                    self.daily.principal.store_limits(kind),
+                ));
+            }
+            if let Some(team) = &who.team
+                && !self.daily.team.is_unlimited()
+            {
+                ledgers.push((
+                    LedgerKey::team_day(team.clone(), day),
+                    self.daily.team.store_limits(kind),
+                ));
+            }
+        }
+        if ledgers.is_empty() {
+            return Ok(None);
+        }
+        let request = ReserveRequest {
+            ledgers,
+            amounts: amounts(kind, Some(estimate), 0),
+            hold_for: self.hold_for,
+        };
+        match self.store.reserve(request).await {
+            Ok(ReserveOutcome::Granted(reservation)) => Ok(Some(SharedHold { reservation, kind })),
+            Ok(ReserveOutcome::Refused(r)) => Err(refusal(&r)),
+            Err(e) => Err(format!(
+                "the shared budget could not be charged, so the call was not run: {e}"
+            )),
+        }
+    }
+
+    /// Replaces the hold by what the call spent. An error names a `max_bytes` the result
+    /// crossed (the gate withholds it), or says the store failed.
+    pub(crate) async fn settle(
+        &self,
+        hold: &SharedHold,
+        usage: Option<&Usage>,
+        bytes: u64,
+    ) -> Result<(), String> {
+        let actual = amounts(hold.kind, usage, bytes);
+        match self.store.settle(&hold.reservation, actual).await {
+            Ok(outcome) => match outcome
+                .overruns
+                .iter()
+                .find(|o| o.counter == Counter::Bytes)
+            {
+                Some(o) => Err(format!(
+                    "the result ({bytes} bytes) crosses the {} budget `max_bytes` ({} used of {}); it was withheld. Ask for less, or raise budgets.{}.max_bytes in settings",
+                    scope_name(&o.ledger),
+                    o.used,
+                    o.limit,
+                    scope_name(&o.ledger)
+                )),
+                None => Ok(()),
+            },
+            Err(e) => {
+                tracing::error!("settling a shared budget failed: {e}");
+                Err(format!(
+                    "what the call spent could not be charged to the shared budget ({e}); its result was withheld"
+                ))
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, hold: &SharedHold) {
+        if let Err(e) = self.store.release(&hold.reservation).await {
+            // The hold expires on its own; until then it only makes the budget stricter.
+            tracing::warn!("giving back a shared budget hold failed: {e}");
+        }
+    }
+}
+
+fn scope_name(k: &LedgerKey) -> &'static str {
+    k.scope.as_str()
+}
+
+fn amounts(kind: CallKind, usage: Option<&Usage>, bytes: u64) -> Amounts {
+    let model = kind == CallKind::Model;
+    Amounts {
+        calls: 1,
+        model_calls: u64::from(model),
+        tokens: usage.map_or(0, Usage::total_tokens),
+        cost_micro_usd: usage.map_or(0, |u| micro_usd(u.cost_usd)),
+        bytes,
+    }
+}
+
+fn refusal(r: &BudgetRefusal) -> String {
+    let scope = scope_name(&r.ledger);
+    let whose = match (&r.ledger.day, r.ledger.scope) {
+        (Some(day), _) => format!(" of `{}` on {day} (UTC)", r.ledger.id),
+        (None, _) => String::new(),
+    };
+    let key = match r.counter {
+        Counter::Calls => "max_calls",
+        Counter::ModelCalls => "max_model_calls",
+        Counter::Tokens => "max_tokens",
+        Counter::CostMicroUsd => "max_cost_usd",
+        Counter::Bytes => "max_bytes",
+    };
+    let (used, held, limit) = if r.counter == Counter::CostMicroUsd {
+        let usd = |m: u64| format!("${:.6}", m as f64 / 1e6);
+        (usd(r.used), usd(r.reserved), usd(r.limit))
+    } else {
+        (
+            r.used.to_string(),
+            r.reserved.to_string(),
+            r.limit.to_string(),
+        )
+    };
+    format!(
+        "the {scope} budget `{key}`{whose} is used up ({used} used and {held} held by calls in flight on every replica, of {limit}); the call was not run. Do the rest with fewer calls, or raise budgets.{scope}.{key} in settings"
+    )
 }

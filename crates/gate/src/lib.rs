@@ -16,6 +16,7 @@ pub mod error;
 mod gate;
 pub mod hooks;
 mod model_rules;
+pub mod observe;
 pub mod outcome;
 pub mod policy;
 pub mod registry;
@@ -23,12 +24,16 @@ mod suggest;
 mod validate;
 
 pub use approval::{ApprovalAnswer, ApprovalRequest, Approver};
-pub use audit::{AuditError, AuditKey, AuditLog, HeadCheck, VerifyReport, head_path, verify};
-pub use budget::{BudgetLimits, Budgets, LedgerSnapshot};
+pub use audit::{
+    AuditError, AuditKey, AuditLog, HeadCheck, StreamReport, VerifyReport, head_path, verify,
+    verify_stream,
+};
+pub use budget::{BudgetLimits, Budgets, DailyBudgets, LedgerSnapshot, Principal};
 pub use error::{GateError, RegistryError, Stage};
 pub use gate::{Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath};
 pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
 pub use model_rules::ModelRules;
+pub use observe::CallObserver;
 pub use outcome::{CallOutcome, CallRecord, Status};
 pub use policy::{
     Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, check, explain,

@@ -70,17 +70,28 @@ pub fn max_depth(limits: &Limits) -> Option<u32> {
         .map(|d| u32::try_from(d).unwrap_or(u32::MAX))
 }
 
-pub fn budgets(b: &settings::Budgets) -> Budgets {
-    let one = |l: &settings::BudgetLimits| BudgetLimits {
+fn budget_limits(l: &settings::BudgetLimits) -> BudgetLimits {
+    BudgetLimits {
         max_calls: l.max_calls,
         max_model_calls: l.max_model_calls,
         max_tokens: l.max_tokens,
         max_cost_usd: l.max_cost_usd,
         max_bytes: l.max_bytes,
-    };
+    }
+}
+
+pub fn budgets(b: &settings::Budgets) -> Budgets {
     Budgets {
-        script: one(&b.script),
-        session: one(&b.session),
+        script: budget_limits(&b.script),
+        session: budget_limits(&b.session),
+    }
+}
+
+/// The per-day budgets, which only a shared state store keeps.
+pub fn daily_budgets(b: &settings::Budgets) -> codemode_gate::DailyBudgets {
+    codemode_gate::DailyBudgets {
+        principal: budget_limits(&b.principal),
+        team: budget_limits(&b.team),
     }
 }
 

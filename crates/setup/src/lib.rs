@@ -28,6 +28,7 @@
 
 mod convert;
 mod mcp;
+mod shared_state;
 mod wiring;
 
 use std::path::{Path, PathBuf};
@@ -76,7 +77,7 @@ pub enum SetupError {
     Registry(RegistryError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    #[error("{0}")]
+    #[error("the state store cannot be used: {0}")]
     State(#[from] codemode_state::StateError),
 }
 
@@ -119,6 +120,8 @@ pub struct InstallationBuilder {
     connect: Option<ConnectOptions>,
     codemode_requested: bool,
     cells: bool,
+    gate_extras: shared_state::GateExtras,
+    state_store: Option<Arc<dyn codemode_state::StateStore>>,
 }
 
 impl InstallationBuilder {
@@ -128,6 +131,25 @@ impl InstallationBuilder {
     /// build: a locked, read-only or damaged database is an error here.
     pub fn cells(mut self, on: bool) -> Self {
         self.cells = on;
+        self
+    }
+
+    /// Who the sessions act for, for `budgets.principal` and `budgets.team` (HTTP sessions
+    /// may say otherwise per session, with [`Gate::set_principal`]).
+    pub fn principal(mut self, principal: Option<codemode_gate::Principal>) -> Self {
+        self.gate_extras.principal = principal;
+        self
+    }
+
+    /// Told about every call's outcome (metrics).
+    pub fn call_observer(mut self, observer: Arc<dyn codemode_gate::CallObserver>) -> Self {
+        self.gate_extras.observer = Some(observer);
+        self
+    }
+
+    /// A state store opened by the embedder, used instead of `state.url`.
+    pub fn state_store(mut self, store: Arc<dyn codemode_state::StateStore>) -> Self {
+        self.state_store = Some(store);
         self
     }
 
@@ -260,8 +282,25 @@ impl InstallationBuilder {
                 &sources.paths.config_dir,
                 "your codemode configuration",
             ));
-        let mut audit = AuditLog::disabled();
-        if let Some(path) = &settings.audit_path {
+        let state = match self.state_store {
+            Some(store) => Some(store),
+            None => shared_state::open_store(settings).await?,
+        };
+        let (wired, stream_audit) = shared_state::wire(
+            gate,
+            state.as_ref(),
+            settings,
+            &sources.paths.state_dir.join("audit.key"),
+            self.gate_extras,
+            &mut warnings,
+        )?;
+        gate = wired;
+        let mut audit = stream_audit.clone().unwrap_or_else(AuditLog::disabled);
+        if let Some(path) = settings
+            .audit_path
+            .as_ref()
+            .filter(|_| stream_audit.is_none())
+        {
             // The chain is keyed with a key of the user's, never the project's.
             let key_path = sources.paths.state_dir.join("audit.key");
             let audit_error = |e: codemode_gate::AuditError| SetupError::Audit {
@@ -275,7 +314,7 @@ impl InstallationBuilder {
             audit = log;
         }
         let cells = match cells_on {
-            true => Some(open_cells(durable, audit, &workdir).await?),
+            true => Some(open_cells(durable, state.clone(), audit, &workdir).await?),
             false => None,
         };
         match (&cells, self.approver) {
@@ -339,23 +378,18 @@ impl InstallationBuilder {
     }
 }
 
-/// Opens the state store and sets cells up from the settings.
+/// Sets cells up from the settings. `shared` is the store `state.url` (or the embedder) gave:
+/// used when there is one, so that cells, approvals and budgets live in one place.
 async fn open_cells(
     durable: &codemode_config::Durable,
+    shared: Option<Arc<dyn codemode_state::StateStore>>,
     audit: AuditLog,
     workdir: &Path,
 ) -> Result<codemode_runtime::Cells, SetupError> {
-    if let codemode_state::StateUrl::Sqlite(path) =
-        codemode_state::StateUrl::parse(&durable.state_url)?
-        && let Some(dir) = path.parent()
-        && !dir.as_os_str().is_empty()
-        && !dir.exists()
-    {
-        // The state directory may not exist yet on a fresh machine; private to the user.
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let store =
-        codemode_state::open(&durable.state_url, codemode_state::OpenOptions::default()).await?;
+    let store = match shared {
+        Some(store) => store,
+        None => open_default_store(&durable.state_url).await?,
+    };
     let mut config = codemode_runtime::CellsConfig::new(store);
     config.yield_after = std::time::Duration::from_millis(durable.yield_after_ms);
     config.max_live_per_session = durable.max_cells_per_session;
@@ -373,6 +407,21 @@ async fn open_cells(
         config.lease = std::time::Duration::from_millis(ms);
     }
     Ok(codemode_runtime::Cells::new(config))
+}
+
+/// The cells' own store when no `state.url` is set: an SQLite file in the state directory.
+async fn open_default_store(
+    state_url: &str,
+) -> Result<Arc<dyn codemode_state::StateStore>, SetupError> {
+    if let codemode_state::StateUrl::Sqlite(path) = codemode_state::StateUrl::parse(state_url)?
+        && let Some(dir) = path.parent()
+        && !dir.as_os_str().is_empty()
+        && !dir.exists()
+    {
+        // The state directory may not exist yet on a fresh machine.
+        let _ = std::fs::create_dir_all(dir);
+    }
+    Ok(codemode_state::open(state_url, codemode_state::OpenOptions::default()).await?)
 }
 
 /// The catalog from the models files, restricted by `models.enabled` and `models.allow`; `None`
@@ -416,7 +465,14 @@ impl Installation {
             connect: None,
             codemode_requested: false,
             cells: false,
+            gate_extras: Default::default(),
+            state_store: None,
         }
+    }
+
+    /// The shared state store the gate keeps budgets (and perhaps the audit log) in.
+    pub fn state_store(&self) -> Option<Arc<dyn codemode_state::StateStore>> {
+        self.gate().state_store().cloned()
     }
 
     pub fn codemode(&self) -> &Codemode {

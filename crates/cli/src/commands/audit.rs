@@ -1,19 +1,28 @@
-//! `codemode audit verify`.
+//! `codemode audit verify`: an audit log file, or a stream in a shared state store.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use clap::Subcommand;
 use codemode_gate::AuditKey;
 
 #[derive(Subcommand, Debug)]
 pub enum AuditCommand {
     /// Check that no line of an audit log was removed, changed, reordered, forged or cut from
-    /// the end, and say what the check proves.
+    /// the end, and say what the check proves. Give a FILE, or --state URL --stream NAME for
+    /// the log replicas keep in a shared database.
     Verify {
         /// The audit log (JSON Lines, each line carrying the keyed hash of the one before).
-        file: PathBuf,
+        #[arg(required_unless_present = "state", conflicts_with = "state")]
+        file: Option<PathBuf>,
+        /// The state store holding the stream: `sqlite:///path/state.db` or
+        /// `postgres://user@host/db`.
+        #[arg(long = "state", value_name = "URL", requires = "stream")]
+        state: Option<String>,
+        /// The stream's name (`state.audit_stream` in the settings of the replicas).
+        #[arg(long, value_name = "NAME", requires = "state")]
+        stream: Option<String>,
         /// The key the log was written with (default: $XDG_STATE_HOME/codemode/audit.key, when
         /// it exists). Without a key only the chain's shape is checked.
         #[arg(long, value_name = "FILE")]
@@ -21,38 +30,82 @@ pub enum AuditCommand {
     },
 }
 
-pub fn run(cmd: AuditCommand) -> Result<ExitCode> {
+pub async fn run(cmd: AuditCommand) -> Result<ExitCode> {
     match cmd {
-        AuditCommand::Verify { file, key } => {
+        AuditCommand::Verify {
+            file,
+            state,
+            stream,
+            key,
+        } => {
             let key_path = key.or_else(|| AuditKey::default_path().filter(|p| p.exists()));
             let key = match &key_path {
                 Some(p) => Some(AuditKey::load(p)?),
                 None => None,
             };
-            verify(&file, key.as_ref())
+            match (file, state, stream) {
+                (Some(file), None, None) => verify(&file, key.as_ref()),
+                (None, Some(url), Some(stream)) => verify_stream(&url, &stream, key.as_ref()).await,
+                _ => bail!("give an audit log FILE, or --state URL and --stream NAME"),
+            }
         }
+    }
+}
+
+fn print(what: &str, lines: u64, last: &str, proves: Vec<String>, cannot: Vec<String>) {
+    println!("{what}: intact, {lines} lines; last hash {last}");
+    for p in proves {
+        println!("  proven: {p}");
+    }
+    for c in cannot {
+        println!("  not proven: {c}");
     }
 }
 
 fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
     match codemode_gate::verify(file, key) {
         Ok(report) => {
-            println!(
-                "{}: intact, {} lines; last hash {}",
-                file.display(),
-                report.lines,
-                report.last_hash
+            print(
+                &file.display().to_string(),
+                report.lines as u64,
+                &report.last_hash,
+                report.proves(),
+                report.cannot_prove(),
             );
-            for p in report.proves() {
-                println!("  proven: {p}");
-            }
-            for c in report.cannot_prove() {
-                println!("  not proven: {c}");
-            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
             eprintln!("{}: {e}", file.display());
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+async fn verify_stream(url: &str, stream: &str, key: Option<&AuditKey>) -> Result<ExitCode> {
+    let store = codemode_state::open(url, codemode_state::OpenOptions::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("--state {}: {e}", codemode_state::redact(url)))?;
+    let shown = format!("audit stream `{stream}` in {}", store.describe());
+    if !store.audit_streams().await?.iter().any(|s| s == stream) {
+        eprintln!(
+            "{shown}: no such stream; the streams there are: {}",
+            store.audit_streams().await?.join(", ")
+        );
+        return Ok(ExitCode::from(1));
+    }
+    match codemode_gate::verify_stream(store.as_ref(), stream, key).await {
+        Ok(report) => {
+            print(
+                &shown,
+                report.lines,
+                &report.last_hash,
+                report.proves(),
+                report.cannot_prove(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{e}");
             Ok(ExitCode::from(1))
         }
     }

@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// Most HTTP sessions kept at once; a new one ends the longest-idle one.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub max_sessions: usize,
+    /// Named bearer tokens, one per person: a JSON file
+    /// `{"tokens": [{"name": "alice", "team": "infra", "token_sha256": "<hex>"}]}`. The name is
+    /// the session's principal (for `budgets.principal` and `budgets.team`).
+    #[arg(long, value_name = "FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub limits: LimitFlags,
     #[command(flatten)]
@@ -52,9 +57,14 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         Some(listen) => Some(resolve(listen).await?),
         None => None,
     };
+    let principals = match &args.tokens_file {
+        Some(f) => read_tokens(f)?,
+        None => Vec::new(),
+    };
     if let Some(addrs) = &addrs
         && addrs.iter().any(|a| !a.ip().is_loopback())
         && args.token.is_none()
+        && principals.is_empty()
     {
         bail!(
             "{} is reachable from other machines: pass --token (or CODEMODE_SERVE_TOKEN) so that every request must carry it, or listen on 127.0.0.1",
@@ -67,11 +77,13 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     // Questions go to the person through their MCP client (elicitation), never to a terminal:
     // stdin and stdout carry the protocol.
     let approvals = codemode_mcp::ElicitationApprover::new();
-    let installation = setup::build_with(
+    let slot = codemode_telemetry::MetricsSlot::default();
+    let installation = setup::build_observed(
         &args.setup,
         &args.limits,
         Some(Arc::new(approvals.clone())),
         true,
+        Some(Arc::new(slot.clone())),
     )
     .await?;
     for warning in installation.warnings() {
@@ -95,6 +107,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
             }
         })
     });
+    let telemetry = start_telemetry(&installation, &slot)?;
     // MCP servers connect in the background: `initialize` is answered at once, and every
     // client hears when the servers' tools arrive or change (the registry already follows).
     let mut changes = installation.tools_changed();
@@ -114,8 +127,15 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     let activity = opts.activity.clone();
     let served = match addrs {
         Some(addrs) => {
+            let metrics: Option<codemode_mcp::MetricsText> =
+                telemetry.serves_prometheus().then(|| {
+                    let t = telemetry.clone();
+                    Arc::new(move || t.prometheus_text()) as codemode_mcp::MetricsText
+                });
             let http = HttpOptions {
                 bearer_token: args.token.clone(),
+                principals: principals.clone(),
+                metrics,
                 allowed_origins: args.allow_origins.clone(),
                 session_idle_timeout: args.session_idle_timeout,
                 max_sessions: args.max_sessions,
@@ -128,6 +148,10 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
                         .map(|a| format!("http://{a}/mcp"))
                         .collect();
                     eprintln!("codemode: serving MCP at {}", shown.join(" and "));
+                    if let Some(m) = telemetry.metrics() {
+                        let count = server.session_counter();
+                        m.gauges.sessions(move || count() as u64);
+                    }
                     server.wait().await
                 }
                 Err(e) => Err(e),
@@ -153,7 +177,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     if let Some(resumer) = resumer {
         resumer.abort();
     }
+    installation.gate().flush().await;
     installation.shutdown().await;
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
     signals.abort();
     if signalled {
         // A signal during the stdio handshake ends it as "cancelled": that is the stop asked
@@ -166,6 +192,82 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     }
     served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Starts what the `telemetry` settings ask for and connects the gate's metrics.
+fn start_telemetry(
+    installation: &codemode_setup::Installation,
+    slot: &codemode_telemetry::MetricsSlot,
+) -> Result<Arc<codemode_telemetry::Telemetry>> {
+    let settings = &installation.configuration().settings.telemetry;
+    let config = codemode_telemetry::TelemetryConfig {
+        otlp_endpoint: settings.otlp_endpoint.clone(),
+        metrics: settings.metrics == Some(true),
+        ..Default::default()
+    };
+    let telemetry = codemode_telemetry::Telemetry::start(&config, crate::TRACES.get())?;
+    if let Some(m) = telemetry.metrics() {
+        slot.fill(m.clone());
+        if let Some(hub) = installation.hub() {
+            m.gauges.upstreams(move || {
+                hub.status()
+                    .into_iter()
+                    .filter(|s| s.state != codemode_mcp::ServerState::Disabled)
+                    .map(|s| codemode_telemetry::UpstreamState {
+                        up: matches!(s.state, codemode_mcp::ServerState::Connected { .. }),
+                        server: s.name,
+                    })
+                    .collect()
+            });
+        }
+    }
+    Ok(Arc::new(telemetry))
+}
+
+/// The `--tokens-file`: names, teams and SHA-256 digests of bearer tokens.
+fn read_tokens(path: &std::path::Path) -> Result<Vec<codemode_mcp::TokenPrincipal>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct File {
+        tokens: Vec<Entry>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Entry {
+        name: String,
+        #[serde(default)]
+        team: Option<String>,
+        token_sha256: String,
+    }
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--tokens-file {shown} cannot be read"))?;
+    let file: File = serde_json::from_str(&text).with_context(|| {
+        format!("--tokens-file {shown}: expected {{\"tokens\": [{{\"name\": \"alice\", \"team\": \"infra\", \"token_sha256\": \"<64 hex digits>\"}}]}}")
+    })?;
+    let mut out = Vec::new();
+    for (i, e) in file.tokens.into_iter().enumerate() {
+        let digest: [u8; 32] = hex::decode(e.token_sha256.trim())
+            .ok()
+            .and_then(|d| d.try_into().ok())
+            .with_context(|| {
+                format!("--tokens-file {shown}: tokens[{i}].token_sha256 is not 64 hex digits; make it with `printf %s \"$TOKEN\" | sha256sum`")
+            })?;
+        if e.name.trim().is_empty() {
+            bail!("--tokens-file {shown}: tokens[{i}].name is empty");
+        }
+        out.push(codemode_mcp::TokenPrincipal {
+            principal: codemode_gate::Principal {
+                id: e.name,
+                team: e.team,
+            },
+            token_sha256: digest,
+        });
+    }
+    if out.is_empty() {
+        bail!("--tokens-file {shown} lists no token");
+    }
+    Ok(out)
 }
 
 /// `localhost:8765`, `127.0.0.1:8765`, `[::1]:8765`: every address the name has.

@@ -15,6 +15,7 @@
 //! so several processes can write one log and the chain stays whole.
 
 mod key;
+mod stream;
 mod verify;
 
 use std::fs::{File, OpenOptions};
@@ -28,7 +29,11 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 pub use key::AuditKey;
+pub use stream::{StreamReport, verify_stream};
 pub use verify::{HeadCheck, VerifyReport, verify};
+
+use codemode_state::StateStore;
+use futures::future::BoxFuture;
 
 pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
@@ -114,16 +119,71 @@ struct Inner {
     files: Mutex<Files>,
 }
 
-/// Where decisions and outcomes are written. Cloning shares the files.
+/// Where decisions and outcomes are written: a file, or a stream in a shared state store.
+/// Cloning shares the files (or the stream).
 #[derive(Clone, Default)]
 pub struct AuditLog {
     inner: Option<Arc<Inner>>,
+    stream: Option<Arc<stream::StreamLog>>,
 }
+
+/// A line on its way to a stream; the call's outcome is final once it completes.
+pub(crate) type PendingLine = BoxFuture<'static, Result<(), AuditError>>;
 
 impl AuditLog {
     /// No log (for embedders that record elsewhere).
     pub fn disabled() -> Self {
-        AuditLog { inner: None }
+        AuditLog::default()
+    }
+
+    /// Lines go to `stream` in a state store that several replicas may share: one chain per
+    /// stream, serialized by the store, keyed with `key` as the file's lines are.
+    /// `codemode audit verify --state URL --stream NAME` checks it.
+    pub fn stream(
+        store: Arc<dyn StateStore>,
+        stream: impl Into<String>,
+        key: AuditKey,
+    ) -> Result<Self, AuditError> {
+        let stream = stream.into();
+        if stream.is_empty() || stream.len() > 200 {
+            return Err(AuditError::Open {
+                path: format!("audit stream `{stream}`"),
+                message: "a stream name has 1 to 200 characters".into(),
+            });
+        }
+        Ok(AuditLog {
+            inner: None,
+            stream: Some(Arc::new(stream::StreamLog { store, stream, key })),
+        })
+    }
+
+    /// Where lines go, for messages: the file's path or the stream and its store.
+    pub fn describe(&self) -> Option<String> {
+        match (&self.inner, &self.stream) {
+            (Some(i), _) => Some(i.path.display().to_string()),
+            (None, Some(s)) => Some(s.describe()),
+            (None, None) => None,
+        }
+    }
+
+    /// Appends one record to the file or the stream.
+    pub async fn append_async(&self, record: Map<String, Value>) -> Result<(), AuditError> {
+        match self.submit(record)? {
+            Some(line) => line.await,
+            None => Ok(()),
+        }
+    }
+
+    /// Writes a record: a file line at once; a stream line through the returned future, which
+    /// the caller awaits (or spawns, where it cannot wait).
+    pub(crate) fn submit(
+        &self,
+        record: Map<String, Value>,
+    ) -> Result<Option<PendingLine>, AuditError> {
+        if let Some(s) = &self.stream {
+            return Ok(Some(s.append(record)));
+        }
+        self.append(record).map(|()| None)
     }
 
     /// Opens (or creates) the log keyed with the user's key at [`AuditKey::default_path`],
@@ -189,6 +249,7 @@ impl AuditLog {
         }
         Ok(AuditLog {
             inner: Some(Arc::new(inner)),
+            stream: None,
         })
     }
 
@@ -196,8 +257,15 @@ impl AuditLog {
         self.inner.as_ref().map(|i| i.path.as_path())
     }
 
-    /// Appends one record (a JSON object) with its chain fields, under the log's lock.
+    /// Appends one record (a JSON object) with its chain fields, under the log's lock. A
+    /// stream is written asynchronously: [`AuditLog::append_async`].
     pub fn append(&self, record: Map<String, Value>) -> Result<(), AuditError> {
+        if let Some(s) = &self.stream {
+            return Err(AuditError::Write {
+                path: s.describe(),
+                message: "a stream is written with append_async".into(),
+            });
+        }
         let Some(inner) = &self.inner else {
             return Ok(());
         };

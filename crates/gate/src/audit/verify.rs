@@ -143,7 +143,7 @@ pub(crate) fn line_hash(line: &str, key: &AuditKey) -> Option<String> {
 }
 
 /// The part a line's hash covers, and the hash.
-fn split_line(line: &str) -> Option<(&str, &str)> {
+pub(crate) fn split_line(line: &str) -> Option<(&str, &str)> {
     let at = line.rfind(",\"hash\":\"")?;
     let hash = line[at..]
         .strip_prefix(",\"hash\":\"")?

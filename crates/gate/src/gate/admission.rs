@@ -12,8 +12,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{Admitted, CallRequest, Inner, hook_event};
-use crate::audit::sha256_hex;
-use crate::budget::Reservation;
+use crate::audit::{PendingLine, sha256_hex};
+use crate::budget::{Reservation, SharedHold};
 use crate::error::{GateError, Stage};
 use crate::hooks::AfterDecision;
 use crate::outcome::{CallOutcome, Status};
@@ -38,11 +38,66 @@ pub(crate) struct Pending {
     effect: Option<Effect>,
     usage: Option<Usage>,
     written: bool,
+    /// The call's span (disabled unless a subscriber wants `codemode::call`).
+    pub span: tracing::Span,
+}
+
+/// A span per call, the child of its parent call's span when that one is still in flight.
+macro_rules! call_span {
+    ($($parent:expr)?; $name:expr, $req:expr) => {
+        tracing::info_span!(
+            target: "codemode::call",
+            $(parent: $parent,)?
+            "codemode.call",
+            otel.name = %$name,
+            otel.status_code = tracing::field::Empty,
+            codemode.tool = %$name,
+            codemode.call_id = %$req.provenance.call_id,
+            codemode.parent_call_id = $req.provenance.parent_call_id.as_deref(),
+            codemode.session = %$req.provenance.session_id,
+            codemode.origin = ?$req.provenance.origin,
+            codemode.depth = $req.provenance.depth,
+            codemode.decision = tracing::field::Empty,
+            codemode.policy_ids = tracing::field::Empty,
+            codemode.status = tracing::field::Empty,
+            codemode.stage = tracing::field::Empty,
+            codemode.effect = tracing::field::Empty,
+            codemode.duration_ms = tracing::field::Empty,
+            codemode.bytes = tracing::field::Empty,
+            codemode.usage.input_tokens = tracing::field::Empty,
+            codemode.usage.output_tokens = tracing::field::Empty,
+            codemode.usage.cost_usd = tracing::field::Empty,
+            codemode.args = tracing::field::Empty,
+        )
+    };
+}
+
+fn span_for(gate: &Inner, req: &CallRequest) -> tracing::Span {
+    let name = crate::preview(&req.name, 200);
+    let parent = req
+        .provenance
+        .parent_call_id
+        .as_ref()
+        .and_then(|id| lock(&gate.spans).get(id).cloned());
+    let span = match &parent {
+        Some(parent) => call_span!(parent; name, req),
+        None => call_span!(; name, req),
+    };
+    if !span.is_disabled() {
+        lock(&gate.spans).insert(req.provenance.call_id.clone(), span.clone());
+    }
+    span
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Pending {
     pub fn new(gate: Arc<Inner>, req: &CallRequest) -> Self {
+        let span = span_for(&gate, req);
         Pending {
+            span,
             gate,
             started: Instant::now(),
             provenance: req.provenance.clone(),
@@ -79,39 +134,63 @@ impl Pending {
         self.reservation = Some(r);
     }
 
+    pub fn note_shared(&mut self, hold: Option<SharedHold>) {
+        if let Some(r) = self.reservation.as_mut() {
+            r.shared = hold;
+        }
+    }
+
     pub fn note_decision(&mut self, d: &Decision) {
         self.decision = d.as_str();
         self.policy_ids = d.policy_ids().to_vec();
     }
 
     /// A refusal before anything ran: the reservation is given back, the line written.
-    pub fn refuse(mut self, e: GateError) -> GateError {
+    pub async fn refuse(mut self, e: GateError) -> GateError {
         if let Some(r) = self.reservation.take() {
             self.gate.ledger.release(&self.provenance, &r);
+            if let (Some(hold), Some(shared)) = (&r.shared, &self.gate.shared) {
+                shared.release(hold).await;
+            }
         }
         let status = if e.tool_error == Some(ToolErrorKind::Cancelled) {
             Status::Cancelled
         } else {
             Status::Denied
         };
-        self.write(status, Some(e.stage), Some(&e.message), Effect::None, 0);
+        let line = self.write(status, Some(e.stage), Some(&e.message), Effect::None, 0);
+        self.store_line(line).await;
         e
     }
 
     /// Replaces the reservation's estimate with what the call spent.
-    fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
+    async fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
         self.usage = usage.cloned();
-        match self.reservation.take() {
-            Some(r) => {
-                self.gate
-                    .ledger
-                    .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes)
-            }
-            None => Ok(()),
+        let Some(r) = self.reservation.take() else {
+            return Ok(());
+        };
+        let local = self
+            .gate
+            .ledger
+            .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes);
+        let shared = match (&r.shared, &self.gate.shared) {
+            (Some(hold), Some(shared)) => shared.settle(hold, usage, bytes).await,
+            _ => Ok(()),
+        };
+        local.and(shared)
+    }
+
+    /// Waits for a stream's line; a line that cannot be stored refuses every later call.
+    async fn store_line(&self, line: Option<PendingLine>) {
+        if let Some(line) = line
+            && let Err(e) = line.await
+        {
+            audit_failed(&self.gate, &e);
         }
     }
 
-    /// The call's one outcome line, and its record on the script's ledger.
+    /// The call's one outcome line, and its record on the script's ledger. A file's line is
+    /// written here; a stream's is returned to be awaited.
     fn write(
         &mut self,
         status: Status,
@@ -119,9 +198,9 @@ impl Pending {
         message: Option<&str>,
         effect: Effect,
         bytes: u64,
-    ) {
+    ) -> Option<PendingLine> {
         if self.written {
-            return;
+            return None;
         }
         self.written = true;
         let args_text = serde_json::to_string(&self.args).unwrap_or_default();
@@ -144,18 +223,81 @@ impl Pending {
             usage: self.usage.clone(),
             bytes,
         };
-        if let Ok(Value::Object(record)) = serde_json::to_value(&outcome)
-            && let Err(e) = self.gate.audit.append(record)
-        {
-            tracing::error!("{e}");
-            *self
-                .gate
-                .audit_failure
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        self.trace(&outcome, &args_text);
+        if let Some(observer) = &self.gate.observer {
+            observer.finished(&outcome);
+        }
+        let mut pending = None;
+        if let Ok(Value::Object(record)) = serde_json::to_value(&outcome) {
+            match self.gate.audit.submit(record) {
+                Ok(line) => pending = line,
+                Err(e) => audit_failed(&self.gate, &e),
+            }
         }
         if let Some(script_id) = &self.provenance.script_id {
             self.gate.ledger.record(script_id, outcome);
+        }
+        pending
+    }
+
+    /// Puts the outcome on the call's span, and ends the span's life as a parent.
+    fn trace(&self, o: &CallOutcome, args_text: &str) {
+        lock(&self.gate.spans).remove(&self.provenance.call_id);
+        let span = &self.span;
+        if span.is_disabled() {
+            return;
+        }
+        span.record("codemode.tool", o.tool.as_str());
+        span.record("otel.name", o.tool.as_str());
+        span.record("codemode.decision", o.decision.as_str());
+        span.record("codemode.policy_ids", o.policy_ids.join(",").as_str());
+        span.record("codemode.status", o.status.as_str());
+        if let Some(stage) = o.stage {
+            span.record("codemode.stage", stage.as_str());
+        }
+        span.record(
+            "codemode.effect",
+            format!("{:?}", o.effect).to_lowercase().as_str(),
+        );
+        span.record("codemode.duration_ms", o.duration_ms);
+        span.record("codemode.bytes", o.bytes);
+        if let Some(u) = &o.usage {
+            span.record("codemode.usage.input_tokens", u.input_tokens);
+            span.record("codemode.usage.output_tokens", u.output_tokens);
+            span.record("codemode.usage.cost_usd", u.cost_usd);
+        }
+        span.record(
+            "otel.status_code",
+            if matches!(o.status, Status::Ok) {
+                "ok"
+            } else {
+                "error"
+            },
+        );
+        if self.gate.trace_arguments {
+            span.record("codemode.args", crate::preview(args_text, 2000).as_str());
+        }
+    }
+}
+
+fn audit_failed(gate: &Inner, e: &crate::audit::AuditError) {
+    tracing::error!("{e}");
+    *lock(&gate.audit_failure) = Some(e.to_string());
+}
+
+/// Finishes in the background what a dropped call could not wait for.
+fn in_background(gate: &Arc<Inner>, work: impl std::future::Future<Output = ()> + Send + 'static) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            gate.background.spawn_on(work, &rt);
+        }
+        Err(_) => {
+            // No runtime to finish on: nothing may go unrecorded, so later calls are refused.
+            tracing::error!(
+                "a dropped call's audit line or budget could not be finished: no async runtime"
+            );
+            *lock(&gate.audit_failure) =
+                Some("a dropped call's line could not be written outside an async runtime".into());
         }
     }
 }
@@ -167,15 +309,28 @@ impl Drop for Pending {
         }
         // The caller stopped waiting. A call that never started gives its reservation back; one
         // that started keeps it, and is charged its estimate, since what it spent is unknown.
-        match self.reservation.take() {
-            Some(r) if self.ran => {
+        let ran = self.ran;
+        if let Some(r) = self.reservation.take() {
+            if ran {
                 let _ = self
                     .gate
                     .ledger
                     .settle(&self.gate.budgets, &self.provenance, &r, None, 0);
+            } else {
+                self.gate.ledger.release(&self.provenance, &r);
             }
-            Some(r) => self.gate.ledger.release(&self.provenance, &r),
-            None => {}
+            if let Some(hold) = r.shared.clone() {
+                let gate = self.gate.clone();
+                in_background(&self.gate, async move {
+                    if let Some(shared) = &gate.shared {
+                        if ran {
+                            let _ = shared.settle(&hold, None, 0).await;
+                        } else {
+                            shared.release(&hold).await;
+                        }
+                    }
+                });
+            }
         }
         let (stage, effect) = if self.ran {
             (Stage::Execute, self.effect.unwrap_or(Effect::Unknown))
@@ -187,7 +342,14 @@ impl Drop for Pending {
         } else {
             "the caller stopped waiting before the call ran"
         };
-        self.write(Status::Cancelled, Some(stage), Some(message), effect, 0);
+        if let Some(line) = self.write(Status::Cancelled, Some(stage), Some(message), effect, 0) {
+            let gate = self.gate.clone();
+            in_background(&self.gate, async move {
+                if let Err(e) = line.await {
+                    audit_failed(&gate, &e);
+                }
+            });
+        }
     }
 }
 
@@ -248,12 +410,14 @@ impl Admission {
             return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
         };
         self.pending.ran = true;
-        let result = prepared
-            .run(RunContext {
+        let result = tracing::Instrument::instrument(
+            prepared.run(RunContext {
                 provenance: self.provenance.clone(),
                 cancel: self.cancel.clone(),
-            })
-            .await;
+            }),
+            self.pending.span.clone(),
+        )
+        .await;
         self.pending.effect = Some(match &result {
             Ok(_) => Effect::Applied,
             Err(e) => e.effect,
@@ -280,19 +444,20 @@ impl Admission {
                     },
                 );
                 err.tool_error = Some(e.kind);
-                let _ = self.pending.settle(None, 0);
+                let _ = self.pending.settle(None, 0).await;
                 let status = if cancelled {
                     Status::Cancelled
                 } else {
                     Status::Error
                 };
-                self.pending.write(
+                let line = self.pending.write(
                     status,
                     Some(Stage::Execute),
                     Some(&err.message),
                     e.effect,
                     0,
                 );
+                self.pending.store_line(line).await;
                 return Err(err);
             }
         };
@@ -308,18 +473,19 @@ impl Admission {
                     output = o;
                 }
                 AfterDecision::Block(reason) => {
-                    let _ = self.pending.settle(output.usage.as_ref(), 0);
+                    let _ = self.pending.settle(output.usage.as_ref(), 0).await;
                     let err = GateError::new(
                         Stage::AfterHook,
                         format!("a hook withheld the result of `{name}`: {reason}"),
                     );
-                    self.pending.write(
+                    let line = self.pending.write(
                         Status::Denied,
                         Some(Stage::AfterHook),
                         Some(&err.message),
                         Effect::Applied,
                         0,
                     );
+                    self.pending.store_line(line).await;
                     return Err(err);
                 }
             }
@@ -332,15 +498,16 @@ impl Admission {
                 .map(|b| b.len() as u64)
                 .unwrap_or(0)
         };
-        if let Err(m) = self.pending.settle(output.usage.as_ref(), bytes) {
+        if let Err(m) = self.pending.settle(output.usage.as_ref(), bytes).await {
             let err = GateError::new(Stage::Budget, m);
-            self.pending.write(
+            let line = self.pending.write(
                 Status::Denied,
                 Some(Stage::Budget),
                 Some(&err.message),
                 Effect::Applied,
                 bytes,
             );
+            self.pending.store_line(line).await;
             return Err(err);
         }
         let status = if output.is_error {
@@ -348,8 +515,10 @@ impl Admission {
         } else {
             Status::Ok
         };
-        self.pending
+        let line = self
+            .pending
             .write(status, None, None, Effect::Applied, bytes);
+        self.pending.store_line(line).await;
         Ok(output)
     }
 }

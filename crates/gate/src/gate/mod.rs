@@ -4,7 +4,7 @@
 mod admission;
 mod protect;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -21,14 +21,19 @@ pub use protect::ProtectedPath;
 
 use crate::approval::{ApprovalAnswer, ApprovalRequest, Approver};
 use crate::audit::AuditLog;
-use crate::budget::{Budgets, Ledger, LedgerSnapshot, estimate};
+use crate::budget::{
+    Budgets, DailyBudgets, Ledger, LedgerSnapshot, Principal, SharedLedger, estimate,
+};
 use crate::error::{GateError, Stage};
 use crate::hooks::{CommandHooks, Hook, HookDecision, HookEvent};
 use crate::model_rules::ModelRules;
+use crate::observe::CallObserver;
 use crate::outcome::CallRecord;
 use crate::policy::{Decision, PolicyError, PolicyInput, PolicySchema, PolicySet, decide};
 use crate::registry::{CODEMODE_TOOL, Lookup, Registry, Resolved};
 use crate::validate::check_args;
+use codemode_state::StateStore;
+use tokio_util::task::TaskTracker;
 
 /// One call as it arrives at the gate.
 #[derive(Debug, Clone)]
@@ -78,6 +83,19 @@ pub(crate) struct Inner {
     /// The workspace root as text, for `context.in_workspace`.
     workspace: Option<String>,
     protected: Vec<ProtectedPath>,
+    /// Budgets shared by every replica through a state store.
+    pub(crate) shared: Option<SharedLedger>,
+    /// Who each session acts for (HTTP token names), else `default_principal`.
+    principals: Mutex<HashMap<String, Principal>>,
+    default_principal: Option<Principal>,
+    pub(crate) observer: Option<Arc<dyn CallObserver>>,
+    /// Spans of calls in flight, by call id, so a nested call's span is the child of its
+    /// parent's (as in the provenance) whichever task or thread it runs on.
+    pub(crate) spans: Mutex<HashMap<String, tracing::Span>>,
+    /// Record arguments in spans (`telemetry.include_arguments`); off by default.
+    pub(crate) trace_arguments: bool,
+    /// Audit lines and budget settlements that a dropped call left to finish in the background.
+    pub(crate) background: TaskTracker,
 }
 
 /// The one place that decides every call. Cheap to clone; share it between the runtime, the MCP
@@ -100,9 +118,36 @@ pub struct GateBuilder {
     max_depth: Option<u32>,
     workspace: Option<PathBuf>,
     protected: Vec<ProtectedPath>,
+    shared: Option<SharedLedger>,
+    principal: Option<Principal>,
+    observer: Option<Arc<dyn CallObserver>>,
+    trace_arguments: bool,
 }
 
 impl GateBuilder {
+    /// Keeps the session's budget, and the principal's and team's of the day, in `store`, which
+    /// several replicas may share: a reservation there is atomic across them. Script budgets
+    /// stay in the process that runs the script.
+    pub fn shared_budgets(mut self, store: Arc<dyn StateStore>, daily: DailyBudgets) -> Self {
+        self.shared = Some(SharedLedger::new(store, daily));
+        self
+    }
+    /// Who sessions act for when nobody said otherwise with [`Gate::set_principal`].
+    pub fn principal(mut self, principal: Option<Principal>) -> Self {
+        self.principal = principal;
+        self
+    }
+    /// Told about every call's outcome (metrics).
+    pub fn observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+    /// Puts each call's arguments (cut to 2,000 characters) on its span. Off by default:
+    /// arguments may hold secrets and personal data.
+    pub fn trace_arguments(mut self, on: bool) -> Self {
+        self.trace_arguments = on;
+        self
+    }
     /// Which model operations may run at all (`models.enabled`, `models.allow` in settings),
     /// checked before the policy for every model call.
     pub fn models(mut self, models: ModelRules) -> Self {
@@ -193,6 +238,13 @@ impl GateBuilder {
                     .workspace
                     .map(|w| protect::resolved(&w).to_string_lossy().into_owned()),
                 protected,
+                shared: self.shared,
+                principals: Mutex::new(HashMap::new()),
+                default_principal: self.principal,
+                observer: self.observer,
+                spans: Mutex::new(HashMap::new()),
+                trace_arguments: self.trace_arguments,
+                background: TaskTracker::new(),
             }),
         })
     }
@@ -232,7 +284,53 @@ impl Gate {
             max_depth: None,
             workspace: None,
             protected: Vec::new(),
+            shared: None,
+            principal: None,
+            observer: None,
+            trace_arguments: false,
         }
+    }
+
+    /// The state store shared budgets are kept in, if any.
+    pub fn state_store(&self) -> Option<&Arc<dyn StateStore>> {
+        self.inner.shared.as_ref().map(SharedLedger::store)
+    }
+
+    /// Says who a session acts for (under `serve --listen`, the name of its bearer token).
+    pub fn set_principal(&self, session_id: &str, principal: Principal) {
+        self.inner
+            .principals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session_id.to_string(), principal);
+    }
+
+    /// Who a session acts for.
+    pub fn principal_of(&self, session_id: &str) -> Option<Principal> {
+        self.inner
+            .principals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+            .cloned()
+            .or_else(|| self.inner.default_principal.clone())
+    }
+
+    /// Forgets what the gate keeps about a session in this process.
+    pub fn forget_session(&self, session_id: &str) {
+        self.inner
+            .principals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id);
+    }
+
+    /// Waits for audit lines and settlements that dropped calls left to finish in the
+    /// background (call before the process exits).
+    pub async fn flush(&self) {
+        self.inner.background.close();
+        self.inner.background.wait().await;
+        self.inner.background.reopen();
     }
 
     pub fn registry(&self) -> &Registry {
@@ -317,7 +415,7 @@ impl Gate {
         let mut pending = Pending::new(self.inner.clone(), &req);
         match self.admit_steps(&req, &mut pending).await {
             Ok(admitted) => Ok(Admission::new(pending, admitted, req)),
-            Err(e) => Err(pending.refuse(e)),
+            Err(e) => Err(pending.refuse(e).await),
         }
     }
 
@@ -352,6 +450,21 @@ impl Gate {
             .map_err(|m| GateError::new(Stage::Budget, m))?;
         let counts = reservation.counts;
         call.note_reservation(reservation);
+        if let Some(shared) = &self.inner.shared {
+            let who = self.principal_of(&p.session_id);
+            let estimate = estimate(spec.kind, prepared.facts(), &args);
+            let hold = shared
+                .reserve(
+                    &self.inner.budgets.session,
+                    p,
+                    who.as_ref(),
+                    spec.kind,
+                    &estimate,
+                )
+                .await
+                .map_err(|m| GateError::new(Stage::Budget, m))?;
+            call.note_shared(hold);
+        }
         let policy = self.policy_state();
         let mut ask = self.ask_policy(&policy, &spec, &args, prepared.facts(), p, counts, call)?;
 

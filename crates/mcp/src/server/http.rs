@@ -2,6 +2,12 @@
 //! specification asks: `Origin` checked against DNS rebinding, malformed JSON answered with a
 //! JSON-RPC parse error, unknown sessions answered with 404, a bearer token compared in constant
 //! time, and sessions that end give their memory back.
+//!
+//! Beside `/mcp` it serves `/healthz` (the process is up), `/readyz` (the state store answers;
+//! upstream servers are connected or being retried) and, with metrics on, `/metrics`
+//! (Prometheus text, behind the bearer token like `/mcp`). With several tokens (one per
+//! person), the token's name is the session's principal, for per-principal and per-team
+//! budgets; a session stays with the principal that began it, on every replica.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,6 +18,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use codemode_gate::Principal;
 use codemode_runtime::Codemode;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -28,11 +35,27 @@ use crate::McpError;
 /// The largest request body accepted (rmcp's own limit).
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
-/// How `codemode serve --listen` behaves.
+/// Prometheus text for `/metrics`, made on each scrape.
+pub type MetricsText = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// A bearer token that names who presents it.
 #[derive(Debug, Clone)]
+pub struct TokenPrincipal {
+    pub principal: Principal,
+    /// SHA-256 of the token (the token itself is not kept).
+    pub token_sha256: [u8; 32],
+}
+
+/// How `codemode serve --listen` behaves.
+#[derive(Clone)]
 pub struct HttpOptions {
-    /// Every request must carry `Authorization: Bearer <token>`; required off loopback.
+    /// Every request must carry `Authorization: Bearer <token>` (this one, or one of
+    /// `principals`); required off loopback.
     pub bearer_token: Option<String>,
+    /// Named tokens: the name becomes the session's principal.
+    pub principals: Vec<TokenPrincipal>,
+    /// Serve `/metrics` from this.
+    pub metrics: Option<MetricsText>,
     /// Browser origins allowed besides loopback ones (`https://app.example.com`,
     /// `http://localhost:*`). A request without `Origin` (not from a browser) is not checked.
     pub allowed_origins: Vec<String>,
@@ -43,10 +66,25 @@ pub struct HttpOptions {
     pub max_sessions: usize,
 }
 
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpOptions")
+            .field("bearer_token", &self.bearer_token.as_ref().map(|_| "***"))
+            .field("principals", &self.principals.len())
+            .field("metrics", &self.metrics.is_some())
+            .field("allowed_origins", &self.allowed_origins)
+            .field("session_idle_timeout", &self.session_idle_timeout)
+            .field("max_sessions", &self.max_sessions)
+            .finish()
+    }
+}
+
 impl Default for HttpOptions {
     fn default() -> Self {
         HttpOptions {
             bearer_token: None,
+            principals: Vec::new(),
+            metrics: None,
             allowed_origins: Vec::new(),
             session_idle_timeout: Duration::from_secs(24 * 3600),
             max_sessions: 1000,
@@ -72,9 +110,16 @@ pub struct HttpServer {
     shutdown: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     janitor: tokio::task::JoinHandle<()>,
+    sessions: Arc<Sessions>,
 }
 
 impl HttpServer {
+    /// Counts the sessions this replica holds (for the active-sessions gauge).
+    pub fn session_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let sessions = self.sessions.clone();
+        move || sessions.len()
+    }
+
     /// Stops accepting, ends every session, and waits for the server to finish.
     pub async fn stop(self) {
         self.shutdown.cancel();
@@ -101,8 +146,13 @@ impl HttpServer {
 
 #[derive(Clone)]
 struct Guard {
-    token: Option<Arc<[u8]>>,
+    /// Digests of the accepted tokens, each with the principal it names (if any). Empty: no
+    /// token is asked for.
+    tokens: Arc<Vec<([u8; 32], Option<Principal>)>>,
     sessions: Arc<Sessions>,
+    codemode: Codemode,
+    hub: Option<Arc<crate::McpHub>>,
+    metrics: Option<MetricsText>,
 }
 
 /// Serves MCP over streamable HTTP at `http://<addr>/mcp` on every address of `addrs`, each
@@ -118,11 +168,19 @@ pub async fn serve_http(
     opts: ServeOptions,
 ) -> Result<HttpServer, McpError> {
     let token = http.bearer_token.clone().filter(|t| !t.is_empty());
+    let mut tokens: Vec<([u8; 32], Option<Principal>)> = http
+        .principals
+        .iter()
+        .map(|p| (p.token_sha256, Some(p.principal.clone())))
+        .collect();
+    if let Some(t) = &token {
+        tokens.push((Sha256::digest(t.as_bytes()).into(), None));
+    }
     if addrs.is_empty() {
         return Err(McpError::Serve("no address to listen on".into()));
     }
     let public = addrs.iter().any(|a| !a.ip().is_loopback());
-    if public && token.is_none() {
+    if public && tokens.is_empty() {
         return Err(McpError::Serve(format!(
             "refusing to listen on {} without a bearer token: anyone who reaches it could run \
              scripts with your tools; pass a token, or listen on 127.0.0.1",
@@ -136,7 +194,8 @@ pub async fn serve_http(
         manager.clone(),
         http.session_idle_timeout,
         http.max_sessions.max(1),
-    );
+    )
+    .with_shared(codemode.gate().state_store().cloned());
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(shutdown.child_token())
         .with_allowed_origins(
@@ -153,6 +212,8 @@ pub async fn serve_http(
         config = config.disable_allowed_hosts();
     }
     let factory_opts = opts.clone();
+    let guard_codemode = codemode.clone();
+    let hub = opts.hub.clone();
     let service = StreamableHttpService::new(
         move || {
             Ok(CodemodeHandler::new(
@@ -167,11 +228,18 @@ pub async fn serve_http(
         config,
     );
     let guard = Guard {
-        token: token.map(|t| Arc::from(Sha256::digest(t.as_bytes()).to_vec())),
+        tokens: Arc::new(tokens),
         sessions: sessions.clone(),
+        codemode: guard_codemode,
+        hub,
+        metrics: http.metrics.clone(),
     };
     let router = axum::Router::new()
         .nest_service("/mcp", service)
+        .route("/healthz", axum::routing::get(healthz))
+        .route("/readyz", axum::routing::get(readyz))
+        .route("/metrics", axum::routing::get(metrics))
+        .with_state(guard.clone())
         .layer(axum::middleware::from_fn_with_state(guard, guard_request));
     let mut tasks = Vec::new();
     let mut local_addrs = Vec::new();
@@ -192,8 +260,9 @@ pub async fn serve_http(
         }));
         tracing::info!(%local, "codemode MCP server listening on http://{local}/mcp");
     }
-    let janitor = tokio::spawn(sweep(sessions));
+    let janitor = tokio::spawn(sweep(sessions.clone()));
     Ok(HttpServer {
+        sessions,
         local_addr: local_addrs[0],
         local_addrs,
         shutdown,
@@ -228,31 +297,49 @@ fn release_free_memory() {
 /// Everything checked before rmcp sees a request: the token, unknown sessions on `DELETE`,
 /// the session table, and JSON that does not parse.
 async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> Response {
-    if let Some(expected) = &guard.token
-        && !token_matches(&req, expected)
-    {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            "missing or wrong bearer token",
-        )
-            .into_response();
+    // Load balancers probe health without a token; these say nothing about the sessions.
+    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+        return next.run(req).await;
+    }
+    let principal = if guard.tokens.is_empty() {
+        None
+    } else {
+        match presented_token(&req, &guard.tokens) {
+            Some(p) => p,
+            None => {
+                return (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                    "missing or wrong bearer token",
+                )
+                    .into_response();
+            }
+        }
+    };
+    if req.uri().path() == "/metrics" {
+        return next.run(req).await;
     }
     let session = req
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    if let Some(id) = &session
+        && let Err(refused) = bind_principal(&guard, id, principal.as_ref()).await
+    {
+        return refused;
+    }
     match (req.method().clone(), session) {
         (Method::DELETE, Some(id)) => {
-            if !guard.sessions.is_known(&id) {
+            if !guard.sessions.is_known_anywhere(&id).await {
                 return (StatusCode::NOT_FOUND, "Not Found: no such session").into_response();
             }
-            guard.sessions.end(&id).await;
+            guard.sessions.end_everywhere(&id).await;
+            guard.codemode.gate().forget_session(&id);
             return StatusCode::NO_CONTENT.into_response();
         }
         (Method::POST, Some(id)) => {
-            if !guard.sessions.is_known(&id) {
+            if !guard.sessions.is_known_anywhere(&id).await {
                 return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
             }
             let busy = guard.sessions.begin(&id);
@@ -276,14 +363,144 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                     .into_response();
             }
             let response = next.run(req).await;
+            // A new session: it acts for the token's principal from now on, on every replica.
+            if let Some(id) = response
+                .headers()
+                .get("mcp-session-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+                && let Err(refused) = bind_principal(&guard, &id, principal.as_ref()).await
+            {
+                return refused;
+            }
             return not_a_message(response, json);
         }
-        (Method::GET, Some(id)) if !guard.sessions.is_known(&id) => {
+        (Method::GET, Some(id)) if !guard.sessions.is_known_anywhere(&id).await => {
             return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
         }
         _ => {}
     }
     next.run(req).await
+}
+
+/// Makes `principal` the session's, or refuses when the session began under another one (a
+/// token must not borrow someone else's session and budget). With a shared store the first
+/// principal is recorded there, so every replica holds to it.
+async fn bind_principal(
+    guard: &Guard,
+    id: &str,
+    principal: Option<&Principal>,
+) -> Result<(), Response> {
+    let gate = guard.codemode.gate();
+    let name = principal.map(|p| p.id.as_str());
+    let known = gate.principal_of(id);
+    if let Some(known) = &known
+        && Some(known.id.as_str()) != name
+        && principal.is_some()
+    {
+        return Err(wrong_principal());
+    }
+    if known.is_some() {
+        return Ok(());
+    }
+    if let Some(store) = gate.state_store() {
+        match store.touch_session(id, name).await {
+            Ok(record) if record.principal.as_deref() != name => return Err(wrong_principal()),
+            Ok(_) => {}
+            Err(e) => {
+                return Err((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the state store cannot be reached: {e}"),
+                )
+                    .into_response());
+            }
+        }
+    }
+    if let Some(p) = principal {
+        gate.set_principal(id, p.clone());
+    }
+    Ok(())
+}
+
+fn wrong_principal() -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        "this session belongs to another token's holder; start a session of your own",
+    )
+        .into_response()
+}
+
+/// `/healthz`: the process answers.
+async fn healthz() -> Response {
+    (StatusCode::OK, "ok\n").into_response()
+}
+
+/// `/readyz`: the state store answers (within 3 s). Upstream servers that failed are retried in
+/// the background, so they do not make the replica unready; their states are listed.
+async fn readyz(State(guard): State<Guard>) -> Response {
+    let state = match guard.codemode.gate().state_store() {
+        None => json!({"ok": true, "backend": "none (this process only)"}),
+        Some(store) => {
+            let ping = tokio::time::timeout(Duration::from_secs(3), store.ping()).await;
+            match ping {
+                Ok(Ok(())) => json!({"ok": true, "backend": store.describe()}),
+                Ok(Err(e)) => {
+                    json!({"ok": false, "backend": store.describe(), "error": e.to_string()})
+                }
+                Err(_) => {
+                    json!({"ok": false, "backend": store.describe(), "error": "no answer within 3 s"})
+                }
+            }
+        }
+    };
+    let upstreams: Vec<_> = guard
+        .hub
+        .as_ref()
+        .map(|h| h.status())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            let state = match s.state {
+                crate::ServerState::Connecting => "connecting".to_string(),
+                crate::ServerState::Connected { .. } => "connected".to_string(),
+                crate::ServerState::Failed(_) => "retrying".to_string(),
+                crate::ServerState::Disabled => "disabled".to_string(),
+            };
+            json!({"server": s.name, "state": state})
+        })
+        .collect();
+    let ready = state["ok"] == json!(true);
+    let body = json!({"ready": ready, "state": state, "upstreams": upstreams});
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let mut response = (code, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// `/metrics`: Prometheus text, when metrics are on (`telemetry.metrics`).
+async fn metrics(State(guard): State<Guard>) -> Response {
+    match guard.metrics.as_ref().and_then(|m| m()) {
+        Some(text) => {
+            let mut response = (StatusCode::OK, text).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            response
+        }
+        None => (
+            StatusCode::NOT_FOUND,
+            "metrics are off; turn them on with `telemetry.metrics: true` in your settings",
+        )
+            .into_response(),
+    }
 }
 
 /// Keeps the session marked busy until the response (an SSE stream) is finished.
@@ -297,21 +514,26 @@ fn finish(response: Response, busy: Option<super::sessions::InFlight>) -> Respon
     Response::from_parts(parts, Body::from_stream(stream))
 }
 
-/// `Authorization: Bearer <token>`, the scheme in any case (RFC 7235). Comparing digests keeps
-/// the comparison's timing independent of how much of the token matched.
-fn token_matches(req: &Request, expected: &[u8]) -> bool {
-    let Some(value) = req
+/// `Authorization: Bearer <token>`, the scheme in any case (RFC 7235): `Some(principal)` when
+/// it is one of `tokens`. Comparing digests keeps the comparison's timing independent of how
+/// much of a token matched.
+fn presented_token(
+    req: &Request,
+    tokens: &[([u8; 32], Option<Principal>)],
+) -> Option<Option<Principal>> {
+    let value = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let Some((scheme, token)) = value.trim().split_once(' ') else {
-        return false;
-    };
-    scheme.eq_ignore_ascii_case("bearer")
-        && Sha256::digest(token.trim().as_bytes()).as_slice() == expected
+        .and_then(|v| v.to_str().ok())?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+    tokens
+        .iter()
+        .find(|(d, _)| *d == digest)
+        .map(|(_, p)| p.clone())
 }
 
 /// A JSON body that does not parse gets HTTP 400 with a JSON-RPC parse error (-32700). Says

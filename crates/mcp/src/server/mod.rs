@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use approval::ElicitationApprover;
-pub use http::{HttpOptions, HttpServer, serve_http};
+pub use http::{HttpOptions, HttpServer, MetricsText, TokenPrincipal, serve_http};
 pub use transport::serve_stdio;
 
 use crate::McpHub;

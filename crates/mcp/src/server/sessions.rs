@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use codemode_runtime::Codemode;
+use codemode_state::{StateStore, StoreChange};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::{
     SessionId, SessionManager, SessionState, SessionStore, SessionStoreError,
@@ -25,6 +26,15 @@ pub(crate) struct Sessions {
     idle_timeout: Duration,
     worker_idle: Duration,
     max: usize,
+    /// Replicas share sessions through this store: a session begun on one replica is known to
+    /// every other (its `initialize` parameters are kept there).
+    shared: Option<Arc<dyn StateStore>>,
+}
+
+/// The pseudo-session under which a session's `initialize` parameters are kept in the shared
+/// store, apart from the session's own `store()` values (which scripts read).
+fn shared_key(id: &str) -> String {
+    format!("mcp-initialize:{id}")
 }
 
 struct Record {
@@ -53,7 +63,79 @@ impl Sessions {
             // costs a few hundred bytes, not a worker.
             worker_idle: (idle_timeout / 2).min(Duration::from_secs(30 * 60)),
             max,
+            shared: None,
         })
+    }
+
+    /// Shares sessions with the other replicas through `store`.
+    pub(crate) fn with_shared(
+        mut self: Arc<Self>,
+        store: Option<Arc<dyn StateStore>>,
+    ) -> Arc<Self> {
+        if let Some(this) = Arc::get_mut(&mut self) {
+            this.shared = store;
+        }
+        self
+    }
+
+    /// Whether `id` is a live session here, or one another replica began (then it is taken
+    /// into this replica's table, and rmcp replays its `initialize` from the store).
+    pub(crate) async fn is_known_anywhere(&self, id: &str) -> bool {
+        if self.is_known(id) {
+            return true;
+        }
+        match self.load_shared(id).await {
+            Some(init) => {
+                let mut table = self.lock();
+                if table.len() >= self.max && !table.contains_key(id) {
+                    return false;
+                }
+                table.entry(id.to_string()).or_insert(Record {
+                    init: Some(init),
+                    last_active: Instant::now(),
+                    in_flight: 0,
+                });
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn load_shared(&self, id: &str) -> Option<SessionState> {
+        let store = self.shared.as_ref()?;
+        match store.load_store(&shared_key(id)).await {
+            Ok(values) => values
+                .get("initialize")
+                .and_then(|v| serde_json::from_value(v.clone()).ok()),
+            Err(e) => {
+                tracing::warn!(session = %id, "reading a shared session failed: {e}");
+                None
+            }
+        }
+    }
+
+    async fn save_shared(&self, id: &str, state: &SessionState) {
+        let Some(store) = &self.shared else { return };
+        let Ok(value) = serde_json::to_value(state) else {
+            return;
+        };
+        let change = [StoreChange::Set {
+            key: "initialize".into(),
+            value,
+        }];
+        if let Err(e) = store.apply_store(&shared_key(id), &change).await {
+            tracing::warn!(session = %id, "sharing a session with the other replicas failed: {e}");
+        }
+    }
+
+    /// A client ended the session (`DELETE`): no replica continues it.
+    pub(crate) async fn end_everywhere(&self, id: &str) {
+        self.end(id).await;
+        if let Some(store) = &self.shared
+            && let Err(e) = store.delete_session(&shared_key(id)).await
+        {
+            tracing::warn!(session = %id, "ending a shared session failed: {e}");
+        }
     }
 
     pub(crate) fn is_known(&self, id: &str) -> bool {
@@ -180,17 +262,24 @@ pub(crate) struct Store(pub(crate) Arc<Sessions>);
 #[async_trait::async_trait]
 impl SessionStore for Store {
     async fn load(&self, session_id: &str) -> Result<Option<SessionState>, SessionStoreError> {
-        Ok(self.0.lock().get(session_id).and_then(|r| r.init.clone()))
+        let local = self.0.lock().get(session_id).and_then(|r| r.init.clone());
+        match local {
+            Some(init) => Ok(Some(init)),
+            None => Ok(self.0.load_shared(session_id).await),
+        }
     }
 
     async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
-        let mut table = self.0.lock();
-        let record = table.entry(session_id.to_string()).or_insert(Record {
-            init: None,
-            last_active: Instant::now(),
-            in_flight: 0,
-        });
-        record.init = Some(state.clone());
+        {
+            let mut table = self.0.lock();
+            let record = table.entry(session_id.to_string()).or_insert(Record {
+                init: None,
+                last_active: Instant::now(),
+                in_flight: 0,
+            });
+            record.init = Some(state.clone());
+        }
+        self.0.save_shared(session_id, state).await;
         Ok(())
     }
 

@@ -1,0 +1,178 @@
+//! What shared state costs per gated call, in one run: no store (budgets in the process, no
+//! audit), then the in-memory store, SQLite and PostgreSQL each charging a principal's daily
+//! budget and appending the keyed audit line to a stream; 1,000 sequential and 1,000 parallel
+//! calls; and the calls per second of two "replicas" (two gates, two pools) against one.
+//!
+//! ```sh
+//! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
+//! ```
+//! Without CODEMODE_TEST_POSTGRES_URL the PostgreSQL rows are left out.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use codemode_gate::{
+    AuditKey, AuditLog, BudgetLimits, CallRequest, DailyBudgets, Gate, PolicySet, Principal,
+    Registry,
+};
+use codemode_spec::{
+    CallFacts, Origin, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec, prepared,
+};
+use codemode_state::{
+    Clock, MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, StateStore,
+};
+use serde_json::{Value, json};
+
+struct Echo(ToolSpec);
+
+impl Tool for Echo {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        Ok(prepared(CallFacts::default(), move |_| {
+            Box::pin(async move { Ok(ToolOutput::value(args)) })
+        }))
+    }
+}
+
+const N: usize = 1000;
+
+/// A gate on `store` (or none); each of `principals` people has a daily budget; its audit goes
+/// to `stream` in the store.
+fn gate(store: Option<Arc<dyn StateStore>>, stream: &str) -> Gate {
+    let registry = Registry::new();
+    let _ = registry.register(Arc::new(Echo(ToolSpec::new("echo", "", json!({})))));
+    let mut b = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("p", "permit(principal, action, resource);").expect("valid"));
+    if let Some(store) = store {
+        b = b
+            .shared_budgets(
+                store.clone(),
+                DailyBudgets {
+                    principal: BudgetLimits {
+                        max_calls: Some(1 << 40),
+                        ..BudgetLimits::default()
+                    },
+                    ..DailyBudgets::default()
+                },
+            )
+            .audit(AuditLog::stream(store, stream, AuditKey::from_bytes([1; 32])).expect("stream"));
+    }
+    let gate = b.build().expect("the gate builds");
+    // Session k acts for user k: with 100 people, calls touch 100 different ledger rows.
+    for k in 0..100 {
+        gate.set_principal(
+            &format!("session-{k}"),
+            Principal {
+                id: format!("user-{k}"),
+                team: None,
+            },
+        );
+    }
+    gate
+}
+
+fn request(i: usize, people: usize) -> CallRequest {
+    let mut p = Provenance::model(format!("c{i}"), format!("session-{}", i % people));
+    p.origin = Origin::Script;
+    p.script_id = Some(format!("script-{}", i % people));
+    CallRequest::new("echo", json!({"i": i}), p)
+}
+
+/// Median and total of N sequential calls, in µs and ms.
+async fn sequential(gate: &Gate) -> (f64, f64) {
+    let mut each = Vec::with_capacity(N);
+    let started = Instant::now();
+    for i in 0..N {
+        let t = Instant::now();
+        gate.call(request(i, 1)).await.expect("permitted");
+        each.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let total = started.elapsed().as_secs_f64() * 1e3;
+    each.sort_by(f64::total_cmp);
+    (each[N / 2], total)
+}
+
+/// Wall time of N calls at once spread over `gates`, each call for one of `people`.
+async fn parallel(gates: &[Gate], people: usize) -> f64 {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let gate = gates[i % gates.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            gate.call(request(i, people)).await.expect("permitted")
+        }));
+    }
+    for t in tasks {
+        t.await.expect("joined");
+    }
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+async fn row(
+    name: &str,
+    a: Option<Arc<dyn StateStore>>,
+    b: Option<Arc<dyn StateStore>>,
+    base: f64,
+) {
+    let one = gate(a.clone(), "bench");
+    sequential(&one).await; // warm up: rows, pools, caches
+    let (median, total) = sequential(&one).await;
+    let par = parallel(std::slice::from_ref(&one), 1).await;
+    let spread_one = parallel(std::slice::from_ref(&one), 100).await;
+    let two = [one.clone(), gate(b.or(a), "bench")];
+    let spread_two = parallel(&two, 100).await;
+    println!(
+        "{name:<10} seq median {median:>7.1} µs (+{:>6.1} µs)  seq 1000 {total:>7.1} ms  par 1000 (1 person) {par:>7.1} ms  par 1000 (100 people): 1 replica {spread_one:>7.1} ms ({:>6.0}/s), 2 replicas {spread_two:>7.1} ms ({:>6.0}/s, {:.2}x)",
+        median - base,
+        N as f64 / spread_one * 1e3,
+        N as f64 / spread_two * 1e3,
+        spread_one / spread_two
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let none = gate(None, "bench");
+    sequential(&none).await;
+    let (base, total) = sequential(&none).await;
+    let par = parallel(std::slice::from_ref(&none), 1).await;
+    println!(
+        "{:<10} seq median {base:>7.1} µs              seq 1000 {total:>7.1} ms  par 1000 (1 person) {par:>7.1} ms",
+        "no store"
+    );
+
+    let memory: Arc<dyn StateStore> = Arc::new(MemoryStore::new(Clock::system()));
+    row("memory", Some(memory), None, base).await;
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("state.db");
+    let open_sqlite = || SqliteStore::open(&path, SqliteOptions::default(), Clock::system());
+    let a: Arc<dyn StateStore> = Arc::new(open_sqlite().await.expect("sqlite"));
+    let b: Arc<dyn StateStore> = Arc::new(open_sqlite().await.expect("sqlite"));
+    row("sqlite", Some(a), Some(b), base).await;
+
+    match std::env::var("CODEMODE_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => {
+            let schema = format!("cm_bench_{}", std::process::id());
+            let opts = || PostgresOptions {
+                schema: Some(schema.clone()),
+                ..PostgresOptions::default()
+            };
+            let a: Arc<dyn StateStore> = Arc::new(
+                PostgresStore::open(&url, opts(), Clock::system())
+                    .await
+                    .expect("postgres"),
+            );
+            let b: Arc<dyn StateStore> = Arc::new(
+                PostgresStore::open(&url, opts(), Clock::system())
+                    .await
+                    .expect("postgres"),
+            );
+            row("postgres", Some(a), Some(b), base).await;
+        }
+        _ => println!("postgres   (left out: CODEMODE_TEST_POSTGRES_URL is not set)"),
+    }
+}

@@ -1,0 +1,413 @@
+//! Budgets and audit streams kept in a shared state store, as several `codemode serve`
+//! replicas use them: each "replica" here is its own gate with its own store handle (its own
+//! SQLite connection, its own PostgreSQL pool) on one database.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use codemode_gate::{
+    AuditLog, BudgetLimits, Budgets, DailyBudgets, Gate, Principal, Registry, Stage, verify_stream,
+};
+use codemode_state::{
+    Clock, LedgerKey, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, StateStore,
+    utc_day,
+};
+use common::{TestTool, builder, object_schema, req, script, test_key};
+use serde_json::json;
+
+const PG_URL_VAR: &str = "CODEMODE_TEST_POSTGRES_URL";
+
+/// Two handles on one database, and what keeps it alive.
+struct Shared {
+    name: &'static str,
+    a: Arc<dyn StateStore>,
+    b: Arc<dyn StateStore>,
+    _dir: Option<tempfile::TempDir>,
+    sqlite: Option<std::path::PathBuf>,
+    pg: Option<(String, String)>,
+}
+
+async fn sqlite() -> Shared {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let opts = || SqliteOptions {
+        busy_timeout: std::time::Duration::from_secs(60),
+        ..SqliteOptions::default()
+    };
+    let a = SqliteStore::open(&path, opts(), Clock::system())
+        .await
+        .unwrap();
+    let b = SqliteStore::open(&path, opts(), Clock::system())
+        .await
+        .unwrap();
+    Shared {
+        name: "sqlite",
+        a: Arc::new(a),
+        b: Arc::new(b),
+        _dir: Some(dir),
+        sqlite: Some(path),
+        pg: None,
+    }
+}
+
+/// Two pools on a fresh schema, or `None` (said once) without a PostgreSQL to test against.
+async fn postgres() -> Option<Shared> {
+    let Some(url) = std::env::var(PG_URL_VAR)
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    else {
+        static SAY: std::sync::Once = std::sync::Once::new();
+        SAY.call_once(|| {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED: the gate's PostgreSQL tests, because {PG_URL_VAR} is not set; run them with `scripts/with-postgres cargo test -p codemode-gate --test shared_state`"
+            );
+        });
+        return None;
+    };
+    let schema = format!(
+        "cm_gate_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    );
+    let opts = || PostgresOptions {
+        pool_size: 8,
+        schema: Some(schema.clone()),
+        ..PostgresOptions::default()
+    };
+    let a = PostgresStore::open(&url, opts(), Clock::system())
+        .await
+        .unwrap();
+    let b = PostgresStore::open(&url, opts(), Clock::system())
+        .await
+        .unwrap();
+    Some(Shared {
+        name: "postgres",
+        a: Arc::new(a),
+        b: Arc::new(b),
+        _dir: None,
+        sqlite: None,
+        pg: Some((url, schema)),
+    })
+}
+
+async fn backends() -> Vec<Shared> {
+    let mut v = vec![sqlite().await];
+    v.extend(postgres().await);
+    v
+}
+
+fn limit_calls(n: u64) -> BudgetLimits {
+    BudgetLimits {
+        max_calls: Some(n),
+        ..BudgetLimits::default()
+    }
+}
+
+/// A replica: its own registry and tool (counting its own runs), on the shared store.
+fn replica(
+    store: &Arc<dyn StateStore>,
+    daily: DailyBudgets,
+    session: BudgetLimits,
+    who: Option<Principal>,
+) -> (Gate, TestTool) {
+    let reg = Registry::new();
+    let tool = TestTool::new("echo", object_schema());
+    let runs = tool.runs.clone();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg)
+        .budgets(Budgets {
+            session,
+            ..Budgets::default()
+        })
+        .shared_budgets(store.clone(), daily)
+        .principal(who)
+        .build()
+        .unwrap();
+    let mut probe = TestTool::new("echo", object_schema());
+    probe.runs = runs;
+    (gate, probe)
+}
+
+fn alice() -> Option<Principal> {
+    Some(Principal {
+        id: "alice".into(),
+        team: Some("infra".into()),
+    })
+}
+
+/// 1,000 calls fired at once, half at each replica, against one principal's daily budget of 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shared_budget_of_ten_runs_exactly_ten_of_a_thousand_calls_on_two_replicas() {
+    for env in backends().await {
+        let daily = DailyBudgets {
+            principal: limit_calls(10),
+            ..DailyBudgets::default()
+        };
+        let (a, ran_a) = replica(&env.a, daily.clone(), BudgetLimits::default(), alice());
+        let (b, ran_b) = replica(&env.b, daily, BudgetLimits::default(), alice());
+        let mut tasks = Vec::new();
+        for i in 0..1000 {
+            let gate = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tasks.push(tokio::spawn(async move {
+                // Each call in its own script, so only the shared ledger can stop them.
+                gate.call(req("echo", json!({}), script(&format!("s{i}"))))
+                    .await
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(e) => {
+                    assert_eq!(e.stage, Stage::Budget, "{}: {}", env.name, e.message);
+                    assert!(
+                        e.message
+                            .contains("principal budget `max_calls` of `alice`"),
+                        "{}: {}",
+                        env.name,
+                        e.message
+                    );
+                }
+            }
+        }
+        let ran = ran_a.runs.load(Ordering::SeqCst) + ran_b.runs.load(Ordering::SeqCst);
+        assert_eq!((ok, ran), (10, 10), "{}", env.name);
+        let day = utc_day(Clock::system().now_ms());
+        let ledger = env
+            .a
+            .get_ledger(&LedgerKey::principal_day("alice", day))
+            .await
+            .unwrap();
+        assert_eq!(ledger.used.calls, 10, "{}", env.name);
+        assert_eq!(ledger.reserved.calls, 0, "{}: a hold was left", env.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_budget_counts_every_member_and_a_session_budget_follows_the_session() {
+    for env in backends().await {
+        let daily = DailyBudgets {
+            team: limit_calls(5),
+            ..DailyBudgets::default()
+        };
+        let bob = Some(Principal {
+            id: "bob".into(),
+            team: Some("infra".into()),
+        });
+        let (a, _) = replica(&env.a, daily.clone(), BudgetLimits::default(), alice());
+        let (b, _) = replica(&env.b, daily, BudgetLimits::default(), bob);
+        let mut ok = 0;
+        for i in 0..4 {
+            for gate in [&a, &b] {
+                if gate
+                    .call(req("echo", json!({}), script(&format!("t{i}"))))
+                    .await
+                    .is_ok()
+                {
+                    ok += 1;
+                }
+            }
+        }
+        assert_eq!(
+            ok, 5,
+            "{}: the team's 5 calls are shared by alice and bob",
+            env.name
+        );
+
+        // One session (`s1`, as `script()` names it) moving between replicas: 3 in total.
+        let (a, _) = replica(&env.a, DailyBudgets::default(), limit_calls(3), None);
+        let (b, _) = replica(&env.b, DailyBudgets::default(), limit_calls(3), None);
+        let mut ok = 0;
+        for i in 0..3 {
+            for gate in [&a, &b] {
+                match gate
+                    .call(req("echo", json!({}), script(&format!("u{i}"))))
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(e) => assert!(e.message.contains("session budget"), "{}", e.message),
+                }
+            }
+        }
+        assert_eq!(
+            ok, 3,
+            "{}: the session's budget holds across replicas",
+            env.name
+        );
+    }
+}
+
+fn streaming(store: &Arc<dyn StateStore>, stream: &str) -> (Gate, TestTool) {
+    let reg = Registry::new();
+    let mut tool = TestTool::new("echo", object_schema());
+    tool.delay_ms = 1;
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::stream(store.clone(), stream, test_key()).unwrap())
+        .build()
+        .unwrap();
+    (gate, TestTool::new("unused", object_schema()))
+}
+
+/// Two replicas appending at once make one chain; then the chain is attacked in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_append_one_audit_chain_that_detects_tampering() {
+    for env in backends().await {
+        let (a, _) = streaming(&env.a, "team");
+        let (b, _) = streaming(&env.b, "team");
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let gate = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tasks.push(tokio::spawn(async move {
+                gate.call(req(
+                    "echo",
+                    json!({"path": format!("{i}")}),
+                    script("chain"),
+                ))
+                .await
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let report = verify_stream(env.a.as_ref(), "team", Some(&test_key()))
+            .await
+            .unwrap();
+        assert_eq!(report.lines, 200, "{}", env.name);
+        let lines = env.b.read_audit("team", 0, 1000).await.unwrap();
+        let ids: std::collections::HashSet<_> = lines
+            .iter()
+            .map(|r| {
+                let v: serde_json::Value = serde_json::from_str(&r.line).unwrap();
+                v["provenance"]["call_id"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(ids.len(), 200, "{}: every call has its own line", env.name);
+        // Another key cannot vouch for the stream.
+        let other = codemode_gate::AuditKey::from_bytes([1; 32]);
+        assert!(
+            verify_stream(env.a.as_ref(), "team", Some(&other))
+                .await
+                .is_err()
+        );
+
+        if let Some(path) = &env.sqlite {
+            let db = rusqlite::Connection::open(path).unwrap();
+            // A changed line fails its MAC.
+            db.execute(
+                "UPDATE audit_lines SET line = replace(line, '\"status\":\"ok\"', '\"status\":\"error\"') WHERE stream = 'team' AND seq = 17",
+                [],
+            )
+            .unwrap();
+            let e = verify_stream(env.a.as_ref(), "team", Some(&test_key()))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("line 17") && e.contains("MAC"), "{e}");
+        }
+        if let Some((url, schema)) = &env.pg {
+            let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            // A removed line breaks the sequence.
+            client
+                .batch_execute(&format!(
+                    "DELETE FROM {schema}.audit_lines WHERE stream = 'team' AND seq = 50"
+                ))
+                .await
+                .unwrap();
+            let e = verify_stream(env.a.as_ref(), "team", Some(&test_key()))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("line 50") && e.contains("removed"), "{e}");
+        }
+    }
+}
+
+/// A call dropped while it runs still gets its line in the stream (written in the background;
+/// `flush` waits for it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_still_leaves_its_line_in_the_stream() {
+    for env in backends().await {
+        let reg = Registry::new();
+        let mut tool = TestTool::new("slow", object_schema());
+        tool.delay_ms = 60_000;
+        let runs = tool.runs.clone();
+        reg.register(Arc::new(tool)).unwrap();
+        let gate = builder(&reg)
+            .audit(AuditLog::stream(env.a.clone(), "drops", test_key()).unwrap())
+            .build()
+            .unwrap();
+        let g = gate.clone();
+        let call = tokio::spawn(async move { g.call(req("slow", json!({}), script("d"))).await });
+        while runs.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        call.abort();
+        let _ = call.await;
+        gate.flush().await;
+        let lines = env.a.read_audit("drops", 0, 10).await.unwrap();
+        assert_eq!(lines.len(), 1, "{}", env.name);
+        assert!(
+            lines[0].line.contains("\"status\":\"cancelled\""),
+            "{}",
+            lines[0].line
+        );
+        verify_stream(env.a.as_ref(), "drops", Some(&test_key()))
+            .await
+            .unwrap();
+    }
+}
+
+/// The database goes away under a running gate: calls are refused, never run unbudgeted or
+/// unrecorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_refused_when_the_shared_state_cannot_be_written() {
+    let Some(env) = postgres().await else { return };
+    let (gate, ran) = replica(
+        &env.a,
+        DailyBudgets {
+            principal: limit_calls(100),
+            ..DailyBudgets::default()
+        },
+        BudgetLimits::default(),
+        alice(),
+    );
+    gate.call(req("echo", json!({}), script("x")))
+        .await
+        .unwrap();
+    let (url, schema) = env.pg.clone().unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+    let e = gate
+        .call(req("echo", json!({}), script("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.stage, Stage::Budget, "{}", e.message);
+    assert!(e.message.contains("could not be charged"), "{}", e.message);
+    assert_eq!(ran.runs.load(Ordering::SeqCst), 1);
+
+    // An audit stream that cannot be written refuses every later call.
+    let (gate, _) = streaming(&env.b, "gone");
+    let _ = gate.call(req("echo", json!({}), script("y"))).await;
+    let e = gate
+        .call(req("echo", json!({}), script("y")))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains("audit log cannot be written"),
+        "{}",
+        e.message
+    );
+}
