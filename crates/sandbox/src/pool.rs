@@ -53,7 +53,8 @@ struct State {
 
 /// What the pool's threads run scripts on.
 pub(crate) enum Kind {
-    Thread,
+    /// The bytes of address space each VM's arena reserves.
+    Thread(usize),
     Process(ProcessSettings),
 }
 
@@ -107,7 +108,7 @@ impl Pool {
     pub fn new(warm: usize, max: usize, max_stack_bytes: usize, kind: Kind) -> Arc<Pool> {
         let thread_stack = match kind {
             // QuickJS's stack limit must fit well inside the thread's own stack.
-            Kind::Thread => max_stack_bytes.saturating_mul(2).max(1 << 20) + (2 << 20),
+            Kind::Thread(_) => max_stack_bytes.saturating_mul(2).max(1 << 20) + (2 << 20),
             // Only host futures run here.
             Kind::Process(_) => 4 << 20,
         };
@@ -134,7 +135,7 @@ impl Pool {
             .name("codemode-js".into())
             .stack_size(pool.thread_stack)
             .spawn(move || match p.kind {
-                Kind::Thread => thread_worker(p),
+                Kind::Thread(_) => thread_worker(p),
                 Kind::Process(_) => process_worker(p),
             })
             .is_ok();
@@ -229,11 +230,18 @@ fn failed(limits: Limits, message: impl Into<String>) -> ScriptResult {
     )
 }
 
-/// Thread isolation: the VM, the engine and the session share this thread.
+/// Thread isolation: the VM, the engine and the session share this thread. The VM is prepared
+/// once and reset to its prepared image after each script.
 fn thread_worker(pool: Arc<Pool>) {
+    let Kind::Thread(arena_bytes) = pool.kind else {
+        return;
+    };
     let Some(rt) = runtime(&pool) else { return };
+    let mut vm = None;
     loop {
-        let vm = Vm::prepare();
+        if vm.is_none() {
+            vm = Some(Vm::prepare(arena_bytes));
+        }
         let Some(job) = pool.next_job() else { return };
         let Job {
             script,
@@ -242,18 +250,23 @@ fn thread_worker(pool: Arc<Pool>) {
             started,
             reply,
         } = job;
-        let (result, used) = match vm {
-            Ok(vm) => (
-                run_in_thread(&rt, &vm, script, parsed, limits, started),
-                Some(vm),
-            ),
-            Err(e) => (failed(limits, e.to_string()), None),
+        let (result, reusable) = match vm.as_ref() {
+            Some(Ok(v)) => run_in_thread(&rt, v, script, parsed, limits, started),
+            Some(Err(e)) => (failed(limits, e.to_string()), false),
+            None => (failed(limits, "no VM"), false),
         };
         let _ = reply.send(result);
         lock(&pool.state).preparing += 1;
-        // Freeing the VM happens after the caller has its result.
-        if let Some(vm) = used {
-            crate::vm::discard(vm);
+        // Resetting the VM happens after the caller has its result.
+        match vm.as_ref() {
+            Some(Ok(v)) if reusable => {
+                let big = v.heap.peak.get() > crate::vm::TRIM_AFTER_BYTES;
+                v.reset();
+                if big {
+                    crate::vm::trim();
+                }
+            }
+            _ => vm = None,
         }
     }
 }
@@ -265,10 +278,10 @@ fn run_in_thread(
     parsed: ParsedSource,
     limits: Limits,
     started: Instant,
-) -> ScriptResult {
+) -> (ScriptResult, bool) {
     let (session, start) = match Session::open(script, parsed, limits.clone(), started) {
         Ok(x) => x,
-        Err(r) => return *r,
+        Err(r) => return (*r, true),
     };
     let active = ActiveLimits {
         cpu: Duration::from_millis(limits.cpu_ms),
@@ -287,6 +300,7 @@ fn run_in_thread(
     let fin = std::panic::catch_unwind(AssertUnwindSafe(|| {
         rt.block_on(local.run_until(crate::engine::run(vm, start, l, active)))
     }));
+    let reusable = fin.is_ok();
     let result = {
         let mut session = link.session.borrow_mut();
         match fin {
@@ -301,7 +315,7 @@ fn run_in_thread(
         rt.block_on(local.run_until(tokio::task::yield_now()))
     }));
     drop(local);
-    result
+    (result, reusable)
 }
 
 /// The engine's link in thread isolation: straight into the session on the same thread.

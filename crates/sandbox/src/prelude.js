@@ -20,7 +20,6 @@
   const NumberIsFinite = Number.isFinite;
   const MathFloor = Math.floor;
   const MathImul = Math.imul;
-  const realRandom = Math.random;
   const ErrorCtor = Error;
   const TypeErrorCtor = TypeError;
   const RangeErrorCtor = RangeError;
@@ -75,8 +74,10 @@
   const EXIT = freeze({ codemodeExit: true });
 
   // ---- deterministic hooks installed before lockdown ----
+  // Seeded per script by the host (from the log's seed in deterministic runs): the engine's own
+  // generator would restart from the same state in every script, since each starts from the same
+  // saved VM image.
   G.Math.random = function random() {
-    if (!deterministic) return realRandom();
     // mulberry32
     rngState = (rngState + 0x6d2b79f5) | 0;
     let t = rngState;
@@ -532,6 +533,7 @@
   function init(configJson) {
     const cfg = parse(configJson);
     limits = cfg.limits;
+    rngState = cfg.rng | 0;
     if (cfg.det) {
       deterministic = true;
       rngState = (cfg.det.seed ^ 0x9e3779b9) | 0;

@@ -772,6 +772,17 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     Ok(out)
 }
 
+/// A fresh seed for a script's `Math.random` (not for secrets: `Math.random` is no CSPRNG).
+fn random_seed() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default());
+    h.finish() as u32
+}
+
 fn build_config(script: &Script, limits: &Limits, det: Option<&Determinism>) -> String {
     let tools: Vec<Value> = script
         .tools
@@ -789,6 +800,7 @@ fn build_config(script: &Script, limits: &Limits, det: Option<&Determinism>) -> 
         "store": store,
         "limits": { "chars": limits.max_output_chars, "items": limits.max_output_items },
         "det": det.map(|d| serde_json::json!({ "seed": d.seed, "start": d.start_ms })),
+        "rng": random_seed(),
     })
     .to_string()
 }

@@ -76,14 +76,18 @@ pub(crate) struct Spawner {
 }
 
 impl Spawner {
-    pub fn new(program: WorkerProgram, rlimits: WorkerRlimits) -> Result<Spawner, String> {
+    pub fn new(
+        program: WorkerProgram,
+        rlimits: WorkerRlimits,
+        arena_bytes: u64,
+    ) -> Result<Spawner, String> {
         let (tx, rx) =
             std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<WorkerProcess, String>>>();
         std::thread::Builder::new()
             .name("codemode-spawn".into())
             .spawn(move || {
                 for reply in rx {
-                    let _ = reply.send(WorkerProcess::spawn(&program, rlimits));
+                    let _ = reply.send(WorkerProcess::spawn(&program, rlimits, arena_bytes));
                 }
             })
             .map_err(|e| format!("could not start the worker-spawning thread: {e}"))?;
@@ -190,7 +194,11 @@ fn cpu_time(pid: i32) -> Option<Duration> {
 
 impl WorkerProcess {
     /// Starts a worker and waits for its hello.
-    pub fn spawn(program: &WorkerProgram, rlimits: WorkerRlimits) -> Result<WorkerProcess, String> {
+    pub fn spawn(
+        program: &WorkerProgram,
+        rlimits: WorkerRlimits,
+        arena_bytes: u64,
+    ) -> Result<WorkerProcess, String> {
         let (shm, memfd) = Shm::create().map_err(|e| io_err("creating the bridge memory", e))?;
         let (host_bell, worker_bell) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| io_err("creating the bridge doorbell", e))?;
@@ -200,6 +208,7 @@ impl WorkerProcess {
             // SAFETY: getpid has no preconditions.
             host_pid: unsafe { libc::getpid() },
             rlimits,
+            arena_bytes,
         };
         let debug = std::env::var_os("CODEMODE_SANDBOX_DEBUG").is_some();
         let mut cmd = Command::new(&program.path);

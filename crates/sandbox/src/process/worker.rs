@@ -47,6 +47,8 @@ fn die(code: i32) -> ! {
 pub(crate) struct WorkerArgs {
     pub host_pid: i32,
     pub rlimits: WorkerRlimits,
+    /// Address space reserved for the VM's arena.
+    pub arena_bytes: u64,
 }
 
 impl WorkerArgs {
@@ -56,6 +58,7 @@ impl WorkerArgs {
             self.rlimits.data_bytes.to_string(),
             self.rlimits.cpu_seconds.to_string(),
             self.rlimits.stack_bytes.to_string(),
+            self.arena_bytes.to_string(),
         ]
     }
     pub fn parse(args: &[String]) -> Option<WorkerArgs> {
@@ -67,6 +70,7 @@ impl WorkerArgs {
                 cpu_seconds: n(2)?,
                 stack_bytes: n(3)?,
             },
+            arena_bytes: n(4)?,
         })
     }
 }
@@ -77,6 +81,7 @@ pub(crate) struct Prepared {
     pub channel: Rc<RefCell<Channel>>,
     pub stop: &'static AtomicU32,
     pub vm: Option<Vm>,
+    pub arena_bytes: usize,
 }
 
 /// Sets up a worker process: descriptors, session, layers, a first VM, then the hello.
@@ -134,7 +139,8 @@ pub(crate) fn prepare(args: &[String]) -> Prepared {
     report.push(layers::apply_landlock());
     // The first VM touches, once, every code path that needs a system call (the prelude's
     // bytecode, the hash seeds), before the filter forbids them.
-    let vm = Vm::prepare().ok();
+    let arena_bytes = usize::try_from(a.arena_bytes).unwrap_or(usize::MAX);
+    let vm = Vm::prepare(arena_bytes).ok();
     report.push(layers::apply_seccomp());
     let channel = Rc::new(RefCell::new(Channel::new(shm)));
     let layers = serde_json::to_string(&report).unwrap_or_default();
@@ -146,6 +152,7 @@ pub(crate) fn prepare(args: &[String]) -> Prepared {
         channel,
         stop: shm.stop(),
         vm,
+        arena_bytes,
     }
 }
 
@@ -155,6 +162,7 @@ pub(crate) fn main(args: &[String]) -> ! {
         channel,
         stop,
         mut vm,
+        arena_bytes,
     } = prepare(args);
     loop {
         let start = loop {
@@ -171,7 +179,7 @@ pub(crate) fn main(args: &[String]) -> ! {
         };
         let current = match vm.take() {
             Some(v) => Ok(v),
-            None => Vm::prepare(),
+            None => Vm::prepare(arena_bytes),
         };
         let (fin, used) = match current {
             Ok(v) => {
@@ -188,12 +196,21 @@ pub(crate) fn main(args: &[String]) -> ! {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     futures::executor::block_on(crate::engine::run(&v, *start, link, limits))
                 }));
-                let fin = run.unwrap_or_else(|_| Finish {
-                    end: Some(RunEnd::Fatal),
-                    fatal: Some("The sandbox engine failed while running the script.".into()),
-                    ..Default::default()
-                });
-                (fin, Some(v))
+                match run {
+                    Ok(fin) => (fin, Some(v)),
+                    // A VM whose run panicked is not reset but dropped: Rust-side state may be
+                    // half-updated.
+                    Err(_) => (
+                        Finish {
+                            end: Some(RunEnd::Fatal),
+                            fatal: Some(
+                                "The sandbox engine failed while running the script.".into(),
+                            ),
+                            ..Default::default()
+                        },
+                        None,
+                    ),
+                }
             }
             Err(e) => (
                 Finish {
@@ -205,11 +222,18 @@ pub(crate) fn main(args: &[String]) -> ! {
             ),
         };
         channel.borrow_mut().send(&ToHost::Finished(Box::new(fin)));
-        // Freeing the used VM and preparing the next happen after the host has its result.
-        if let Some(v) = used {
-            crate::vm::discard(v);
-        }
-        vm = Vm::prepare().ok();
+        // Resetting the VM happens after the host has its result.
+        vm = match used {
+            Some(v) => {
+                let big = v.heap.peak.get() > crate::vm::TRIM_AFTER_BYTES;
+                v.reset();
+                if big {
+                    crate::vm::trim();
+                }
+                Some(v)
+            }
+            None => Vm::prepare(arena_bytes).ok(),
+        };
     }
 }
 
