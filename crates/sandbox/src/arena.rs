@@ -52,7 +52,9 @@ impl Arena {
     /// Reserves `bytes` of address space (no memory is committed until touched) and starts the
     /// pool.
     pub fn reserve(bytes: usize) -> Result<Arena, ReserveError> {
-        let reserved = bytes.max(POOL_OFFSET + 2 * GROW_STEP).next_multiple_of(PAGE);
+        let reserved = bytes
+            .max(POOL_OFFSET + 2 * GROW_STEP)
+            .next_multiple_of(PAGE);
         // SAFETY: an anonymous private mapping; nothing else refers to it.
         let p = unsafe {
             libc::mmap(
@@ -65,7 +67,10 @@ impl Arena {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(ReserveError(reserved >> 20, std::io::Error::last_os_error()));
+            return Err(ReserveError(
+                reserved >> 20,
+                std::io::Error::last_os_error(),
+            ));
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| {
             ReserveError(reserved >> 20, std::io::Error::other("mmap returned null"))

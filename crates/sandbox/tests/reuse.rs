@@ -78,7 +78,9 @@ async fn the_heap_of_a_script_that_filled_it_is_all_back_for_the_next() {
     for _ in 0..3 {
         let r = run(fill).await;
         assert!(
-            r.error.as_ref().is_some_and(|e| e.message.contains("out of memory")),
+            r.error
+                .as_ref()
+                .is_some_and(|e| e.message.contains("out of memory")),
             "{:?}",
             r.error
         );

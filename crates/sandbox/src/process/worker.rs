@@ -21,15 +21,15 @@ use crate::protocol::{
     encode_call, encode_to_host,
 };
 use crate::result::OutputItem;
-use crate::ring::{End, FrameReader, Shm, drain_doorbell, ring_doorbell};
+use crate::ring::{End, FrameReader, ON_FUTEX, Shm, SpinBudget, drain_doorbell, ring_doorbell};
 use crate::vm::{ActiveLimits, Stop, Vm};
 
 /// The doorbell socket: standard input of the worker.
 const BELL: RawFd = 0;
 /// The bridge memfd: standard output of the worker, closed once mapped.
 const SHM_FD: RawFd = 1;
-/// How long a side spins for work before it sleeps on the doorbell.
-pub(crate) const SPIN: Duration = Duration::from_micros(50);
+/// How long a sleeping worker waits before it checks that its host is still there.
+const HOST_CHECK: Duration = Duration::from_secs(1);
 /// The largest frame the host sends (a call result); bigger ones are refused.
 const MAX_FROM_HOST: usize = 1 << 30;
 
@@ -243,6 +243,7 @@ pub(crate) struct Channel {
     stop: &'static AtomicU32,
     reader: FrameReader,
     scratch: Vec<u8>,
+    spin: SpinBudget,
 }
 
 impl Channel {
@@ -252,41 +253,50 @@ impl Channel {
             stop: shm.stop(),
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
+            spin: SpinBudget::new(),
         }
     }
 
-    /// Spins, then sleeps on the doorbell, until `ready` holds. A closed doorbell means the host
-    /// is gone: the worker exits.
+    /// Spins while the host runs on another CPU, then sleeps on the futex word, until `ready`
+    /// holds. A closed doorbell means the host is gone: the worker exits.
     pub fn sleep_until(&mut self, ready: impl Fn(&End<'static>, &AtomicU32) -> bool) {
         loop {
-            let t = Instant::now();
-            let mut i: u32 = 0;
-            loop {
-                if ready(&self.end, self.stop) {
-                    return;
-                }
-                i = i.wrapping_add(1);
-                if i.is_multiple_of(256) && t.elapsed() > SPIN {
-                    break;
-                }
-                spin_loop();
+            if ready(&self.end, self.stop) {
+                return;
             }
-            self.end.going_to_sleep();
+            self.end.note_cpu();
+            if self.end.peer_runs_elsewhere() {
+                let t = Instant::now();
+                let budget = self.spin.get();
+                let mut i: u32 = 0;
+                loop {
+                    if ready(&self.end, self.stop) {
+                        self.spin.caught();
+                        return;
+                    }
+                    i = i.wrapping_add(1);
+                    if i.is_multiple_of(64) {
+                        if t.elapsed() > budget {
+                            self.spin.missed();
+                            break;
+                        }
+                        if !self.end.peer_runs_elsewhere() {
+                            break;
+                        }
+                    }
+                    spin_loop();
+                }
+            }
+            let seen = self.end.bell();
+            self.end.going_to_sleep(ON_FUTEX);
             if ready(&self.end, self.stop) {
                 self.end.awake();
                 return;
             }
-            let mut b = [0u8; 64];
-            // SAFETY: blocking read into a local buffer.
-            let n = unsafe { libc::recv(BELL, b.as_mut_ptr().cast(), b.len(), 0) };
+            let t = Instant::now();
+            self.end.wait(seen, HOST_CHECK);
             self.end.awake();
-            if n == 0 {
-                die(0);
-            }
-            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                die(EXIT_PROTOCOL);
-            }
-            if let Ok(false) = drain_doorbell(BELL) {
+            if t.elapsed() >= HOST_CHECK && matches!(drain_doorbell(BELL), Ok(false) | Err(_)) {
                 die(0);
             }
         }
@@ -309,7 +319,7 @@ impl Channel {
     }
 
     fn wake_host(&self) {
-        if self.end.peer_needs_ring() {
+        if self.end.wake_peer() {
             ring_doorbell(BELL);
         }
     }
