@@ -37,6 +37,7 @@
 mod arena;
 mod engine;
 mod host;
+mod json_in;
 mod limits;
 mod model_text;
 mod native;
