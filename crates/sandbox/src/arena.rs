@@ -26,6 +26,9 @@ const POOL_OFFSET: usize = (std::mem::size_of::<Tlsf>() + 4095) & !4095;
 /// The pool grows by at least this much at a time.
 const GROW_STEP: usize = 1 << 20;
 const PAGE: usize = 4096;
+/// Bytes of a free block's header in the allocator (size, previous block, free-list links),
+/// rounded up.
+const FREE_HEADER: usize = 2 * rlsf::GRANULARITY;
 
 /// A reserved mapping and the TLSF pool inside it.
 pub(crate) struct Arena {
@@ -33,8 +36,13 @@ pub(crate) struct Arena {
     reserved: usize,
     /// Offset of the end of the pool: memory past it has never been handed to the allocator.
     end: Cell<usize>,
-    /// The saved image: the mapping's first `image.len()` bytes.
+    /// The saved image: the mapping's first `image.len()` bytes, up to the header of the free
+    /// block at the end of the pool (whose contents do not matter)...
     image: RefCell<Vec<u8>>,
+    /// ...and the pool's last page, which holds its end marker.
+    image_tail: RefCell<Vec<u8>>,
+    /// The pool's end when the image was saved.
+    image_end: Cell<usize>,
 }
 
 impl Drop for Arena {
@@ -80,6 +88,8 @@ impl Arena {
             reserved,
             end: Cell::new(POOL_OFFSET),
             image: RefCell::new(Vec::new()),
+            image_tail: RefCell::new(Vec::new()),
+            image_end: Cell::new(0),
         };
         // SAFETY: the state lives at the start of the mapping, which is ours and large enough.
         unsafe {
@@ -179,48 +189,79 @@ impl Arena {
 
     /// Saves the current state as the image every later [`Arena::restore`] returns to.
     pub fn save(&self) {
-        let len = self.end.get();
-        // SAFETY: [0, len) is inside the mapping and initialised (the allocator wrote or the
-        // kernel zeroed every byte of it).
-        let bytes = unsafe { std::slice::from_raw_parts(self.base.as_ptr(), len) };
-        let mut image = self.image.borrow_mut();
-        image.clear();
-        image.extend_from_slice(bytes);
-    }
-
-    /// Bytes of the saved image.
-    pub fn image_bytes(&self) -> usize {
-        self.image.borrow().len()
-    }
-
-    /// Puts the mapping back to the saved image and gives everything past it back to the
-    /// kernel. Nothing may refer into the mapping's contents from outside across this call
-    /// except what already did when the image was saved.
-    pub fn restore(&self) {
-        let image = self.image.borrow();
-        let len = image.len();
-        if len == 0 {
-            return;
-        }
-        // SAFETY: the image is `len` bytes and the mapping holds at least that many.
-        unsafe {
-            std::ptr::copy_nonoverlapping(image.as_ptr(), self.base.as_ptr(), len);
-        }
         let end = self.end.get();
-        if end > len {
-            let from = len.next_multiple_of(PAGE);
-            if end > from {
-                // SAFETY: a range of our own private mapping; it reads as zeros afterwards.
-                unsafe {
-                    libc::madvise(
-                        self.base.as_ptr().add(from).cast(),
-                        end - from,
-                        libc::MADV_DONTNEED,
-                    )
+        let base = self.base.as_ptr();
+        // Where the last allocated block ends: past it, the pool is one free block whose header
+        // is all that matters, then the end marker.
+        let mut used_end = POOL_OFFSET;
+        // SAFETY: [POOL_OFFSET, end) is exactly the pool this allocator manages.
+        unsafe {
+            let pool = slice(base.add(POOL_OFFSET), end - POOL_OFFSET);
+            for b in self.tlsf().iter_blocks(pool) {
+                let range = b.as_ptr();
+                let start = range.as_ptr() as *mut u8 as usize - base as usize;
+                used_end = if b.is_occupied() {
+                    start + range.len()
+                } else {
+                    start + FREE_HEADER
                 };
             }
         }
-        self.end.set(len);
+        let head = used_end.next_multiple_of(ALIGN).min(end);
+        let tail_from = (end - PAGE).max(head);
+        // SAFETY: both ranges are inside the mapping and initialised (written by the allocator
+        // or zero pages from the kernel).
+        unsafe {
+            let mut image = self.image.borrow_mut();
+            image.clear();
+            image.extend_from_slice(std::slice::from_raw_parts(base, head));
+            let mut tail = self.image_tail.borrow_mut();
+            tail.clear();
+            tail.extend_from_slice(std::slice::from_raw_parts(
+                base.add(tail_from),
+                end - tail_from,
+            ));
+        }
+        self.image_end.set(end);
+    }
+
+    /// Puts the mapping back to the saved image and gives every other page the script touched
+    /// back to the kernel. Nothing may refer into the mapping from outside across this call
+    /// except what already did when the image was saved.
+    pub fn restore(&self) {
+        let image = self.image.borrow();
+        let tail = self.image_tail.borrow();
+        let saved_end = self.image_end.get();
+        if saved_end == 0 {
+            return;
+        }
+        let head = image.len();
+        let tail_from = saved_end - tail.len();
+        let base = self.base.as_ptr();
+        // SAFETY: the ranges were saved from this mapping, which still holds them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(image.as_ptr(), base, head);
+            std::ptr::copy_nonoverlapping(tail.as_ptr(), base.add(tail_from), tail.len());
+        }
+        let discard = |from: usize, to: usize| {
+            let from = from.next_multiple_of(PAGE);
+            let to = to - to % PAGE;
+            if to > from {
+                // SAFETY: a range of our own private mapping; it reads as zeros afterwards.
+                unsafe { libc::madvise(base.add(from).cast(), to - from, libc::MADV_DONTNEED) };
+            }
+        };
+        discard(head, tail_from);
+        let end = self.end.get();
+        if end > saved_end {
+            discard(saved_end, end);
+        }
+        self.end.set(saved_end);
+    }
+
+    /// Bytes a restore copies.
+    pub fn image_bytes(&self) -> usize {
+        self.image.borrow().len() + self.image_tail.borrow().len()
     }
 }
 

@@ -41,14 +41,27 @@ impl Drop for Owned {
 
 struct Builder {
     ctx: *mut qjs::JSContext,
-    atoms: RefCell<HashMap<String, qjs::JSAtom>>,
+    /// Property names seen so far. Results repeat a few names many times, so a short list
+    /// scanned from the most recent is faster than hashing every name.
+    atoms: RefCell<Vec<(Box<str>, qjs::JSAtom)>>,
+    /// Past this many names, a map.
+    many_atoms: RefCell<HashMap<Box<str>, qjs::JSAtom>>,
+    /// Elements of the arrays being read, innermost last; one buffer for the whole result.
+    items: RefCell<Vec<qjs::JSValue>>,
 }
+
+const FEW_ATOMS: usize = 32;
 
 impl Drop for Builder {
     fn drop(&mut self) {
-        for (_, a) in self.atoms.borrow_mut().drain() {
+        let atoms = self.atoms.get_mut().drain(..);
+        for (_, a) in atoms.chain(self.many_atoms.get_mut().drain()) {
             // SAFETY: each atom was created by JS_NewAtomLen in `ctx` and is freed once.
             unsafe { qjs::JS_FreeAtom(self.ctx, a) };
+        }
+        for v in self.items.get_mut().drain(..) {
+            // SAFETY: elements not handed to an array are still owned here.
+            unsafe { qjs::JS_FreeValue(self.ctx, v) };
         }
     }
 }
@@ -66,7 +79,12 @@ impl Builder {
     }
 
     fn atom(&self, name: &str) -> Result<qjs::JSAtom, String> {
-        if let Some(a) = self.atoms.borrow().get(name) {
+        let mut few = self.atoms.borrow_mut();
+        if let Some((_, a)) = few.iter().find(|(n, _)| &**n == name) {
+            return Ok(*a);
+        }
+        let mut many = self.many_atoms.borrow_mut();
+        if let Some(a) = many.get(name) {
             return Ok(*a);
         }
         // SAFETY: a valid context and a pointer/length pair into `name`.
@@ -74,7 +92,11 @@ impl Builder {
         if a == qjs::JS_ATOM_NULL {
             return Err(OUT_OF_MEMORY.into());
         }
-        self.atoms.borrow_mut().insert(name.to_string(), a);
+        if few.len() < FEW_ATOMS {
+            few.push((name.into(), a));
+        } else {
+            many.insert(name.into(), a);
+        }
         Ok(a)
     }
 
@@ -138,16 +160,19 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Owned, A::Error> {
         let b = self.0;
-        let mut items: Vec<Owned> = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        let from = b.items.borrow().len();
         while let Some(v) = seq.next_element_seed(ValueSeed(b))? {
-            items.push(v);
+            b.items.borrow_mut().push(v.into_raw());
         }
-        let Ok(count) = i32::try_from(items.len()) else {
+        let mut items = b.items.borrow_mut();
+        let Ok(count) = i32::try_from(items.len() - from) else {
             return Err(de::Error::custom("array too long"));
         };
-        let raw: Vec<qjs::JSValue> = items.into_iter().map(Owned::into_raw).collect();
-        // SAFETY: JS_NewArrayFrom takes ownership of every value, also when it fails.
-        let arr = unsafe { qjs::JS_NewArrayFrom(b.ctx, count, raw.as_ptr()) };
+        // SAFETY: JS_NewArrayFrom takes ownership of every value, also when it fails; they
+        // leave the buffer right after.
+        let arr = unsafe { qjs::JS_NewArrayFrom(b.ctx, count, items.as_ptr().add(from)) };
+        items.truncate(from);
+        drop(items);
         b.own(arr).map_err(de::Error::custom)
     }
 
@@ -209,7 +234,9 @@ pub(crate) enum BuildError {
 pub(crate) fn build<'js>(ctx: &Ctx<'js>, json: &str) -> Result<Value<'js>, BuildError> {
     let builder = Builder {
         ctx: ctx.as_raw().as_ptr(),
-        atoms: RefCell::new(HashMap::new()),
+        atoms: RefCell::new(Vec::new()),
+        many_atoms: RefCell::new(HashMap::new()),
+        items: RefCell::new(Vec::new()),
     };
     let mut de = serde_json::Deserializer::from_str(json);
     let built = ValueSeed(&builder)

@@ -258,7 +258,7 @@ pub(crate) struct PreludeFns {
     pub finish_err: Persistent<Function<'static>>,
     /// The bridge functions are backed by Rust closures. Held here, they are never finalized
     /// while the VM lives, so restoring the image can never bring back a freed one.
-    pub bridge: [Persistent<Function<'static>>; 3],
+    pub _bridge: [Persistent<Function<'static>>; 3],
 }
 
 /// One VM. It runs one script at a time; [`Vm::reset`] returns it to the state it was prepared in.
@@ -338,7 +338,7 @@ impl Vm {
                 run: get("run")?,
                 settle: get("settle")?,
                 finish_err: get("finishErr")?,
-                bridge,
+                _bridge: bridge,
             })
         });
         let fns = fns.map_err(PrepareError)?;
@@ -347,6 +347,11 @@ impl Vm {
         runtime.run_gc();
         heap.arena.save();
         heap.saved_used.set(heap.used.get());
+        tracing::debug!(
+            image_bytes = heap.arena.image_bytes(),
+            heap_bytes = heap.used.get(),
+            "prepared a VM"
+        );
         let vm = Vm {
             fns: Some(fns),
             context,
@@ -371,11 +376,6 @@ impl Vm {
         self.heap.peak.set(used);
         self.heap.hit_limit.set(false);
         self.heap.set_limit(PRELUDE_HEAP_BYTES);
-    }
-
-    /// Bytes of the saved image (what a reset copies).
-    pub fn image_bytes(&self) -> usize {
-        self.heap.arena.image_bytes()
     }
 }
 

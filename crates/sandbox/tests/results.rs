@@ -138,7 +138,12 @@ async fn a_result_larger_than_the_heap_is_a_clear_error() {
     // The script catches the failed call: the VM is still usable after the failed build.
     let v = r.value.expect("the script catches the error");
     assert_eq!(v[0], json!("RangeError"), "{v}");
-    assert!(v[1].as_str().unwrap().contains("does not fit in the script's heap limit"), "{v}");
+    assert!(
+        v[1].as_str()
+            .unwrap()
+            .contains("does not fit in the script's heap limit"),
+        "{v}"
+    );
 }
 
 both_modes!(
