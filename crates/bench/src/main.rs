@@ -50,7 +50,7 @@ impl Host for BenchHost {
     fn call_json(&self, call: HostCall) -> LocalBoxFuture<'static, Result<String, HostError>> {
         let r = match call.name.as_str() {
             "rows" => Ok(self.rows_json.to_string()),
-            "echo" => Ok(call.args.to_string()),
+            "echo" => serde_json::to_string(&call.args).map_err(|e| HostError::new(e.to_string())),
             other => Err(HostError::new(format!("unknown tool {other}"))),
         };
         async move { r }.boxed_local()
