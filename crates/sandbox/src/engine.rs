@@ -183,9 +183,10 @@ pub(crate) fn install_bridge<'js>(
     Ok((call, output, done))
 }
 
-/// Runs one script on `vm` and reports how the VM ended. A VM serves one script: the caller
-/// discards it afterwards. `wall` carries the deadline and abort the VM checks itself (thread
-/// isolation); without it, only the host's stop flag and the CPU budget apply.
+/// Runs one script on `vm` and reports how the VM ended. Afterwards the caller resets the VM to
+/// its prepared image (or drops it); every JS value of the run is gone by then. `wall` carries
+/// the deadline and abort the VM checks itself (thread isolation); without it, only the host's
+/// stop flag and the CPU budget apply.
 pub(crate) async fn run(vm: &Vm, start: Start, link: Rc<dyn Link>, limits: ActiveLimits) -> Finish {
     let state = Rc::new(RunState {
         link: link.clone(),

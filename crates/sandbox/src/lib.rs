@@ -10,8 +10,9 @@
 //!   Landlock, rlimits, no descriptors or environment; the host keeps the session (every call,
 //!   records, logs) and all authority. [`Isolation::Thread`] runs the VM on a host thread instead,
 //!   for embedders who accept that native built-ins can outrun its deadline there.
-//! * **A fresh VM per script.** Nothing of one script (globals, prototypes, heap) can reach the
-//!   next. VMs are prepared ahead of time (runtime, prelude, every reachable built-in frozen).
+//! * **A fresh VM state per script.** Nothing of one script (globals, prototypes, heap) can reach
+//!   the next. A VM is prepared once (runtime, prelude, every reachable built-in frozen) in an
+//!   arena holding all its memory; that image is saved and copied back after every script.
 //! * **Host calls run on the pool thread of the script.** A host future is polled once when the
 //!   call arrives (most answers are immediate) and otherwise spawned on that thread's `LocalSet`;
 //!   results go back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.

@@ -155,7 +155,7 @@ impl Pool {
         }
         s.queue.push_back(job);
         // Start another worker only for scripts that no idle or preparing worker will take: a
-        // worker is ready again within a few tens of microseconds of its last script (its VM is
+        // worker is ready again within about 0.1 ms of its last script (its VM is
         // reset, not rebuilt), while a new one costs a process start and a VM preparation. The
         // cap keeps a burst from starting a thread per script.
         if s.idle + s.preparing < s.queue.len()

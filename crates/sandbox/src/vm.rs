@@ -408,3 +408,28 @@ pub(crate) fn describe(ctx: &Ctx<'_>, e: rquickjs::Error) -> String {
     }
     e.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Not a timed test: prints what a reset costs here (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn print_prepare_and_reset_costs() {
+        let t = Instant::now();
+        let vm = Vm::prepare(64 << 20).unwrap();
+        let prepare = t.elapsed();
+        let t = Instant::now();
+        for _ in 0..1000 {
+            vm.reset();
+        }
+        println!(
+            "image {} bytes, heap {} bytes; prepare {:?}, reset {:?}",
+            vm.heap.arena.image_bytes(),
+            vm.heap.used.get(),
+            prepare,
+            t.elapsed() / 1000
+        );
+    }
+}
