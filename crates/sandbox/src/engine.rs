@@ -183,9 +183,10 @@ pub(crate) fn install_bridge<'js>(
     Ok((call, output, done))
 }
 
-/// Runs one script on `vm` and reports how the VM ended. A VM serves one script: the caller
-/// discards it afterwards. `wall` carries the deadline and abort the VM checks itself (thread
-/// isolation); without it, only the host's stop flag and the CPU budget apply.
+/// Runs one script on `vm` and reports how the VM ended. Afterwards the caller resets the VM to
+/// its prepared image (or drops it); every JS value of the run is gone by then. `wall` carries
+/// the deadline and abort the VM checks itself (thread isolation); without it, only the host's
+/// stop flag and the CPU budget apply.
 pub(crate) async fn run(vm: &Vm, start: Start, link: Rc<dyn Link>, limits: ActiveLimits) -> Finish {
     let state = Rc::new(RunState {
         link: link.clone(),
@@ -399,6 +400,16 @@ fn parse_json<'js>(ctx: &Ctx<'js>, json: String) -> rquickjs::Result<JsValue<'js
     }
 }
 
+/// A call result as a JS value: built natively, or by `JSON.parse` for what the builder does not
+/// take (so odd but valid JSON still works, and invalid JSON gets JSON.parse's verdict).
+fn result_value<'js>(ctx: &Ctx<'js>, json: String) -> rquickjs::Result<JsValue<'js>> {
+    match crate::json_in::build(ctx, &json) {
+        Ok(v) => Ok(v),
+        Err(crate::json_in::BuildError::OutOfMemory) => Err(rquickjs::Error::Exception),
+        Err(crate::json_in::BuildError::Unsupported) => parse_json(ctx, json),
+    }
+}
+
 fn deliver(vm: &Vm, state: &RunState, d: Delivery) {
     let Some(fns) = vm.fns.as_ref() else { return };
     state.in_flight.set(state.in_flight.get().saturating_sub(1));
@@ -410,7 +421,7 @@ fn deliver(vm: &Vm, state: &RunState, d: Delivery) {
         };
         let now = d.at_ms.map(|v| JsValue::new_float(ctx.clone(), v));
         let res = match d.result {
-            Ok(json) => match parse_json(&ctx, json) {
+            Ok(json) => match result_value(&ctx, json) {
                 Ok(value) => settle.call::<_, ()>((id, true, value, (), (), now)),
                 Err(_) => {
                     ctx.catch();

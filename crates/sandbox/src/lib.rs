@@ -10,8 +10,9 @@
 //!   Landlock, rlimits, no descriptors or environment; the host keeps the session (every call,
 //!   records, logs) and all authority. [`Isolation::Thread`] runs the VM on a host thread instead,
 //!   for embedders who accept that native built-ins can outrun its deadline there.
-//! * **A fresh VM per script.** Nothing of one script (globals, prototypes, heap) can reach the
-//!   next. VMs are prepared ahead of time (runtime, prelude, every reachable built-in frozen).
+//! * **A fresh VM state per script.** Nothing of one script (globals, prototypes, heap) can reach
+//!   the next. A VM is prepared once (runtime, prelude, every reachable built-in frozen) in an
+//!   arena holding all its memory; that image is saved and copied back after every script.
 //! * **Host calls run on the pool thread of the script.** A host future is polled once when the
 //!   call arrives (most answers are immediate) and otherwise spawned on that thread's `LocalSet`;
 //!   results go back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
@@ -34,8 +35,10 @@
 //! # Ok(()) }
 //! ```
 
+mod arena;
 mod engine;
 mod host;
+mod json_in;
 mod limits;
 mod model_text;
 mod native;
@@ -147,17 +150,22 @@ fn process_settings(
     let program = process::host::resolve_program(config.worker_program.as_ref())
         .map_err(SandboxError::Worker)?;
     let max = &config.maximum;
+    let arena = arena_bytes(config) as u64;
+    let data_bytes = config
+        .worker_memory_bytes
+        .unwrap_or(arena.saturating_add(256 << 20));
     let rlimits = process::layers::WorkerRlimits {
-        data_bytes: config
-            .worker_memory_bytes
-            .unwrap_or((max.heap_bytes as u64).saturating_add(256 << 20)),
+        data_bytes,
         // The host stops each script at its own budget; this only ends a worker that escaped it.
         cpu_seconds: (max.cpu_ms / 1000)
             .saturating_add(60)
             .saturating_mul(u64::from(config.worker_max_scripts.max(1))),
         stack_bytes: (max.stack_bytes as u64).saturating_mul(2) + (8 << 20),
     };
-    let spawner = process::host::Spawner::new(program, rlimits).map_err(SandboxError::Worker)?;
+    // The arena counts against the data limit even where untouched: leave room for the rest.
+    let arena = arena.min(data_bytes.saturating_sub(64 << 20)).max(16 << 20);
+    let spawner =
+        process::host::Spawner::new(program, rlimits, arena).map_err(SandboxError::Worker)?;
     let first = spawner.spawn().map_err(SandboxError::Worker)?;
     let layers = first.layers.clone();
     for l in layers.iter().filter(|l| !l.active) {
@@ -173,6 +181,13 @@ fn process_settings(
         },
         layers,
     ))
+}
+
+/// Address space reserved for each VM's arena: the largest heap a script may ask for, plus room
+/// for the allocator's rounding and the prepared environment. Only touched pages use memory.
+fn arena_bytes(config: &SandboxConfig) -> usize {
+    let heap = config.maximum.heap_bytes;
+    heap.saturating_add(heap / 4).saturating_add(32 << 20)
 }
 
 struct Inner {
@@ -216,7 +231,7 @@ impl Sandbox {
             ));
         }
         let (kind, layers) = match config.isolation {
-            Isolation::Thread => (Kind::Thread, None),
+            Isolation::Thread => (Kind::Thread(arena_bytes(&config)), None),
             Isolation::Process => {
                 let (settings, layers) = process_settings(&config)?;
                 (Kind::Process(settings), Some(layers))
@@ -248,7 +263,7 @@ impl Sandbox {
     pub fn worker_pids(&self) -> Vec<i32> {
         match &self.inner.pool.kind {
             Kind::Process(p) => p.live.lock().map(|l| l.clone()).unwrap_or_default(),
-            Kind::Thread => Vec::new(),
+            Kind::Thread(_) => Vec::new(),
         }
     }
 

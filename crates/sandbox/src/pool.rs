@@ -45,6 +45,10 @@ pub(crate) struct Job {
 struct State {
     queue: VecDeque<Job>,
     idle: usize,
+    /// The wake-up of each waiting thread, the most recently idle last. A script goes to the
+    /// thread that finished last: its VM and worker are warm in the caches, and the others
+    /// keep their memory small.
+    waiting: Vec<Arc<Condvar>>,
     /// Workers preparing a VM; they will be idle shortly.
     preparing: usize,
     threads: usize,
@@ -53,7 +57,8 @@ struct State {
 
 /// What the pool's threads run scripts on.
 pub(crate) enum Kind {
-    Thread,
+    /// The bytes of address space each VM's arena reserves.
+    Thread(usize),
     Process(ProcessSettings),
 }
 
@@ -92,7 +97,6 @@ impl ProcessSettings {
 
 pub(crate) struct Pool {
     state: Mutex<State>,
-    ready: Condvar,
     warm: usize,
     max: usize,
     thread_stack: usize,
@@ -107,13 +111,12 @@ impl Pool {
     pub fn new(warm: usize, max: usize, max_stack_bytes: usize, kind: Kind) -> Arc<Pool> {
         let thread_stack = match kind {
             // QuickJS's stack limit must fit well inside the thread's own stack.
-            Kind::Thread => max_stack_bytes.saturating_mul(2).max(1 << 20) + (2 << 20),
+            Kind::Thread(_) => max_stack_bytes.saturating_mul(2).max(1 << 20) + (2 << 20),
             // Only host futures run here.
             Kind::Process(_) => 4 << 20,
         };
         let pool = Arc::new(Pool {
             state: Mutex::new(State::default()),
-            ready: Condvar::new(),
             warm,
             max: max.max(1),
             thread_stack,
@@ -134,7 +137,7 @@ impl Pool {
             .name("codemode-js".into())
             .stack_size(pool.thread_stack)
             .spawn(move || match p.kind {
-                Kind::Thread => thread_worker(p),
+                Kind::Thread(_) => thread_worker(p),
                 Kind::Process(_) => process_worker(p),
             })
             .is_ok();
@@ -151,10 +154,11 @@ impl Pool {
             return Err(Box::new(job));
         }
         s.queue.push_back(job);
-        // Without an idle worker, start another even while some are preparing: a VM takes about
-        // half a millisecond of CPU to prepare, and a burst of scripts should find VMs ready
-        // rather than wait for one. The cap keeps a burst from starting a thread per script.
-        if s.idle < s.queue.len()
+        // Start another worker only for scripts that no idle or preparing worker will take: a
+        // worker is ready again within about 0.1 ms of its last script (its VM is
+        // reset, not rebuilt), while a new one costs a process start and a VM preparation. The
+        // cap keeps a burst from starting a thread per script.
+        if s.idle + s.preparing < s.queue.len()
             && s.preparing < MAX_PREPARING
             && s.threads < pool.max
             && !Pool::spawn(pool, &mut s)
@@ -167,18 +171,33 @@ impl Pool {
                 None => Ok(()),
             };
         }
+        if let Some(next) = s.waiting.pop() {
+            next.notify_one();
+        }
         drop(s);
-        pool.ready.notify_one();
         Ok(())
     }
 
     pub fn shutdown(&self) {
-        lock(&self.state).shutdown = true;
-        self.ready.notify_all();
+        let mut s = lock(&self.state);
+        s.shutdown = true;
+        for w in s.waiting.drain(..) {
+            w.notify_one();
+        }
+    }
+
+    /// A thread about to hand back a result: it counts as preparing until it waits again, and
+    /// it goes on top of the waiting stack now, so that a script submitted as soon as the
+    /// result arrives comes back to it (it finds the script in the queue when it looks).
+    fn finishing(&self, wake: &Arc<Condvar>) {
+        let mut s = lock(&self.state);
+        s.preparing += 1;
+        s.waiting.retain(|w| !Arc::ptr_eq(w, wake));
+        s.waiting.push(wake.clone());
     }
 
     /// Waits for the next job; `None` when this worker should exit.
-    fn next_job(&self) -> Option<Job> {
+    fn next_job(&self, wake: &Arc<Condvar>) -> Option<Job> {
         let mut s = lock(&self.state);
         s.preparing = s.preparing.saturating_sub(1);
         s.idle += 1;
@@ -186,15 +205,21 @@ impl Pool {
         loop {
             if let Some(job) = s.queue.pop_front() {
                 s.idle -= 1;
+                s.waiting.retain(|w| !Arc::ptr_eq(w, wake));
                 return Some(job);
             }
             if s.shutdown || (s.threads > self.warm && since.elapsed() >= IDLE_EXIT) {
                 s.idle -= 1;
                 s.threads -= 1;
+                s.waiting.retain(|w| !Arc::ptr_eq(w, wake));
                 return None;
             }
-            let (next, timeout) = self
-                .ready
+            if s.waiting.last().is_none_or(|w| !Arc::ptr_eq(w, wake))
+                && !s.waiting.iter().any(|w| Arc::ptr_eq(w, wake))
+            {
+                s.waiting.push(wake.clone());
+            }
+            let (next, timeout) = wake
                 .wait_timeout(s, IDLE_EXIT)
                 .unwrap_or_else(|e| e.into_inner());
             s = next;
@@ -229,12 +254,22 @@ fn failed(limits: Limits, message: impl Into<String>) -> ScriptResult {
     )
 }
 
-/// Thread isolation: the VM, the engine and the session share this thread.
+/// Thread isolation: the VM, the engine and the session share this thread. The VM is prepared
+/// once and reset to its prepared image after each script.
 fn thread_worker(pool: Arc<Pool>) {
+    let Kind::Thread(arena_bytes) = pool.kind else {
+        return;
+    };
     let Some(rt) = runtime(&pool) else { return };
+    let wake = Arc::new(Condvar::new());
+    let mut vm = None;
     loop {
-        let vm = Vm::prepare();
-        let Some(job) = pool.next_job() else { return };
+        if vm.is_none() {
+            vm = Some(Vm::prepare(arena_bytes));
+        }
+        let Some(job) = pool.next_job(&wake) else {
+            return;
+        };
         let Job {
             script,
             parsed,
@@ -242,18 +277,23 @@ fn thread_worker(pool: Arc<Pool>) {
             started,
             reply,
         } = job;
-        let (result, used) = match vm {
-            Ok(vm) => (
-                run_in_thread(&rt, &vm, script, parsed, limits, started),
-                Some(vm),
-            ),
-            Err(e) => (failed(limits, e.to_string()), None),
+        let (result, reusable) = match vm.as_ref() {
+            Some(Ok(v)) => run_in_thread(&rt, v, script, parsed, limits, started),
+            Some(Err(e)) => (failed(limits, e.to_string()), false),
+            None => (failed(limits, "no VM"), false),
         };
+        pool.finishing(&wake);
         let _ = reply.send(result);
-        lock(&pool.state).preparing += 1;
-        // Freeing the VM happens after the caller has its result.
-        if let Some(vm) = used {
-            crate::vm::discard(vm);
+        // Resetting the VM happens after the caller has its result.
+        match vm.as_ref() {
+            Some(Ok(v)) if reusable => {
+                let big = v.heap.peak.get() > crate::vm::TRIM_AFTER_BYTES;
+                v.reset();
+                if big {
+                    crate::vm::trim();
+                }
+            }
+            _ => vm = None,
         }
     }
 }
@@ -265,10 +305,10 @@ fn run_in_thread(
     parsed: ParsedSource,
     limits: Limits,
     started: Instant,
-) -> ScriptResult {
+) -> (ScriptResult, bool) {
     let (session, start) = match Session::open(script, parsed, limits.clone(), started) {
         Ok(x) => x,
-        Err(r) => return *r,
+        Err(r) => return (*r, true),
     };
     let active = ActiveLimits {
         cpu: Duration::from_millis(limits.cpu_ms),
@@ -287,6 +327,7 @@ fn run_in_thread(
     let fin = std::panic::catch_unwind(AssertUnwindSafe(|| {
         rt.block_on(local.run_until(crate::engine::run(vm, start, l, active)))
     }));
+    let reusable = fin.is_ok();
     let result = {
         let mut session = link.session.borrow_mut();
         match fin {
@@ -301,7 +342,7 @@ fn run_in_thread(
         rt.block_on(local.run_until(tokio::task::yield_now()))
     }));
     drop(local);
-    result
+    (result, reusable)
 }
 
 /// The engine's link in thread isolation: straight into the session on the same thread.
@@ -365,6 +406,7 @@ fn process_worker(pool: Arc<Pool>) {
         return;
     };
     let Some(rt) = runtime(&pool) else { return };
+    let wake = Arc::new(Condvar::new());
     let mut worker: Option<WorkerProcess> = None;
     let mut spawn_error = String::new();
     loop {
@@ -377,7 +419,7 @@ fn process_worker(pool: Arc<Pool>) {
                 }
             }
         }
-        let Some(job) = pool.next_job() else {
+        let Some(job) = pool.next_job(&wake) else {
             if let Some(w) = worker.take() {
                 settings.retire(w);
             }
@@ -410,8 +452,8 @@ fn process_worker(pool: Arc<Pool>) {
                 ),
             ),
         };
+        pool.finishing(&wake);
         let _ = reply.send(result);
-        lock(&pool.state).preparing += 1;
         if let Some(w) = worker.take() {
             if w.spent || w.scripts >= settings.max_scripts {
                 settings.retire(w);

@@ -20,7 +20,6 @@
   const NumberIsFinite = Number.isFinite;
   const MathFloor = Math.floor;
   const MathImul = Math.imul;
-  const realRandom = Math.random;
   const ErrorCtor = Error;
   const TypeErrorCtor = TypeError;
   const RangeErrorCtor = RangeError;
@@ -75,8 +74,10 @@
   const EXIT = freeze({ codemodeExit: true });
 
   // ---- deterministic hooks installed before lockdown ----
+  // Seeded per script by the host (from the log's seed in deterministic runs): the engine's own
+  // generator would restart from the same state in every script, since each starts from the same
+  // saved VM image.
   G.Math.random = function random() {
-    if (!deterministic) return realRandom();
     // mulberry32
     rngState = (rngState + 0x6d2b79f5) | 0;
     let t = rngState;
@@ -138,6 +139,96 @@
   defineProperty(perf, "now", { value: function now() { return clock ? clock.now - clock.start : realPerfNow(); }, enumerable: true });
   defineProperty(perf, "timeOrigin", { get() { return clock ? clock.start : realDateNow() - realPerfNow(); }, enumerable: true });
   defineProperty(G, "performance", { value: freeze(perf), writable: true, configurable: true, enumerable: false });
+
+  // ---- atob / btoa (HTML's forgiving base64), pure functions: models reach for them to decode
+  // base64 data from MCP tools. Written here rather than taken from the engine, whose versions
+  // throw DOMException, which this VM does not have; these throw an Error named
+  // "InvalidCharacterError" as browsers' DOMException does.
+  const B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const b64Value = new Int16Array(128).fill(-1);
+  for (let i = 0; i < 64; i++) b64Value[B64.charCodeAt(i)] = i;
+  const fromCharCode = String.fromCharCode;
+  const strCharCodeAt = String.prototype.charCodeAt;
+  const CHUNK = 8192;
+  function invalidCharacter(message) {
+    const e = new ErrorCtor(message);
+    defineProperty(e, "name", { value: "InvalidCharacterError", writable: true, enumerable: false, configurable: true });
+    return e;
+  }
+  function btoa(data) {
+    if (arguments.length === 0) throw new TypeErrorCtor("btoa() needs 1 argument");
+    const s = StringFn(data);
+    const n = s.length;
+    const parts = [];
+    let out = [];
+    for (let i = 0; i < n; i += 3) {
+      const a = apply(strCharCodeAt, s, [i]);
+      const b = i + 1 < n ? apply(strCharCodeAt, s, [i + 1]) : 0;
+      const c = i + 2 < n ? apply(strCharCodeAt, s, [i + 2]) : 0;
+      if (a > 255 || b > 255 || c > 255) {
+        throw invalidCharacter("btoa() takes a string of characters U+0000 to U+00FF (bytes); encode text to UTF-8 bytes first");
+      }
+      const t = (a << 16) | (b << 8) | c;
+      out.push(B64[t >> 18], B64[(t >> 12) & 63], i + 1 < n ? B64[(t >> 6) & 63] : "=", i + 2 < n ? B64[t & 63] : "=");
+      if (out.length >= CHUNK) {
+        parts.push(apply(arrayJoin, out, [""]));
+        out = [];
+      }
+    }
+    parts.push(apply(arrayJoin, out, [""]));
+    return apply(arrayJoin, parts, [""]);
+  }
+  function isSpace(c) {
+    return c === 0x09 || c === 0x0a || c === 0x0c || c === 0x0d || c === 0x20;
+  }
+  function atob(data) {
+    if (arguments.length === 0) throw new TypeErrorCtor("atob() needs 1 argument");
+    const s = StringFn(data);
+    // First pass: how many characters count, and whether the last one or two are padding.
+    let count = 0;
+    let last = -1;
+    let beforeLast = -1;
+    for (let i = 0; i < s.length; i++) {
+      const c = apply(strCharCodeAt, s, [i]);
+      if (isSpace(c)) continue;
+      count++;
+      beforeLast = last;
+      last = c;
+    }
+    let len = count;
+    if (len % 4 === 0 && len > 0 && last === 0x3d) {
+      len--;
+      if (beforeLast === 0x3d) len--;
+    }
+    if (len % 4 === 1) throw invalidCharacter("atob() got a string that is not valid base64 (its length is wrong)");
+    const parts = [];
+    let out = [];
+    let acc = 0;
+    let bits = 0;
+    let seen = 0;
+    for (let i = 0; seen < len; i++) {
+      const c = apply(strCharCodeAt, s, [i]);
+      if (isSpace(c)) continue;
+      seen++;
+      const v = c < 128 ? b64Value[c] : -1;
+      if (v < 0) throw invalidCharacter("atob() got a string that is not valid base64 (it has the character " + stringify(fromCharCode(c)) + ")");
+      acc = (acc << 6) | v;
+      bits += 6;
+      if (bits >= 8) {
+        bits -= 8;
+        out.push((acc >> bits) & 255);
+        acc &= (1 << bits) - 1;
+        if (out.length >= CHUNK) {
+          parts.push(apply(fromCharCode, null, out));
+          out = [];
+        }
+      }
+    }
+    parts.push(apply(fromCharCode, null, out));
+    return apply(arrayJoin, parts, [""]);
+  }
+  defineProperty(G, "atob", { value: atob, writable: true, enumerable: false, configurable: true });
+  defineProperty(G, "btoa", { value: btoa, writable: true, enumerable: false, configurable: true });
 
   // ---- things that must not exist in the VM ----
   const banned = ["WeakRef", "FinalizationRegistry", "Atomics", "navigator", "gc", "os", "std", "scriptArgs", "print"];
@@ -532,6 +623,7 @@
   function init(configJson) {
     const cfg = parse(configJson);
     limits = cfg.limits;
+    rngState = cfg.rng | 0;
     if (cfg.det) {
       deterministic = true;
       rngState = (cfg.det.seed ^ 0x9e3779b9) | 0;

@@ -72,6 +72,8 @@ pub(crate) struct Session {
     /// Why the host ended the run early (replay divergence).
     fatal: Option<ScriptError>,
     on_output: Option<crate::host::OutputTap>,
+    /// Host futures spawned on this thread whose results have not been taken yet.
+    spawned: usize,
 }
 
 fn sandbox_err(message: impl Into<String>) -> ScriptError {
@@ -274,6 +276,7 @@ impl Session {
                 buffered: BTreeMap::new(),
             }),
             fatal: None,
+            spawned: 0,
         };
         Ok((session, start))
     }
@@ -402,6 +405,7 @@ impl Session {
             }
         }
         let tx = self.tx.clone();
+        self.spawned += 1;
         tokio::task::spawn_local(async move {
             let result = match AssertUnwindSafe(fut).catch_unwind().await {
                 Ok(r) => r,
@@ -470,15 +474,23 @@ impl Session {
     pub fn pull_completions(&mut self) -> bool {
         let mut any = false;
         while let Ok((id, r)) = self.rx.try_recv() {
+            self.spawned = self.spawned.saturating_sub(1);
             self.complete(id, r);
             any = true;
         }
         any
     }
 
+    /// Whether host futures are running on this thread: then the thread must wait in tokio, which
+    /// drives them, rather than block.
+    pub fn host_futures_running(&self) -> bool {
+        self.spawned > 0
+    }
+
     /// Waits for the next host future to finish.
     pub async fn next_completion(&mut self) {
         if let Some((id, r)) = self.rx.recv().await {
+            self.spawned = self.spawned.saturating_sub(1);
             self.complete(id, r);
         }
     }
@@ -777,6 +789,19 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     Ok(out)
 }
 
+/// A fresh seed for a script's `Math.random` (not for secrets: `Math.random` is no CSPRNG).
+fn random_seed() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish() as u32
+}
+
 fn build_config(script: &Script, limits: &Limits, det: Option<&Determinism>) -> String {
     let tools: Vec<Value> = script
         .tools
@@ -794,6 +819,7 @@ fn build_config(script: &Script, limits: &Limits, det: Option<&Determinism>) -> 
         "store": store,
         "limits": { "chars": limits.max_output_chars, "items": limits.max_output_items },
         "det": det.map(|d| serde_json::json!({ "seed": d.seed, "start": d.start_ms })),
+        "rng": random_seed(),
     })
     .to_string()
 }

@@ -15,6 +15,8 @@ const RESERVED: &[&str] = &[
     "globalThis",
     "store",
     "load",
+    "atob",
+    "btoa",
 ];
 
 /// Two tools must not map to the same script identifier: one would silently shadow the other.

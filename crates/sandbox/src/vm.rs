@@ -10,6 +10,7 @@ use rquickjs::allocator::Allocator;
 use rquickjs::{Context, Ctx, Function, Object, Persistent, Runtime};
 use tokio_util::sync::CancellationToken;
 
+use crate::arena::Arena;
 use crate::engine::{BridgeSlot, install_bridge};
 
 const PRELUDE: &str = include_str!("prelude.js");
@@ -17,15 +18,27 @@ const PRELUDE: &str = include_str!("prelude.js");
 /// Heap accounting shared by the allocator and the driver. QuickJS applies its own limit only in
 /// its default allocator, so this one enforces the limit and remembers that it was hit: an uncaught
 /// out-of-memory can reach the host as a `null` rejection, and this flag lets us name it.
-#[derive(Debug, Default)]
 pub(crate) struct HeapState {
+    arena: Arena,
     used: Cell<usize>,
     limit: Cell<usize>,
     pub(crate) peak: Cell<usize>,
     pub(crate) hit_limit: Cell<bool>,
+    /// `used` when the image was saved.
+    saved_used: Cell<usize>,
 }
 
 impl HeapState {
+    fn new(arena: Arena) -> HeapState {
+        HeapState {
+            arena,
+            used: Cell::new(0),
+            limit: Cell::new(0),
+            peak: Cell::new(0),
+            hit_limit: Cell::new(false),
+            saved_used: Cell::new(0),
+        }
+    }
     pub(crate) fn set_limit(&self, limit: usize) {
         self.limit.set(limit);
     }
@@ -44,26 +57,31 @@ impl HeapState {
             true
         }
     }
+    /// The arena's reservation is used up: as far as the script can tell, that is its heap limit.
+    fn exhausted<T>(&self) -> *mut T {
+        self.hit_limit.set(true);
+        std::ptr::null_mut()
+    }
 }
 
 struct CountingAllocator(Rc<HeapState>);
 
 fn usable(ptr: *mut u8) -> usize {
-    // SAFETY: ptr came from libc malloc/calloc/realloc of this allocator.
-    unsafe { libc::malloc_usable_size(ptr.cast()) }
+    // SAFETY: ptr came from the arena of this allocator.
+    unsafe { Arena::usable_size(ptr) }
 }
 
-// SAFETY: every pointer handed out comes from libc's allocator and is released through it.
+// SAFETY: every pointer handed out comes from the VM's arena and is released through it.
 unsafe impl Allocator for CountingAllocator {
     fn alloc(&mut self, size: usize) -> *mut u8 {
         if !self.0.admit(size) {
             return std::ptr::null_mut();
         }
-        // SAFETY: plain libc allocation.
-        let p = unsafe { libc::malloc(size.max(1)) }.cast::<u8>();
-        if !p.is_null() {
-            self.0.grow(usable(p));
+        let p = self.0.arena.alloc(size);
+        if p.is_null() {
+            return self.0.exhausted();
         }
+        self.0.grow(usable(p));
         p
     }
 
@@ -71,13 +89,10 @@ unsafe impl Allocator for CountingAllocator {
         let Some(total) = count.checked_mul(size) else {
             return std::ptr::null_mut();
         };
-        if !self.0.admit(total) {
-            return std::ptr::null_mut();
-        }
-        // SAFETY: plain libc allocation.
-        let p = unsafe { libc::calloc(count.max(1), size.max(1)) }.cast::<u8>();
+        let p = self.alloc(total);
         if !p.is_null() {
-            self.0.grow(usable(p));
+            // SAFETY: p holds at least `total` bytes. Arena memory is recycled, so not zero.
+            unsafe { p.write_bytes(0, total) };
         }
         p
     }
@@ -90,7 +105,7 @@ unsafe impl Allocator for CountingAllocator {
             .used
             .set(self.0.used.get().saturating_sub(usable(ptr)));
         // SAFETY: ptr is ours (see the trait contract).
-        unsafe { libc::free(ptr.cast()) };
+        unsafe { self.0.arena.free(ptr) };
     }
 
     unsafe fn realloc(&mut self, ptr: *mut u8, new_size: usize) -> *mut u8 {
@@ -106,12 +121,13 @@ unsafe impl Allocator for CountingAllocator {
         if new_size > old && !self.0.admit(new_size - old) {
             return std::ptr::null_mut();
         }
-        // SAFETY: ptr is ours; on failure libc leaves it untouched.
-        let p = unsafe { libc::realloc(ptr.cast(), new_size) }.cast::<u8>();
-        if !p.is_null() {
-            self.0.used.set(self.0.used.get().saturating_sub(old));
-            self.0.grow(usable(p));
+        // SAFETY: ptr is ours; on failure the arena leaves it untouched.
+        let p = unsafe { self.0.arena.realloc(ptr, new_size) };
+        if p.is_null() {
+            return self.0.exhausted();
         }
+        self.0.used.set(self.0.used.get().saturating_sub(old));
+        self.0.grow(usable(p));
         p
     }
 
@@ -181,6 +197,15 @@ pub(crate) struct Guard {
 }
 
 impl Guard {
+    /// Forgets everything about the last script.
+    fn reset(&self) {
+        self.reason.set(None);
+        self.active.borrow_mut().take();
+        self.finished.set(false);
+        self.js_spent.set(Duration::ZERO);
+        self.segment.set(None);
+    }
+
     /// Marks the start of a stretch of JavaScript for the CPU budget.
     pub fn enter(&self) {
         self.segment.set(Some(Instant::now()));
@@ -231,9 +256,12 @@ pub(crate) struct PreludeFns {
     pub run: Persistent<Function<'static>>,
     pub settle: Persistent<Function<'static>>,
     pub finish_err: Persistent<Function<'static>>,
+    /// The bridge functions are backed by Rust closures. Held here, they are never finalized
+    /// while the VM lives, so restoring the image can never bring back a freed one.
+    pub _bridge: [Persistent<Function<'static>>; 3],
 }
 
-/// One VM, ready for one script.
+/// One VM. It runs one script at a time; [`Vm::reset`] returns it to the state it was prepared in.
 pub(crate) struct Vm {
     // Field order is drop order: persistents first, then the context, then the runtime.
     pub fns: Option<PreludeFns>,
@@ -257,12 +285,12 @@ impl Drop for Vm {
 pub(crate) struct PrepareError(String);
 
 impl Vm {
-    /// Creates the runtime and context and runs the prelude (lockdown included), so that a script
-    /// only pays for its own setup.
-    pub fn prepare() -> Result<Vm, PrepareError> {
-        let heap = Rc::new(HeapState::default());
-        // Room for the prelude; each script sets its own limit.
-        heap.set_limit(64 * 1024 * 1024);
+    /// Creates the runtime and context in an arena of `reserve_bytes` of address space, runs the
+    /// prelude (lockdown included) and saves the result as the image each script starts from.
+    pub fn prepare(reserve_bytes: usize) -> Result<Vm, PrepareError> {
+        let arena = Arena::reserve(reserve_bytes).map_err(|e| PrepareError(e.to_string()))?;
+        let heap = Rc::new(HeapState::new(arena));
+        heap.set_limit(PRELUDE_HEAP_BYTES);
         let runtime = Runtime::new_with_alloc(CountingAllocator(heap.clone()))
             .map_err(|e| PrepareError(e.to_string()))?;
         let guard = Rc::new(Guard::default());
@@ -292,6 +320,11 @@ impl Vm {
             let make = crate::native::eval_prelude(&ctx, PRELUDE, "codemode-prelude.js")?;
             let (call, output, done) =
                 install_bridge(&ctx, slot.clone(), guard.clone()).map_err(|e| describe(&ctx, e))?;
+            let bridge = [
+                Persistent::save(&ctx, call.clone()),
+                Persistent::save(&ctx, output.clone()),
+                Persistent::save(&ctx, done.clone()),
+            ];
             let freeze = crate::native::freeze_function(&ctx).map_err(|e| describe(&ctx, e))?;
             let api: Object = make
                 .call((call, output, done, freeze))
@@ -305,32 +338,59 @@ impl Vm {
                 run: get("run")?,
                 settle: get("settle")?,
                 finish_err: get("finishErr")?,
+                _bridge: bridge,
             })
         });
         let fns = fns.map_err(PrepareError)?;
-        Ok(Vm {
+        // Collect now what preparation left behind (the freeze function among it), so that no
+        // finalizer of a Rust-backed object can run during a script and be undone by a restore.
+        runtime.run_gc();
+        heap.arena.save();
+        heap.saved_used.set(heap.used.get());
+        tracing::debug!(
+            image_bytes = heap.arena.image_bytes(),
+            heap_bytes = heap.used.get(),
+            "prepared a VM"
+        );
+        let vm = Vm {
             fns: Some(fns),
             context,
             runtime,
             heap,
             guard,
             slot,
-        })
+        };
+        vm.reset();
+        Ok(vm)
+    }
+
+    /// Returns the VM to the image saved by [`Vm::prepare`], discarding everything the last
+    /// script did inside it, and clears the Rust-side state of its run. The caller holds no JS
+    /// value from that run any more (the engine drops them all before it returns).
+    pub fn reset(&self) {
+        self.slot.clear();
+        self.guard.reset();
+        self.heap.arena.restore();
+        let used = self.heap.saved_used.get();
+        self.heap.used.set(used);
+        self.heap.peak.set(used);
+        self.heap.hit_limit.set(false);
+        self.heap.set_limit(PRELUDE_HEAP_BYTES);
     }
 }
 
-/// Heap peak above which freed memory goes back to the system after the script.
-const TRIM_AFTER_BYTES: usize = 8 << 20;
+/// The heap limit while the prelude builds the environment; each script sets its own.
+const PRELUDE_HEAP_BYTES: usize = 64 * 1024 * 1024;
 
-/// Drops a used VM. After a big script, gives the memory back to the system instead of leaving
-/// it in this thread's malloc arena, where no other worker can reuse it.
-pub(crate) fn discard(vm: Vm) {
-    let peak = vm.heap.peak.get();
-    drop(vm);
-    if peak > TRIM_AFTER_BYTES {
-        // SAFETY: malloc_trim has no preconditions.
-        unsafe { libc::malloc_trim(0) };
-    }
+/// Bytes of Rust-side buffers (a large result, a long script) above which a thread gives freed
+/// memory back to the system after the script, instead of leaving it in its malloc arena.
+pub(crate) const TRIM_AFTER_BYTES: usize = 8 << 20;
+
+/// Gives freed malloc memory back to the system. The VM's own memory is in its arena, which
+/// [`Vm::reset`] and dropping return directly.
+pub(crate) fn trim() {
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// Text of a pending exception, for errors that happen outside any script.
@@ -347,4 +407,29 @@ pub(crate) fn describe(ctx: &Ctx<'_>, e: rquickjs::Error) -> String {
         return format!("{v:?}");
     }
     e.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Not a timed test: prints what a reset costs here (run with `--ignored --nocapture`).
+    #[test]
+    #[ignore]
+    fn print_prepare_and_reset_costs() {
+        let t = Instant::now();
+        let vm = Vm::prepare(64 << 20).unwrap();
+        let prepare = t.elapsed();
+        let t = Instant::now();
+        for _ in 0..1000 {
+            vm.reset();
+        }
+        println!(
+            "image {} bytes, heap {} bytes; prepare {:?}, reset {:?}",
+            vm.heap.arena.image_bytes(),
+            vm.heap.used.get(),
+            prepare,
+            t.elapsed() / 1000
+        );
+    }
 }

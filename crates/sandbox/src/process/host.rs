@@ -9,12 +9,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::layers::{IsolationLayer, WorkerRlimits};
-use super::worker::{EXIT_BAD_ARGS, EXIT_PROTOCOL, EXIT_SETUP, SPIN, WorkerArgs};
+use super::worker::{EXIT_BAD_ARGS, EXIT_PROTOCOL, EXIT_SETUP, WorkerArgs};
 use crate::protocol::{
     End as RunEnd, Finish, PROTOCOL_VERSION, Start, ToHost, ToWorker, decode_to_host,
     encode_delivery, encode_to_worker,
 };
-use crate::ring::{FrameReader, Shm, drain_doorbell, ring_doorbell};
+use crate::ring::{
+    FrameReader, ON_FUTEX, ON_SOCKET, Shm, SpinBudget, drain_doorbell, ring_doorbell,
+};
 use crate::session::Session;
 use crate::vm::Stop;
 
@@ -76,14 +78,18 @@ pub(crate) struct Spawner {
 }
 
 impl Spawner {
-    pub fn new(program: WorkerProgram, rlimits: WorkerRlimits) -> Result<Spawner, String> {
+    pub fn new(
+        program: WorkerProgram,
+        rlimits: WorkerRlimits,
+        arena_bytes: u64,
+    ) -> Result<Spawner, String> {
         let (tx, rx) =
             std::sync::mpsc::channel::<std::sync::mpsc::Sender<Result<WorkerProcess, String>>>();
         std::thread::Builder::new()
             .name("codemode-spawn".into())
             .spawn(move || {
                 for reply in rx {
-                    let _ = reply.send(WorkerProcess::spawn(&program, rlimits));
+                    let _ = reply.send(WorkerProcess::spawn(&program, rlimits, arena_bytes));
                 }
             })
             .map_err(|e| format!("could not start the worker-spawning thread: {e}"))?;
@@ -105,6 +111,9 @@ impl Spawner {
     }
 }
 
+/// Longest the host blocks on the futex word before it checks for an abort or a dead worker.
+const FUTEX_NAP: Duration = Duration::from_millis(5);
+
 /// How long a new worker may take to put itself under its layers and say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -125,6 +134,7 @@ pub(crate) struct WorkerProcess {
     reaped: bool,
     /// The worker hit a limit, was told to stop, or broke something: do not reuse it.
     pub spent: bool,
+    spin: SpinBudget,
 }
 
 /// How a script's run on a worker ended.
@@ -190,16 +200,21 @@ fn cpu_time(pid: i32) -> Option<Duration> {
 
 impl WorkerProcess {
     /// Starts a worker and waits for its hello.
-    pub fn spawn(program: &WorkerProgram, rlimits: WorkerRlimits) -> Result<WorkerProcess, String> {
+    pub fn spawn(
+        program: &WorkerProgram,
+        rlimits: WorkerRlimits,
+        arena_bytes: u64,
+    ) -> Result<WorkerProcess, String> {
         let (shm, memfd) = Shm::create().map_err(|e| io_err("creating the bridge memory", e))?;
         let (host_bell, worker_bell) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| io_err("creating the bridge doorbell", e))?;
         // The host sleeps until the hello, so the worker rings.
-        shm.host_end((0, 0)).going_to_sleep();
+        shm.host_end((0, 0)).going_to_sleep(ON_SOCKET);
         let args = WorkerArgs {
             // SAFETY: getpid has no preconditions.
             host_pid: unsafe { libc::getpid() },
             rlimits,
+            arena_bytes,
         };
         let debug = std::env::var_os("CODEMODE_SANDBOX_DEBUG").is_some();
         let mut cmd = Command::new(&program.path);
@@ -253,7 +268,7 @@ impl WorkerProcess {
                 let status = child.wait().ok();
                 break Err(describe_exit(status));
             }
-            shm.host_end(positions).going_to_sleep();
+            shm.host_end(positions).going_to_sleep(ON_SOCKET);
         };
         let layers = match hello {
             Ok(ToHost::Hello { version, layers }) if version == PROTOCOL_VERSION => {
@@ -295,6 +310,7 @@ impl WorkerProcess {
             scripts: 0,
             reaped: false,
             spent: false,
+            spin: SpinBudget::new(),
         })
     }
 
@@ -433,7 +449,7 @@ impl WorkerProcess {
                     out_at = 0;
                 }
             }
-            if progress && end.peer_needs_ring() {
+            if progress && end.wake_peer() {
                 ring_doorbell(bell_fd);
             }
             // 3. Limits the host enforces: deadline, abort, replay divergence, CPU time.
@@ -452,7 +468,9 @@ impl WorkerProcess {
                 }
                 if let Some(stop) = due {
                     self.shm.stop().store(stop.flag(), Ordering::Release);
-                    ring_doorbell(bell_fd);
+                    if end.wake_peer() {
+                        ring_doorbell(bell_fd);
+                    }
                     stop_sent = Some(stop);
                     kill_at = Some(now + grace);
                     self.spent = true;
@@ -476,29 +494,55 @@ impl WorkerProcess {
                 spin_since = None;
                 continue;
             }
-            // 4. Nothing happened: spin a little, then sleep on the doorbell.
-            let since = *spin_since.get_or_insert(now);
-            if now.duration_since(since) < SPIN {
-                for _ in 0..64 {
-                    std::hint::spin_loop();
+            // 4. Nothing happened: spin while the worker runs on another CPU, then sleep.
+            end.note_cpu();
+            if end.peer_runs_elsewhere() {
+                let since = *spin_since.get_or_insert(now);
+                if now.duration_since(since) < self.spin.get() {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    if session.has_completions() || end.inp.available() != Ok(0) {
+                        spin_since = None;
+                        self.spin.caught();
+                    }
+                    continue;
                 }
-                if session.has_completions() || end.inp.available() != Ok(0) {
-                    spin_since = None;
-                }
-                continue;
+                self.spin.missed();
             }
             spin_since = None;
-            end.going_to_sleep();
-            if end.inp.available() != Ok(0) || session.has_completions() || session.has_ready() {
-                end.awake();
-                continue;
-            }
             let mut wake_at = now + session.remaining().max(Duration::from_millis(1));
             if stop_sent.is_none() {
                 wake_at = wake_at.min(next_cpu_check);
             }
             if let Some(k) = kill_at {
                 wake_at = wake_at.min(k);
+            }
+            if !session.host_futures_running() {
+                // Only the worker can bring work: block on the futex word, waking now and then
+                // to notice an abort or a dead worker.
+                let seen = end.bell();
+                end.going_to_sleep(ON_FUTEX);
+                if end.inp.available() != Ok(0) || session.has_ready() {
+                    end.awake();
+                    continue;
+                }
+                let nap = wake_at
+                    .saturating_duration_since(now)
+                    .min(FUTEX_NAP)
+                    .max(Duration::from_micros(100));
+                end.wait(seen, nap);
+                end.awake();
+                // A raw read: tokio's readiness for the socket is stale while this thread blocks.
+                if Instant::now() >= now + nap && !matches!(drain_doorbell(bell_fd), Ok(true)) {
+                    return self.worker_gone(session, stop_sent, max);
+                }
+                continue;
+            }
+            end.going_to_sleep(ON_SOCKET);
+            if end.inp.available() != Ok(0) || session.has_completions() || session.has_ready() {
+                end.awake();
+                continue;
             }
             let abort = session.abort.clone();
             let Some(bell) = self.bell.as_ref() else {
@@ -515,23 +559,27 @@ impl WorkerProcess {
             };
             end.awake();
             if bell_closed {
-                // Whatever it managed to send before it died still counts.
-                let mut end = self.shm.host_end(self.positions);
-                while let Ok(Some(p)) = self.reader.next(&mut end.inp, max) {
-                    if let Ok(ToHost::Output(item)) = decode_to_host(p) {
-                        let _ = session.on_output(item);
-                    }
-                }
-                self.positions = end.positions();
-                let status = self.kill_and_reap();
-                if let Some(stop) = stop_sent {
-                    return Ended::Killed(stop);
-                }
-                let how = describe_exit(status);
-                tracing::warn!(pid = self.pid, "a sandbox worker crashed: {how}");
-                return Ended::Died(how);
+                return self.worker_gone(session, stop_sent, max);
             }
         }
+    }
+
+    /// The worker's doorbell closed: it died. Whatever it managed to send before still counts.
+    fn worker_gone(&mut self, session: &mut Session, stop_sent: Option<Stop>, max: usize) -> Ended {
+        let mut end = self.shm.host_end(self.positions);
+        while let Ok(Some(p)) = self.reader.next(&mut end.inp, max) {
+            if let Ok(ToHost::Output(item)) = decode_to_host(p) {
+                let _ = session.on_output(item);
+            }
+        }
+        self.positions = end.positions();
+        let status = self.kill_and_reap();
+        if let Some(stop) = stop_sent {
+            return Ended::Killed(stop);
+        }
+        let how = describe_exit(status);
+        tracing::warn!(pid = self.pid, "a sandbox worker crashed: {how}");
+        Ended::Died(how)
     }
 
     fn broken(&mut self, why: String) -> Ended {

@@ -21,15 +21,15 @@ use crate::protocol::{
     encode_call, encode_to_host,
 };
 use crate::result::OutputItem;
-use crate::ring::{End, FrameReader, Shm, drain_doorbell, ring_doorbell};
+use crate::ring::{End, FrameReader, ON_FUTEX, Shm, SpinBudget, drain_doorbell, ring_doorbell};
 use crate::vm::{ActiveLimits, Stop, Vm};
 
 /// The doorbell socket: standard input of the worker.
 const BELL: RawFd = 0;
 /// The bridge memfd: standard output of the worker, closed once mapped.
 const SHM_FD: RawFd = 1;
-/// How long a side spins for work before it sleeps on the doorbell.
-pub(crate) const SPIN: Duration = Duration::from_micros(50);
+/// How long a sleeping worker waits before it checks that its host is still there.
+const HOST_CHECK: Duration = Duration::from_secs(1);
 /// The largest frame the host sends (a call result); bigger ones are refused.
 const MAX_FROM_HOST: usize = 1 << 30;
 
@@ -47,6 +47,8 @@ fn die(code: i32) -> ! {
 pub(crate) struct WorkerArgs {
     pub host_pid: i32,
     pub rlimits: WorkerRlimits,
+    /// Address space reserved for the VM's arena.
+    pub arena_bytes: u64,
 }
 
 impl WorkerArgs {
@@ -56,6 +58,7 @@ impl WorkerArgs {
             self.rlimits.data_bytes.to_string(),
             self.rlimits.cpu_seconds.to_string(),
             self.rlimits.stack_bytes.to_string(),
+            self.arena_bytes.to_string(),
         ]
     }
     pub fn parse(args: &[String]) -> Option<WorkerArgs> {
@@ -67,6 +70,7 @@ impl WorkerArgs {
                 cpu_seconds: n(2)?,
                 stack_bytes: n(3)?,
             },
+            arena_bytes: n(4)?,
         })
     }
 }
@@ -77,6 +81,7 @@ pub(crate) struct Prepared {
     pub channel: Rc<RefCell<Channel>>,
     pub stop: &'static AtomicU32,
     pub vm: Option<Vm>,
+    pub arena_bytes: usize,
 }
 
 /// Sets up a worker process: descriptors, session, layers, a first VM, then the hello.
@@ -134,7 +139,8 @@ pub(crate) fn prepare(args: &[String]) -> Prepared {
     report.push(layers::apply_landlock());
     // The first VM touches, once, every code path that needs a system call (the prelude's
     // bytecode, the hash seeds), before the filter forbids them.
-    let vm = Vm::prepare().ok();
+    let arena_bytes = usize::try_from(a.arena_bytes).unwrap_or(usize::MAX);
+    let vm = Vm::prepare(arena_bytes).ok();
     report.push(layers::apply_seccomp());
     let channel = Rc::new(RefCell::new(Channel::new(shm)));
     let layers = serde_json::to_string(&report).unwrap_or_default();
@@ -146,6 +152,7 @@ pub(crate) fn prepare(args: &[String]) -> Prepared {
         channel,
         stop: shm.stop(),
         vm,
+        arena_bytes,
     }
 }
 
@@ -155,6 +162,7 @@ pub(crate) fn main(args: &[String]) -> ! {
         channel,
         stop,
         mut vm,
+        arena_bytes,
     } = prepare(args);
     loop {
         let start = loop {
@@ -171,7 +179,7 @@ pub(crate) fn main(args: &[String]) -> ! {
         };
         let current = match vm.take() {
             Some(v) => Ok(v),
-            None => Vm::prepare(),
+            None => Vm::prepare(arena_bytes),
         };
         let (fin, used) = match current {
             Ok(v) => {
@@ -188,12 +196,21 @@ pub(crate) fn main(args: &[String]) -> ! {
                 let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     futures::executor::block_on(crate::engine::run(&v, *start, link, limits))
                 }));
-                let fin = run.unwrap_or_else(|_| Finish {
-                    end: Some(RunEnd::Fatal),
-                    fatal: Some("The sandbox engine failed while running the script.".into()),
-                    ..Default::default()
-                });
-                (fin, Some(v))
+                match run {
+                    Ok(fin) => (fin, Some(v)),
+                    // A VM whose run panicked is not reset but dropped: Rust-side state may be
+                    // half-updated.
+                    Err(_) => (
+                        Finish {
+                            end: Some(RunEnd::Fatal),
+                            fatal: Some(
+                                "The sandbox engine failed while running the script.".into(),
+                            ),
+                            ..Default::default()
+                        },
+                        None,
+                    ),
+                }
             }
             Err(e) => (
                 Finish {
@@ -205,11 +222,18 @@ pub(crate) fn main(args: &[String]) -> ! {
             ),
         };
         channel.borrow_mut().send(&ToHost::Finished(Box::new(fin)));
-        // Freeing the used VM and preparing the next happen after the host has its result.
-        if let Some(v) = used {
-            crate::vm::discard(v);
-        }
-        vm = Vm::prepare().ok();
+        // Resetting the VM happens after the host has its result.
+        vm = match used {
+            Some(v) => {
+                let big = v.heap.peak.get() > crate::vm::TRIM_AFTER_BYTES;
+                v.reset();
+                if big {
+                    crate::vm::trim();
+                }
+                Some(v)
+            }
+            None => Vm::prepare(arena_bytes).ok(),
+        };
     }
 }
 
@@ -219,6 +243,7 @@ pub(crate) struct Channel {
     stop: &'static AtomicU32,
     reader: FrameReader,
     scratch: Vec<u8>,
+    spin: SpinBudget,
 }
 
 impl Channel {
@@ -228,41 +253,50 @@ impl Channel {
             stop: shm.stop(),
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
+            spin: SpinBudget::new(),
         }
     }
 
-    /// Spins, then sleeps on the doorbell, until `ready` holds. A closed doorbell means the host
-    /// is gone: the worker exits.
+    /// Spins while the host runs on another CPU, then sleeps on the futex word, until `ready`
+    /// holds. A closed doorbell means the host is gone: the worker exits.
     pub fn sleep_until(&mut self, ready: impl Fn(&End<'static>, &AtomicU32) -> bool) {
         loop {
-            let t = Instant::now();
-            let mut i: u32 = 0;
-            loop {
-                if ready(&self.end, self.stop) {
-                    return;
-                }
-                i = i.wrapping_add(1);
-                if i.is_multiple_of(256) && t.elapsed() > SPIN {
-                    break;
-                }
-                spin_loop();
+            if ready(&self.end, self.stop) {
+                return;
             }
-            self.end.going_to_sleep();
+            self.end.note_cpu();
+            if self.end.peer_runs_elsewhere() {
+                let t = Instant::now();
+                let budget = self.spin.get();
+                let mut i: u32 = 0;
+                loop {
+                    if ready(&self.end, self.stop) {
+                        self.spin.caught();
+                        return;
+                    }
+                    i = i.wrapping_add(1);
+                    if i.is_multiple_of(64) {
+                        if t.elapsed() > budget {
+                            self.spin.missed();
+                            break;
+                        }
+                        if !self.end.peer_runs_elsewhere() {
+                            break;
+                        }
+                    }
+                    spin_loop();
+                }
+            }
+            let seen = self.end.bell();
+            self.end.going_to_sleep(ON_FUTEX);
             if ready(&self.end, self.stop) {
                 self.end.awake();
                 return;
             }
-            let mut b = [0u8; 64];
-            // SAFETY: blocking read into a local buffer.
-            let n = unsafe { libc::recv(BELL, b.as_mut_ptr().cast(), b.len(), 0) };
+            let t = Instant::now();
+            self.end.wait(seen, HOST_CHECK);
             self.end.awake();
-            if n == 0 {
-                die(0);
-            }
-            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                die(EXIT_PROTOCOL);
-            }
-            if let Ok(false) = drain_doorbell(BELL) {
+            if t.elapsed() >= HOST_CHECK && matches!(drain_doorbell(BELL), Ok(false) | Err(_)) {
                 die(0);
             }
         }
@@ -285,7 +319,7 @@ impl Channel {
     }
 
     fn wake_host(&self) {
-        if self.end.peer_needs_ring() {
+        if self.end.wake_peer() {
             ring_doorbell(BELL);
         }
     }
