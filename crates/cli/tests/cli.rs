@@ -295,3 +295,28 @@ fn tools_lists_exposure_and_token_counts() {
         text(&described.stdout)
     );
 }
+
+#[test]
+fn tools_output_into_a_closed_pipe_ends_quietly() {
+    // `codemode tools --describe | head -1`: the reader is gone before the output is written.
+    let (work, config) = project();
+    let w = work.path().to_str().unwrap();
+    for flag in ["--describe", "--tokens", "--mode"] {
+        let mut cmd = common::codemode();
+        cmd.args(["tools", flag]);
+        if flag == "--mode" {
+            cmd.arg("only");
+        }
+        cmd.args(["--workdir", w, "--config-dir"])
+            .arg(config.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{flag}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{flag}: {stderr}");
+    }
+}
