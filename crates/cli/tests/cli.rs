@@ -44,6 +44,9 @@ fn the_demo_runs_and_the_gate_refuses_the_write_without_a_person() {
         "the denial names the policy: {stdout}"
     );
     assert!(stdout.contains("src/main.rs"), "{stdout}");
+    // The script used the tools' structured results, not their text.
+    assert!(stdout.contains("2 TODO lines"), "{stdout}");
+    assert!(stdout.contains("Cargo.toml has 4 lines"), "{stdout}");
 }
 
 #[test]
