@@ -23,7 +23,7 @@ use crate::text::{comment_lines, json_string, shorten};
 use crate::tokens::{Encoding, count_tokens};
 
 /// Default inline budget, in o200k tokens, for everything below the fixed API text.
-pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 2000;
+pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 2400;
 
 /// The inline budget for a catalog far larger than [`DEFAULT_INLINE_BUDGET_TOKENS`].
 pub const LARGE_CATALOG_BUDGET_TOKENS: usize = 1000;

@@ -372,3 +372,63 @@ fn a_large_catalog_gets_a_small_surface_and_a_small_one_is_listed_whole() {
     let small = codemode_declarations::DescriptionInput::new(few, &namespaces);
     assert_eq!(default_inline_budget(&small), DEFAULT_INLINE_BUDGET_TOKENS);
 }
+
+/// Issue 14's targets, on the fixtures of the token table: the 43 tools of the model-as-user
+/// set in at most 2,400 tokens with every tool listed and its whole input type, and the
+/// 500-tool catalog in at most 1,000 with every namespace named.
+#[test]
+fn the_token_targets_hold_at_the_default_budget() {
+    use codemode_declarations::default_inline_budget;
+    let (tools, namespaces) = support::coding_and_mcp_as_client();
+    let input = DescriptionInput {
+        mode: CodemodeMode::Only,
+        ..DescriptionInput::new(&tools, &namespaces)
+    };
+    let input = DescriptionInput {
+        inline_budget_tokens: default_inline_budget(&input),
+        ..input
+    };
+    let text = codemode_description(&input);
+    let tokens = count_tokens(&text, Encoding::O200kBase);
+    assert!(tokens <= 2400, "{tokens} tokens");
+    assert!(!text.contains("not listed"), "{text}");
+    let block = listing(&text);
+    for tool in &tools {
+        let local = tool.name.rsplit("__").next().unwrap();
+        let start = block
+            .find(&format!("\n{local}(args: "))
+            .unwrap_or_else(|| panic!("{} is not listed", tool.name));
+        // The member's signature runs to the next comment line at the start of a line.
+        let rest = &block[start + 1..];
+        let end = rest.find("\n//").unwrap_or(rest.len());
+        let signature = &rest[..end];
+        for key in tool.input_schema["properties"]
+            .as_object()
+            .map(|p| p.keys().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            assert!(
+                signature.contains(&format!("{key}:")) || signature.contains(&format!("{key}?:")),
+                "{}: `{key}` is missing from {signature}",
+                tool.name
+            );
+        }
+    }
+
+    let (tools, namespaces) = support::catalog(20);
+    let input = DescriptionInput::new(&tools, &namespaces);
+    let input = DescriptionInput {
+        inline_budget_tokens: default_inline_budget(&input),
+        ..input
+    };
+    let text = codemode_description(&input);
+    let tokens = count_tokens(&text, Encoding::O200kBase);
+    assert!(tokens <= 1000, "{tokens} tokens");
+    for ns in &namespaces {
+        assert!(
+            text.contains(&format!("// ## {}", ns.name)),
+            "{} is not named",
+            ns.name
+        );
+    }
+}
