@@ -6,7 +6,7 @@
 //! inputs are sorted), and deferred tools never enter it, so it stays byte-identical — and the
 //! provider's prompt cache stays warm — while MCP servers connect.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::collections::{BTreeMap, HashMap};
 
 use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, ToolSpec};
@@ -38,11 +38,12 @@ pub fn default_inline_budget(input: &DescriptionInput) -> usize {
         globals: input.globals.clone(),
         ..*input
     };
-    let full = crate::count_tokens(
-        &codemode_description(&unbudgeted),
-        crate::Encoding::O200kBase,
-    );
-    if full > 3 * DEFAULT_INLINE_BUDGET_TOKENS {
+    let full = codemode_description(&unbudgeted);
+    let limit = 3 * DEFAULT_INLINE_BUDGET_TOKENS;
+    // Counting a huge description is slow; its size alone can show it is over.
+    if full.len() / MAX_CHARS_PER_TOKEN > limit
+        || crate::count_tokens(&full, crate::Encoding::O200kBase) > limit
+    {
         LARGE_CATALOG_BUDGET_TOKENS
     } else {
         DEFAULT_INLINE_BUDGET_TOKENS
@@ -470,11 +471,25 @@ struct Group<'t> {
     description: Vec<String>,
     /// In name order.
     entries: Vec<Entry<'t>>,
-    /// Tokens of all entries, printed without shared types (an upper bound).
-    cost: usize,
+    /// All entries, printed without shared types: counted only when the budget needs it.
+    text: String,
+    /// Its tokens (an upper bound of what the listing prints), once counted.
+    cost: OnceCell<usize>,
 }
 
 impl Group<'_> {
+    fn cost(&self) -> usize {
+        *self
+            .cost
+            .get_or_init(|| count_tokens(&self.text, Encoding::O200kBase))
+    }
+
+    /// Fewer tokens than the group can take: declarations average about 3.5 characters a
+    /// token, and no text here comes near this many. Spares counting groups that cannot fit.
+    fn cost_at_least(&self) -> usize {
+        self.text.len() / MAX_CHARS_PER_TOKEN
+    }
+
     /// `// ## name: first description line`, then the rest of the description; a namespace that
     /// is not listed ends its first line with `(N tools, not listed)` and shows nothing else.
     fn heading(&self, omitted: bool) -> String {
@@ -575,22 +590,29 @@ fn group_by_namespace<'t>(
             for entry in &entries {
                 text.push_str(&entry.render(&plain, detail, prefix.as_deref()));
             }
-            let cost = count_tokens(&text, Encoding::O200kBase);
             Group {
                 name,
                 prefix,
                 description,
                 entries,
-                cost,
+                text,
+                cost: OnceCell::new(),
             }
         })
         .collect()
 }
 
+/// Characters per token no listing text averages more than (see [`Group::cost_at_least`]).
+const MAX_CHARS_PER_TOKEN: usize = 8;
+
 /// Which groups are listed. Every heading is charged first (in its longer, not-listed form, so
 /// the total stays within budget whichever form is printed); then the group without a namespace,
-/// then namespaces from the cheapest (ties by name), each if it fits what is left.
+/// then namespaces from the smallest (by characters, ties by name), each if it fits what is left.
+/// Tokens are counted only for groups that might fit: counting is the slow part.
 fn select(groups: &[Group<'_>], budget: usize) -> Vec<bool> {
+    if budget == usize::MAX {
+        return vec![true; groups.len()];
+    }
     let headings: usize = groups
         .iter()
         .map(|g| {
@@ -605,13 +627,14 @@ fn select(groups: &[Group<'_>], budget: usize) -> Vec<bool> {
         b.name
             .is_none()
             .cmp(&a.name.is_none())
-            .then(a.cost.cmp(&b.cost))
+            .then(a.text.len().cmp(&b.text.len()))
             .then(a.name.cmp(&b.name))
     });
     let mut shown = vec![false; groups.len()];
     for g in order {
-        if groups[g].cost <= remaining {
-            remaining -= groups[g].cost;
+        let group = &groups[g];
+        if group.cost_at_least() <= remaining && group.cost() <= remaining {
+            remaining -= group.cost();
             shown[g] = true;
         }
     }
