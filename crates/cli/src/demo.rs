@@ -10,13 +10,12 @@ const [listing, sources, todos] = await Promise.all([
   tools.find({ pattern: "**/*.rs" }),
   tools.grep({ pattern: "TODO" }),
 ]);
-const lines = (s) => s.split("\n").filter(Boolean);
-text(`Project files: ${lines(listing).join(", ")}`);
-text(`Rust sources (find skips what .gitignore excludes): ${lines(sources).join(", ")}`);
-text(`${lines(todos).length} TODO lines:\n${todos}`);
+text(`Project files: ${listing.entries.map((e) => e.kind === "dir" ? e.name + "/" : e.name).join(", ")}`);
+text(`Rust sources (find skips what .gitignore excludes): ${sources.paths.join(", ")}`);
+text(`${todos.matches.length} TODO lines:\n${todos.matches.map((m) => `${m.path}:${m.line}: ${m.text.trim()}`).join("\n")}`);
 
 const manifest = await tools.read({ path: "Cargo.toml" });
-console.log("Cargo.toml starts with:", String(manifest).split("\n")[0]);
+console.log(`Cargo.toml has ${manifest.totalLines} lines; the first:`, manifest.text.split("\n")[0]);
 
 try {
   const counted = await tools.bash({ command: "wc -l src/*.rs" });

@@ -44,6 +44,9 @@ fn the_demo_runs_and_the_gate_refuses_the_write_without_a_person() {
         "the denial names the policy: {stdout}"
     );
     assert!(stdout.contains("src/main.rs"), "{stdout}");
+    // The script used the tools' structured results, not their text.
+    assert!(stdout.contains("2 TODO lines"), "{stdout}");
+    assert!(stdout.contains("Cargo.toml has 4 lines"), "{stdout}");
 }
 
 #[test]
@@ -294,4 +297,29 @@ fn tools_lists_exposure_and_token_counts() {
         "{}",
         text(&described.stdout)
     );
+}
+
+#[test]
+fn tools_output_into_a_closed_pipe_ends_quietly() {
+    // `codemode tools --describe | head -1`: the reader is gone before the output is written.
+    let (work, config) = project();
+    let w = work.path().to_str().unwrap();
+    for flag in ["--describe", "--tokens", "--mode"] {
+        let mut cmd = common::codemode();
+        cmd.args(["tools", flag]);
+        if flag == "--mode" {
+            cmd.arg("only");
+        }
+        cmd.args(["--workdir", w, "--config-dir"])
+            .arg(config.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{flag}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{flag}: {stderr}");
+    }
 }

@@ -47,7 +47,7 @@ fn a_command_hook_from_the_settings_blocks_a_call() {
     std::fs::write(config.path().join("settings.json"), settings.to_string()).unwrap();
     let script = r#"let a, b;
         try { await tools.read({ path: "secret.txt" }); a = "read" } catch (e) { a = e.message }
-        b = (await tools.ls({})).includes("secret.txt");
+        b = (await tools.ls({})).entries.some((e) => e.name === "secret.txt");
         return { a, b }"#;
     let (code, v, stderr) = run(config.path(), work.path(), script, &[]);
     assert_eq!(code, Some(0), "{stderr}");

@@ -52,7 +52,7 @@ fn main() {
             budget: DEFAULT_INLINE_BUDGET_TOKENS,
         });
     }
-    for budget in [usize::MAX, DEFAULT_INLINE_BUDGET_TOKENS] {
+    for budget in [usize::MAX, 3000] {
         let (tools, namespaces) = support::all_mcp();
         let shown = if budget == usize::MAX {
             "none".to_string()
@@ -67,7 +67,7 @@ fn main() {
         });
     }
     // usize::MAX: no budget, every tool listed on both sides (same information, a clean ratio).
-    for budget in [usize::MAX, DEFAULT_INLINE_BUDGET_TOKENS, 1000] {
+    for budget in [usize::MAX, 3000, 1000] {
         let (tools, namespaces) = support::catalog(20);
         let shown = if budget == usize::MAX {
             "none".to_string()
@@ -86,7 +86,10 @@ fn main() {
     // MCP result (`McpResult<S>` here; the reference's MCP adapter wraps them the same way).
     let (tools, namespaces) = support::coding_and_mcp_as_client();
     rows.push(Row {
-        label: format!("coding + 3 MCP servers as registered ({})", tools.len()),
+        label: format!(
+            "coding + 3 MCP servers as registered ({}), budget {DEFAULT_INLINE_BUDGET_TOKENS}",
+            tools.len()
+        ),
         tools,
         namespaces,
         budget: DEFAULT_INLINE_BUDGET_TOKENS,
@@ -139,7 +142,7 @@ fn main() {
         };
         let listed = ours
             .lines()
-            .filter(|l| l.contains("(args: ") && !l.starts_with("//"))
+            .filter(|l| l.contains("(args: ") && !l.starts_with("//") && !l.starts_with("  "))
             .count();
         println!(
             "| {} | {d_o} / {d_c} | {o_o} / {o_c} ({listed}) | {ref_cell} | {ratio} |",

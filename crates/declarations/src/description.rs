@@ -6,22 +6,24 @@
 //! inputs are sorted), and deferred tools never enter it, so it stays byte-identical — and the
 //! provider's prompt cache stays warm — while MCP servers connect.
 
-use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::cell::{Cell, OnceCell};
+use std::collections::{BTreeMap, HashMap};
 
 use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, ToolSpec};
 
 use crate::identifiers::{IdentifierCollision, collision_note, identifier_collisions, member_key};
 use crate::intro::{Intro, Omitted};
 use crate::mcp_result::{MCP_RESULT_TYPES, structured_content};
-use crate::render::{Listing, RenderOptions, ToolTypes, print_signature, push_comment};
+use crate::render::{
+    Listing, RenderOptions, ToolTypes, print_output, print_signature, push_comment,
+};
 use crate::schema::Ty;
 use crate::shared::SharedTypes;
-use crate::text::{comment_lines, shorten};
+use crate::text::{comment_lines, json_string, shorten};
 use crate::tokens::{Encoding, count_tokens};
 
 /// Default inline budget, in o200k tokens, for everything below the fixed API text.
-pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 3000;
+pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 2400;
 
 /// The inline budget for a catalog far larger than [`DEFAULT_INLINE_BUDGET_TOKENS`].
 pub const LARGE_CATALOG_BUDGET_TOKENS: usize = 1000;
@@ -36,11 +38,12 @@ pub fn default_inline_budget(input: &DescriptionInput) -> usize {
         globals: input.globals.clone(),
         ..*input
     };
-    let full = crate::count_tokens(
-        &codemode_description(&unbudgeted),
-        crate::Encoding::O200kBase,
-    );
-    if full > 3 * DEFAULT_INLINE_BUDGET_TOKENS {
+    let full = codemode_description(&unbudgeted);
+    let limit = 3 * DEFAULT_INLINE_BUDGET_TOKENS;
+    // Counting a huge description is slow; its size alone can show it is over.
+    if full.len() / MAX_CHARS_PER_TOKEN > limit
+        || crate::count_tokens(&full, crate::Encoding::O200kBase) > limit
+    {
         LARGE_CATALOG_BUDGET_TOKENS
     } else {
         DEFAULT_INLINE_BUDGET_TOKENS
@@ -166,18 +169,24 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
     let visible: Vec<ToolSpec> = listed.iter().chain(&direct).map(|t| (*t).clone()).collect();
     let collisions = identifier_collisions(&visible);
 
-    let mut chosen = None;
-    for detail in DETAILS {
-        let groups = group_by_namespace(&listed, input.namespaces, &collisions, detail);
+    // Read each tool's schemas once for every level of detail tried.
+    let types: Vec<ToolTypes> = listed.iter().map(|t| ToolTypes::of(t)).collect();
+    let try_detail = |detail: Detail| {
+        let groups = group_by_namespace(&listed, &types, input.namespaces, &collisions, detail);
         let shown = select(&groups, input.inline_budget_tokens);
-        let all = shown.iter().all(|s| *s);
-        chosen = Some((groups, shown, detail));
-        if all {
-            break;
-        }
-    }
-    let Some((groups, shown, detail)) = chosen else {
-        return String::new();
+        (groups, shown, detail)
+    };
+    // When not every namespace fits even at the leanest level, that level is the answer; only
+    // otherwise are the richer ones tried, richest first.
+    let (leanest, rest) = DETAILS.split_last().expect("at least one level of detail");
+    let lean = try_detail(*leanest);
+    let (groups, shown, detail) = if lean.1.iter().all(|s| *s) {
+        rest.iter()
+            .map(|d| try_detail(*d))
+            .find(|(_, shown, _)| shown.iter().all(|s| *s))
+            .unwrap_or(lean)
+    } else {
+        lean
     };
     let (block, shortened) = listing(&groups, &shown, mcp, detail);
 
@@ -185,7 +194,14 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
         .iter()
         .map(|t| format!("`{}`", call_path(t, &collisions)))
         .collect();
+    let prefixed = groups
+        .iter()
+        .zip(&shown)
+        .find(|(g, s)| **s && g.prefix.is_some())
+        .and_then(|(g, _)| g.entries.first())
+        .map(|e| e.key.as_str());
     let intro = Intro {
+        prefixed,
         tools: !listed.is_empty() || !direct.is_empty() || deferred,
         mcp,
         listed: shown.iter().any(|s| *s),
@@ -208,7 +224,12 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
 
 /// The TypeScript block: `McpResult` and shared types, then `tools` by namespace. `None` when
 /// there is nothing to declare. The flag says whether some text was shortened.
-fn listing(groups: &[Group], shown: &[bool], mcp: bool, detail: Detail) -> (Option<String>, bool) {
+fn listing(
+    groups: &[Group<'_>],
+    shown: &[bool],
+    mcp: bool,
+    detail: Detail,
+) -> (Option<String>, bool) {
     if groups.is_empty() && !mcp {
         return (None, false);
     }
@@ -220,12 +241,19 @@ fn listing(groups: &[Group], shown: &[bool], mcp: bool, detail: Detail) -> (Opti
         .collect();
     let trees: Vec<&Ty> = listed.iter().flat_map(|e| e.types.trees()).collect();
     let shared = SharedTypes::find(&trees);
-    let listing = Listing {
+    let mut listing = Listing {
         shared: Some(&shared),
         doc_chars: detail.parameter_chars,
         shortened: Cell::new(false),
         lean_tags: detail.lean_tags,
+        awaited: true,
+        result_names: None,
     };
+    let aliases = result_aliases(groups, shown, &shared, &listing);
+    let result_names: HashMap<String, String> = aliases
+        .iter()
+        .map(|(name, ty)| (ty.clone(), name.clone()))
+        .collect();
     let mut out = String::from("```ts\n");
     if mcp {
         out.push_str(MCP_RESULT_TYPES);
@@ -233,26 +261,132 @@ fn listing(groups: &[Group], shown: &[bool], mcp: bool, detail: Detail) -> (Opti
     if !shared.is_empty() {
         out.push_str(&shared.declarations(&listing));
     }
+    for (name, ty) in &aliases {
+        out.push_str(&format!("type {name} = {ty};\n"));
+    }
+    listing.result_names = Some(&result_names);
+    if groups
+        .iter()
+        .zip(shown)
+        .any(|(g, s)| *s && g.prefix.is_some())
+    {
+        out.push_str(NS_TYPE);
+    }
+    // The tools without a namespace, then each namespace as `& Ns<"prefix", { … }>`: a
+    // namespace's tools share a long prefix that is printed once.
     out.push_str("declare const tools: {\n");
     let mut shortened = false;
-    for (position, (group, shown)) in groups.iter().zip(shown).enumerate() {
-        let heading = group.heading(!shown);
-        // Blank lines separate namespaces, not the block's opening line from the first one.
-        out.push_str(if position == 0 {
-            heading.trim_start_matches('\n')
-        } else {
-            &heading
-        });
+    let mut closed = false;
+    for (group, shown) in groups.iter().zip(shown) {
+        if group.name.is_some() && !closed {
+            out.push_str("}\n");
+            closed = true;
+        }
+        out.push_str(&group.heading(!shown));
         if !shown {
             continue;
         }
+        if group.name.is_some() {
+            match &group.prefix {
+                Some(prefix) => out.push_str(&format!("& Ns<{}, {{\n", json_string(prefix))),
+                None => out.push_str("& {\n"),
+            }
+        }
         for entry in &group.entries {
             shortened |= entry.shortened;
-            out.push_str(&entry.render(&listing, detail));
+            out.push_str(&entry.render(&listing, detail, group.prefix.as_deref()));
+        }
+        if group.name.is_some() {
+            out.push_str(if group.prefix.is_some() {
+                "}>\n"
+            } else {
+                "}\n"
+            });
         }
     }
-    out.push_str("};\n```");
+    if !closed {
+        out.push_str("}\n");
+    }
+    out.push_str("```");
     (Some(out), shortened || listing.shortened.get())
+}
+
+/// The result type that most (and at least [`MIN_ALIAS_USES`]) tools of one listed namespace share, long
+/// enough to be worth a name: `(FilesystemResult, "McpResult<{ content: string }>")`, named
+/// after the namespace's last part. Sorted by name; a type is named once.
+fn result_aliases(
+    groups: &[Group<'_>],
+    shown: &[bool],
+    shared: &SharedTypes,
+    listing: &Listing,
+) -> Vec<(String, String)> {
+    let opts = RenderOptions::default();
+    let mut taken: Vec<String> = shared.names().map(str::to_string).collect();
+    taken.extend(RESERVED_NAMES.iter().map(|s| s.to_string()));
+    let mut named: BTreeMap<String, String> = BTreeMap::new();
+    let mut seen_types: Vec<String> = Vec::new();
+    for (group, _) in groups
+        .iter()
+        .zip(shown)
+        .filter(|(g, s)| **s && g.name.is_some())
+    {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for entry in &group.entries {
+            let printed = print_output(entry.types, &opts, false, listing);
+            *counts.entry(printed).or_default() += 1;
+        }
+        let Some((ty, uses)) = counts
+            .into_iter()
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))
+        else {
+            continue;
+        };
+        // Named after the namespace, so it must be what most of its tools return.
+        if uses < MIN_ALIAS_USES
+            || 2 * uses <= group.entries.len()
+            || ty.len() < MIN_ALIAS_CHARS
+            || ty.contains('\n')
+            || seen_types.contains(&ty)
+        {
+            continue;
+        }
+        let base = group.name.as_deref().unwrap_or_default();
+        let base = base.rsplit("__").next().unwrap_or(base);
+        let mut name = pascal(base) + "Result";
+        let mut n = 2;
+        while taken.contains(&name) {
+            name = format!("{}Result{n}", pascal(base));
+            n += 1;
+        }
+        taken.push(name.clone());
+        seen_types.push(ty.clone());
+        named.insert(name, ty);
+    }
+    named.into_iter().collect()
+}
+
+const MIN_ALIAS_USES: usize = 3;
+const MIN_ALIAS_CHARS: usize = 20;
+const RESERVED_NAMES: &[&str] = &["McpResult", "Block", "Ns", "Result"];
+
+/// `file_system` → `FileSystem`; a name that would not start with a letter gets `Tool` first.
+fn pascal(text: &str) -> String {
+    let mut out = String::new();
+    let mut upper = true;
+    for ch in codemode_spec::to_identifier(text).chars() {
+        if ch == '_' || ch == '$' {
+            upper = true;
+        } else if upper {
+            out.extend(ch.to_uppercase());
+            upper = false;
+        } else {
+            out.push(ch);
+        }
+    }
+    if !out.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        out.insert_str(0, "Tool");
+    }
+    out
 }
 
 /// How a script calls a tool: `tools.name`, or `tools["raw name"]` when the identifier is shared.
@@ -281,16 +415,21 @@ pub(crate) fn sorted_unique(tools: &[ToolSpec]) -> Vec<&ToolSpec> {
 }
 
 /// One listed tool, read once: its comment lines and types.
-struct Entry {
+struct Entry<'t> {
     key: String,
     comment: Vec<String>,
-    types: ToolTypes,
+    types: &'t ToolTypes,
     /// The description was cut short.
     shortened: bool,
 }
 
-impl Entry {
-    fn new(tool: &ToolSpec, collisions: &[IdentifierCollision], detail: Detail) -> Entry {
+impl<'t> Entry<'t> {
+    fn new(
+        tool: &ToolSpec,
+        types: &'t ToolTypes,
+        collisions: &[IdentifierCollision],
+        detail: Detail,
+    ) -> Entry<'t> {
         let short = detail
             .description_chars
             .and_then(|max| shorten(&tool.description, max));
@@ -304,41 +443,55 @@ impl Entry {
         Entry {
             key: member_key(tool, collisions),
             comment,
-            types: ToolTypes::of(tool),
+            types,
             shortened,
         }
     }
 
-    /// Its description as comments, then its signature.
-    fn render(&self, listing: &Listing, detail: Detail) -> String {
+    /// Its description as comments, then its signature, named without `prefix` when its group
+    /// prints the prefix once.
+    fn render(&self, listing: &Listing, detail: Detail, prefix: Option<&str>) -> String {
         let mut out = String::new();
         push_comment(&mut out, &self.comment, "");
         let opts = RenderOptions {
             docs: detail.parameter_docs,
             ..RenderOptions::default()
         };
-        out.push_str(&print_signature(
-            &self.key,
-            &self.types,
-            &opts,
-            false,
-            listing,
-        ));
+        let key = prefix
+            .and_then(|p| self.key.strip_prefix(p))
+            .unwrap_or(&self.key);
+        out.push_str(&print_signature(key, self.types, &opts, false, listing));
         out.push('\n');
         out
     }
 }
 
-struct Group {
+struct Group<'t> {
     name: Option<String>,
+    /// What every tool's name starts with (`mcp__memory__`), printed once as `Ns<prefix, …>`.
+    prefix: Option<String>,
     description: Vec<String>,
     /// In name order.
-    entries: Vec<Entry>,
-    /// Tokens of all entries, printed without shared types (an upper bound).
-    cost: usize,
+    entries: Vec<Entry<'t>>,
+    /// All entries, printed without shared types: counted only when the budget needs it.
+    text: String,
+    /// Its tokens (an upper bound of what the listing prints), once counted.
+    cost: OnceCell<usize>,
 }
 
-impl Group {
+impl Group<'_> {
+    fn cost(&self) -> usize {
+        *self
+            .cost
+            .get_or_init(|| count_tokens(&self.text, Encoding::O200kBase))
+    }
+
+    /// Fewer tokens than the group can take: declarations average about 3.5 characters a
+    /// token, and no text here comes near this many. Spares counting groups that cannot fit.
+    fn cost_at_least(&self) -> usize {
+        self.text.len() / MAX_CHARS_PER_TOKEN
+    }
+
     /// `// ## name: first description line`, then the rest of the description; a namespace that
     /// is not listed ends its first line with `(N tools, not listed)` and shows nothing else.
     fn heading(&self, omitted: bool) -> String {
@@ -350,9 +503,7 @@ impl Group {
         };
         match &self.name {
             Some(name) => {
-                // A blank line before a namespace with tools; headings alone stay together.
-                let gap = if omitted { "" } else { "\n" };
-                let mut out = format!("{gap}// ## {}", one_line_name(name));
+                let mut out = format!("// ## {}", one_line_name(name));
                 let mut lines = self.description.iter();
                 if let Some(first) = lines.next() {
                     out.push_str(": ");
@@ -372,28 +523,49 @@ impl Group {
     }
 }
 
+/// `Ns<P, T>`: the members of `T`, each named with the prefix `P` in front.
+const NS_TYPE: &str =
+    "type Ns<P extends string, T> = { [K in keyof T & string as `${P}${K}`]: T[K] };\n";
+
+/// The prefix a namespace's tools share, `<namespace>__`, when printing it once is shorter: at
+/// least three tools, each named by identifier (not a quoted raw name) with an identifier after
+/// the prefix.
+fn shared_prefix(namespace: &str, entries: &[Entry<'_>]) -> Option<String> {
+    let prefix = format!("{namespace}__");
+    let all = entries.len() >= 3
+        && entries.iter().all(|e| {
+            e.key
+                .strip_prefix(&prefix)
+                .is_some_and(codemode_spec::is_identifier)
+        });
+    all.then_some(prefix)
+}
+
 fn one_line_name(name: &str) -> String {
     comment_lines(name).join(" ")
 }
 
-fn group_by_namespace(
+fn group_by_namespace<'t>(
     listed: &[&ToolSpec],
+    types: &'t [ToolTypes],
     namespaces: &[NamespaceSpec],
     collisions: &[IdentifierCollision],
     detail: Detail,
-) -> Vec<Group> {
+) -> Vec<Group<'t>> {
     let mut by_name: BTreeMap<Option<String>, Vec<Entry>> = BTreeMap::new();
-    for tool in listed {
+    for (tool, types) in listed.iter().zip(types) {
         by_name
             .entry(tool.namespace.clone())
             .or_default()
-            .push(Entry::new(tool, collisions, detail));
+            .push(Entry::new(tool, types, collisions, detail));
     }
     let plain = Listing {
         shared: None,
         doc_chars: detail.parameter_chars,
         shortened: Cell::new(false),
         lean_tags: detail.lean_tags,
+        awaited: true,
+        result_names: None,
     };
     by_name
         .into_iter()
@@ -409,24 +581,40 @@ fn group_by_namespace(
                 .and_then(|ns| ns.description.as_deref())
                 .map(comment_lines)
                 .unwrap_or_default();
-            let cost = entries
-                .iter()
-                .map(|e| count_tokens(&e.render(&plain, detail), Encoding::O200kBase))
-                .sum();
+            let prefix = name.as_deref().and_then(|n| shared_prefix(n, &entries));
+            let wrapper = match (&name, &prefix) {
+                (None, _) => String::new(),
+                (Some(_), Some(p)) => format!("& Ns<{}, {{\n}}>\n", json_string(p)),
+                (Some(_), None) => "& {\n}\n".to_string(),
+            };
+            // One count for the whole group: counting is the slow part for big catalogs.
+            let mut text = wrapper;
+            for entry in &entries {
+                text.push_str(&entry.render(&plain, detail, prefix.as_deref()));
+            }
             Group {
                 name,
+                prefix,
                 description,
                 entries,
-                cost,
+                text,
+                cost: OnceCell::new(),
             }
         })
         .collect()
 }
 
+/// Characters per token no listing text averages more than (see [`Group::cost_at_least`]).
+const MAX_CHARS_PER_TOKEN: usize = 8;
+
 /// Which groups are listed. Every heading is charged first (in its longer, not-listed form, so
 /// the total stays within budget whichever form is printed); then the group without a namespace,
-/// then namespaces from the cheapest (ties by name), each if it fits what is left.
-fn select(groups: &[Group], budget: usize) -> Vec<bool> {
+/// then namespaces from the smallest (by characters, ties by name), each if it fits what is left.
+/// Tokens are counted only for groups that might fit: counting is the slow part.
+fn select(groups: &[Group<'_>], budget: usize) -> Vec<bool> {
+    if budget == usize::MAX {
+        return vec![true; groups.len()];
+    }
     let headings: usize = groups
         .iter()
         .map(|g| {
@@ -441,13 +629,14 @@ fn select(groups: &[Group], budget: usize) -> Vec<bool> {
         b.name
             .is_none()
             .cmp(&a.name.is_none())
-            .then(a.cost.cmp(&b.cost))
+            .then(a.text.len().cmp(&b.text.len()))
             .then(a.name.cmp(&b.name))
     });
     let mut shown = vec![false; groups.len()];
     for g in order {
-        if groups[g].cost <= remaining {
-            remaining -= groups[g].cost;
+        let group = &groups[g];
+        if group.cost_at_least() <= remaining && group.cost() <= remaining {
+            remaining -= group.cost();
             shown[g] = true;
         }
     }

@@ -9,29 +9,25 @@ use crate::description::Globals;
 const HEAD: &str = "Write the body of an async JavaScript function (plain source, no code fence) for QuickJS: no Node, files, network or timers; top-level `await` and `return` work.";
 
 const CALLS: &str = "
-- `await tools.<name>(args)` resolves to the declared type. Run calls in parallel with `Promise.all`; calls not awaited are cancelled when the script ends.
-- A call that is refused or fails throws an Error with a `stage`: `validate` (arguments must match the type; nothing is converted), `policy`, `hook`, `approval` (a person said no, or nobody could be asked), `budget`, or `execute` (the tool itself failed). A refusal's message says whether a person was asked and what to do next.";
+- `await tools.<name>(args)` gives the result type declared below. Use `Promise.all` for parallel calls; calls not awaited are cancelled at the end.
+- Refusals and failures throw an Error with a `stage`: `validate` (args must match the type; nothing is converted), `policy`, `hook`, `approval`, `budget` or `execute` (the tool failed); its message says whether a person was asked and what to do next.";
 
-const FAILURES_PLAIN: &str = "
-- Writes, `bash` and tools not marked read-only may need a person's approval, or be refused by policy.";
+const APPROVAL_PLAIN: &str =
+    " Writes, `bash` and tools not marked read-only may need a person's approval.";
 
-const FAILURES_MCP: &str = "
-- MCP tools resolve to an `McpResult` even when they fail (`isError: true`); `textOf(result)` joins its text blocks. Writes, `bash` and MCP tools not marked read-only may need a person's approval, or be refused by policy.";
+const APPROVAL_MCP: &str = " Writes, `bash` and MCP tools not marked read-only may need a person's approval.
+- MCP tools resolve to an `McpResult`, with `isError: true` if the tool failed; `textOf(result)` joins its text.";
 
 const OUTPUT: &str = "
-- Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` ends early. `store(key, value)` / `load(key)` keep JSON across runs.";
+- Output: `text(v)`, `image(dataUrlOrImageBlock)`, `console.log(...)`, `return v`; `exit()` ends early. `store(key, value)`/`load(key)` keep JSON across runs.";
 
-const OPTIONS: &str =
-    "\n- First line may be `// @options: {\"max_output_tokens\": 10000, \"timeout_ms\": 60000}`.";
+const OPTIONS: &str = "\n- Optional first line: `// @options: {\"max_output_tokens\": 10000, \"timeout_ms\": 60000}`.";
 
 const CELLS: &str = "
-- A run still going after its yield time (`\"yield_after_ms\"` in the options line lowers it) returns its output so far and `{cell, status: \"running\"}` and keeps running; call the `wait` tool with `{cell}` for more output and the result, or `{cell, terminate: true}` to stop it. Status `waiting_for_approval` means a person must answer first.";
+- A run still going at its yield time (`\"yield_after_ms\"` in the options lowers it) returns its output so far with `{cell, status: \"running\"}` and goes on: the `wait` tool with `{cell}` gives more output and the result, `{cell, terminate: true}` stops it. `waiting_for_approval`: a person must answer first.";
 
-const DISCOVERY: &str = " Every tool is callable as `tools.<name>(args)` as soon as you know its name. To find names and details (unknown names throw, naming the closest):
-  `await searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`, best match first; `description` is the tool's text and declaration
-  `await describeTool(name)` → that text and declaration; `describeTool(name, {schema: true})` → its input JSON Schema
-  `await describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`
-  `ALL_TOOLS` → `{name, description}[]` of every callable tool";
+const DISCOVERY: &str = " Every tool is callable as `tools.<name>(args)`, listed or not. Finders (async; an unknown name throws, naming the closest):
+  `searchTools(query, {limit = 8, namespace?})` → `{name, description}[]` best first, `description` being the tool's text and declaration; `describeTool(name)` → the same text, or with `{schema: true}` its input JSON Schema; `describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`. `ALL_TOOLS`: `{name, description}[]`.";
 
 const EXAMPLE_PLAIN: &str = "
 
@@ -79,6 +75,8 @@ pub(crate) struct Intro<'a> {
     pub globals: &'a Globals,
     /// Direct tools (mode `on`) as `tools.x`, callable here with the same arguments.
     pub direct: &'a [String],
+    /// A listed tool whose namespace is printed as `Ns<prefix, …>`, named in full as an example.
+    pub prefixed: Option<&'a str>,
 }
 
 impl Intro<'_> {
@@ -87,10 +85,15 @@ impl Intro<'_> {
         if self.tools {
             out.push_str(CALLS);
             out.push_str(if self.mcp {
-                FAILURES_MCP
+                APPROVAL_MCP
             } else {
-                FAILURES_PLAIN
+                APPROVAL_PLAIN
             });
+            if let Some(example) = self.prefixed {
+                out.push_str(&format!(
+                    "\n- `Ns<P, {{…}}>` declares tools named with the prefix `P`: `tools.{example}(args)`."
+                ));
+            }
         }
         out.push_str(OUTPUT);
         if self.globals.models {
@@ -129,7 +132,7 @@ impl Intro<'_> {
         let mut parts: Vec<&str> = Vec::new();
         if self.omitted.namespaces {
             parts.push(
-                "namespaces marked `not listed` (whole namespaces are listed, smallest first, within a token budget)",
+                "namespaces marked `not listed` (the budget takes whole namespaces, smallest first)",
             );
         }
         if self.omitted.deferred {

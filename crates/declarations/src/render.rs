@@ -6,6 +6,7 @@
 //! objects read correctly.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 
 use codemode_spec::ToolSpec;
 use serde_json::Value;
@@ -66,6 +67,12 @@ pub(crate) struct Listing<'a> {
     pub shortened: Cell<bool>,
     /// Leave out tags a call passes validation without knowing: `@default`, `@minLen 1`.
     pub lean_tags: bool,
+    /// Print a tool's result as what `await` gives (`R`, not `Promise<R>`); the description's
+    /// API text says so once instead of every declaration.
+    pub awaited: bool,
+    /// Result types many tools of a namespace share, printed once as `type <Name> = …` and
+    /// written by name (printed type → name).
+    pub result_names: Option<&'a HashMap<String, String>>,
 }
 
 pub(crate) fn print_bounded(ty: &Ty, opts: &RenderOptions, listing: &Listing) -> String {
@@ -212,13 +219,33 @@ pub(crate) fn print_signature(
     listing: &Listing,
 ) -> String {
     let input = print_bounded(&types.input, opts, listing);
+    let output = print_output(types, opts, output_docs, listing);
+    let output = listing
+        .result_names
+        .and_then(|names| names.get(&output))
+        .cloned()
+        .unwrap_or(output);
+    if listing.awaited {
+        format!("{key}(args: {input}): {output}")
+    } else {
+        format!("{key}(args: {input}): Promise<{output}>;")
+    }
+}
+
+/// A tool's result type as printed, before any alias.
+pub(crate) fn print_output(
+    types: &ToolTypes,
+    opts: &RenderOptions,
+    output_docs: bool,
+    listing: &Listing,
+) -> String {
     // Tags describe what a caller must send; on results they only cost tokens.
     let output_opts = RenderOptions {
         tags: false,
         docs: output_docs && opts.docs,
         ..opts.clone()
     };
-    let output = match &types.output {
+    match &types.output {
         Output::Text => "string".to_string(),
         Output::Type(ty) => print_bounded(ty, &output_opts, listing),
         Output::Mcp(None) => "McpResult".to_string(),
@@ -226,8 +253,7 @@ pub(crate) fn print_signature(
             "unknown" => "McpResult".to_string(),
             structured => format!("McpResult<{structured}>"),
         },
-    };
-    format!("{key}(args: {input}): Promise<{output}>;")
+    }
 }
 
 /// The member key for a tool: its identifier, or its JSON-quoted raw name.
@@ -391,15 +417,16 @@ impl Printer<'_, '_> {
         let pad = INDENT.repeat(level + 1);
         let mut out = String::from("{\n");
         for (head, ty, comment) in &members {
+            // Line breaks separate members, so no `;` is needed.
             if comment.len() == 1 && !ty.contains('\n') {
-                out.push_str(&format!("{pad}{head}; // {}\n", comment[0]));
+                out.push_str(&format!("{pad}{head} // {}\n", comment[0]));
             } else {
                 push_comment(&mut out, comment, &pad);
-                out.push_str(&format!("{pad}{head};\n"));
+                out.push_str(&format!("{pad}{head}\n"));
             }
         }
         if let Some(index) = index {
-            out.push_str(&format!("{pad}{index};\n"));
+            out.push_str(&format!("{pad}{index}\n"));
         }
         out.push_str(&INDENT.repeat(level));
         out.push('}');

@@ -16,6 +16,7 @@ use crate::schema::{Object, Ty};
 const RESERVED: &[&str] = &[
     "McpResult",
     "Block",
+    "Ns",
     "Array",
     "Boolean",
     "Date",
@@ -88,6 +89,11 @@ impl SharedTypes {
 
     pub(crate) fn name_of(&self, shape_key: &str) -> Option<&str> {
         self.names.get(shape_key).map(String::as_str)
+    }
+
+    /// The names declared.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.declared.iter().map(|(name, _)| name.as_str())
     }
 
     pub(crate) fn is_empty(&self) -> bool {

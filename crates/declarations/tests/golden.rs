@@ -231,8 +231,21 @@ fn the_model_as_user_set_matches_its_golden() {
     ] {
         assert!(text.contains(block), "{block}");
     }
-    let mcp_listed = text.matches("): Promise<McpResult").count();
+    // Most filesystem tools share one result type, declared once under the namespace's name.
+    assert!(text.contains("type FilesystemResult = McpResult<{ content: string }>;\n"));
+    let mcp_listed =
+        text.matches("): McpResult").count() + text.matches("): FilesystemResult").count();
     assert_eq!(mcp_listed, 35, "every listed MCP tool refers to McpResult");
+    // A namespace's tools are declared once under their shared prefix.
+    for ns in ["mcp__everything__", "mcp__filesystem__", "mcp__memory__"] {
+        assert!(text.contains(&format!("& Ns<\"{ns}\", {{\n")), "{ns}");
+    }
+    assert!(text.contains(
+        "type Ns<P extends string, T> = { [K in keyof T & string as `${P}${K}`]: T[K] };"
+    ));
+    assert!(text.contains(
+        "`Ns<P, {…}>` declares tools named with the prefix `P`: `tools.mcp__everything__echo(args)`"
+    ));
     assert!(
         !text.contains("content: { data?: string"),
         "the result type is not repeated"
@@ -244,19 +257,20 @@ fn the_model_as_user_set_matches_its_golden() {
     );
     assert!(text.contains("type Entity = {") && text.contains("args: { entities: Entity[] }"));
     for needed in [
-        "`textOf(result)` joins its text blocks",
-        "MCP tools resolve to an `McpResult` even when they fail (`isError: true`)",
-        "A call that is refused or fails throws an Error with a `stage`: `validate`",
-        "`budget`, or `execute` (the tool itself failed)",
-        "A refusal's message says whether a person was asked and what to do next",
+        "`textOf(result)` joins its text",
+        "MCP tools resolve to an `McpResult`, with `isError: true` if the tool failed",
+        "Refusals and failures throw an Error with a `stage`: `validate`",
+        "`budget` or `execute` (the tool failed)",
+        "its message says whether a person was asked and what to do next",
         "Writes, `bash` and MCP tools not marked read-only may need a person's approval",
-        "Every tool is callable as `tools.<name>(args)` as soon as you know its name",
+        "`await tools.<name>(args)` gives the result type declared below",
+        "Every tool is callable as `tools.<name>(args)`, listed or not",
         "search-only tools",
-        "`await searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`",
-        "`describeTool(name, {schema: true})` → its input JSON Schema",
-        "`await describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`",
-        "`ALL_TOOLS` → `{name, description}[]`",
-        "unknown names throw, naming the closest",
+        "`searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`",
+        "with `{schema: true}` its input JSON Schema",
+        "`describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`",
+        "`ALL_TOOLS`: `{name, description}[]`",
+        "an unknown name throws, naming the closest",
         "Promise.all(",
         ".map(textOf)",
     ] {

@@ -123,6 +123,34 @@ fn rendered_declarations_type_check() {
         ));
     }
 
+    // Calls as a script writes them, checked against the 43-tool block: full names reach tools
+    // declared under `Ns<prefix, …>` with their types; a name without its prefix is no tool.
+    let (model_set, model_namespaces) = support::coding_and_mcp_as_client();
+    let input = DescriptionInput {
+        mode: CodemodeMode::Only,
+        ..DescriptionInput::new(&model_set, &model_namespaces)
+    };
+    files.push((
+        "calls.ts".to_string(),
+        format!(
+            "export {{}};\n{}\n{}",
+            block(&codemode_description(&input)),
+            r#"const graph = tools.mcp__memory__read_graph({});
+const names: string[] = graph.structuredContent!.entities.map((e) => e.name);
+const text: string = tools.mcp__filesystem__read_text_file({ path: "a" }).structuredContent!.content;
+const echoed: boolean | undefined = tools.mcp__everything__echo({ message: "hi" }).isError;
+const read: string = tools.read({ path: "a" });
+// @ts-expect-error a tool's name without its namespace's prefix is not a tool
+tools.read_graph({});
+// @ts-expect-error arguments are checked through Ns
+tools.mcp__memory__search_nodes({ q: "x" });
+// @ts-expect-error results are typed through Ns
+const wrong: number = tools.mcp__filesystem__list_directory({ path: "." }).structuredContent!.content;
+export const used = [names, text, echoed, read, wrong];
+"#
+        ),
+    ));
+
     let mut args = vec![
         "--noEmit".to_string(),
         "--strict".to_string(),

@@ -96,7 +96,7 @@ fn over(
     limit: impl std::fmt::Display,
 ) -> String {
     format!(
-        "the {scope} budget `{what}` is used up ({used} used of {limit}); the call was not run. Do the rest with fewer calls, or raise budgets.{scope}.{what} in settings"
+        "the call was not run: the {scope} budget `{what}` is used up ({used} used of {limit}). No person was asked. Do the rest with fewer calls, or ask the user to raise budgets.{scope}.{what} in settings"
     )
 }
 
@@ -258,7 +258,7 @@ impl Ledger {
                 && crossed.is_none()
             {
                 crossed = Some(format!(
-                    "the result ({bytes} bytes) crosses the {scope} budget `max_bytes` ({} used of {max}); it was withheld. Ask for less (filter or slice the data in the tool call), or raise budgets.{scope}.max_bytes in settings",
+                    "the call ran, but its result was withheld: the result ({bytes} bytes) crosses the {scope} budget `max_bytes` ({} used of {max}). No person was asked. Ask for less (filter or slice the data in the tool call), or ask the user to raise budgets.{scope}.max_bytes in settings",
                     s.bytes
                 ));
             }

@@ -36,7 +36,7 @@
 //! # let _ = description;
 //! // ...and run what the model writes; `text` is what the model reads back.
 //! let run = codemode
-//!     .run_script(ScriptRequest::new("return (await tools.ls({})).split('\\n').length", "session-1"))
+//!     .run_script(ScriptRequest::new("return (await tools.ls({})).entries.length", "session-1"))
 //!     .await;
 //! println!("{}", run.text);
 //! # Ok(())

@@ -11,7 +11,9 @@ use crate::args::parse;
 use crate::fs::{Ignores, Leaf, Resolved, walk};
 use crate::glob::PathGlob;
 use crate::paths::path_facts;
-use crate::support::{Behaviour, Context, StopFlag, make_spec, preview, run_blocking, text_output};
+use crate::support::{
+    Behaviour, Context, StopFlag, make_spec, preview, run_blocking, structured_output,
+};
 
 const DEFAULT_LIMIT: usize = 1000;
 
@@ -35,7 +37,7 @@ impl FindTool {
             "find",
             "Find files",
             &format!(
-                "Find files and directories by glob, one path a line, sorted; directories end with `/`. A pattern without `/` matches names anywhere in the tree (`*.rs`); one with `/` matches the path relative to the searched directory (`src/**/*.rs`). Skips what .gitignore excludes and the .git directory. Paths inside the working directory are shown relative to it. At most `limit` results (default {DEFAULT_LIMIT})."
+                "Find files and directories by glob: their paths, sorted; directories end with `/`; none is an empty list. A pattern without `/` matches names anywhere in the tree (`*.rs`); one with `/` matches the path relative to the searched directory (`src/**/*.rs`). Skips what .gitignore excludes and the .git directory. Paths inside the working directory are relative to it. At most `limit` paths (default {DEFAULT_LIMIT}); `truncated` says there were more."
             ),
             json!({
                 "type": "object",
@@ -47,7 +49,15 @@ impl FindTool {
                 "required": ["pattern"],
                 "additionalProperties": false
             }),
-            Some(json!({"type": "string"})),
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "paths": {"type": "array", "items": {"type": "string"}, "description": "Relative to the working directory when inside it, else absolute; directories end with `/`."},
+                    "truncated": {"type": "boolean", "description": "More paths matched than are listed (limit or output cap)."}
+                },
+                "required": ["paths", "truncated"],
+                "additionalProperties": false
+            })),
             Behaviour::ReadOnly,
         );
         FindTool { ctx, spec }
@@ -91,6 +101,7 @@ fn find(
     let fd = root.open_dir()?;
     let max_bytes = ctx.config.max_output_bytes;
     let mut out = String::new();
+    let mut paths: Vec<String> = Vec::new();
     let mut shown = 0usize;
     let mut total = 0usize;
     let mut byte_cap = false;
@@ -110,6 +121,7 @@ fn find(
             } else {
                 out.push_str(&line);
                 out.push('\n');
+                paths.push(line);
                 shown += 1;
             }
         }
@@ -119,11 +131,14 @@ fn find(
         return Err(ToolError::cancelled());
     }
     if total == 0 {
-        return Ok(text_output(format!(
-            "No files match `{}` under {}.",
-            preview(pattern, 200),
-            ctx.display(&root.path)
-        )));
+        return Ok(structured_output(
+            json!({"paths": [], "truncated": false}),
+            format!(
+                "No files match `{}` under {}.",
+                preview(pattern, 200),
+                ctx.display(&root.path)
+            ),
+        ));
     }
     if shown < total {
         let why = if byte_cap {
@@ -135,5 +150,8 @@ fn find(
             "\n[Showing {shown} of {total} matches ({why}); narrow the pattern or path, or raise limit.]\n"
         ));
     }
-    Ok(text_output(out))
+    Ok(structured_output(
+        json!({"paths": paths, "truncated": shown < total}),
+        out,
+    ))
 }

@@ -16,7 +16,9 @@ use crate::args::parse;
 use crate::fs::{Ignores, Leaf, Resolved, open_file_beneath, walk};
 use crate::glob::PathGlob;
 use crate::paths::path_facts;
-use crate::support::{Behaviour, Context, StopFlag, make_spec, preview, run_blocking, text_output};
+use crate::support::{
+    Behaviour, Context, StopFlag, make_spec, preview, run_blocking, structured_output,
+};
 
 const DEFAULT_LIMIT: usize = 200;
 /// Characters of a matching line shown before it is cut.
@@ -51,7 +53,7 @@ impl GrepTool {
             "grep",
             "Search file contents",
             &format!(
-                "Search file contents with a regular expression (Rust regex syntax, like ripgrep). Results are `path:line:text`, sorted by path and line. Searches a file or a whole directory, skipping what .gitignore excludes, the .git directory and binary files. `glob` limits the files searched (`*.rs`, or `src/**/*.ts` relative to the searched directory). At most `limit` matching lines (default {DEFAULT_LIMIT})."
+                "Search file contents with a regular expression (Rust regex syntax, like ripgrep). Matching lines come sorted by path and line number; none is an empty list. Searches a file or a whole directory, skipping what .gitignore excludes, the .git directory and binary files. `glob` limits the files searched (`*.rs`, or `src/**/*.ts` relative to the searched directory). At most `limit` matching lines (default {DEFAULT_LIMIT}); `truncated` says there were more."
             ),
             json!({
                 "type": "object",
@@ -65,7 +67,24 @@ impl GrepTool {
                 "required": ["pattern"],
                 "additionalProperties": false
             }),
-            Some(json!({"type": "string"})),
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "matches": {"type": "array", "items": {
+                        "type": "object",
+                        "properties": {
+                            "path": {"type": "string", "description": "Relative to the working directory when inside it, else absolute."},
+                            "line": {"type": "integer", "minimum": 1, "description": "1-based line number."},
+                            "text": {"type": "string", "description": "The matching line without its line break."}
+                        },
+                        "required": ["path", "line", "text"],
+                        "additionalProperties": false
+                    }},
+                    "truncated": {"type": "boolean", "description": "More lines matched than are listed (limit or output cap)."}
+                },
+                "required": ["matches", "truncated"],
+                "additionalProperties": false
+            })),
             Behaviour::ReadOnly,
         );
         GrepTool { ctx, spec }
@@ -131,8 +150,10 @@ struct Search<'a> {
     limit: usize,
 }
 
-/// Matching lines gathered so far, bounded by the line limit and the output byte cap.
+/// Matching lines gathered so far, bounded by the line limit and the output byte cap: for the
+/// script as `{path, line, text}` objects, for a direct call as `path:line:text` lines.
 struct Hits {
+    matches: Vec<Value>,
     out: String,
     count: usize,
     full: bool,
@@ -149,6 +170,7 @@ impl Search<'_> {
             .heap_limit(Some(MAX_LINE_BUFFER_BYTES))
             .build();
         let mut hits = Hits {
+            matches: Vec::new(),
             out: String::new(),
             count: 0,
             full: false,
@@ -185,11 +207,14 @@ impl Search<'_> {
             }
         }
         if hits.count == 0 {
-            return Ok(text_output(format!(
-                "No matches for `{}` in {}.",
-                preview(pattern, 200),
-                self.ctx.display(root_path)
-            )));
+            return Ok(structured_output(
+                json!({"matches": [], "truncated": false}),
+                format!(
+                    "No matches for `{}` in {}.",
+                    preview(pattern, 200),
+                    self.ctx.display(root_path)
+                ),
+            ));
         }
         if hits.full {
             let why = if hits.byte_cap {
@@ -205,7 +230,10 @@ impl Search<'_> {
                 hits.count
             ));
         }
-        Ok(text_output(hits.out))
+        Ok(structured_output(
+            json!({"matches": hits.matches, "truncated": hits.full}),
+            hits.out,
+        ))
     }
 
     fn search_file(&self, searcher: &mut Searcher, file: File, path: &Path, hits: &mut Hits) {
@@ -220,14 +248,16 @@ impl Search<'_> {
                     hits.full = true;
                     return Ok(false);
                 }
-                let text = text.trim_end_matches(['\n', '\r']);
-                let line = format!("{shown}:{line_number}:{}\n", cut(text));
+                let text = cut(text.trim_end_matches(['\n', '\r']));
+                let line = format!("{shown}:{line_number}:{text}\n");
                 if hits.out.len() + line.len() > max_bytes {
                     hits.full = true;
                     hits.byte_cap = true;
                     return Ok(false);
                 }
                 hits.out.push_str(&line);
+                hits.matches
+                    .push(json!({"path": shown, "line": line_number, "text": text}));
                 hits.count += 1;
                 Ok(true)
             }),

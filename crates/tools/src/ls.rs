@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::args::parse;
 use crate::fs::{MAX_DIR_ENTRIES, Resolved, read_entries};
 use crate::paths::path_facts;
-use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, text_output};
+use crate::support::{Behaviour, Context, io_error, make_spec, run_blocking, structured_output};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,7 +29,7 @@ impl LsTool {
             &ctx,
             "ls",
             "List directory",
-            "List the entries of a directory, sorted by name, one a line; directories end with `/`, symlinks with `@`. Hidden entries are included. Without `path`, lists the working directory. To search a whole tree, use find.",
+            "List the entries of a directory, sorted by name, each with its kind (symlinks are not followed). Hidden entries are included. Without `path`, lists the working directory. To search a whole tree, use find.",
             json!({
                 "type": "object",
                 "properties": {
@@ -37,7 +37,23 @@ impl LsTool {
                 },
                 "additionalProperties": false
             }),
-            Some(json!({"type": "string"})),
+            Some(json!({
+                "type": "object",
+                "properties": {
+                    "entries": {"type": "array", "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]}
+                        },
+                        "required": ["name", "kind"],
+                        "additionalProperties": false
+                    }},
+                    "truncated": {"type": "boolean", "description": "The directory has more entries than are listed (output cap)."}
+                },
+                "required": ["entries", "truncated"],
+                "additionalProperties": false
+            })),
             Behaviour::ReadOnly,
         );
         LsTool { ctx, spec }
@@ -66,26 +82,39 @@ fn list(dir: &Resolved, max_bytes: usize) -> Result<ToolOutput, ToolError> {
     let total = entries.len();
     let more = if total >= MAX_DIR_ENTRIES { "+" } else { "" };
     if total == 0 {
-        return Ok(text_output("(empty directory)".to_owned()));
+        return Ok(structured_output(
+            json!({"entries": [], "truncated": false}),
+            "(empty directory)".to_owned(),
+        ));
     }
+    // The script gets `{name, kind}`; a direct call reads one name a line, directories marked
+    // with `/` and symlinks with `@`. Symlinks are listed, not followed: where they lead is for
+    // read or ls to resolve (and for the policy to judge).
     let mut out = String::new();
+    let mut listed: Vec<Value> = Vec::new();
+    let mut truncated = total >= MAX_DIR_ENTRIES;
     for (shown, (name, kind)) in entries.iter().enumerate() {
-        let mut name = name.to_string_lossy().into_owned();
-        // Symlinks are shown as links, not followed: where they lead is for read or ls to
-        // resolve (and for the policy to judge).
-        match *kind {
-            FileType::Directory => name.push('/'),
-            FileType::Symlink => name.push('@'),
-            _ => {}
-        }
-        if out.len() + name.len() + 1 > max_bytes {
+        let name = name.to_string_lossy().into_owned();
+        let (kind, mark) = match *kind {
+            FileType::Directory => ("dir", "/"),
+            FileType::Symlink => ("symlink", "@"),
+            FileType::RegularFile => ("file", ""),
+            _ => ("other", ""),
+        };
+        if out.len() + name.len() + 2 > max_bytes {
+            truncated = true;
             out.push_str(&format!(
                 "[Showing {shown} of {total}{more} entries (output cap of {max_bytes} bytes reached); use find with a pattern to narrow the list.]\n"
             ));
             break;
         }
         out.push_str(&name);
+        out.push_str(mark);
         out.push('\n');
+        listed.push(json!({"name": name, "kind": kind}));
     }
-    Ok(text_output(out))
+    Ok(structured_output(
+        json!({"entries": listed, "truncated": truncated}),
+        out,
+    ))
 }

@@ -13,7 +13,7 @@ use crate::args::parse;
 use crate::fs::Resolved;
 use crate::paths::path_facts;
 use crate::support::{
-    Behaviour, Context, StopFlag, io_error, make_spec, run_blocking, text_output,
+    Behaviour, Context, StopFlag, io_error, make_spec, run_blocking, structured_output,
 };
 
 /// Lines shown when the call gives no limit.
@@ -48,7 +48,7 @@ impl ReadTool {
             "read",
             "Read file",
             &format!(
-                "Read a file. Text comes back with 1-based line numbers (like `cat -n`); at most {DEFAULT_LINE_LIMIT} lines or {} bytes per call, and a note says how to read on with `offset`. PNG, JPEG, GIF and WebP images come back as an image block {{type:\"image\", data, mimeType}}. Other binary files are refused. Relative paths are taken from the working directory.",
+                "Read a file. Text comes back as `text` with the 1-based numbers of the lines shown (a direct call shows them numbered, like `cat -n`); at most {DEFAULT_LINE_LIMIT} lines or {} bytes per call, and `truncated` says to read on with `offset`. PNG, JPEG, GIF and WebP images come back as an image block {{type:\"image\", data, mimeType}}. Other binary files are refused. Relative paths are taken from the working directory.",
                 ctx.config.max_output_bytes
             ),
             json!({
@@ -61,7 +61,32 @@ impl ReadTool {
                 "required": ["path"],
                 "additionalProperties": false
             }),
-            None,
+            Some(json!({
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "text": {"type": "string", "description": "The lines shown, without numbers, each ending in \\n (but a last line the file does not end); a line over 2000 characters is cut with a note."},
+                            "startLine": {"type": "integer", "minimum": 1, "description": "1-based number of the first line shown."},
+                            "endLine": {"type": "integer", "minimum": 0, "description": "Number of the last line shown (startLine - 1 when the file is empty)."},
+                            "totalLines": {"type": "integer", "minimum": 0, "description": "Lines in the whole file."},
+                            "truncated": {"type": "boolean", "description": "Lines after endLine were left out; read on with offset endLine + 1."}
+                        },
+                        "required": ["text", "startLine", "endLine", "totalLines", "truncated"],
+                        "additionalProperties": false
+                    },
+                    {
+                        "type": "object",
+                        "properties": {
+                            "type": {"const": "image"},
+                            "data": {"type": "string", "description": "base64"},
+                            "mimeType": {"type": "string"}
+                        },
+                        "required": ["type", "data", "mimeType"],
+                        "additionalProperties": false
+                    }
+                ]
+            })),
             Behaviour::ReadOnly,
         );
         ReadTool { ctx, spec }
@@ -122,12 +147,11 @@ fn read_file(
         )));
     }
     if head.is_empty() {
-        // The script gets "", a person reading a direct call sees why nothing is there.
-        let mut out = text_output(String::new());
-        out.content = Some(vec![ContentBlock::Text {
-            text: format!("({} is empty)", path.display()),
-        }]);
-        return Ok(out);
+        // A person reading a direct call sees why nothing is there.
+        return Ok(structured_output(
+            json!({"text": "", "startLine": 1, "endLine": 0, "totalLines": 0, "truncated": false}),
+            format!("({} is empty)", path.display()),
+        ));
     }
     let mut lines = Lines::new(
         args.offset.unwrap_or(1),
@@ -150,16 +174,17 @@ fn read_file(
         }
         lines.feed(&buf[..n]);
     }
-    Ok(text_output(lines.finish()?))
+    lines.finish()
 }
 
-/// Numbers lines as `cat -n` does while the file streams through, keeping only the lines to
-/// show (each cut at [`MAX_LINE_CHARS`]) and counting the rest.
+/// Keeps the lines to show while the file streams through (each cut at [`MAX_LINE_CHARS`]) and
+/// counts the rest: as they are for the script, and numbered as `cat -n` does for a direct call.
 struct Lines {
     offset: usize,
     limit: usize,
     max_bytes: usize,
     out: String,
+    text: String,
     /// Lines completed so far.
     seen: usize,
     /// The line being read: its first bytes, and how many characters were left out.
@@ -178,6 +203,7 @@ impl Lines {
             limit,
             max_bytes,
             out: String::new(),
+            text: String::new(),
             seen: 0,
             current: Vec::new(),
             current_cut: 0,
@@ -207,7 +233,7 @@ impl Lines {
             }
             match rest {
                 Some(rest) => {
-                    self.end_line();
+                    self.end_line(true);
                     bytes = rest;
                 }
                 None => break,
@@ -215,7 +241,8 @@ impl Lines {
         }
     }
 
-    fn end_line(&mut self) {
+    /// Ends the current line; `newline` is false for a last line the file does not end.
+    fn end_line(&mut self, newline: bool) {
         self.seen += 1;
         self.open = false;
         let number = self.seen;
@@ -235,12 +262,16 @@ impl Lines {
             return;
         }
         self.out.push_str(&formatted);
+        self.text.push_str(&shown);
+        if newline {
+            self.text.push('\n');
+        }
         self.last_shown = number;
     }
 
-    fn finish(mut self) -> Result<String, ToolError> {
+    fn finish(mut self) -> Result<ToolOutput, ToolError> {
         if self.open {
-            self.end_line();
+            self.end_line(false);
         }
         let total = self.seen;
         let (offset, last) = (self.offset, self.last_shown);
@@ -260,7 +291,14 @@ impl Lines {
                 last + 1
             ));
         }
-        Ok(self.out)
+        let value = json!({
+            "text": self.text,
+            "startLine": offset,
+            "endLine": last,
+            "totalLines": total,
+            "truncated": last < total,
+        });
+        Ok(structured_output(value, self.out))
     }
 }
 

@@ -115,6 +115,16 @@ pub(crate) fn text_output(text: String) -> ToolOutput {
     }
 }
 
+/// A structured result: the script gets `value`, a direct call shows `text`, written for a reader.
+pub(crate) fn structured_output(value: Value, text: String) -> ToolOutput {
+    ToolOutput {
+        content: Some(vec![ContentBlock::Text { text }]),
+        value,
+        is_error: false,
+        usage: None,
+    }
+}
+
 /// Set when the call is cancelled, so long walks stop early instead of finishing for nobody.
 #[derive(Clone, Default)]
 pub(crate) struct StopFlag(Arc<AtomicBool>);

@@ -383,7 +383,10 @@ async fn read_of_an_empty_file_is_empty_text_with_a_visible_note() {
     let b = Bench::new();
     b.put("empty.txt", "");
     let out = b.call("read", json!({"path": "empty.txt"})).await.unwrap();
-    assert_eq!(out.value, json!(""));
+    assert_eq!(
+        out.value,
+        json!({"text": "", "startLine": 1, "endLine": 0, "totalLines": 0, "truncated": false})
+    );
     match out.content.as_deref() {
         Some([ContentBlock::Text { text }]) => assert!(text.contains("is empty"), "{text}"),
         other => panic!("unexpected content {other:?}"),

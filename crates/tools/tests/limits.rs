@@ -44,6 +44,42 @@ async fn a_huge_line_is_streamed_and_cut() {
     assert!(out.len() < 10_000, "{} bytes returned", out.len());
     assert!(out.contains("[line cut: "), "{}", &out[..200]);
     assert!(out.contains("     2\tsecond line"), "{out:.300}");
+    // The script's value is cut the same way.
+    let value = b.value("read", json!({"path": "wide.txt"})).await;
+    let text = value["text"].as_str().unwrap();
+    assert!(
+        text.len() < 10_000 && text.ends_with("\nsecond line\n"),
+        "{text:.300}"
+    );
+}
+
+#[tokio::test]
+async fn the_output_cap_bounds_structured_values_too_and_says_so() {
+    let b = Bench::with(|c| c.max_output_bytes = 4096);
+    let lines: String = (0..2000).map(|i| format!("match {i}\n")).collect();
+    b.put("many.txt", &lines);
+    for i in 0..300 {
+        b.put(&format!("d/file_{i:03}_with_a_long_name.txt"), "");
+    }
+    let grep = b
+        .value("grep", json!({"pattern": "match", "limit": 100000}))
+        .await;
+    assert_eq!(grep["truncated"], true);
+    assert!(
+        grep.to_string().len() < 3 * 4096,
+        "{} bytes",
+        grep.to_string().len()
+    );
+    let read = b.value("read", json!({"path": "many.txt"})).await;
+    assert_eq!(read["truncated"], true);
+    assert!(read["text"].as_str().unwrap().len() <= 4096);
+    let find = b
+        .value("find", json!({"pattern": "*.txt", "path": "d"}))
+        .await;
+    assert_eq!(find["truncated"], true);
+    let ls = b.value("ls", json!({"path": "d"})).await;
+    assert_eq!(ls["truncated"], true);
+    assert!(ls["entries"].as_array().unwrap().len() < 300);
 }
 
 #[tokio::test]

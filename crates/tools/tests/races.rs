@@ -110,7 +110,8 @@ async fn reads_judged_inside_never_read_outside_while_a_symlink_flips() {
         assert_eq!(path, inner.to_str().unwrap());
         match prepared.run(run_ctx()).await {
             Ok(out) => {
-                let text = out.value.as_str().unwrap_or_default().to_string();
+                // What the script gets and what a direct call shows.
+                let text = format!("{}\n{}", out.value, common::shown_text(&out));
                 if text.contains("SECRET") {
                     escapes += 1;
                 }
@@ -214,10 +215,12 @@ async fn a_directory_swapped_for_a_symlink_leads_no_tool_outside() {
             }
             if let Ok(out) = prepared.run(run_ctx()).await {
                 ran += 1;
-                let text = out.value.as_str().unwrap_or_default();
-                // File content is shown at the end of a line (`path:1:SECRET`, `1\tSECRET`).
-                let leaked = text.lines().any(|l| l.ends_with("SECRET"));
-                assert!(!leaked, "{args} escaped: {text}");
+                // What the script gets and what a direct call shows; file content is shown at
+                // the end of a line there (`path:1:SECRET`, `1\tSECRET`).
+                let shown = common::shown_text(&out);
+                let leaked = out.value.to_string().contains("SECRET")
+                    || shown.lines().any(|l| l.ends_with("SECRET"));
+                assert!(!leaked, "{args} escaped: {} / {shown}", out.value);
             }
         }
     }

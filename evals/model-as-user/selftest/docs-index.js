@@ -1,4 +1,4 @@
-const names = (await tools.find({ pattern: "*.md", path: "docs" })).split("\n").filter(Boolean).map((p) => p.split("/").pop()).sort();
+const names = (await tools.find({ pattern: "*.md", path: "docs" })).paths.map((p) => p.split("/").pop()).sort();
 const lines = await Promise.all(names.map(async (name) => {
   const { output } = await tools.bash({ command: `grep -m1 '^#' docs/${name}` });
   return `- ${name}: ${output.trim().replace(/^#+\s*/, "")}`;

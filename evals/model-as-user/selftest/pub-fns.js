@@ -1,8 +1,8 @@
-const files = (await tools.find({ pattern: "src/**/*.rs" })).split("\n").filter(Boolean);
+const { paths } = await tools.find({ pattern: "src/**/*.rs" });
 const out = {};
-await Promise.all(files.map(async (path) => {
-  const { output } = await tools.bash({ command: `cat ${path}` });
-  const names = [...output.matchAll(/^\s*pub fn (\w+)/gm)].map((m) => m[1]);
+await Promise.all(paths.map(async (path) => {
+  const { text } = await tools.read({ path });
+  const names = [...text.matchAll(/^\s*pub fn (\w+)/gm)].map((m) => m[1]);
   if (names.length) out[path] = names;
 }));
 return out;

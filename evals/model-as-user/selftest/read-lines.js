@@ -1,2 +1,2 @@
-const { output } = await tools.bash({ command: "sed -n 24,26p src/parser.rs" });
-return output.replace(/\n$/, "");
+const { text } = await tools.read({ path: "src/parser.rs", offset: 24, limit: 3 });
+return text.replace(/\n$/, "");

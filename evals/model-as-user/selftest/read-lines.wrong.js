@@ -1,2 +1,2 @@
-// Returns the read tool's text as it is, line numbers included.
-return (await tools.read({ path: "src/parser.rs", offset: 24, limit: 3 }));
+// Keeps the line break that ends line 26.
+return (await tools.read({ path: "src/parser.rs", offset: 24, limit: 3 })).text;

@@ -1,4 +1,5 @@
-const hits = (await tools.grep({ pattern: "#\\[test\\]" })).split("\n").filter(Boolean);
+const { matches, truncated } = await tools.grep({ pattern: "#\\[test\\]", limit: 100000 });
+if (truncated) throw new Error("more tests than grep returned");
 const files = {};
-for (const h of hits) { const f = h.split(":")[0]; files[f] = (files[f] ?? 0) + 1; }
-return { total: hits.length, files };
+for (const m of matches) files[m.path] = (files[m.path] ?? 0) + 1;
+return { total: matches.length, files };

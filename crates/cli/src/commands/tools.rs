@@ -1,8 +1,10 @@
 //! `codemode tools`: what a script can call, and what the model reads about it.
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use codemode_declarations::{
     Encoding, RenderOptions, count_tokens, direct_definitions_json, render_declaration,
@@ -30,17 +32,21 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
     let installation = setup::build(&args.setup, &LimitFlags::default()).await?;
     let ready = installation.servers_ready().await;
     let codemode = installation.codemode();
+    // Built whole, then written once: a reader that closes the pipe early (`| head`) ends the
+    // output, not the process (`println!` panics on a closed pipe).
+    let mut out = String::new();
     if args.describe {
-        println!("{}", codemode.description());
+        let _ = writeln!(out, "{}", codemode.description());
     } else if args.tokens {
         let description = codemode.description();
         let declared = codemode.model_declared_tools();
         let all = codemode.gate().registry().script_callable();
         let direct_all = direct_definitions_json(&all);
         let direct_declared = direct_definitions_json(&declared);
-        println!("{:<52} {:>10} {:>12}", "", "o200k_base", "cl100k_base");
-        let row = |label: &str, text: &str| {
-            println!(
+        let _ = writeln!(out, "{:<52} {:>10} {:>12}", "", "o200k_base", "cl100k_base");
+        let mut row = |label: &str, text: &str| {
+            let _ = writeln!(
+                out,
                 "{:<52} {:>10} {:>12}",
                 label,
                 count_tokens(text, Encoding::O200kBase),
@@ -57,7 +63,8 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
             &direct_all,
         );
     } else {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<40} {:<9} {:<24} {:>7}  policy for a script's call, or why hidden",
             "tool", "exposure", "namespace", "tokens"
         );
@@ -69,7 +76,8 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
                 None => policy_note(installation.gate(), spec),
             };
             let declaration = render_declaration(spec, &RenderOptions::default());
-            println!(
+            let _ = writeln!(
+                out,
                 "{:<40} {:<9} {:<24} {:>7}  {note}",
                 spec.name,
                 spec.exposure.as_str(),
@@ -78,17 +86,32 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
             );
         }
         if !installation.activation().codemode {
-            println!(
+            let _ = writeln!(
+                out,
                 "\nThe codemode tool is not offered: nothing asked for it (see the warnings)."
             );
         }
     }
+    let written = write_stdout(&out);
     for warning in installation.warnings() {
         eprintln!("warning: {warning}");
     }
     installation.shutdown().await;
+    written?;
     ready?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `text` to standard output. A closed pipe is a reader that has seen enough, not an error.
+fn write_stdout(text: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to standard output"),
+    }
 }
 
 /// What the policies decide for a script's call of `spec` without arguments: `allow`, `ask`

@@ -481,7 +481,10 @@ impl Gate {
                 HookDecision::Deny(reason) => {
                     return Err(GateError::new(
                         Stage::Hook,
-                        format!("a hook blocked `{}`: {reason}", spec.name),
+                        format!(
+                            "a hook blocked `{}`: {reason}. No person was asked. Do not retry it unchanged; find another way",
+                            spec.name
+                        ),
                     ));
                 }
                 HookDecision::Ask(reason) => add_ask(&mut ask, format!("{reason} (hook)")),
@@ -489,7 +492,7 @@ impl Gate {
                     check_args(&spec.name, &resolved.validator, &new_args).map_err(|m| {
                         GateError::new(
                             Stage::Hook,
-                            format!("a hook rewrote the arguments into invalid ones, so the call is refused: {m}"),
+                            format!("a hook rewrote the arguments into invalid ones, so the call is refused: {m}. No person was asked"),
                         )
                     })?;
                     // New arguments may touch other paths: prepare and decide again.
@@ -536,7 +539,8 @@ impl Gate {
             return Err(GateError::new(
                 Stage::Resolve,
                 format!(
-                    "calls are refused because the audit log cannot be written ({e}); fix the log's location and restart"
+                    "`{}` was refused: the audit log cannot be written ({e}), so every call is refused. No person was asked. Tell the user: the log's location must be fixed and codemode restarted",
+                    req.name
                 ),
             ));
         }
@@ -546,7 +550,7 @@ impl Gate {
             return Err(GateError::new(
                 Stage::Resolve,
                 format!(
-                    "`{}` is refused: calls may nest at most {max} deep (`limits.max_depth` in settings), and this one is at depth {}",
+                    "`{}` was refused: calls may nest at most {max} deep (`limits.max_depth` in settings), and this one is at depth {}. No person was asked. Make the call from a shallower level",
                     req.name, req.provenance.depth
                 ),
             ));
@@ -571,7 +575,7 @@ impl Gate {
             return Err(GateError::new(
                 Stage::Policy,
                 format!(
-                    "`{}` is refused: model operations are turned off in settings (`models.enabled`)",
+                    "`{}` was refused: model operations are turned off in settings (`models.enabled`). No person was asked. Do without them, or ask the user to turn them on",
                     spec.name
                 ),
             ));
@@ -586,7 +590,8 @@ impl Gate {
                 return Err(GateError::new(
                     Stage::Policy,
                     format!(
-                        "model `{id}` is not in `models.allow` in settings; use one of: {}",
+                        "`{}` was refused: model `{id}` is not in `models.allow` in settings. No person was asked. Use one of: {}",
+                        spec.name,
                         allow.join(", ")
                     ),
                 ));
@@ -623,7 +628,7 @@ impl Gate {
         let refuse = |m: String| Err(GateError::new(Stage::Resolve, m));
         if spec.exposure == Exposure::Hidden {
             return refuse(format!(
-                "`{}` is hidden by configuration; nobody may call it",
+                "`{}` was refused: it is hidden by configuration, so nobody may call it. No person was asked. Use another tool",
                 spec.name
             ));
         }
@@ -631,26 +636,26 @@ impl Gate {
             Origin::Model if spec.name == CODEMODE_TOOL => {}
             Origin::Script if spec.name == CODEMODE_TOOL => {
                 return refuse(
-                    "a script cannot start another codemode script; call the tools directly"
+                    "`codemode` was refused: a script cannot start another codemode script. No person was asked. Call the tools directly from this script"
                         .to_string(),
                 );
             }
             Origin::Model if self.inner.mode == CodemodeMode::Only => {
                 return refuse(format!(
-                    "`{}` cannot be called directly in codemode `only` mode; call it from a script instead: `await tools.{id}(...)` inside codemode",
+                    "`{}` was refused: it cannot be called directly in codemode `only` mode. No person was asked. Call it from a script instead: `await tools.{id}(...)` inside codemode",
                     spec.name
                 ));
             }
             Origin::Model if spec.exposure == Exposure::Direct && found.active => {}
             Origin::Model => {
                 return refuse(format!(
-                    "`{}` is not one of your declared tools; call it from a script instead: `await tools.{id}(...)` inside codemode",
+                    "`{}` was refused: it is not one of your declared tools. No person was asked. Call it from a script instead: `await tools.{id}(...)` inside codemode",
                     spec.name
                 ));
             }
             Origin::Script if spec.exposure == Exposure::Direct && !found.active => {
                 return refuse(format!(
-                    "`{}` is not active now, so scripts cannot call it; it may have been deactivated while the script ran",
+                    "`{}` was refused: it is not active now, so scripts cannot call it (it may have been deactivated while the script ran). No person was asked. Use another tool, or ask the user to activate it",
                     spec.name
                 ));
             }
@@ -721,7 +726,7 @@ impl Gate {
             GateError::new(
                 Stage::Approval,
                 format!(
-                    "`{}` needs the user's approval ({reason}), but could not ask: {why}. Ask the user to allow `{}` (a policy that permits it), or to use a client that can show approval requests",
+                    "`{}` was not run: it needs the user's approval ({reason}), but codemode could not ask: {why}. No person was asked. Do not retry it; ask the user to allow `{}` (a policy that permits it), or to use a client that can show approval requests",
                     spec.name, spec.name
                 ),
             )
@@ -753,7 +758,7 @@ impl Gate {
             }
             Some(ApprovalAnswer::No) => Err(GateError::new(
                 Stage::Approval,
-                format!("`{}` was not approved: the user was asked ({reason}) and said no. Do not retry it; find another way, or ask the user to allow `{}`", spec.name, spec.name),
+                format!("`{}` was not approved: the user was asked ({reason}) and said no, so it was not run. Do not retry it; find another way, or ask the user to allow `{}`", spec.name, spec.name),
             )
             .with_policies(policy_ids)),
             Some(ApprovalAnswer::Unasked(why)) => Err(unasked(why)),

@@ -74,7 +74,7 @@ pub(crate) fn check(
             return Err(GateError::new(
                 Stage::Protected,
                 format!(
-                    "`{}` may not change {path}: it is {}, which the gate protects whatever the policy permits; change it by hand outside codemode",
+                    "`{}` was refused: it may not change {path}, which is {} and protected whatever the policy permits. No person was asked. Do not retry it; the user can change it by hand outside codemode",
                     spec.name, p.why
                 ),
             ));

@@ -302,7 +302,8 @@ fn evaluate(
             .collect();
         return Ok(Decision::Deny {
             message: format!(
-                "denied because a policy could not be evaluated ({}); fix the policy",
+                "{} was refused because a policy could not be evaluated ({}). No person was asked. Tell the user the policy needs fixing",
+                describe_call(input.spec, input.facts.model.as_ref()),
                 detail.join("; ")
             ),
             policy_ids: ids,
@@ -340,13 +341,13 @@ fn evaluate(
         }
         cedar_policy::Decision::Deny if ids.is_empty() => Decision::Deny {
             message: format!(
-                "no policy permits {what}; add a permit policy for it if it should run"
+                "no policy permits {what}, so it was refused. No person was asked. Do not retry it; if it should run, ask the user to add a permit policy for it"
             ),
             policy_ids: ids,
         },
         cedar_policy::Decision::Deny => Decision::Deny {
             message: format!(
-                "{what} is forbidden by policy {}",
+                "{what} is forbidden by policy {}, so it was refused. No person was asked. Do not retry it; find another way, or ask the user to change the policy",
                 ids.iter()
                     .map(|i| format!("`{i}`"))
                     .collect::<Vec<_>>()

@@ -67,10 +67,19 @@ impl Bench {
         .await
     }
 
-    /// The text a successful text tool returned.
+    /// The text a direct call of a successful tool shows (its one text block, or its value
+    /// when that is a string).
     pub async fn text(&self, name: &str, args: Value) -> String {
         match self.call(name, args).await {
-            Ok(out) => out.value.as_str().expect("a text result").to_owned(),
+            Ok(out) => shown_text(&out),
+            Err(e) => panic!("{name} failed: {e}"),
+        }
+    }
+
+    /// What a script's call of a successful tool resolves to.
+    pub async fn value(&self, name: &str, args: Value) -> Value {
+        match self.call(name, args).await {
+            Ok(out) => out.value,
             Err(e) => panic!("{name} failed: {e}"),
         }
     }
@@ -111,4 +120,12 @@ pub fn read_pids(path: &Path) -> Vec<i32> {
         .split_whitespace()
         .map(|s| s.parse().unwrap())
         .collect()
+}
+
+/// The text a direct call shows.
+pub fn shown_text(out: &ToolOutput) -> String {
+    match out.content.as_deref() {
+        Some([codemode_spec::ContentBlock::Text { text }]) => text.clone(),
+        _ => out.value.as_str().expect("a text result").to_owned(),
+    }
 }
