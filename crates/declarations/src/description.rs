@@ -219,6 +219,35 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
         out.push_str("\n\n");
         out.push_str(&block);
     }
+    out.push_str(&unavailable_namespaces(input.namespaces));
+    out
+}
+
+/// Namespaces whose tools are missing or failing now (an MCP server starting or down), with
+/// why: outside the budget, since without it the model cannot tell a broken server from a
+/// name that does not exist.
+const UNAVAILABLE_CHARS: usize = 400;
+
+fn unavailable_namespaces(namespaces: &[NamespaceSpec]) -> String {
+    let mut down: Vec<(&str, &str)> = namespaces
+        .iter()
+        .filter_map(|ns| Some((ns.name.as_str(), ns.unavailable.as_deref()?)))
+        .collect();
+    if down.is_empty() {
+        return String::new();
+    }
+    down.sort();
+    down.dedup_by(|a, b| a.0 == b.0);
+    let mut out = String::from("\n\nNot available now (their tools are missing until they are):");
+    for (name, why) in down {
+        // A server's stderr can be long; the error of a call to it has all of it.
+        let why = comment_lines(why).join(" ");
+        let why = match why.char_indices().nth(UNAVAILABLE_CHARS) {
+            Some((cut, _)) => format!("{}…", why[..cut].trim_end()),
+            None => why,
+        };
+        out.push_str(&format!("\n- {name}: {why}"));
+    }
     out
 }
 

@@ -487,6 +487,9 @@ impl ToolIndex {
         if let Some(instructions) = &found.instructions {
             out.insert("instructions".into(), json!(instructions));
         }
+        if let Some(unavailable) = &found.unavailable {
+            out.insert("unavailable".into(), json!(unavailable));
+        }
         let tools: Vec<Value> = self
             .docs
             .iter()

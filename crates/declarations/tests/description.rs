@@ -176,6 +176,7 @@ fn registration_order_does_not_change_a_byte() {
         name: "mcp__memory".into(),
         description: Some("Another memory".into()),
         instructions: None,
+        unavailable: None,
     });
     let expected = codemode_description(&DescriptionInput {
         inline_budget_tokens: 1500,
@@ -274,6 +275,7 @@ fn globals_and_namespace_descriptions_show() {
         name: "mcp__docs".into(),
         description: Some("Docs server".into()),
         instructions: Some("Search first.".into()),
+        unavailable: None,
     }];
     let tools = vec![tool];
     let plain = codemode_description(&DescriptionInput::new(&tools, &namespaces));
@@ -336,6 +338,7 @@ fn a_large_catalog_gets_a_small_surface_and_a_small_one_is_listed_whole() {
                 "Service number {n}: records, reports and settings."
             )),
             instructions: None,
+            unavailable: None,
         });
         for t in 0..20 {
             let mut spec = ToolSpec::new(

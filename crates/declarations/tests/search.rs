@@ -26,6 +26,7 @@ fn index() -> ToolIndex {
         name: "mcp__dev_radius".into(),
         description: Some("Issue tracker".into()),
         instructions: Some("Use search_issues first.".into()),
+        unavailable: None,
     });
     let mut hidden = ToolSpec::new("secret_reader", "Reads secrets", json!({}));
     hidden.exposure = Exposure::Hidden;

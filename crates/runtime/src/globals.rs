@@ -179,6 +179,7 @@ mod tests {
             name: "mcp__fs".into(),
             description: Some("Files".into()),
             instructions: None,
+            unavailable: None,
         };
         ToolIndex::new(&[read, echo], &[ns])
     }

@@ -139,6 +139,10 @@ pub struct NamespaceSpec {
     pub description: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub instructions: Option<String>,
+    /// Why this namespace's tools are missing or failing now (an MCP server still starting, or
+    /// down, and when it is tried again); `None` when it works. The description names it.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub unavailable: Option<String>,
 }
 
 /// One block of content for the model: what a direct call shows, and what MCP carries.

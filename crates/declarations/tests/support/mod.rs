@@ -47,6 +47,7 @@ pub fn mcp_server(server: &str) -> (Vec<ToolSpec>, NamespaceSpec) {
         name: namespace,
         description: Some(format!("The {short} MCP server")),
         instructions: None,
+        unavailable: None,
     };
     (tools, ns)
 }
@@ -160,6 +161,7 @@ pub fn catalog(per_namespace: usize) -> (Vec<ToolSpec>, Vec<NamespaceSpec>) {
                 "The {area} service: manage {area} data through its API"
             )),
             instructions: None,
+            unavailable: None,
         });
         for i in 0..per_namespace {
             let verb = VERBS[i % VERBS.len()];

@@ -184,24 +184,18 @@ impl McpHub {
 
     /// One namespace per enabled server: `mcp__<server>`, with the configured description (else
     /// the server's own) and the instructions the server sent. A server that is connecting or
-    /// down says so in its description, so `describeNamespace` tells "broken" from "unknown".
+    /// down says so in `unavailable`, which the codemode description and `describeNamespace`
+    /// show, so the model tells "broken" from "unknown".
     pub fn namespaces(&self) -> Vec<NamespaceSpec> {
         self.upstreams
             .iter()
             .map(|u| {
                 let catalog = u.catalog();
-                let own = u.config.description.clone().or(catalog.server_description);
-                let description = match unavailable_text(u) {
-                    Some(state) => Some(match own {
-                        Some(d) => format!("{d}\n{state}"),
-                        None => state,
-                    }),
-                    None => own,
-                };
                 NamespaceSpec {
                     name: mcp_namespace(u.name()),
-                    description,
+                    description: u.config.description.clone().or(catalog.server_description),
                     instructions: catalog.instructions,
+                    unavailable: unavailable_text(u),
                 }
             })
             .collect()

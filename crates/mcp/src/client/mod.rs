@@ -2,6 +2,7 @@
 
 mod handler;
 mod hub;
+mod ordered;
 mod progress;
 mod proxy;
 mod resources;

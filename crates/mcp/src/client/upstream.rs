@@ -22,6 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use super::handler::{Handler, Listing};
+use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
 use crate::config::{ServerConfig, ServerTransport};
 
@@ -312,7 +313,7 @@ impl Upstream {
                     self.log_stderr(stderr);
                 }
                 handler
-                    .serve(transport)
+                    .serve(CancelAfterRequest::new(transport))
                     .await
                     .map_err(|e| format!("the MCP handshake failed: {e}"))?
             }
@@ -543,6 +544,10 @@ impl Upstream {
         cancel: &CancellationToken,
         progress: Option<(ProgressSink, String)>,
     ) -> Result<ServerResult, RequestError> {
+        if cancel.is_cancelled() {
+            // Stopped before it went out: the server never hears of it.
+            return Err(RequestError::Cancelled);
+        }
         let options =
             PeerRequestOptions::with_timeout(self.call_timeout).reset_timeout_on_progress();
         let handle = peer
@@ -711,21 +716,11 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// rmcp writes each outgoing message from a task of its own, and tokio runs the newest task
-/// first, so a cancellation sent right after its request can reach the server before the
-/// request does, and be ignored. The second copy, a moment later, arrives after it; a server
-/// ignores a cancellation of a request it already ended.
-const CANCEL_AGAIN_AFTER: Duration = Duration::from_millis(250);
-
+/// Sent once: over stdio `CancelAfterRequest` writes it after its request, and the streamable
+/// HTTP transport tracks each request's cancellation itself.
 async fn notify_cancelled(peer: Peer<RoleClient>, id: RequestId, server: &str) {
-    for attempt in 0..2 {
-        if attempt == 1 {
-            tokio::time::sleep(CANCEL_AGAIN_AFTER).await;
-        }
-        let note = CancelledNotificationParam::new(Some(id.clone()), Some(CANCEL_REASON.into()));
-        if let Err(e) = peer.notify_cancelled(note).await {
-            tracing::debug!(%server, error = %e, "could not send cancellation");
-            return;
-        }
+    let note = CancelledNotificationParam::new(Some(id), Some(CANCEL_REASON.into()));
+    if let Err(e) = peer.notify_cancelled(note).await {
+        tracing::debug!(%server, error = %e, "could not send cancellation");
     }
 }

@@ -190,19 +190,8 @@ impl CodemodeHandler {
             },
             "required": ["code"]
         });
-        let mut description = self.codemode.description();
-        if let Some(hub) = &self.opts.hub {
-            let down = hub.unavailable();
-            if !down.is_empty() {
-                description.push_str(
-                    "\n\nMCP servers not available now (their tools are missing until they are):",
-                );
-                for (_, why) in down {
-                    description.push_str("\n- ");
-                    description.push_str(&why);
-                }
-            }
-        }
+        // Servers that are starting or down are named in it (their namespaces say so).
+        let description = self.codemode.description();
         let mut tool = Tool::new_with_raw(
             codemode_gate::CODEMODE_TOOL,
             Some(description.into()),
