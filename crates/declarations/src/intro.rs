@@ -27,7 +27,7 @@ const CELLS: &str = "
 - A run still going at its yield time (`\"yield_after_ms\"` in the options lowers it) returns its output so far with `{cell, status: \"running\"}` and goes on: the `wait` tool with `{cell}` gives more output and the result, `{cell, terminate: true}` stops it. `waiting_for_approval`: a person must answer first.";
 
 const DISCOVERY: &str = " Every tool is callable as `tools.<name>(args)`, listed or not. Finders (async; an unknown name throws, naming the closest):
-  `searchTools(query, {limit = 8, namespace?})` → `{name, description}[]` best first, `description` being the tool's text and declaration; `describeTool(name)` → the same text, or with `{schema: true}` its input JSON Schema; `describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`. `ALL_TOOLS`: `{name, description}[]`.";
+  `searchTools(query, {limit = 8, namespace?})` → `{name, description}[]` best first, `description` being the tool's text and declaration; `describeTool(name)` → the same text, or with `{schema: true}` its input JSON Schema; `describeNamespace(name)` → `{name, description?, instructions?, unavailable?, tools: string[]}`. `ALL_TOOLS`: `{name, description}[]`.";
 
 const EXAMPLE_PLAIN: &str = "
 
