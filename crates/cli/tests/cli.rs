@@ -14,7 +14,7 @@ fn codemode(args: &[&str], config_dir: &Path, stdin: Option<&str>) -> Output {
 }
 
 fn plain(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_codemode"))
+    common::codemode()
         .args(args)
         .stdin(Stdio::null())
         .output()

@@ -53,6 +53,8 @@ impl Server {
                 "--config-dir",
             ])
             .arg(config.path())
+            .arg("--state-dir")
+            .arg(config.path().join("state"))
             .args(extra)
             .env("CODEMODE_LOG", "codemode_mcp::server=debug")
             .stdin(Stdio::null())

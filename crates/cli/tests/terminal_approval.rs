@@ -18,6 +18,7 @@ fn at_terminal(script: &str, answers: &str) -> String {
     );
     let mut child = Command::new("script")
         .args(["-qec", &command, "/dev/null"])
+        .env("XDG_STATE_HOME", dir.path().join("state"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -268,7 +268,7 @@ fn the_model_as_user_set_matches_its_golden() {
         "search-only tools",
         "`searchTools(query, {limit = 8, namespace?})` → `{name, description}[]`",
         "with `{schema: true}` its input JSON Schema",
-        "`describeNamespace(name)` → `{name, description?, instructions?, tools: string[]}`",
+        "`describeNamespace(name)` → `{name, description?, instructions?, unavailable?, tools: string[]}`",
         "`ALL_TOOLS`: `{name, description}[]`",
         "an unknown name throws, naming the closest",
         "Promise.all(",

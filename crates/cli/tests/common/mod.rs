@@ -8,7 +8,17 @@ use serde_json::Value;
 
 /// A `codemode` command, ready for arguments.
 pub fn codemode() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_codemode"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
+    cmd.env("XDG_STATE_HOME", test_state_home());
+    cmd
+}
+
+/// A state directory of this test process's own: tests never read or write the state (audit
+/// key, state.db) of the person running them, nor share it with another test binary.
+pub fn test_state_home() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
+        .path()
 }
 
 /// Runs `cmd` with `script` on standard input (or none) and collects its output.
