@@ -1,7 +1,7 @@
 //! The command line as a user meets it: real processes, real files, no terminal attached.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use serde_json::Value;
 
