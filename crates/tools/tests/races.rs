@@ -167,7 +167,7 @@ async fn writes_judged_inside_never_land_outside_while_a_symlink_flips() {
     }
     swapper.finish();
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "UNTOUCHED");
-    assert!(written > 50, "too few writes ran: {written}");
+    assert!(written >= 50, "too few writes ran: {written}");
     // No temporary file was left outside either.
     assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 1);
 }

@@ -96,7 +96,8 @@ impl PausingApprover {
             }
         };
         if approval.state == ApprovalState::Pending {
-            cell.add_pending(approval.clone());
+            // The store first, then the live cell: a report of `waiting_for_approval` (which
+            // the live cell triggers) is then never ahead of what another process reads.
             let _ = store
                 .update_cell(
                     &cell.id,
@@ -108,6 +109,7 @@ impl PausingApprover {
                     },
                 )
                 .await;
+            cell.add_pending(approval.clone());
         }
         // Removes the approval from the cell's waiting list however this ends (a cancelled
         // call drops this future mid-wait).
