@@ -211,6 +211,7 @@ fn item13_resources_and_prompts_reach_scripts_through_the_gate_and_the_client_in
     let v = client(&s, "resources", "");
     assert!(v["resources"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["read"][0], v["firstUri"], "{v}");
+    assert_eq!(v["readError"], Value::Null, "{v}");
     assert!(v["messages"].as_u64().unwrap() > 0, "{v}");
     assert!(
         v["prompt"]
@@ -246,6 +247,22 @@ fn item13_a_policy_decides_on_the_server_and_the_uri() {
         &["--mode", "on"],
     );
     let v = client(&s, "resources", "");
+    // The client's own read of a demo:// resource is judged by the same policy.
+    assert!(
+        v["firstUri"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("demo://"),
+        "{v}"
+    );
+    assert!(
+        v["readError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no-resources"),
+        "{v}"
+    );
+    assert_eq!(v["read"], json!([]), "{v}");
     let script = &v["script"];
     assert_eq!(script["ok"], false, "{v}");
     assert!(

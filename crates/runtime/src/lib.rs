@@ -209,6 +209,31 @@ impl Codemode {
             .await
     }
 
+    /// A request the MCP client makes itself, not the model (a resource the person chose to
+    /// read): passes the gate like any call (policy, hooks, approval, audit) with origin
+    /// `client`, whatever the tool's exposure.
+    pub async fn call_for_client(
+        &self,
+        name: &str,
+        args: Value,
+        session_id: &str,
+        client: Option<String>,
+        cancel: CancellationToken,
+    ) -> Result<ToolOutput, GateError> {
+        let mut provenance = Provenance::client(self.next_call_id("call"), session_id);
+        provenance.client = client;
+        self.inner
+            .gate
+            .call(CallRequest {
+                name: name.to_string(),
+                args,
+                provenance,
+                cancel,
+                clock: None,
+            })
+            .await
+    }
+
     /// Drops a session's store (for example when an MCP session ends), in the state store too.
     pub fn end_session(&self, session_id: &str) {
         self.inner.stores.remove(session_id);

@@ -22,6 +22,9 @@ pub enum Origin {
     Model,
     /// A codemode script called it (`depth` says how deeply nested).
     Script,
+    /// The MCP client asked for it itself, not through a tool call of the model: a resource
+    /// the person chose to read (`resources/read`, proxied in mode `on`).
+    Client,
 }
 
 /// Everything the gate, the hooks and the audit log know about where a call came from.
@@ -51,6 +54,14 @@ pub struct Provenance {
 }
 
 impl Provenance {
+    /// A request of the MCP client itself (see [`Origin::Client`]), at depth 0.
+    pub fn client(call_id: impl Into<String>, session_id: impl Into<String>) -> Self {
+        Provenance {
+            origin: Origin::Client,
+            ..Provenance::model(call_id, session_id)
+        }
+    }
+
     /// Provenance of a call the model made directly.
     pub fn model(call_id: impl Into<String>, session_id: impl Into<String>) -> Self {
         Provenance {

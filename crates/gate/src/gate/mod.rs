@@ -660,6 +660,15 @@ impl Gate {
                 ));
             }
             Origin::Script => {}
+            // The client's own request (a resource the person chose to read): not the model's
+            // declared tools, so exposure does not apply; policy, hooks and audit still do.
+            Origin::Client if spec.name == CODEMODE_TOOL => {
+                return refuse(
+                    "`codemode` was refused: it runs only as the model's tool call. No person was asked"
+                        .to_string(),
+                );
+            }
+            Origin::Client => {}
         }
         Ok(found)
     }

@@ -261,7 +261,7 @@ fn evaluate(
         "args_json": serde_json::to_string(input.args).unwrap_or_default(),
         "paths": input.facts.paths,
         "path": path,
-        "origin": match p.origin { Origin::Model => "model", Origin::Script => "script" },
+        "origin": match p.origin { Origin::Model => "model", Origin::Script => "script", Origin::Client => "client" },
         "depth": p.depth,
         "parent": p.parent_call_id.clone().unwrap_or_default(),
         "script_id": p.script_id.clone().unwrap_or_default(),

@@ -68,6 +68,33 @@ impl McpHub {
         uri: &str,
         cancel: &CancellationToken,
     ) -> Result<ReadResourceResult, ProxyError> {
+        let index = self.resource_upstream(uri)?;
+        self.upstreams()[index]
+            .read_resource(uri, cancel)
+            .await
+            .map_err(|e| ProxyError::Failed(e.message))
+    }
+
+    /// The registered name of the gated tool that reads `uri` from the server offering it
+    /// (`mcp__<server>__read_resource`), so a client's own resource reads pass the gate too.
+    pub fn resource_read_tool(&self, uri: &str) -> Result<String, ProxyError> {
+        let upstream = &self.upstreams()[self.resource_upstream(uri)?];
+        if upstream
+            .catalog()
+            .tools
+            .iter()
+            .any(|t| t.name == "read_resource")
+        {
+            return Err(ProxyError::Failed(format!(
+                "MCP server {} has a tool of its own named read_resource, so its resources have no \
+                 gated reader here; rename that tool on the server to read its resources through codemode",
+                upstream.name()
+            )));
+        }
+        Ok(format!("{}__read_resource", mcp_namespace(upstream.name())))
+    }
+
+    fn resource_upstream(&self, uri: &str) -> Result<usize, ProxyError> {
         let mut best: Option<(usize, usize)> = None;
         for (i, u) in self.upstreams().iter().enumerate() {
             let Some(listed) = u.catalog().resources else {
@@ -99,10 +126,7 @@ impl McpHub {
                 )));
             }
         };
-        self.upstreams()[index]
-            .read_resource(uri, cancel)
-            .await
-            .map_err(|e| ProxyError::Failed(e.message))
+        Ok(index)
     }
 
     /// Every connected server's prompts, named `mcp__<server>__<prompt>`.

@@ -14,8 +14,8 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
     GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{Peer, RequestContext, RoleServer};
 use serde_json::{Map, Value, json};
@@ -487,11 +487,34 @@ impl ServerHandler for CodemodeHandler {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        let hub = self.hub_for_proxy()?;
-        hub.read_resource(&request.uri, &context.ct)
+        // The client's own read is a call like any other: through the gate (policy on server
+        // and URI, hooks, approval, audit) as the server's read_resource tool.
+        let tool = self
+            .hub_for_proxy()?
+            .resource_read_tool(&request.uri)
+            .map_err(proxy_error)?;
+        let _busy = self.opts.activity.enter();
+        let session_id = self.session_id(&context);
+        let output = self
+            .codemode
+            .call_for_client(
+                &tool,
+                json!({ "uri": request.uri }),
+                &session_id,
+                Self::client_name(&context),
+                context.ct.clone(),
+            )
             .await
+            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
+        if output.is_error {
+            return Err(ErrorData::internal_error(
+                format!("reading {} failed: {}", request.uri, output.value),
+                None,
+            ));
+        }
+        serde_json::from_value::<ReadResourceResult>(output.value)
             .map(ReadResourceResponse::Complete)
-            .map_err(proxy_error)
+            .map_err(|e| ErrorData::internal_error(format!("unreadable resource: {e}"), None))
     }
 
     async fn list_prompts(
