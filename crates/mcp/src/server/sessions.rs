@@ -29,6 +29,9 @@ pub(crate) struct Sessions {
     /// Replicas share sessions through this store: a session begun on one replica is known to
     /// every other (its `initialize` parameters are kept there).
     shared: Option<Arc<dyn StateStore>>,
+    /// Sessions ended by any path (`DELETE`, eviction, expiry) since the sweeper last gave
+    /// memory back.
+    ended: std::sync::atomic::AtomicUsize,
 }
 
 /// The pseudo-session under which a session's `initialize` parameters are kept in the shared
@@ -56,6 +59,7 @@ impl Sessions {
     ) -> Arc<Self> {
         Arc::new(Sessions {
             table: Mutex::new(HashMap::new()),
+            ended: std::sync::atomic::AtomicUsize::new(0),
             codemode,
             manager,
             idle_timeout,
@@ -183,7 +187,10 @@ impl Sessions {
 
     /// Ends a session for good: its connection, its store and its approvals.
     pub(crate) async fn end(&self, id: &str) {
-        self.lock().remove(id);
+        if self.lock().remove(id).is_some() {
+            self.ended
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.codemode.end_session(id);
         let _ = self
             .manager
@@ -209,12 +216,12 @@ impl Sessions {
                 .collect();
             (expired, idle)
         };
-        let mut ended = 0;
         for id in &expired {
             tracing::debug!(session = %id, "MCP session expired");
             self.end(id).await;
-            ended += 1;
         }
+        // Every session ended since the last sweep counts, whoever ended it.
+        let mut ended = self.ended.swap(0, std::sync::atomic::Ordering::Relaxed);
         let live = self.manager.sessions.read().await;
         let to_close: Vec<SessionId> = idle
             .iter()
