@@ -21,14 +21,14 @@ try {
   const counted = await tools.bash({ command: "wc -l src/*.rs" });
   console.log("bash:", counted.output.trim());
 } catch (e) {
-  console.log("bash was not run:", e.message);
+  console.log(`bash (stage ${e.stage}):`, e.message);
 }
 
 try {
   await tools.write({ path: "NOTES.md", content: "written by the demo\n" });
   console.log("write: allowed");
 } catch (e) {
-  console.log("write refused by the gate:", e.message);
+  console.log(`write (stage ${e.stage}):`, e.message);
 }
 
 const found = await searchTools("replace text in a file", { limit: 2 });

@@ -38,7 +38,10 @@ fn the_demo_runs_and_the_gate_refuses_the_write_without_a_person() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     assert!(stdout.contains("Script completed"), "{stdout}");
-    assert!(stdout.contains("write refused by the gate"), "{stdout}");
+    assert!(
+        stdout.contains("write (stage approval): `write` was not run"),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("ask-writes"),
         "the denial names the policy: {stdout}"
