@@ -475,7 +475,7 @@ fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it(
     //    client come back through B: B asked it about the paused call.
     let el = &v["elicitation"];
     assert_eq!(el["started"]["status"], "waiting_for_approval", "{el}");
-    assert_eq!(el["questionsOnA"].as_array().unwrap().len(), 1, "{el}");
+    assert!(!el["questionsOnA"].as_array().unwrap().is_empty(), "{el}");
     let cell2 = el["started"]["cell"].as_str().unwrap();
     let id2 = el["started"]["structured"]["pending"][0]["approval_id"]
         .as_str()
