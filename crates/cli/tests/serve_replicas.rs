@@ -1,6 +1,8 @@
 //! Two `codemode serve` replicas on loopback sharing one PostgreSQL, driven by the official
 //! MCP SDK client: one budget for both, sessions that move between them, one audit chain, and
-//! traces received by a real OTLP/HTTP receiver in the test.
+//! traces received by a real OTLP/HTTP receiver in the test; and approvals answered on one side
+//! (the `codemode approvals` CLI, or the session's client come back through the other replica)
+//! resuming the cell on the replica that holds it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -102,9 +104,9 @@ fn sha256_hex(s: &str) -> String {
     hex::encode(sha2::Sha256::digest(s.as_bytes()))
 }
 
-/// A fresh database on the test server, and its URL.
-fn fresh_database(rt: &tokio::runtime::Runtime, url: &str) -> String {
-    let name = format!("cm_cli_{}", std::process::id());
+/// A fresh database on the test server, and its URL; `tag` keeps the tests of one run apart.
+fn fresh_database(rt: &tokio::runtime::Runtime, url: &str, tag: &str) -> String {
+    let name = format!("cm_cli_{tag}_{}", std::process::id());
     rt.block_on(async {
         let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
@@ -175,7 +177,7 @@ fn two_replicas_share_one_budget_one_session_table_and_one_audit_chain() {
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let state_url = fresh_database(&rt, &pg);
+    let state_url = fresh_database(&rt, &pg, "budget");
     let (otlp, spans) = otlp_receiver(&rt);
 
     let config = tempfile::tempdir().unwrap();
@@ -305,4 +307,232 @@ fn two_replicas_share_one_budget_one_session_table_and_one_audit_chain() {
         }
         assert!(attr(s, "codemode.args").is_empty());
     }
+}
+
+const ASKING_POLICY: &str = r#"
+@id("first-step")
+permit (principal, action == Action::"tool_call", resource == Tool::"bash")
+when { context.args has command && context.args.command like "echo first*" };
+@id("second-step-needs-a-person")
+@ask("the second step appends to the project")
+permit (principal, action == Action::"tool_call", resource == Tool::"bash")
+when { context.args has command && context.args.command like "echo second*" };
+"#;
+
+/// The lines of an audit stream in the shared database, in order.
+fn audit_lines(rt: &tokio::runtime::Runtime, state_url: &str, stream: &str) -> Vec<Value> {
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(state_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .query(
+                "SELECT line FROM audit_lines WHERE stream = $1 ORDER BY seq",
+                &[&stream],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| serde_json::from_str(row.get::<_, &str>(0)).unwrap())
+            .collect()
+    })
+}
+
+#[test]
+fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it() {
+    let Some(pg) = std::env::var(PG_URL_VAR)
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    else {
+        eprintln!(
+            "SKIPPED: approvals across replicas on PostgreSQL, because {PG_URL_VAR} is not set; run with `scripts/with-postgres cargo test -p codemode-cli --test serve_replicas`"
+        );
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let state_url = fresh_database(&rt, &pg, "approvals");
+
+    let config = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let settings = serde_json::json!({
+        "state": {"url": state_url, "audit_stream": "team"},
+        "approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"},
+    });
+    write(&config.path().join("settings.json"), &settings.to_string());
+    let policy = config.path().join("policy.cedar");
+    write(&policy, ASKING_POLICY);
+    let dirs = [
+        "--config-dir",
+        config.path().to_str().unwrap(),
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "--workdir",
+        work.path().to_str().unwrap(),
+    ];
+    let mut serve_args = vec!["--mode", "only", "--policy", policy.to_str().unwrap()];
+    serve_args.extend(dirs);
+    let a = Replica::start(&serve_args);
+    let b = Replica::start(&serve_args);
+
+    // The person's CLI: another process, on another machine as far as it knows, that shares
+    // only the database (named with --state).
+    let mut approvals_args = vec!["--state", state_url.as_str()];
+    approvals_args.extend(dirs);
+    let out = Command::new("node")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/replicas-approvals-client.cjs"
+        ))
+        .arg(testbed())
+        .arg(env!("CARGO_BIN_EXE_codemode"))
+        .args([&a.url, &b.url])
+        .arg(serde_json::json!(approvals_args).to_string())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(v["tools"], serde_json::json!(["codemode", "wait"]), "{v}");
+
+    // 1. Paused on A (its client cannot be asked), answered by the CLI on the shared store.
+    let cli = &v["cli"];
+    let started = &cli["started"];
+    assert_eq!(started["status"], "waiting_for_approval", "{cli}");
+    let cell1 = started["cell"].as_str().unwrap();
+    let pending = &started["structured"]["pending"][0];
+    assert_eq!(pending["tool"], "bash");
+    assert_eq!(
+        pending["arguments"],
+        serde_json::json!({"command": "echo second-1 >> count.txt"})
+    );
+    let id1 = pending["approval_id"].as_str().unwrap();
+    // The session moved to B: `wait` there reads the cell from the store and says where it runs.
+    let on_b = &cli["waitOnBWhilePaused"];
+    assert_eq!(on_b["isError"], false, "{on_b}");
+    assert_eq!(on_b["status"], "waiting_for_approval", "{on_b}");
+    assert_eq!(
+        on_b["structured"]["pending"][0]["approval_id"], id1,
+        "{on_b}"
+    );
+    assert!(
+        on_b["text"]
+            .as_str()
+            .unwrap()
+            .contains("runs in another codemode process"),
+        "{on_b}"
+    );
+    // Only the process that runs a cell can stop it; B says so rather than pretending.
+    let stop = &cli["terminateOnB"];
+    assert_eq!(stop["isError"], true, "{stop}");
+    assert!(
+        stop["text"]
+            .as_str()
+            .unwrap()
+            .contains("only that process can stop it"),
+        "{stop}"
+    );
+    assert!(
+        cli["listedBefore"]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains(id1),
+        "{cli}"
+    );
+    assert_eq!(cli["approve"]["code"], 0, "{}", cli["approve"]);
+    // The answer resumed the cell on A; `wait` gives the result on both replicas.
+    let on_b = &cli["onB"]["last"];
+    assert_eq!(on_b["status"], "finished", "{}", cli["onB"]);
+    assert!(
+        on_b["text"].as_str().unwrap().contains("finished-1"),
+        "{on_b}"
+    );
+    let on_a = &cli["onA"]["last"];
+    assert_eq!(on_a["status"], "finished", "{}", cli["onA"]);
+    assert_eq!(on_a["structured"]["value"], "finished-1", "{on_a}");
+    let calls = on_a["structured"]["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{on_a}");
+    assert_eq!(calls[1]["decision"], "ask", "{on_a}");
+    assert_eq!(calls[1]["status"], "ok", "{on_a}");
+    assert!(
+        cli["againOnA"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("already finished"),
+        "{cli}"
+    );
+    let shown: Value = serde_json::from_str(cli["shown"]["stdout"].as_str().unwrap()).unwrap();
+    assert_eq!(shown["approval"]["state"], "approved", "{shown}");
+    assert_eq!(shown["approval"]["answered_channel"], "cli", "{shown}");
+    assert_eq!(shown["cell"]["id"], cell1, "{shown}");
+    assert_eq!(shown["cell"]["status"], "finished", "{shown}");
+
+    // 2. Paused on A (its client did not answer the question), answered by the same session's
+    //    client come back through B: B asked it about the paused call.
+    let el = &v["elicitation"];
+    assert_eq!(el["started"]["status"], "waiting_for_approval", "{el}");
+    assert!(!el["questionsOnA"].as_array().unwrap().is_empty(), "{el}");
+    let cell2 = el["started"]["cell"].as_str().unwrap();
+    let id2 = el["started"]["structured"]["pending"][0]["approval_id"]
+        .as_str()
+        .unwrap();
+    assert_eq!(el["waitOnB"]["isError"], false, "{el}");
+    let asked = el["questionsOnB"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "B asked once: {el}");
+    assert!(
+        asked[0].as_str().unwrap().contains("echo second-2")
+            && asked[0].as_str().unwrap().contains("while you were away"),
+        "{el}"
+    );
+    let on_a = &el["onA"]["last"];
+    assert_eq!(on_a["status"], "finished", "{}", el["onA"]);
+    assert_eq!(on_a["structured"]["value"], "finished-2", "{on_a}");
+    assert_eq!(el["onB"]["last"]["status"], "finished", "{}", el["onB"]);
+    let shown: Value = serde_json::from_str(el["shown"]["stdout"].as_str().unwrap()).unwrap();
+    assert_eq!(shown["approval"]["state"], "approved", "{shown}");
+    assert_eq!(shown["approval"]["answered_channel"], "elicitation");
+    assert_eq!(shown["approval"]["answered_by"], "dana-laptop");
+    assert_eq!(shown["cell"]["id"], cell2, "{shown}");
+
+    // Each call ran exactly once, though two processes saw each cell and two answers could
+    // have come in.
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("count.txt")).unwrap(),
+        "first-1\nsecond-1\nfirst-2\nsecond-2\n"
+    );
+    a.stop();
+    b.stop();
+
+    // Both answers are in the team's one audit chain, which still verifies.
+    let lines = audit_lines(&rt, &state_url, "team");
+    let answers: Vec<&Value> = lines.iter().filter(|l| l["event"] == "approval").collect();
+    assert_eq!(answers.len(), 2, "{lines:?}");
+    assert_eq!(answers[0]["approval_id"], id1);
+    assert_eq!(answers[0]["by"], "carol");
+    assert_eq!(answers[0]["channel"], "cli");
+    assert_eq!(answers[1]["approval_id"], id2);
+    assert_eq!(answers[1]["channel"], "elicitation");
+    let ran: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["tool"] == "bash" && l["status"] == "ok")
+        .collect();
+    assert_eq!(ran.len(), 4, "{lines:?}");
+    let verify = Command::new(env!("CARGO_BIN_EXE_codemode"))
+        .args([
+            "audit", "verify", "--state", &state_url, "--stream", "team", "--key",
+        ])
+        .arg(state.path().join("audit.key"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(said.contains("intact"), "{said}");
 }

@@ -214,12 +214,20 @@ async fn open(setup: &SetupArgs) -> Result<(std::sync::Arc<dyn StateStore>, Audi
         );
     }
     let store = codemode_state::open(url, Default::default()).await?;
-    let audit = match &config.settings.audit_path {
-        Some(path) => {
-            let key = AuditKey::load_or_create(&paths.state_dir.join("audit.key"))?;
+    let key_path = paths.state_dir.join("audit.key");
+    let audit = match (&config.settings.audit_stream, &config.settings.audit_path) {
+        // Replicas on one shared store keep one audit stream in it: answers go there too, as
+        // `codemode serve` writes them (same stream, same key).
+        (Some(stream), _) if config.settings.state_url.is_some() => AuditLog::stream(
+            store.clone(),
+            stream.clone(),
+            AuditKey::load_or_create(&key_path)?,
+        )?,
+        (_, Some(path)) => {
+            let key = AuditKey::load_or_create(&key_path)?;
             AuditLog::open_with_key(path, key)?
         }
-        None => AuditLog::disabled(),
+        _ => AuditLog::disabled(),
     };
     Ok((store, audit))
 }

@@ -105,7 +105,7 @@ pub enum CellError {
     )]
     Finished { id: String, status: String },
     #[error(
-        "cell `{id}` is held by another codemode process ({owner}); wait on it there, or once that process has stopped"
+        "cell `{id}` is run by another codemode process ({owner}); only that process can stop it (send `terminate` through it), or this one once that process has stopped"
     )]
     HeldElsewhere { id: String, owner: String },
     #[error("{0}")]

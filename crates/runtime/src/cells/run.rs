@@ -155,19 +155,7 @@ impl Codemode {
     ) -> Result<CellReport, CellError> {
         let cells = self.cells_or_err()?;
         let Some(live) = cells.live(cell_id) else {
-            return Err(match cells.store().get_cell(cell_id).await? {
-                Some(c) if c.session_id == session_id && c.status.is_terminal() => {
-                    CellError::Finished {
-                        id: c.id,
-                        status: c.status.as_str().into(),
-                    }
-                }
-                Some(c) if c.session_id == session_id => CellError::HeldElsewhere {
-                    id: c.id,
-                    owner: c.owner.unwrap_or_else(|| "nobody yet".into()),
-                },
-                _ => CellError::Unknown(cell_id.to_string()),
-            });
+            return wait_elsewhere(&cells, session_id, cell_id, opts).await;
         };
         if live.session_id != session_id {
             return Err(CellError::Unknown(cell_id.to_string()));
@@ -320,6 +308,87 @@ impl Codemode {
     }
 }
 
+/// `wait` for a cell this process does not drive: another replica on the same store holds it
+/// (the session moved here), or it ended in another process. Reads the cell from the store:
+/// once it ended, its stored result; until then, waits (as `wait` does) for it to end, start
+/// or stop waiting for a person, and reports its status and pending approvals. Its printed
+/// output stays with the process that runs it (it comes with the result); stopping it is done
+/// there too.
+async fn wait_elsewhere(
+    cells: &Cells,
+    session_id: &str,
+    cell_id: &str,
+    opts: WaitOptions,
+) -> Result<CellReport, CellError> {
+    let store = cells.store();
+    let limit = opts.timeout.unwrap_or(cells.config().yield_after);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut first_status = None;
+    loop {
+        let mut changed = store.watch(codemode_state::Topic::Cell(cell_id.to_string()));
+        let cell = match store.get_cell(cell_id).await? {
+            Some(c) if c.session_id == session_id => c,
+            _ => return Err(CellError::Unknown(cell_id.to_string())),
+        };
+        if cell.status.is_terminal() {
+            let Some(result) = &cell.result else {
+                return Err(CellError::Finished {
+                    id: cell.id,
+                    status: cell.status.as_str().into(),
+                });
+            };
+            let mut text = result
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            text.push_str(&format!(
+                "\n[Cell {cell_id} has ended, in another codemode process on the same state store.]"
+            ));
+            return Ok(CellReport {
+                cell: cell_id.to_string(),
+                status: cell.status,
+                text,
+                is_error: result.get("isError").and_then(Value::as_bool) == Some(true),
+                pending: Vec::new(),
+                run: None,
+                media: Vec::new(),
+            });
+        }
+        let owner = cell.owner.clone().unwrap_or_else(|| "nobody yet".into());
+        if opts.terminate {
+            return Err(CellError::HeldElsewhere { id: cell.id, owner });
+        }
+        let first = *first_status.get_or_insert(cell.status);
+        let now = tokio::time::Instant::now();
+        if cell.status != first || now >= deadline {
+            let pending = store
+                .list_approvals(codemode_state::ApprovalQuery {
+                    state: Some(ApprovalState::Pending),
+                    cell_id: Some(cell.id.clone()),
+                    session_id: None,
+                })
+                .await?;
+            let snap = super::live::Snapshot {
+                status: cell.status,
+                new_output: Vec::new(),
+                pending,
+                run: None,
+                first: false,
+            };
+            let mut report = CellReport::from_snapshot(cell_id, snap);
+            report.text = format!(
+                "[Cell {cell_id} runs in another codemode process ({owner}) on the same state store; its printed output comes with its result.]\n{}",
+                report.text
+            );
+            return Ok(report);
+        }
+        // Changes arrive through the store's notifications; a slow poll covers a lost one.
+        let nap = (deadline - now).min(Duration::from_secs(1));
+        let _ = tokio::time::timeout(nap, changed.changed()).await;
+    }
+}
+
 /// Terminates a cell whose first report never reached its caller (the caller went away).
 struct Unreported(Option<Arc<LiveCell>>);
 
@@ -454,7 +523,7 @@ pub async fn answer_approval(
             },
         )
         .await?;
-    write_audit(audit, &answered);
+    write_audit(audit, &answered).await;
     Ok(answered)
 }
 
@@ -468,7 +537,7 @@ pub async fn expire_in(store: &dyn StateStore, audit: &AuditLog) -> Vec<Approval
     match store.expire_approvals().await {
         Ok(expired) => {
             for a in &expired {
-                write_audit(audit, a);
+                write_audit(audit, a).await;
             }
             expired
         }
@@ -479,8 +548,9 @@ pub async fn expire_in(store: &dyn StateStore, audit: &AuditLog) -> Vec<Approval
     }
 }
 
-/// One audit line for an answered or expired approval.
-fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
+/// One audit line for an answered or expired approval: to the file, or to the shared stream
+/// (which only takes lines asynchronously) when the state is shared by replicas.
+async fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
     let mut line = Map::new();
     line.insert(
         "time".into(),
@@ -500,7 +570,7 @@ fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
         "call_id".into(),
         a.provenance.get("call_id").cloned().unwrap_or(Value::Null),
     );
-    if let Err(e) = audit.append(line) {
+    if let Err(e) = audit.append_async(line).await {
         tracing::error!(approval = %a.id, "the approval's audit line could not be written: {e}");
     }
 }
