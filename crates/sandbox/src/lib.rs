@@ -39,6 +39,7 @@ mod arena;
 mod engine;
 mod host;
 mod json_in;
+mod json_out;
 mod limits;
 mod model_text;
 mod native;

@@ -350,19 +350,30 @@
   }
 
   function callHost(kind, name, value) {
-    let json;
-    try {
-      json = stringify(value === undefined ? null : value);
-      if (json === undefined) json = "null";
-    } catch (e) {
-      return PromiseCtor.reject(new TypeErrorCtor(e && e.message !== undefined ? e.message : StringFn(e)));
-    }
     let id;
     try {
-      id = hostCall(kind, name, json);
+      // Plain data becomes JSON natively; for anything else (getters, toJSON, cycles, large
+      // values) the host answers null, and JSON.stringify makes the text here.
+      id = hostCall(kind, name, value, null);
     } catch (e) {
       return PromiseCtor.reject(e);
     }
+    if (id === null) {
+      let json;
+      try {
+        json = stringify(value === undefined ? null : value);
+        if (json === undefined) json = "null";
+      } catch (e) {
+        return PromiseCtor.reject(new TypeErrorCtor(e && e.message !== undefined ? e.message : StringFn(e)));
+      }
+      try {
+        id = hostCall(kind, name, undefined, json);
+      } catch (e) {
+        return PromiseCtor.reject(e);
+      }
+    }
+    // The host answered at once: a promise fulfilled with the result.
+    if (typeof id !== "number") return id;
     return new PromiseCtor(function (resolve, reject) {
       pending[id] = { resolve, reject };
       pendingCount++;

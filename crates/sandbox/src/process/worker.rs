@@ -360,12 +360,13 @@ struct RemoteLink {
 }
 
 impl Link for RemoteLink {
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) {
+    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String> {
         let mut c = self.channel.borrow_mut();
         let mut buf = std::mem::take(&mut c.scratch);
         encode_call(id, kind, name, args, &mut buf);
         c.scratch = buf;
         c.send_scratch();
+        None
     }
 
     fn output(&self, item: OutputItem) {
