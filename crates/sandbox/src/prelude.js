@@ -340,13 +340,20 @@
     if (hint) msg += hint;
     return msg;
   }
+  // `tools.x` is an own property of a frozen object and is read without a trap (a proxy's get
+  // trap cost every call more than the call's own JSON). Only a name that is not there reaches
+  // the proxy behind it, as its prototype, which explains the miss.
   function guard(target, label, names, hint) {
-    return new ProxyCtor(target, {
+    const miss = new ProxyCtor(freeze(create(null)), {
       get(t, p) {
-        if (typeof p !== "string" || p in t || p in ObjectPrototype || p === "then" || p === "toJSON") return t[p];
+        if (typeof p !== "string" || p in ObjectPrototype || p === "then" || p === "toJSON") return undefined;
         throw new TypeErrorCtor(missingText(label, p, names, hint));
       },
     });
+    const front = create(miss);
+    const ks = ownKeys(target);
+    for (let i = 0; i < ks.length; i++) defineProperty(front, ks[i], getOwnPropertyDescriptor(target, ks[i]));
+    return freeze(front);
   }
 
   function callHost(kind, name, value) {
