@@ -449,9 +449,15 @@ mod tests {
         .unwrap()
     }
 
+    /// The class ids are the engine's, and lock-down froze the intrinsic prototypes, so no
+    /// script can give them a `toJSON`, an element or an accessor.
     #[test]
-    fn class_ids_are_the_engines() {
+    fn engine_facts_the_walk_relies_on() {
         with_vm(|ctx, _| {
+            let frozen: bool = ctx
+                .eval("Object.isFrozen(Object.prototype) && Object.isFrozen(Array.prototype)")
+                .unwrap();
+            assert!(frozen);
             let o: Value = ctx.eval("({})").unwrap();
             let a: Value = ctx.eval("[]").unwrap();
             // SAFETY: live values of this context.
@@ -515,6 +521,9 @@ mod tests {
             "(() => { let v = 1; for (let i = 0; i < 8; i++) v = [v, { v }]; return v; })()",
             "Object.freeze({ a: [1, 2] })",
             "'a'.repeat(100) + 'b'",
+            // The global object: only its enumerable own data properties, like any object.
+            "globalThis",
+            "(globalThis.addedByScript = [1], { g: globalThis })",
         ];
         with_vm(|ctx, protos| {
             for c in cases {
