@@ -26,8 +26,9 @@ async fn returns_values_and_calls_tools() {
     healthy().await;
 }
 
-/// Most answers are immediate, and the script takes them in place, in the middle of its turn;
-/// an answer that is not (here a sleeping call) still arrives, and every call is recorded.
+/// Most answers are immediate, and in thread isolation the script takes them in place, in the
+/// middle of its turn; an answer that is not (here a sleeping call) still arrives between them,
+/// and every call is recorded.
 /// Arguments that are not plain data go through JSON.stringify, with its verdict.
 async fn answers_taken_in_place_and_arguments_of_every_shape() {
     let r = run(r#"const slow = tools.sleep({ ms: 30 });

@@ -32,9 +32,6 @@ const SHM_FD: RawFd = 1;
 const HOST_CHECK: Duration = Duration::from_secs(1);
 /// The largest frame the host sends (a call result); bigger ones are refused.
 const MAX_FROM_HOST: usize = 1 << 30;
-/// How long a call waits for its answer in place while the host runs on another CPU: a round
-/// trip with both sides awake plus the host's work for an immediate answer, with room to spare.
-const ANSWER_SPIN: Duration = Duration::from_micros(20);
 
 /// Exit codes, for the host's crash report.
 pub(crate) const EXIT_BAD_ARGS: i32 = 70;
@@ -247,11 +244,6 @@ pub(crate) struct Channel {
     reader: FrameReader,
     scratch: Vec<u8>,
     spin: SpinBudget,
-    /// Results read while waiting for another call's answer, for the end of the turn.
-    early: Vec<Delivery>,
-    /// A call of this turn waited in vain: the others of the turn do not wait (a burst of slow
-    /// calls would otherwise wait once each).
-    missed_this_turn: bool,
 }
 
 impl Channel {
@@ -262,49 +254,6 @@ impl Channel {
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
             spin: SpinBudget::new(),
-            early: Vec::new(),
-            missed_this_turn: false,
-        }
-    }
-
-    /// The answer to call `id`, if the host gives it while it runs on another CPU and within
-    /// [`ANSWER_SPIN`]: most calls are answered at once, and the script then resumes without a
-    /// turn of the event loop. Nothing is waited for while the host sleeps or shares this CPU.
-    fn answer_now(&mut self, id: u64) -> Option<String> {
-        if self.missed_this_turn {
-            return None;
-        }
-        let since = Instant::now();
-        let mut i: u32 = 0;
-        loop {
-            match self.try_frame() {
-                Some(ToWorker::Deliver(d)) => {
-                    if d.id == id && d.at_ms.is_none() {
-                        if let Ok(json) = d.result {
-                            return Some(json);
-                        }
-                        self.early.push(Delivery {
-                            result: d.result,
-                            ..d
-                        });
-                    } else {
-                        self.early.push(d);
-                    }
-                    continue;
-                }
-                Some(ToWorker::Shutdown) => die(0),
-                Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
-                None => {}
-            }
-            if !self.end.peer_runs_elsewhere() {
-                return None;
-            }
-            i = i.wrapping_add(1);
-            if i.is_multiple_of(16) && since.elapsed() > ANSWER_SPIN {
-                self.missed_this_turn = true;
-                return None;
-            }
-            spin_loop();
         }
     }
 
@@ -417,11 +366,9 @@ impl Link for RemoteLink {
         encode_call(id, kind, name, args, &mut buf);
         c.scratch = buf;
         c.send_scratch();
-        // In a replay the host answers only when the worker is idle.
-        if self.notify_idle {
-            return None;
-        }
-        c.answer_now(id)
+        // The answer comes at the end of the turn. Waiting for it here (tried: while the host ran
+        // on another CPU) saved nothing measurable and split bursts of calls into round trips.
+        None
     }
 
     fn output(&self, item: OutputItem) {
@@ -430,7 +377,6 @@ impl Link for RemoteLink {
 
     fn poll_ready(&self, out: &mut Vec<Delivery>) {
         let mut c = self.channel.borrow_mut();
-        out.append(&mut c.early);
         loop {
             match c.try_frame() {
                 Some(ToWorker::Deliver(d)) => out.push(d),
@@ -443,7 +389,6 @@ impl Link for RemoteLink {
 
     fn wait(&self) -> LocalBoxFuture<'_, Waited> {
         let mut c = self.channel.borrow_mut();
-        c.missed_this_turn = false;
         if self.notify_idle {
             c.send(&ToHost::Idle);
         }
