@@ -28,7 +28,9 @@ pub(crate) enum Waited {
 
 /// Where the VM's calls, output and waits go.
 pub(crate) trait Link {
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str);
+    /// Sends a call. Returns its result when the host answered at once and the VM may take it
+    /// now, in the middle of its turn (see [`crate::session::Session::take_immediate`]).
+    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String>;
     fn output(&self, item: OutputItem);
     /// Moves results that are ready now into `out`, in the order they must be delivered.
     fn poll_ready(&self, out: &mut Vec<Delivery>);
@@ -55,11 +57,17 @@ pub(crate) struct RunState {
     issued: Cell<u64>,
     in_flight: Cell<u64>,
     done: RefCell<Option<Done>>,
+    /// Immediate answers the VM could not take in place; delivered like any other result.
+    deferred: RefCell<Vec<Delivery>>,
 }
 
 /// Holds the current script's state; empty between scripts.
 #[derive(Default)]
-pub(crate) struct BridgeSlot(RefCell<Option<Rc<RunState>>>);
+pub(crate) struct BridgeSlot(
+    RefCell<Option<Rc<RunState>>>,
+    /// The VM's intrinsic prototypes, for the native JSON writer.
+    pub(crate) Cell<crate::json_out::Protos>,
+);
 
 impl BridgeSlot {
     pub fn clear(&self) {
@@ -74,13 +82,15 @@ fn throw(ctx: &Ctx<'_>, message: &str) -> rquickjs::Error {
     Exception::throw_message(ctx, message)
 }
 
-fn host_call(
-    ctx: &Ctx<'_>,
+/// A call from the prelude. Returns the call's id, which the prelude turns into a pending
+/// promise, or, when the host answered at once, a promise already fulfilled with the result.
+fn host_call<'js>(
+    ctx: &Ctx<'js>,
     slot: &BridgeSlot,
     kind: i32,
     name: &str,
     json: &str,
-) -> rquickjs::Result<i32> {
+) -> rquickjs::Result<JsValue<'js>> {
     let Some(state) = slot.get() else {
         return Err(throw(ctx, "The sandbox is not running a script."));
     };
@@ -119,8 +129,35 @@ fn host_call(
     } else {
         HostCallKind::Global
     };
-    state.link.call(id, kind, name, json);
-    Ok(js_id)
+    let Some(json) = state.link.call(id, kind, name, json) else {
+        return Ok(JsValue::new_int(ctx.clone(), js_id));
+    };
+    // Answered at once: the script's `await` resumes on the next job, without a turn of the
+    // event loop and a trip through the pending-call table. What the builder does not take
+    // (invalid JSON, a result past the heap limit) is delivered the usual way, whose errors say
+    // what went wrong.
+    match crate::json_in::build(ctx, &json) {
+        Ok(value) => {
+            // SAFETY: a valid context; the value is borrowed, the promise returned owned.
+            let promise =
+                unsafe { qjs::JS_NewSettledPromise(ctx.as_raw().as_ptr(), false, value.as_raw()) };
+            // SAFETY: checking the tag of a value just returned by QuickJS.
+            if unsafe { qjs::JS_IsException(promise) } {
+                return Err(rquickjs::Error::Exception);
+            }
+            state.in_flight.set(running);
+            // SAFETY: an owned value of this context, handed to rquickjs, which frees it.
+            Ok(unsafe { JsValue::from_raw(ctx.clone(), promise) })
+        }
+        Err(_) => {
+            state.deferred.borrow_mut().push(Delivery {
+                id,
+                result: Ok(json),
+                at_ms: None,
+            });
+            Ok(JsValue::new_int(ctx.clone(), js_id))
+        }
+    }
 }
 
 /// Creates the prelude's host functions bound to `slot`.
@@ -135,9 +172,21 @@ pub(crate) fn install_bridge<'js>(
         move |ctx: Ctx<'js>,
               kind: i32,
               name: rquickjs::String<'js>,
-              json: rquickjs::String<'js>| {
+              value: JsValue<'js>,
+              json: Option<rquickjs::String<'js>>| {
+            // The arguments come as a value, turned into JSON here when they are plain data,
+            // or as the text of JSON.stringify when this declined (by answering null).
+            let json = match json {
+                Some(j) => j.to_string()?,
+                None => {
+                    let raw = ctx.as_raw().as_ptr();
+                    match crate::json_out::plain_json(raw, s1.1.get(), value.as_raw()) {
+                        Some(j) => j,
+                        None => return Ok(JsValue::new_null(ctx.clone())),
+                    }
+                }
+            };
             let name = name.to_string()?;
-            let json = json.to_string()?;
             host_call(&ctx, &s1, kind, &name, &json)
         },
     )?;
@@ -194,6 +243,7 @@ pub(crate) async fn run(vm: &Vm, start: Start, link: Rc<dyn Link>, limits: Activ
         issued: Cell::new(0),
         in_flight: Cell::new(0),
         done: RefCell::new(None),
+        deferred: RefCell::new(Vec::new()),
     });
     *vm.slot.0.borrow_mut() = Some(state.clone());
     let l = &start.limits;
@@ -354,6 +404,7 @@ async fn drive(vm: &Vm, state: &RunState, link: &dyn Link) -> End {
                 Drained::Stopped(s) => end_of(s),
             };
         }
+        ready.append(&mut state.deferred.borrow_mut());
         link.poll_ready(&mut ready);
         if !ready.is_empty() {
             for d in ready.drain(..) {

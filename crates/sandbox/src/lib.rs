@@ -2,8 +2,9 @@
 //!
 //! The sandbox knows nothing of what a tool means: a script's only powers are calls into a
 //! [`Host`]. The environment matches the reference codemode so its scripts run unchanged:
-//! `tools` (guarded proxy, identifiers from [`to_identifier`]), `ALL_TOOLS`, `text`, `image`,
-//! `console`, `exit`, `store`/`load`, and host globals such as `searchTools` or `models.classify`.
+//! `tools` (frozen, a miss explained by the proxy behind it; identifiers from
+//! [`to_identifier`]), `ALL_TOOLS`, `text`, `image`, `console`, `exit`, `store`/`load`, and host
+//! globals such as `searchTools` or `models.classify`.
 //!
 //! Design, and why:
 //! * **The VM runs in a sandboxed worker process** ([`Isolation::Process`], the default): seccomp,
@@ -15,7 +16,9 @@
 //!   arena holding all its memory; that image is saved and copied back after every script.
 //! * **Host calls run on the pool thread of the script.** A host future is polled once when the
 //!   call arrives (most answers are immediate) and otherwise spawned on that thread's `LocalSet`;
-//!   results go back as JSON text ([`Host::call_json`]) and are parsed straight into the VM.
+//!   results go back as JSON text ([`Host::call_json`]) and are parsed straight into the VM. An
+//!   immediate answer resolves the script's promise in place, without a turn of the event loop
+//!   (not in deterministic runs), and plain-data arguments become JSON natively.
 //! * **Limits are enforced from outside the script:** heap (counting allocator), stack, CPU budget
 //!   through the interrupt handler; the wall deadline by the pausable
 //!   [`codemode_spec::DeadlineClock`] and abort through the host's stop flag, then SIGKILL of the
@@ -39,6 +42,7 @@ mod arena;
 mod engine;
 mod host;
 mod json_in;
+mod json_out;
 mod limits;
 mod model_text;
 mod native;

@@ -351,11 +351,13 @@ struct ThreadLink {
 }
 
 impl Link for ThreadLink {
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) {
+    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String> {
         let mut s = self.session.borrow_mut();
         if let Err(v) = s.on_call(id, kind, name, args) {
             s.set_fatal(format!("The sandbox bridge refused a call: {v}"));
+            return None;
         }
+        s.take_immediate(id)
     }
 
     fn output(&self, item: OutputItem) {

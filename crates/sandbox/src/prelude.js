@@ -340,29 +340,47 @@
     if (hint) msg += hint;
     return msg;
   }
+  // `tools.x` is an own property of a frozen object and is read without a trap (a proxy's get
+  // trap cost every call more than the call's own JSON). Only a name that is not there reaches
+  // the proxy behind it, as its prototype, which explains the miss.
   function guard(target, label, names, hint) {
-    return new ProxyCtor(target, {
+    const miss = new ProxyCtor(freeze(create(null)), {
       get(t, p) {
-        if (typeof p !== "string" || p in t || p in ObjectPrototype || p === "then" || p === "toJSON") return t[p];
+        if (typeof p !== "string" || p in ObjectPrototype || p === "then" || p === "toJSON") return undefined;
         throw new TypeErrorCtor(missingText(label, p, names, hint));
       },
     });
+    const front = create(miss);
+    const ks = ownKeys(target);
+    for (let i = 0; i < ks.length; i++) defineProperty(front, ks[i], getOwnPropertyDescriptor(target, ks[i]));
+    return freeze(front);
   }
 
   function callHost(kind, name, value) {
-    let json;
-    try {
-      json = stringify(value === undefined ? null : value);
-      if (json === undefined) json = "null";
-    } catch (e) {
-      return PromiseCtor.reject(new TypeErrorCtor(e && e.message !== undefined ? e.message : StringFn(e)));
-    }
     let id;
     try {
-      id = hostCall(kind, name, json);
+      // Plain data becomes JSON natively; for anything else (getters, toJSON, cycles, large
+      // values) the host answers null, and JSON.stringify makes the text here.
+      id = hostCall(kind, name, value, null);
     } catch (e) {
       return PromiseCtor.reject(e);
     }
+    if (id === null) {
+      let json;
+      try {
+        json = stringify(value === undefined ? null : value);
+        if (json === undefined) json = "null";
+      } catch (e) {
+        return PromiseCtor.reject(new TypeErrorCtor(e && e.message !== undefined ? e.message : StringFn(e)));
+      }
+      try {
+        id = hostCall(kind, name, undefined, json);
+      } catch (e) {
+        return PromiseCtor.reject(e);
+      }
+    }
+    // The host answered at once: a promise fulfilled with the result.
+    if (typeof id !== "number") return id;
     return new PromiseCtor(function (resolve, reject) {
       pending[id] = { resolve, reject };
       pendingCount++;

@@ -315,7 +315,10 @@ impl End<'_> {
         self.me_sleeping.store(how, Ordering::SeqCst);
         fence(Ordering::SeqCst);
     }
+    /// Back from sleep (or from deciding not to): publishes the CPU this side now runs on at
+    /// once, so that a peer deciding whether to spin does not go by the CPU it slept on.
     pub fn awake(&self) {
+        self.note_cpu();
         self.me_sleeping.store(AWAKE, Ordering::SeqCst);
     }
 

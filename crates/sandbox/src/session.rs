@@ -533,6 +533,20 @@ impl Session {
         });
     }
 
+    /// The result of call `id` if the host answered it at once and successfully, taken out of
+    /// the queue for the VM to use in the middle of its turn. Not in deterministic runs: there
+    /// results keep call order, carry the virtual time, and are recorded or replayed turn by turn.
+    pub fn take_immediate(&mut self, id: u64) -> Option<String> {
+        if self.det.is_some() || self.replay.is_some() {
+            return None;
+        }
+        match self.ready.back() {
+            Some(d) if d.id == id && d.at_ms.is_none() && d.result.is_ok() => {}
+            _ => return None,
+        }
+        self.ready.pop_back().and_then(|d| d.result.ok())
+    }
+
     pub fn has_ready(&self) -> bool {
         !self.ready.is_empty()
     }

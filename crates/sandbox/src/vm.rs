@@ -342,6 +342,10 @@ impl Vm {
             })
         });
         let fns = fns.map_err(PrepareError)?;
+        context.with(|ctx| {
+            slot.1
+                .set(crate::json_out::Protos::of(ctx.as_raw().as_ptr()))
+        });
         // Collect now what preparation left behind (the freeze function among it), so that no
         // finalizer of a Rust-backed object can run during a script and be undone by a restore.
         runtime.run_gc();

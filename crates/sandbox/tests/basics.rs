@@ -26,4 +26,52 @@ async fn returns_values_and_calls_tools() {
     healthy().await;
 }
 
-both_modes!(returns_values_and_calls_tools);
+/// Most answers are immediate, and in thread isolation the script takes them in place, in the
+/// middle of its turn; an answer that is not (here a sleeping call) still arrives between them,
+/// and every call is recorded.
+/// Arguments that are not plain data go through JSON.stringify, with its verdict.
+async fn answers_taken_in_place_and_arguments_of_every_shape() {
+    let r = run(r#"const slow = tools.sleep({ ms: 30 });
+        let s = 0;
+        for (let i = 0; i < 300; i++) s += (await tools.echo({ i })).i;
+        const early = await slow;
+        let t = 0;
+        for (let i = 0; i < 50; i++) t += (await tools.echo({ i })).i;
+        return [s, early.ms, t]"#)
+    .await;
+    assert_eq!(r.value, Some(json!([44850, 30, 1225])), "{:?}", r.error);
+    assert_eq!(r.calls.len(), 351);
+    assert!(
+        r.calls
+            .iter()
+            .all(|c| c.status == codemode_sandbox::CallStatus::Ok)
+    );
+    assert_eq!(
+        value(r#"const cyclic = {}; cyclic.self = cyclic;
+            const out = [];
+            out.push(await tools.echo({ get a() { return 1; } }));
+            out.push(await tools.echo({ toJSON() { return "custom"; } }));
+            out.push(await tools.echo({ when: new Date(0), list: [1, , undefined, () => 1] }));
+            out.push(await tools.echo(new Proxy({ p: 1 }, {})));
+            out.push(await tools.echo({ text: "line\n\"quoted\" \u0001 é", n: -0, f: 0.5, big: 1e21 }));
+            try { await tools.echo({ cyclic }); } catch (e) { out.push(e.name); }
+            try { await tools.echo({ n: 1n }); } catch (e) { out.push(e.name); }
+            return out"#)
+        .await,
+        json!([
+            {"a": 1},
+            "custom",
+            {"when": "1970-01-01T00:00:00.000Z", "list": [1, null, null, null]},
+            {"p": 1},
+            {"text": "line\n\"quoted\" \u{1} é", "n": 0, "f": 0.5, "big": 1e21},
+            "TypeError",
+            "TypeError"
+        ])
+    );
+    healthy().await;
+}
+
+both_modes!(
+    returns_values_and_calls_tools,
+    answers_taken_in_place_and_arguments_of_every_shape
+);

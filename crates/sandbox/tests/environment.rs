@@ -104,6 +104,26 @@ async fn tools_guard_and_identifiers() {
         json!([null, null])
     );
     assert_eq!(value("try{tools.echo=()=>'nope'}catch{} try{globalThis.tools=null}catch{} return await tools.echo('still')").await, json!("still"));
+    // The proxy that explains a miss sits behind `tools` as its prototype: a script that finds
+    // it can neither add a tool through it nor swap it, and `tools` itself stays frozen.
+    assert_eq!(
+        value(r#"const miss = Object.getPrototypeOf(tools);
+            const tries = [];
+            for (const f of [
+                () => { miss.injected = () => "x"; },
+                () => Object.defineProperty(miss, "injected", { value: () => "x" }),
+                () => Object.setPrototypeOf(miss, { injected: () => "x" }),
+                () => Object.setPrototypeOf(tools, { injected: () => "x" }),
+                () => { tools.injected = () => "x"; },
+                () => Object.defineProperty(tools, "echo", { value: () => "x" }),
+            ]) { try { f(); tries.push("allowed"); } catch (e) { tries.push(e.name); } }
+            let after;
+            try { tools.injected(); after = "called"; } catch (e) { after = e.message.split(" Known")[0]; }
+            return [tries, after, "injected" in tools, Object.isFrozen(tools), await tools.echo("ok")]"#).await,
+        // Sloppy-mode assignments fail silently; what counts is that nothing changed.
+        json!([["allowed", "TypeError", "TypeError", "TypeError", "allowed", "TypeError"],
+               "tools.injected is not a known name.", false, true, "ok"])
+    );
     assert_eq!(
         value("return ALL_TOOLS.map(t => t.name)").await,
         json!([
