@@ -4,6 +4,7 @@
 //! on without running its first call again (the file it appends to says so).
 
 mod common;
+use common::testbed;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,18 +16,6 @@ const CLIENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/cells-client.cjs"
 );
-
-fn testbed() -> PathBuf {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testbed/node_modules"
-    ));
-    assert!(
-        p.join("@modelcontextprotocol/sdk").exists(),
-        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
-    );
-    p
-}
 
 const POLICY: &str = r#"
 @id("sleep")

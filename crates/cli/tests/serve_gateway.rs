@@ -1,22 +1,12 @@
 //! `codemode serve` as a gateway people run all day, driven by the official MCP SDK client in
 //! Node against the real npm servers and the misbehaving fixture server (issue 13).
 
-use std::path::PathBuf;
+mod common;
+use common::testbed;
+
 use std::process::Command;
 
 use serde_json::{Value, json};
-
-fn testbed() -> PathBuf {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testbed/node_modules"
-    ));
-    assert!(
-        p.join("@modelcontextprotocol/sdk").exists(),
-        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
-    );
-    p
-}
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -1,22 +1,12 @@
 //! `codemode serve --listen` driven by the official MCP SDK client over streamable HTTP.
 
+mod common;
+use common::testbed;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
-
-fn testbed() -> PathBuf {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testbed/node_modules"
-    ));
-    assert!(
-        p.join("@modelcontextprotocol/sdk").exists(),
-        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
-    );
-    p
-}
 
 struct Server(Child);
 

@@ -6,24 +6,14 @@
 //! The idle limit is shortened through its flag. Waits are generous on both sides of it, so a
 //! loaded machine slows the test down but does not flip its outcome.
 
+mod common;
+use common::testbed;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-
-fn testbed() -> PathBuf {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testbed/node_modules"
-    ));
-    assert!(
-        p.join("@modelcontextprotocol/sdk").exists(),
-        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
-    );
-    p
-}
 
 struct Server {
     child: Child,

@@ -4,9 +4,12 @@
 //! (the `codemode approvals` CLI, or the session's client come back through the other replica)
 //! resuming the cell on the replica that holds it.
 
+mod common;
+use common::testbed;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 
@@ -16,18 +19,6 @@ use prost::Message;
 use serde_json::Value;
 
 const PG_URL_VAR: &str = "CODEMODE_TEST_POSTGRES_URL";
-
-fn testbed() -> PathBuf {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../testbed/node_modules"
-    ));
-    assert!(
-        p.join("@modelcontextprotocol/sdk").exists(),
-        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
-    );
-    p
-}
 
 struct Replica {
     child: Child,

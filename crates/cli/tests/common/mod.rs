@@ -51,3 +51,16 @@ pub fn json_outcome(out: Output) -> (Option<i32>, Value, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The npm testbed's node_modules (pinned MCP servers and SDK clients), installed by scripts/test.
+pub fn testbed() -> std::path::PathBuf {
+    let p = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../testbed/node_modules"
+    ));
+    assert!(
+        p.join("@modelcontextprotocol/sdk").exists(),
+        "the npm testbed is missing: run scripts/test (it runs `npm ci --prefix testbed`)"
+    );
+    p
+}
