@@ -36,7 +36,7 @@ pub struct ServeArgs {
     pub allow_origins: Vec<String>,
     /// How long an HTTP session may go unused before it is forgotten with its store() values,
     /// such as `30m`, `8h` or `2d`; until then a client that reconnects continues it.
-    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = codemode_config::durable::parse_duration)]
     pub session_idle_timeout: Duration,
     /// Most HTTP sessions kept at once; a new one ends the longest-idle one.
     #[arg(long, value_name = "N", default_value_t = 1000)]
@@ -319,33 +319,10 @@ fn watch_signals(
     }))
 }
 
-/// `90s`, `30m`, `8h`, `2d`, or a number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .map(|i| s.split_at(i))
-        .unwrap_or((s, "s"));
-    let n: f64 = number.parse().map_err(|_| {
-        format!("`{s}` is not a duration; use a number with s, m, h or d, such as 8h")
-    })?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" | "" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
-        other => return Err(format!("unknown unit `{other}` in `{s}`; use s, m, h or d")),
-    };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("`{s}` must be more than zero"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use codemode_config::durable::parse_duration;
 
     #[test]
     fn durations() {
