@@ -33,15 +33,7 @@ fn serve(extra: &[&str]) -> (Server, String, tempfile::TempDir) {
         .unwrap();
     let stderr = child.stderr.take().unwrap();
     let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("the server printed its address")
-            .unwrap();
-        if let Some(rest) = line.split("serving MCP at ").nth(1) {
-            break rest.trim().to_string();
-        }
-    };
+    let url = common::serving_url(&mut lines);
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     (Server(child), url, config)

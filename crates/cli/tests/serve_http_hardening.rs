@@ -1,5 +1,7 @@
 //! The streamable HTTP transport as the MCP specification asks (issue 13, item 9).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
@@ -41,15 +43,7 @@ fn origin_malformed_json_unknown_sessions_bearer_case_and_host_names() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("the server printed its address")
-            .unwrap();
-        if let Some(rest) = line.split("serving MCP at ").nth(1) {
-            break rest.split(' ').next().unwrap().trim().to_string();
-        }
-    };
+    let url = common::serving_url(&mut lines);
     std::thread::spawn(move || for _ in lines {});
     let out = Command::new("node")
         .args(["-e", PROBE, &url, "s3cret"])

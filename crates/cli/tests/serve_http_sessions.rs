@@ -53,15 +53,7 @@ impl Server {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the server printed its address")
-                .unwrap();
-            if let Some(rest) = line.split("serving MCP at ").nth(1) {
-                break rest.trim().to_string();
-            }
-        };
+        let url = common::serving_url(&mut lines);
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = log.clone();
         std::thread::spawn(move || {

@@ -45,15 +45,7 @@ impl Replica {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the replica printed its address")
-                .unwrap();
-            if let Some(rest) = line.split("serving MCP at ").nth(1) {
-                break rest.trim().to_string();
-            }
-        };
+        let url = common::serving_url(&mut lines);
         std::thread::spawn(move || for _ in lines {});
         let base = url.trim_end_matches("/mcp").to_string();
         Replica { child, url, base }

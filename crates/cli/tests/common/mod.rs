@@ -64,3 +64,24 @@ pub fn testbed() -> std::path::PathBuf {
     );
     p
 }
+
+/// The address `codemode serve --listen` prints on stderr ("serving MCP at URL"), read from its
+/// lines; the lines after it stay for the caller.
+pub fn serving_url(
+    lines: &mut std::io::Lines<std::io::BufReader<std::process::ChildStderr>>,
+) -> String {
+    loop {
+        let line = lines
+            .next()
+            .expect("the server printed its address before it stopped")
+            .expect("the server's stderr is readable");
+        if let Some(rest) = line.split("serving MCP at ").nth(1) {
+            return rest
+                .split(' ')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+        }
+    }
+}
