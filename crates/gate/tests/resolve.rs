@@ -244,3 +244,58 @@ async fn a_cancelled_call_does_not_run() {
     assert!(gate.call(r).await.is_err());
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// A client's own request (a resource the person reads) skips exposure, but not the rest: it
+/// cannot start a script, cannot reach a hidden tool, and is judged by policy and audited under
+/// its own origin.
+#[tokio::test]
+async fn client_requests_cannot_start_scripts_reach_hidden_tools_or_escape_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let read = TestTool::new("mcp__docs__read_resource", object_schema());
+    let runs = read.runs.clone();
+    let reg = registry_with(vec![
+        TestTool::new("codemode", object_schema()).exposure(Exposure::Direct),
+        read,
+        TestTool::new("mcp__docs__private", object_schema()),
+        TestTool::new("secret", object_schema()).exposure(Exposure::Hidden),
+    ]);
+    let policy = codemode_gate::PolicySet::parse(
+        "p.cedar",
+        "@id(\"all\") permit(principal, action, resource);\n@id(\"no-private\") forbid(principal, action, resource == Tool::\"mcp__docs__private\") when { context.origin == \"client\" };",
+    )
+    .unwrap();
+    let (audit, path) = audit_in(dir.path());
+    let gate = builder(&reg)
+        .policy(policy)
+        .mode(CodemodeMode::Only)
+        .audit(audit)
+        .build()
+        .unwrap();
+    let client = || codemode_spec::Provenance::client("c-1", "s1");
+
+    let err = gate
+        .call(req("codemode", json!({"code": "return 1"}), client()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Resolve);
+    assert!(gate.call(req("secret", json!({}), client())).await.is_err());
+    let err = gate
+        .call(req("mcp__docs__private", json!({"path": "keys"}), client()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Policy);
+    assert!(err.message.contains("no-private"), "{}", err.message);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // In mode `only`, where the model may call nothing directly, the client's own read runs.
+    gate.call(req(
+        "mcp__docs__read_resource",
+        json!({"path": "readme"}),
+        client(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let lines = audit_lines(&path);
+    assert_eq!(lines.len(), 4, "every client request has a line");
+    assert!(lines.iter().all(|l| l["provenance"]["origin"] == "client"));
+}
