@@ -121,7 +121,7 @@ function promptFor(task) {
   const env = setUp(task);
   return `You have one tool, \`codemode\`. Its description is below, between <description> tags, exactly as the tool declares it. You know nothing else about the system.
 
-Solve the task at the end by writing one script: the exact input you would give the \`codemode\` tool. You cannot run it yourself; it will be run for you and its result checked. Reply with the script only, in one \`\`\`js code block.
+Solve the task at the end by writing one script: the exact input you would give the \`codemode\` tool. You cannot run it yourself; it will be run for you, and the value the script returns is compared with the expected answer, so return exactly what the task asks for. Reply with the script only, in one \`\`\`js code block.
 
 The project directory is ${env.project}. The built-in file tools work there, and the filesystem MCP server may read and write inside it.
 
