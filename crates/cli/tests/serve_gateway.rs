@@ -193,16 +193,29 @@ fn item4_direct_tools_keep_their_output_schema_and_structured_content() {
 
 #[test]
 fn item13_resources_and_prompts_reach_scripts_through_the_gate_and_the_client_in_mode_on() {
+    let audit = tempfile::tempdir().unwrap();
+    let audit_log = audit.path().join("audit.jsonl");
+    let audit_arg = audit_log.display().to_string();
     let s = serve(
         json!({"everything": everything()}),
         PERMIT_MCP,
-        &["--mode", "on"],
+        &["--mode", "on", "--audit", &audit_arg],
     );
     let v = client(&s, "resources", "");
+    // The client's own resource read and prompt get each left an audit line as origin client.
+    let log = std::fs::read_to_string(&audit_log).unwrap_or_default();
+    for tool in ["mcp__everything__read_resource", "mcp__everything__get_prompt"] {
+        assert!(
+            log.lines().any(|l| l.contains(tool) && l.contains("\"origin\":\"client\"")),
+            "no client-origin audit line for {tool}:\n{log}"
+        );
+    }
     assert!(v["resources"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["read"][0], v["firstUri"], "{v}");
     assert_eq!(v["readError"], Value::Null, "{v}");
     assert!(v["messages"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["promptError"], Value::Null, "{v}");
+    assert_eq!(v["scriptPrompt"]["messages"], v["messages"], "{v}");
     assert!(
         v["prompt"]
             .as_str()
@@ -229,7 +242,8 @@ fn item13_resources_and_prompts_reach_scripts_through_the_gate_and_the_client_in
 #[test]
 fn item13_a_policy_decides_on_the_server_and_the_uri() {
     let forbid = format!(
-        "{PERMIT_MCP}\n@id(\"no-resources\")\nforbid (principal, action == Action::\"tool_call\", resource == Tool::\"mcp__everything__read_resource\")\nwhen {{ context.args has uri && context.args.uri like \"demo://*\" }};\n"
+        "{PERMIT_MCP}\n@id(\"no-resources\")\nforbid (principal, action == Action::\"tool_call\", resource == Tool::\"mcp__everything__read_resource\")\nwhen {{ context.args has uri && context.args.uri like \"demo://*\" }};\n\
+         @id(\"no-client-prompts\")\nforbid (principal, action == Action::\"tool_call\", resource == Tool::\"mcp__everything__get_prompt\")\nwhen {{ context.origin == \"client\" }};\n"
     );
     let s = serve(
         json!({"everything": everything()}),
@@ -253,6 +267,16 @@ fn item13_a_policy_decides_on_the_server_and_the_uri() {
         "{v}"
     );
     assert_eq!(v["read"], json!([]), "{v}");
+    // The client's own prompts/get is a gated call too: the origin rule stops it, while the
+    // same prompt from a script (origin script) still passes.
+    assert!(
+        v["promptError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no-client-prompts"),
+        "{v}"
+    );
+    assert!(v["scriptPrompt"]["messages"].as_u64().unwrap_or(0) > 0, "{v}");
     let script = &v["script"];
     assert_eq!(script["ok"], false, "{v}");
     assert!(

@@ -8,6 +8,7 @@ use codemode_spec::{NamespaceSpec, Tool};
 use tokio::sync::{mpsc, watch};
 
 use super::handler::Listing;
+use super::prompts::{PROMPT_TOOL, PromptTool, prompt_exposure, prompt_tool_name};
 use super::resources::{ResourceTool, resource_tool_names};
 use super::tool::McpTool;
 use super::upstream::{ServerState, ServerStatus, Upstream, human_duration};
@@ -146,7 +147,7 @@ impl McpHub {
 
     /// One tool per MCP tool of every server, named `mcp__<server>__<tool>`, plus
     /// `mcp__<server>__list_resources` and `mcp__<server>__read_resource` for servers with
-    /// resources. A server that is down keeps the tools it had; calling one says why it is down.
+    /// resources, and `mcp__<server>__get_prompt` (deferred) for servers with prompts. A server that is down keeps the tools it had; calling one says why it is down.
     /// Tools whose exposure is `hidden` are included as hidden: the gate refuses them by name,
     /// and listings can say why they are hidden.
     pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
@@ -177,6 +178,13 @@ impl McpHub {
                         upstream.clone(),
                     )));
                 }
+            }
+            if catalog.prompts.as_ref().is_some_and(|p| !p.is_empty())
+                && let Some(name) = prompt_tool_name(upstream.name(), &taken)
+            {
+                let exposure = prompt_exposure(upstream.config.exposure_for(PROMPT_TOOL));
+                taken.insert(name.clone());
+                out.push(Arc::new(PromptTool::new(name, exposure, upstream.clone())));
             }
         }
         out

@@ -4,6 +4,7 @@ mod handler;
 mod hub;
 mod ordered;
 mod progress;
+mod prompts;
 mod proxy;
 mod resources;
 mod result;

@@ -5,8 +5,7 @@
 //! Prompt names get the server's namespace, as tools do (`mcp__<server>__<prompt>`), because two
 //! servers may both have a prompt called `summarize`.
 
-use rmcp::model::{GetPromptResult, Prompt, ReadResourceResult, Resource, ResourceTemplate};
-use serde_json::{Map, Value};
+use rmcp::model::{Prompt, ReadResourceResult, Resource, ResourceTemplate};
 use tokio_util::sync::CancellationToken;
 
 use super::hub::McpHub;
@@ -141,31 +140,38 @@ impl McpHub {
         out
     }
 
-    /// Gets a prompt by the name [`McpHub::prompts`] gave it.
-    pub async fn get_prompt(
-        &self,
-        name: &str,
-        arguments: Option<Map<String, Value>>,
-        cancel: &CancellationToken,
-    ) -> Result<GetPromptResult, ProxyError> {
+    /// The gated tool that gets prompt `name` (as [`McpHub::prompts`] named it) and the prompt's
+    /// name on its server, so a client's own `prompts/get` passes the gate too.
+    pub fn prompt_get_tool(&self, name: &str) -> Result<(String, String), ProxyError> {
         for u in self.upstreams() {
-            let prefix = format!("{}__", mcp_namespace(u.name()));
-            let Some(local) = name.strip_prefix(&prefix) else {
+            let namespace = mcp_namespace(u.name());
+            let Some(local) = name.strip_prefix(&format!("{namespace}__")) else {
                 continue;
             };
-            let known = u
-                .catalog()
+            let catalog = u.catalog();
+            if !catalog
                 .prompts
                 .unwrap_or_default()
                 .iter()
-                .any(|p| p.name == local);
-            if !known {
+                .any(|p| p.name == local)
+            {
                 continue;
             }
-            return u
-                .get_prompt(local, arguments, cancel)
-                .await
-                .map_err(|e| ProxyError::Failed(e.message));
+            if catalog
+                .tools
+                .iter()
+                .any(|t| t.name == super::prompts::PROMPT_TOOL)
+            {
+                return Err(ProxyError::Failed(format!(
+                    "MCP server {} has a tool of its own named get_prompt, so its prompts have no \
+                     gated reader here; rename that tool on the server to get its prompts through codemode",
+                    u.name()
+                )));
+            }
+            return Ok((
+                format!("{namespace}__{}", super::prompts::PROMPT_TOOL),
+                local.to_string(),
+            ));
         }
         Err(ProxyError::NotFound(format!(
             "no MCP server has the prompt {name}"

@@ -12,7 +12,7 @@ use rmcp::ErrorData;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
-    GetPromptRequestParams, GetPromptResponse, Implementation, ListPromptsResult,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
     ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
     ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
@@ -532,11 +532,34 @@ impl ServerHandler for CodemodeHandler {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        let hub = self.hub_for_proxy()?;
-        hub.get_prompt(&request.name, request.arguments, &context.ct)
+        // Like a resource read: the client's own request passes the gate as the server's
+        // get_prompt tool (policy on server and prompt name, hooks, approval, audit).
+        let (tool, local) = self
+            .hub_for_proxy()?
+            .prompt_get_tool(&request.name)
+            .map_err(proxy_error)?;
+        let _busy = self.opts.activity.enter();
+        let session_id = self.session_id(&context);
+        let output = self
+            .codemode
+            .call_for_client(
+                &tool,
+                json!({ "name": local, "arguments": request.arguments }),
+                &session_id,
+                Self::client_name(&context),
+                context.ct.clone(),
+            )
             .await
+            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
+        if output.is_error {
+            return Err(ErrorData::internal_error(
+                format!("getting prompt {} failed: {}", request.name, output.value),
+                None,
+            ));
+        }
+        serde_json::from_value::<GetPromptResult>(output.value)
             .map(GetPromptResponse::Complete)
-            .map_err(proxy_error)
+            .map_err(|e| ErrorData::internal_error(format!("unreadable prompt: {e}"), None))
     }
 }
 
