@@ -195,6 +195,9 @@ async fn replica(url: &str, schema: &str) {
     let cpu = cpu_ms("self");
     let ms = parallel(std::slice::from_ref(&gate), 100).await;
     println!("DONE {ms} {}", cpu_ms("self") - cpu);
+    std::io::stdout().flush().expect("stdout");
+    // Stay (and keep the connections) until the parent read the server's CPU time.
+    let _ = std::io::stdin().read_line(&mut go);
 }
 
 /// Runs `n` replica processes at once: calls per second of all together, each replica's CPU
@@ -228,12 +231,16 @@ fn replicas(url: &str, schema: &str, n: usize) -> (f64, Vec<f64>, f64) {
     let mut cpu = Vec::new();
     for out in &mut outs {
         let line = out.next().expect("a replica line").expect("read");
-        let mut f = line.split_whitespace().skip(1).map(|x| x.parse::<f64>().expect("number"));
+        let mut f = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse::<f64>().expect("number"));
         wall = wall.max(f.next().expect("wall"));
         cpu.push(f.next().expect("cpu"));
     }
     let server = server_cpu_ms() - server;
     for mut k in kids {
+        drop(k.stdin.take());
         k.wait().expect("the replica exits");
     }
     ((N * n) as f64 / wall * 1e3, cpu, server)

@@ -464,3 +464,95 @@ async fn a_missing_hold_is_charged_only_after_a_server_restart() {
     let ledger = a.get_ledger(&LedgerKey::session("lost")).await.unwrap();
     assert_eq!((ledger.used.calls, ledger.reserved.calls), (1, 0));
 }
+
+const CHILD_SCHEMA: &str = "CODEMODE_STATE_PG_CHILD_SCHEMA";
+
+/// Not a test on its own: a replica process for the test below. It opens the schema, says
+/// `ready`, waits for a line on stdin, appends 200 lines at once and says `done`.
+#[test]
+#[ignore = "run by the other tests as a separate process"]
+fn pg_child_process() {
+    let (Some(url), Ok(schema)) = (postgres_url(), std::env::var(CHILD_SCHEMA)) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let store = Arc::new(open(&url, &schema).await.unwrap());
+        println!("CHILD: ready");
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+        let pid = std::process::id();
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    s.append_audit("procs", line_maker(format!("{pid}-{i}")))
+                        .await
+                })
+            })
+            .collect();
+        for t in join_all(tasks).await {
+            t.unwrap().unwrap();
+        }
+        println!("CHILD: done");
+    });
+}
+
+/// Three replica processes (each its own pool, writer and idea of the head) append at once
+/// to one stream: one chain, every line once, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_appending_at_once_make_one_chain() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let store = open(&url, &schema).await.unwrap();
+    store
+        .append_audit("procs", line_maker("first".into()))
+        .await
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut kids: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "postgres_only::pg_child_process",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_SCHEMA, &schema)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut outs: Vec<_> = kids
+        .iter_mut()
+        .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
+        .collect();
+    let said = |out: &mut std::io::Lines<BufReader<std::process::ChildStdout>>, what: &str| {
+        let found = out.any(|l| l.unwrap().contains(&format!("CHILD: {what}")));
+        assert!(found, "a child did not say {what}");
+    };
+    for out in &mut outs {
+        said(out, "ready");
+    }
+    for k in &mut kids {
+        writeln!(k.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    for out in &mut outs {
+        said(out, "done");
+    }
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    let lines = store.read_audit("procs", 0, 10_000).await.unwrap();
+    assert_chain(&lines, 601);
+}
