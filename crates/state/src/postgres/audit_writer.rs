@@ -61,12 +61,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Lets the next append start a writer, however this one ends (even by a panic).
-struct Draining(Arc<Mutex<Queue>>);
+/// If the writer ends by a panic (a caller's closure), fails the lines waiting and lets the
+/// next append start a writer. A writer that ends normally clears the flag itself, under the
+/// lock, when it finds the queue empty (and from then on another writer may run: this must not
+/// clear its flag).
+struct Draining {
+    queue: Arc<Mutex<Queue>>,
+    finished: bool,
+}
 
 impl Drop for Draining {
     fn drop(&mut self) {
-        lock(&self.0).writing = false;
+        if !self.finished {
+            // The lines waiting fail rather than wait for an append that may never come.
+            let mut q = lock(&self.queue);
+            q.waiting.clear();
+            q.writing = false;
+        }
     }
 }
 
@@ -116,12 +127,16 @@ impl AuditWriter {
     }
 
     async fn drain(&self, stream: String, queue: Arc<Mutex<Queue>>) {
-        let _draining = Draining(queue.clone());
+        let mut draining = Draining {
+            queue: queue.clone(),
+            finished: false,
+        };
         loop {
             let (batch, head) = {
                 let mut q = lock(&queue);
                 if q.waiting.is_empty() {
                     q.writing = false;
+                    draining.finished = true;
                     return;
                 }
                 let n = q.waiting.len().min(MAX_BATCH);

@@ -556,3 +556,25 @@ async fn three_processes_appending_at_once_make_one_chain() {
     let lines = store.read_audit("procs", 0, 10_000).await.unwrap();
     assert_chain(&lines, 601);
 }
+
+/// A closure that panics fails its append (and any line batched with it) with an error instead
+/// of hanging them, and the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_line_maker_fails_its_append_and_the_stream_goes_on() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = open(&url, &schema).await.unwrap();
+    a.append_audit("main", line_maker("one".into()))
+        .await
+        .unwrap();
+    let e = a
+        .append_audit("main", Box::new(|_| panic!("a line maker that panics")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StateError::Backend { .. }), "{e:?}");
+    a.append_audit("main", line_maker("two".into()))
+        .await
+        .unwrap();
+    let lines = a.read_audit("main", 0, 100).await.unwrap();
+    assert_chain(&lines, 2);
+}
