@@ -1,13 +1,19 @@
 //! What shared state costs per gated call, in one run: no store (budgets in the process, no
 //! audit), then the in-memory store, SQLite and PostgreSQL each charging a principal's daily
 //! budget and appending the keyed audit line to a stream; 1,000 sequential and 1,000 parallel
-//! calls; and the calls per second of two "replicas" (two gates, two pools) against one.
+//! calls; and the calls per second of two "replicas" (two gates, two pools) against one, in
+//! one process. For PostgreSQL, also with replicas as separate processes: this example runs
+//! itself again as one, then two, replica processes (each its own gate, pool and runtime),
+//! each making 1,000 parallel calls over 100 principals once all are ready, and reports the
+//! calls per second, and the CPU time the replicas and the PostgreSQL server used.
 //!
 //! ```sh
 //! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
 //! ```
 //! Without CODEMODE_TEST_POSTGRES_URL the PostgreSQL rows are left out.
 
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -133,8 +139,134 @@ async fn row(
     );
 }
 
+/// Set in a replica process: the schema to use.
+const REPLICA_SCHEMA: &str = "CODEMODE_BENCH_REPLICA_SCHEMA";
+
+/// CPU time (user + system) of a process so far, in ms; `pid` may be `self`.
+fn cpu_ms(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command's closing parenthesis start at field 3 (state).
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i).and_then(|x| x.parse::<u64>().ok()))
+        .sum();
+    ticks as f64 * 10.0 // USER_HZ is 100 on Linux
+}
+
+/// CPU time of every `postgres` process so far, in ms.
+fn server_cpu_ms() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|pid| pid.chars().all(|c| c.is_ascii_digit()))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "postgres")
+        })
+        .map(|pid| cpu_ms(&pid))
+        .sum()
+}
+
+/// The body of a replica process: ready (warmed up), then 1,000 parallel calls on "go".
+async fn replica(url: &str, schema: &str) {
+    let options = PostgresOptions {
+        schema: Some(schema.to_string()),
+        ..PostgresOptions::default()
+    };
+    let store: Arc<dyn StateStore> = Arc::new(
+        PostgresStore::open(url, options, Clock::system())
+            .await
+            .expect("postgres"),
+    );
+    let gate = gate(Some(store), "bench");
+    parallel(std::slice::from_ref(&gate), 100).await; // warm up
+    println!("READY");
+    std::io::stdout().flush().expect("stdout");
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).expect("stdin");
+    let cpu = cpu_ms("self");
+    let ms = parallel(std::slice::from_ref(&gate), 100).await;
+    println!("DONE {ms} {}", cpu_ms("self") - cpu);
+    std::io::stdout().flush().expect("stdout");
+    // Stay (and keep the connections) until the parent read the server's CPU time.
+    let _ = std::io::stdin().read_line(&mut go);
+}
+
+/// Runs `n` replica processes at once: calls per second of all together, each replica's CPU
+/// ms, and the server's CPU ms, over the measured calls.
+fn replicas(url: &str, schema: &str, n: usize) -> (f64, Vec<f64>, f64) {
+    let exe = std::env::current_exe().expect("this example's path");
+    let mut kids: Vec<_> = (0..n)
+        .map(|_| {
+            Command::new(&exe)
+                .env("CODEMODE_TEST_POSTGRES_URL", url)
+                .env(REPLICA_SCHEMA, schema)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("a replica process")
+        })
+        .collect();
+    let mut outs: Vec<_> = kids
+        .iter_mut()
+        .map(|k| BufReader::new(k.stdout.take().expect("stdout")).lines())
+        .collect();
+    for out in &mut outs {
+        let line = out.next().expect("a replica line").expect("read");
+        assert_eq!(line, "READY", "the replica did not start");
+    }
+    let server = server_cpu_ms();
+    for k in &mut kids {
+        writeln!(k.stdin.as_mut().expect("stdin"), "go").expect("go");
+    }
+    let mut wall: f64 = 0.0;
+    let mut cpu = Vec::new();
+    for out in &mut outs {
+        let line = out.next().expect("a replica line").expect("read");
+        let mut f = line
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse::<f64>().expect("number"));
+        wall = wall.max(f.next().expect("wall"));
+        cpu.push(f.next().expect("cpu"));
+    }
+    let server = server_cpu_ms() - server;
+    for mut k in kids {
+        drop(k.stdin.take());
+        k.wait().expect("the replica exits");
+    }
+    ((N * n) as f64 / wall * 1e3, cpu, server)
+}
+
+fn process_rows(url: &str, schema: &str) {
+    let (one, cpu1, server1) = replicas(url, schema, 1);
+    let (two, cpu2, server2) = replicas(url, schema, 2);
+    println!(
+        "postgres, replicas as processes, 1,000 parallel calls each over 100 people: 1 replica {one:>6.0}/s (CPU ms: replica {:.0}, server {server1:.0}), 2 replicas {two:>6.0}/s (CPU ms: replicas {:.0} + {:.0}, server {server2:.0}), {:.2}x",
+        cpu1[0],
+        cpu2[0],
+        cpu2.get(1).copied().unwrap_or(0.0),
+        two / one
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if let (Ok(url), Ok(schema)) = (
+        std::env::var("CODEMODE_TEST_POSTGRES_URL"),
+        std::env::var(REPLICA_SCHEMA),
+    ) {
+        replica(&url, &schema).await;
+        return;
+    }
     let none = gate(None, "bench");
     sequential(&none).await;
     let (base, total) = sequential(&none).await;
@@ -172,6 +304,7 @@ async fn main() {
                     .expect("postgres"),
             );
             row("postgres", Some(a), Some(b), base).await;
+            process_rows(&url, &schema);
         }
         _ => println!("postgres   (left out: CODEMODE_TEST_POSTGRES_URL is not set)"),
     }

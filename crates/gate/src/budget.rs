@@ -377,6 +377,9 @@ pub(crate) struct SharedLedger {
     daily: DailyBudgets,
     /// A hold a replica never settles (it died mid-call) gives its budget back after this.
     hold_for: Duration,
+    /// The audit stream is in the same store, so a call's settle is followed by its durable
+    /// audit line there ([`StateStore::settle_before_audit`]).
+    pub(crate) audit_follows: bool,
 }
 
 /// What a call holds in the shared store.
@@ -392,6 +395,7 @@ impl SharedLedger {
             store,
             daily,
             hold_for: Duration::from_secs(15 * 60),
+            audit_follows: false,
         }
     }
 
@@ -452,14 +456,25 @@ impl SharedLedger {
 
     /// Replaces the hold by what the call spent. An error names a `max_bytes` the result
     /// crossed (the gate withholds it), or says the store failed.
+    ///
+    /// `line_follows`: the caller writes the call's audit line next and waits for it, so when
+    /// that line goes to this store the settle need not wait for the disk on its own.
     pub(crate) async fn settle(
         &self,
         hold: &SharedHold,
         usage: Option<&Usage>,
         bytes: u64,
+        line_follows: bool,
     ) -> Result<(), String> {
         let actual = amounts(hold.kind, usage, bytes);
-        match self.store.settle(&hold.reservation, actual).await {
+        let settled = if line_follows && self.audit_follows {
+            self.store
+                .settle_before_audit(&hold.reservation, actual)
+                .await
+        } else {
+            self.store.settle(&hold.reservation, actual).await
+        };
+        match settled {
             Ok(outcome) => match outcome
                 .overruns
                 .iter()

@@ -74,7 +74,10 @@ async fn append(store: &dyn StateStore, i: usize) {
             Box::new(move |head| {
                 let prev = head.hash.clone().unwrap_or_else(|| "0".repeat(64));
                 let hash = hex::encode(Sha256::digest(format!("{prev}{line}").as_bytes()));
-                Ok(AuditLine { line, hash })
+                Ok(AuditLine {
+                    line: line.clone(),
+                    hash,
+                })
             }),
         )
         .await

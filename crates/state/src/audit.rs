@@ -1,9 +1,11 @@
 //! Audit streams: opaque lines chained by hash, one chain per stream.
 //!
 //! The store does not know how lines are hashed or signed (that is the gate's audit format).
-//! It serializes the chain: [`append_audit`](crate::StateStore::append_audit) locks the
-//! stream's head inside a transaction, hands it to the caller's closure, which makes the next
-//! line and its hash, and stores the line as the new head. So two replicas appending at once
+//! It serializes the chain: [`append_audit`](crate::StateStore::append_audit) hands the
+//! stream's head to the caller's closure, which makes the next line and its hash, and stores
+//! the line as the new head only if the head is still the one the line was made on (memory
+//! and SQLite lock the head first; PostgreSQL checks it in the statement that writes, and
+//! makes the line again on a head another replica moved). So two replicas appending at once
 //! make one chain without forks, and the `(stream, prev)` uniqueness in the schema refuses a
 //! fork even if that logic were wrong.
 
@@ -28,9 +30,11 @@ pub struct AuditLine {
     pub hash: String,
 }
 
-/// Makes the next line from the head it chains onto; runs inside the store's transaction, so
-/// keep it quick and free of I/O. An `Err` aborts the append with nothing written.
-pub type AuditLineFn = Box<dyn FnOnce(&AuditHead) -> Result<AuditLine, String> + Send>;
+/// Makes the next line from the head it chains onto; keep it quick and free of I/O. It may run
+/// more than once: PostgreSQL chains lines optimistically onto the head it last wrote, and
+/// makes them again on the head another replica moved meanwhile. Only the line made on the
+/// head it is stored after is kept. An `Err` aborts the append with nothing written.
+pub type AuditLineFn = Box<dyn Fn(&AuditHead) -> Result<AuditLine, String> + Send + Sync>;
 
 /// A stored line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,7 +53,7 @@ pub struct AuditRecord {
 pub(crate) fn make_line(
     stream: &str,
     head: &AuditHead,
-    make: AuditLineFn,
+    make: &AuditLineFn,
     now_ms: i64,
 ) -> Result<AuditRecord> {
     let made = make(head).map_err(|message| StateError::AuditLine {

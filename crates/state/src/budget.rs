@@ -347,6 +347,10 @@ pub struct Reservation {
     pub ledgers: Vec<(LedgerKey, Limits)>,
     pub amounts: Amounts,
     pub expires_at_ms: i64,
+    /// When it was made, by the system clock of the process that made it (0 when unknown).
+    /// PostgreSQL uses it to tell a hold lost in a server restart from one already settled.
+    #[serde(default)]
+    pub reserved_at_ms: i64,
 }
 
 impl Reservation {

@@ -2,7 +2,7 @@
 
 use crate::clock::format_ms;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StateError {
     // --- configuration and start-up ---

@@ -20,8 +20,10 @@
 //! transaction (`SELECT … FOR UPDATE` on PostgreSQL, an `IMMEDIATE` transaction on SQLite, one
 //! mutex in memory), never on a value read earlier, so they hold across threads, processes and
 //! replicas. The rules are shared Rust code, so every backend decides alike; the one exception
-//! is budget charging on PostgreSQL, which runs in SQL functions (installed by the migration)
-//! so that a ledger every call shares stays locked for microseconds rather than round trips.
+//! is budget charging and audit appends on PostgreSQL, which run in SQL functions (installed by
+//! the migrations) so that a ledger or stream head every call shares stays locked for
+//! microseconds rather than round trips. An audit line there is made on the head this replica
+//! last wrote and stored only if that is still the head (else made again on the new one).
 //! One test suite runs against all three backends to hold them to the same behaviour.
 //!
 //! Where state lives: `memory:` in the process; `sqlite:///path` in one file (WAL mode) that

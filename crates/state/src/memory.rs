@@ -472,6 +472,7 @@ impl StateStore for MemoryStore {
                 ledgers: request.ledgers,
                 amounts: request.amounts,
                 expires_at_ms,
+                reserved_at_ms: crate::clock::Clock::system().now_ms(),
             }))
         })();
         ready(r)
@@ -558,7 +559,7 @@ impl StateStore for MemoryStore {
                     seq: l.seq,
                     hash: Some(l.hash.clone()),
                 });
-            let record = audit::make_line(stream, &head, make, now)?;
+            let record = audit::make_line(stream, &head, &make, now)?;
             let lines = inner.audit.entry(stream.to_string()).or_default();
             lines.push(record.clone());
             Ok(record)

@@ -131,6 +131,18 @@ pub trait StateStore: Send + Sync + 'static {
         actual: Amounts,
     ) -> BoxFuture<'a, Result<SettleOutcome>>;
 
+    /// [`settle`](Self::settle), for a caller that next appends an audit line to this same
+    /// store and waits for it: the backend may commit the settle without waiting for the disk,
+    /// since the line's durable commit makes it durable too (PostgreSQL flushes its log in
+    /// order). The default settles as `settle` does.
+    fn settle_before_audit<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        actual: Amounts,
+    ) -> BoxFuture<'a, Result<SettleOutcome>> {
+        self.settle(reservation, actual)
+    }
+
     /// Drops a hold for a call that did not run.
     fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>>;
 
@@ -140,7 +152,8 @@ pub trait StateStore: Send + Sync + 'static {
     // --- audit ----------------------------------------------------------------------------
 
     /// Appends the line `make` builds on the stream's current head, serialized with every
-    /// other append to the stream, on every replica.
+    /// other append to the stream, on every replica. `make` may run more than once (see
+    /// [`AuditLineFn`]); the line stored is the one made on the head it follows.
     fn append_audit<'a>(
         &'a self,
         stream: &'a str,

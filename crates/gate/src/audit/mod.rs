@@ -157,6 +157,11 @@ impl AuditLog {
         })
     }
 
+    /// The store the stream's lines go to, if they go to a stream.
+    pub(crate) fn stream_store(&self) -> Option<&Arc<dyn StateStore>> {
+        self.stream.as_ref().map(|s| &s.store)
+    }
+
     /// Where lines go, for messages: the file's path or the stream and its store.
     pub fn describe(&self) -> Option<String> {
         match (&self.inner, &self.stream) {

@@ -1,8 +1,8 @@
 //! The audit log as a stream in a shared state store: the same keyed lines as the file, one
 //! hash chain per stream, appended by any number of replicas.
 //!
-//! The store serializes appends (it locks the stream's head in a transaction and runs our
-//! closure on it), so two replicas never chain onto the same line. Each line also carries its
+//! The store serializes appends (it runs our closure on the stream's head and stores the line
+//! only while that is still the head), so two replicas never chain onto the same line. Each line also carries its
 //! stream name and its position (`seq`) under the MAC, so a line moved to another stream or
 //! another place does not verify.
 
@@ -42,10 +42,9 @@ impl StreamLog {
             for field in ["stream", "seq", "prev", "hash"] {
                 record.remove(field);
             }
-            let make = Box::new(move |head: &AuditHead| {
-                let line = keyed_line(&key, &stream, head, record)?;
-                Ok(line)
-            });
+            // May run more than once: the store makes the line again if another replica moved
+            // the head it was made on.
+            let make = Box::new(move |head: &AuditHead| keyed_line(&key, &stream, head, &record));
             this.store
                 .append_audit(&this.stream, make)
                 .await
@@ -63,8 +62,9 @@ fn keyed_line(
     key: &AuditKey,
     stream: &str,
     head: &AuditHead,
-    mut record: Map<String, Value>,
+    record: &Map<String, Value>,
 ) -> Result<AuditLine, String> {
+    let mut record = record.clone();
     let prev = head.hash.clone().unwrap_or_else(|| GENESIS.to_string());
     record.insert("stream".into(), Value::String(stream.to_string()));
     record.insert("seq".into(), Value::from(head.seq + 1));

@@ -174,7 +174,8 @@ impl Pending {
             .ledger
             .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes);
         let shared = match (&r.shared, &self.gate.shared) {
-            (Some(hold), Some(shared)) => shared.settle(hold, usage, bytes).await,
+            // Every caller writes the call's line next and waits for it.
+            (Some(hold), Some(shared)) => shared.settle(hold, usage, bytes, true).await,
             _ => Ok(()),
         };
         local.and(shared)
@@ -324,7 +325,8 @@ impl Drop for Pending {
                 in_background(&self.gate, async move {
                     if let Some(shared) = &gate.shared {
                         if ran {
-                            let _ = shared.settle(&hold, None, 0).await;
+                            // The line is written by another task, maybe first: settle durably.
+                            let _ = shared.settle(&hold, None, 0, false).await;
                         } else {
                             shared.release(&hold).await;
                         }

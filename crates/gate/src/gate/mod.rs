@@ -220,6 +220,14 @@ impl GateBuilder {
                 "the audit log's head",
             ));
         }
+        // A call's settle is followed by its line in the same store: one disk flush for both.
+        let shared = self.shared.map(|mut shared| {
+            shared.audit_follows = self
+                .audit
+                .stream_store()
+                .is_some_and(|a| same_store(a, shared.store()));
+            shared
+        });
         Ok(Gate {
             inner: Arc::new(Inner {
                 registry: self.registry,
@@ -238,7 +246,7 @@ impl GateBuilder {
                     .workspace
                     .map(|w| protect::resolved(&w).to_string_lossy().into_owned()),
                 protected,
-                shared: self.shared,
+                shared,
                 principals: Mutex::new(HashMap::new()),
                 default_principal: self.principal,
                 observer: self.observer,
@@ -256,6 +264,11 @@ pub const CODEMODE_PERMIT_ID: &str = "builtin-codemode-scripts";
 /// Every policy set gets a permit for the `codemode` call itself, so scripts run unless a
 /// policy forbids them or asks (`@ask` on a permit) first. What a script does is judged call by
 /// call; a script with no permitted calls can change nothing.
+/// Whether two handles are the same store (not merely the same database).
+fn same_store(a: &Arc<dyn StateStore>, b: &Arc<dyn StateStore>) -> bool {
+    std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(b))
+}
+
 fn with_codemode_permit(mut set: PolicySet) -> Result<PolicySet, PolicyError> {
     if set.ids().iter().any(|id| id == CODEMODE_PERMIT_ID) {
         return Ok(set);

@@ -8,6 +8,7 @@
 //!
 //! Connections are plain TCP or a Unix socket: TLS (`sslmode=require`) is not supported yet.
 
+mod audit_writer;
 mod ops;
 mod pipelined;
 
@@ -51,6 +52,9 @@ pub struct PostgresOptions {
     /// How often a [`Watch`] looks again even without a notification (a safety net for
     /// notifications lost while the listening connection reconnects).
     pub poll_interval: Duration,
+    /// How many times a batch of audit lines is sent on the head this replica last saw before
+    /// it takes the stream head's lock instead (0: always lock first, two round trips a batch).
+    pub audit_optimistic_tries: usize,
 }
 
 impl Default for PostgresOptions {
@@ -61,6 +65,7 @@ impl Default for PostgresOptions {
             connect_timeout: Duration::from_secs(10),
             wait_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_secs(2),
+            audit_optimistic_tries: 3,
         }
     }
 }
@@ -74,6 +79,7 @@ pub struct PostgresStore {
     listener: tokio::task::JoinHandle<()>,
     /// Ledger rows known to exist (they are never deleted), so charging skips creating them.
     known_ledgers: std::sync::Mutex<std::collections::HashSet<String>>,
+    audit: std::sync::Arc<audit_writer::AuditWriter>,
 }
 
 impl Drop for PostgresStore {
@@ -221,6 +227,13 @@ impl PostgresStore {
             }
             None => "public".to_string(),
         };
+        // The statements and the budget functions' statements all find rows by key. With
+        // `auto`, PostgreSQL planned them anew on every call (their array parameters make the
+        // generic plan look costlier than it is): about 0.3 ms per function call, measured.
+        let given = config.get_options().unwrap_or("").to_string();
+        if !given.contains("plan_cache_mode") {
+            config.options(format!("{given} -c plan_cache_mode=force_generic_plan").trim());
+        }
         let manager = Manager::from_config(
             config.clone(),
             NoTls,
@@ -240,8 +253,14 @@ impl PostgresStore {
             })?;
         let channel = format!("codemode_state_{schema}");
         let notifier = Notifier::new(Some(options.poll_interval));
+        let audit = std::sync::Arc::new(audit_writer::AuditWriter::new(
+            pool.clone(),
+            location.clone(),
+            options.audit_optimistic_tries,
+        ));
         let mut store = PostgresStore {
             pool,
+            audit,
             location,
             channel,
             clock,
@@ -409,6 +428,21 @@ impl PostgresStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+    }
+
+    async fn finish_hold(
+        &self,
+        reservation: &Reservation,
+        actual: Amounts,
+        durable: bool,
+    ) -> Result<SettleOutcome> {
+        actual.validate("settled amounts")?;
+        let now = self.clock.now_ms();
+        let settled = on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, Some(&actual), now, durable));
+        settled.ok_or_else(|| StateError::Backend {
+            location: self.location.clone(),
+            detail: "settling returned no outcome".into(),
+        })
     }
 
     fn notify_local(&self, topic: Topic) {
@@ -697,21 +731,23 @@ impl StateStore for PostgresStore {
         reservation: &'a Reservation,
         actual: Amounts,
     ) -> BoxFuture<'a, Result<SettleOutcome>> {
-        Box::pin(async move {
-            actual.validate("settled amounts")?;
-            let now = self.clock.now_ms();
-            let settled = on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, Some(&actual), now));
-            settled.ok_or_else(|| StateError::Backend {
-                location: self.location.clone(),
-                detail: "settling returned no outcome".into(),
-            })
-        })
+        Box::pin(self.finish_hold(reservation, actual, true))
+    }
+
+    fn settle_before_audit<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        actual: Amounts,
+    ) -> BoxFuture<'a, Result<SettleOutcome>> {
+        Box::pin(self.finish_hold(reservation, actual, false))
     }
 
     fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let now = self.clock.now_ms();
-            on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, None, now));
+            // Without waiting for the disk: a release lost in a crash leaves the hold, which
+            // only makes the budget stricter until it expires.
+            on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, None, now, false));
             Ok(())
         })
     }
@@ -732,10 +768,7 @@ impl StateStore for PostgresStore {
         Box::pin(async move {
             audit::validate_stream(stream)?;
             let now = self.clock.now_ms();
-            let c = self.client().await?;
-            pipelined::append_audit(c, stream, make, now)
-                .await
-                .map_err(|e| self.op_err(e))
+            self.audit.append(stream, make, now).await
         })
     }
 

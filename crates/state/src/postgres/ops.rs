@@ -1,7 +1,7 @@
 //! The PostgreSQL operations, each inside one transaction on a pooled connection.
 //!
 //! Under the default `READ COMMITTED` isolation, every decision is made on rows locked with
-//! `SELECT … FOR UPDATE` (ledgers, a stream's head, an approval, a cell), so a concurrent
+//! `SELECT … FOR UPDATE` (ledgers, an approval, a cell), so a concurrent
 //! writer on any replica waits for the lock and then sees the committed result: there is no
 //! read-then-write race and nothing to retry. Several rows are always locked in key order,
 //! so two transactions cannot deadlock.

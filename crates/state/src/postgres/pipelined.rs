@@ -1,26 +1,22 @@
-//! The operations on every gated call (charging budgets, appending audit lines), in as few
-//! round trips as their decisions allow.
+//! The budget operations on every gated call, one round trip each, and the pipelined
+//! transaction the other round-trip-saving code shares.
 //!
 //! Charging a budget is one statement: a function (`codemode_reserve`,
-//! `codemode_finish_hold`, see `schema/postgres_v1.sql`) that locks the ledgers, decides and
-//! writes inside the server, so shared ledgers stay locked only while it runs. An audit
-//! append needs the caller's closure between reading the head and writing the line, so it
-//! pipelines: `BEGIN` and the head's lock in one round trip, the writes and `COMMIT` in the
-//! next. If a write in that second batch fails, the `COMMIT` after it only ends the failed
-//! transaction (PostgreSQL rolls it back), and the write's error is returned. A connection
-//! left inside a transaction (the caller stopped waiting, or a round trip failed) is not
-//! returned to the pool but closed, which rolls it back.
+//! `codemode_finish_hold`, see `schema/postgres_v1.sql` and `postgres_v2.sql`) that locks the
+//! ledgers, decides and writes inside the server, so shared ledgers stay locked only while it
+//! runs. A reservation commits without waiting for the disk (see [`reserve`]), and so does a
+//! settle that the call's durable audit line follows. A connection left inside a pipelined
+//! transaction (the caller stopped waiting, or a round trip failed) is not returned to the
+//! pool but closed, which rolls it back.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_postgres::{Client, Object};
-use futures::future::{BoxFuture, join_all};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use super::ops::{OpError, OpResult};
-use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord};
 use crate::budget::{
     self, Amounts, BudgetRefusal, Counter, LedgerKey, LedgerSnapshot, Limits, Reservation,
     ReserveOutcome, ReserveRequest, SettleOutcome,
@@ -28,20 +24,16 @@ use crate::budget::{
 use crate::error::StateError;
 
 const RESERVE: &str = "SELECT refused_key, refused_counter, used, reserved, lim
-     FROM codemode_reserve($1, $2, $3, $4, $5, $6)";
-const FINISH_HOLD: &str = "SELECT key, used, reserved FROM codemode_finish_hold($1, $2, $3, $4)";
+     FROM codemode_reserve($1, $2, $3, $4, $5, $6, false)";
+const FINISH_HOLD: &str =
+    "SELECT key, used, reserved FROM codemode_finish_hold($1, $2, $3, $4, $5, $6)";
 const LOCK_LEDGER: &str = "SELECT codemode_lock_ledgers($1, $2)";
 const READ_LEDGER: &str = "SELECT ARRAY[used_calls, used_model_calls, used_tokens, \
      used_cost_micro_usd, used_bytes], ARRAY[reserved_calls, reserved_model_calls, \
      reserved_tokens, reserved_cost_micro_usd, reserved_bytes] FROM budget_ledgers WHERE key = $1";
 
-const HEAD_ROW: &str = "INSERT INTO audit_heads (stream, seq, hash) VALUES ($1, 0, '') ON CONFLICT (stream) DO NOTHING";
-const LOCK_HEAD: &str = "SELECT seq, hash FROM audit_heads WHERE stream = $1 FOR UPDATE";
-const INSERT_LINE: &str = "INSERT INTO audit_lines (stream, seq, prev, hash, line, at_ms) VALUES ($1, $2, $3, $4, $5, $6)";
-const MOVE_HEAD: &str = "UPDATE audit_heads SET seq = $2, hash = $3 WHERE stream = $1";
-
 /// A pooled connection that may be inside a transaction; see the module docs for drops.
-struct TxConn {
+pub(crate) struct TxConn {
     client: Option<Client>,
     in_tx: AtomicBool,
 }
@@ -57,17 +49,15 @@ impl Drop for TxConn {
     }
 }
 
-type Write<'a> = BoxFuture<'a, Result<(), tokio_postgres::Error>>;
-
 impl TxConn {
-    fn new(client: Client) -> Self {
+    pub(crate) fn new(client: Client) -> Self {
         TxConn {
             client: Some(client),
             in_tx: AtomicBool::new(false),
         }
     }
 
-    fn c(&self) -> &Client {
+    pub(crate) fn c(&self) -> &Client {
         // Only `drop` takes the client out.
         self.client
             .as_ref()
@@ -75,7 +65,7 @@ impl TxConn {
     }
 
     /// From here until COMMIT or ROLLBACK returns, a drop closes the connection.
-    fn entering_tx(&self) {
+    pub(crate) fn entering_tx(&self) {
         self.in_tx.store(true, Ordering::Relaxed);
     }
 
@@ -83,26 +73,18 @@ impl TxConn {
         self.in_tx.store(false, Ordering::Relaxed);
     }
 
-    async fn rollback(&self) -> OpResult<()> {
+    pub(crate) async fn rollback(&self) -> OpResult<()> {
         self.c().batch_execute("ROLLBACK").await?;
         self.left_tx();
         Ok(())
     }
 
-    /// Sends `writes` then `COMMIT` in one round trip; fails with the first write's error.
-    async fn commit_with(&self, writes: Vec<Write<'_>>) -> OpResult<()> {
-        let mut all = writes;
-        all.push(Box::pin(self.c().batch_execute("COMMIT")));
-        let mut results = join_all(all).await;
-        let commit = results.pop().unwrap_or(Ok(()));
-        // Whatever the writes did, a COMMIT that returned ended the transaction.
-        if commit.is_ok() {
-            self.left_tx();
-        }
-        for r in results {
-            r?;
-        }
-        Ok(commit?)
+    /// Sends `COMMIT`; pipelined after a transaction's last statements, it costs no round trip
+    /// of its own.
+    pub(crate) async fn commit(&self) -> Result<(), tokio_postgres::Error> {
+        self.c().batch_execute("COMMIT").await?;
+        self.left_tx();
+        Ok(())
     }
 }
 
@@ -140,6 +122,15 @@ fn limit_i64(l: Option<u64>) -> i64 {
     l.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX))
 }
 
+/// Holds the amounts, in one statement whose commit does not wait for the disk flush.
+///
+/// Other replicas see the hold as soon as it commits, flushed or not, so the budget is exact
+/// across replicas. What this gives up: if the PostgreSQL server crashes (not a replica: the
+/// server) within the moment before its write-ahead log reaches the disk (`wal_writer_delay`,
+/// 200 ms by default, at most three times that; any durable commit flushes it sooner), the
+/// hold of a call in flight is lost; the budget briefly counts that call as not reserved, and
+/// its settle, finding no hold and a server started since the reservation, charges what the
+/// call spent all the same. The call's settle and its audit line are durable as before.
 pub(crate) async fn reserve(
     client: Client,
     req: &ReserveRequest,
@@ -168,6 +159,7 @@ pub(crate) async fn reserve(
             ledgers: req.ledgers.clone(),
             amounts: req.amounts,
             expires_at_ms,
+            reserved_at_ms: crate::clock::Clock::system().now_ms(),
         }));
     };
     let key: String = col(r, 0)?;
@@ -204,18 +196,31 @@ fn corrupt_counter(c: i32) -> OpError {
     })
 }
 
-/// Settles (`actual` is `Some`) or releases a reservation.
+/// Settles (`actual` is `Some`) or releases a reservation. Not `durable`: the commit does
+/// not wait for the disk, for a caller whose next write is a durable commit on this database
+/// (the call's audit line), which flushes this one with it, since the log is flushed in order.
 pub(crate) async fn finish_hold(
     client: Client,
     r: &Reservation,
     actual: Option<&Amounts>,
     now: i64,
+    durable: bool,
 ) -> OpResult<Option<SettleOutcome>> {
     let stmt = client.prepare_cached(FINISH_HOLD).await?;
     let keys = r.sorted_keys();
     let actual_arr: Option<Vec<i64>> = actual.map(|a| a.to_i64s().to_vec());
+    // How long ago the reservation was made (0 when unknown: only a restart in the last second
+    // then counts as having lost it).
+    let age_ms = if r.reserved_at_ms > 0 {
+        crate::clock::Clock::system()
+            .now_ms()
+            .saturating_sub(r.reserved_at_ms)
+            .max(0)
+    } else {
+        0
+    };
     let rows = client
-        .query(&stmt, &[&r.id, &keys, &actual_arr, &now])
+        .query(&stmt, &[&r.id, &keys, &actual_arr, &now, &age_ms, &durable])
         .await
         .map_err(|e| function_error(e, &r.id))?;
     if actual.is_none() {
@@ -279,59 +284,4 @@ pub(crate) async fn get_ledger(
         used: amounts_of(col(&row, 0)?)?,
         reserved: amounts_of(col(&row, 1)?)?,
     })
-}
-
-pub(crate) async fn append_audit(
-    client: Client,
-    stream: &str,
-    make: AuditLineFn,
-    now: i64,
-) -> OpResult<AuditRecord> {
-    let conn = TxConn::new(client);
-    let c = conn.c();
-    let (head_row, lock_head, insert, move_head) = (
-        c.prepare_cached(HEAD_ROW).await?,
-        c.prepare_cached(LOCK_HEAD).await?,
-        c.prepare_cached(INSERT_LINE).await?,
-        c.prepare_cached(MOVE_HEAD).await?,
-    );
-    conn.entering_tx();
-    let c = conn.c();
-    // The head row is the lock every append to the stream takes; it is created empty first.
-    let stream_param: [&(dyn ToSql + Sync); 1] = [&stream];
-    let (begin, created, head) = tokio::join!(
-        c.batch_execute("BEGIN"),
-        c.execute(&head_row, &stream_param),
-        c.query_opt(&lock_head, &stream_param),
-    );
-    begin?;
-    created?;
-    let head = match head? {
-        Some(r) => {
-            let hash: String = col(&r, 1)?;
-            AuditHead {
-                seq: u64::try_from(col::<i64>(&r, 0)?).unwrap_or(0),
-                hash: (!hash.is_empty()).then_some(hash),
-            }
-        }
-        None => AuditHead::default(),
-    };
-    let rec = match audit::make_line(stream, &head, make, now) {
-        Ok(rec) => rec,
-        Err(e) => {
-            conn.rollback().await?;
-            return Err(e.into());
-        }
-    };
-    let seq = i64::try_from(rec.seq).unwrap_or(i64::MAX);
-    let prev = rec.prev.as_deref().unwrap_or("");
-    let c = conn.c();
-    let line_params: [&(dyn ToSql + Sync); 6] = [&stream, &seq, &prev, &rec.hash, &rec.line, &now];
-    let head_params: [&(dyn ToSql + Sync); 3] = [&stream, &seq, &rec.hash];
-    let writes: Vec<Write<'_>> = vec![
-        Box::pin(async { c.execute(&insert, &line_params).await.map(|_| ()) }),
-        Box::pin(async { c.execute(&move_head, &head_params).await.map(|_| ()) }),
-    ];
-    conn.commit_with(writes).await?;
-    Ok(rec)
 }

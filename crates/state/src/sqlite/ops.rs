@@ -763,6 +763,7 @@ pub(crate) fn reserve(
         ledgers: req.ledgers.clone(),
         amounts: req.amounts,
         expires_at_ms,
+        reserved_at_ms: crate::clock::Clock::system().now_ms(),
     }))
 }
 
@@ -871,7 +872,7 @@ pub(crate) fn append_audit(
 ) -> OpResult<AuditRecord> {
     let tx = write_tx(conn)?;
     let head = head(&tx, stream)?;
-    let rec = audit::make_line(stream, &head, make, now)?;
+    let rec = audit::make_line(stream, &head, &make, now)?;
     let seq = i64::try_from(rec.seq).unwrap_or(i64::MAX);
     exec(
         &tx,

@@ -1,16 +1,18 @@
 //! What only PostgreSQL has: replicas starting at once, a server that is unreachable or
 //! read-only, connections cut under the store, and notifications across replicas.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use codemode_state::{
-    Answer, Clock, Decision, NewApproval, PostgresOptions, PostgresStore, StateError, StateStore,
-    Topic,
+    Amounts, Answer, Clock, Decision, LedgerKey, Limits, NewApproval, PostgresOptions,
+    PostgresStore, ReserveOutcome, ReserveRequest, StateError, StateStore, Topic,
 };
 use futures::future::join_all;
 use serde_json::json;
 
 use crate::harness::{fresh_schema, postgres_url, test_postgres_options};
+use crate::suite::{assert_chain, line_maker};
 
 async fn admin(url: &str) -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
@@ -46,7 +48,7 @@ async fn replicas_starting_together_migrate_once() {
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1], "each migration applied exactly once");
+    assert_eq!(versions, [1, 2], "each migration applied exactly once");
 
     // A database a newer codemode migrated is refused, not misread.
     admin(&url)
@@ -224,4 +226,355 @@ async fn the_pool_recovers_from_cut_connections() {
         }
     }
     assert!(ok, "the store never recovered ({failures} failures)");
+}
+
+/// A database that version 1 made (before the round-trip-saving functions) is upgraded in place
+/// by the next replica that opens it, and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_database_upgrades_in_place() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = open(&url, &schema).await.unwrap();
+    a.append_audit("main", line_maker("before".into()))
+        .await
+        .unwrap();
+    drop(a);
+    // Back to version 1: its functions only, and its version row only.
+    admin(&url)
+        .await
+        .batch_execute(&format!(
+            "SET search_path = {schema};
+             DROP FUNCTION codemode_append_audit(text, bigint, text, text[], text[], bigint[]);
+             DROP FUNCTION codemode_reserve(text, text[], bigint[], bigint[], bigint, bigint, boolean);
+             DROP FUNCTION codemode_finish_hold(text, text[], bigint[], bigint, bigint, boolean);
+             DELETE FROM codemode_schema_versions WHERE version > 1;"
+        ))
+        .await
+        .unwrap();
+    let b = open(&url, &schema).await.unwrap();
+    let rows = admin(&url)
+        .await
+        .query(
+            &format!("SELECT version FROM {schema}.codemode_schema_versions ORDER BY version"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, [1, 2]);
+    let ReserveOutcome::Granted(r) = b.reserve(one_call("s", 5)).await.unwrap() else {
+        panic!("refused")
+    };
+    b.settle(&r, calls(1)).await.unwrap();
+    b.append_audit("main", line_maker("after".into()))
+        .await
+        .unwrap();
+    let lines = b.read_audit("main", 0, 100).await.unwrap();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1].prev.as_deref(), Some(lines[0].hash.as_str()));
+}
+
+fn calls(n: u64) -> Amounts {
+    Amounts {
+        calls: n,
+        ..Amounts::default()
+    }
+}
+
+fn one_call(session: &str, limit: u64) -> ReserveRequest {
+    ReserveRequest {
+        ledgers: vec![(
+            LedgerKey::session(session),
+            Limits {
+                calls: Some(limit),
+                ..Limits::default()
+            },
+        )],
+        amounts: calls(1),
+        hold_for: Duration::from_secs(600),
+    }
+}
+
+/// Appends race from three stores at once, one of which always takes the head's lock (the
+/// path a replica that keeps losing the optimistic race falls back to), with closures that
+/// refuse mixed in, and stores taking turns on a head the other just moved: one chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optimistic_and_locked_appends_race_into_one_chain() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = Arc::new(open(&url, &schema).await.unwrap());
+    let b = Arc::new(open(&url, &schema).await.unwrap());
+    let locked_options = PostgresOptions {
+        audit_optimistic_tries: 0,
+        ..test_postgres_options(&schema)
+    };
+    let c = Arc::new(
+        PostgresStore::open(&url, locked_options, Clock::system())
+            .await
+            .unwrap(),
+    );
+    // Taking turns: each store's idea of the head is stale every time.
+    for i in 0..6 {
+        let s = [&a, &b, &c][i % 3];
+        s.append_audit("turns", line_maker(format!("turn {i}")))
+            .await
+            .unwrap();
+    }
+    assert_chain(&a.read_audit("turns", 0, 100).await.unwrap(), 6);
+
+    let stores = [a.clone(), b.clone(), c.clone()];
+    let tasks: Vec<_> = (0..600)
+        .map(|i| {
+            let s = stores[i % 3].clone();
+            tokio::spawn(async move {
+                if i % 10 == 7 {
+                    let e = s
+                        .append_audit("race", Box::new(|_| Err("no key".into())))
+                        .await
+                        .unwrap_err();
+                    assert!(matches!(e, StateError::AuditLine { .. }), "{e:?}");
+                    None
+                } else {
+                    Some(
+                        s.append_audit("race", line_maker(format!("line {i}")))
+                            .await
+                            .unwrap(),
+                    )
+                }
+            })
+        })
+        .collect();
+    let written: Vec<_> = join_all(tasks)
+        .await
+        .into_iter()
+        .filter_map(|r| r.unwrap())
+        .collect();
+    assert_eq!(written.len(), 540);
+    let lines = b.read_audit("race", 0, 10_000).await.unwrap();
+    assert_chain(&lines, 540);
+    // What each append returned is what was stored at that position.
+    for r in &written {
+        assert_eq!(&lines[(r.seq - 1) as usize], r);
+    }
+    let head = c.audit_head("race").await.unwrap();
+    assert_eq!(head.seq, 540);
+}
+
+/// A caller that stops waiting right after handing over its line does not lose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_whose_caller_stopped_waiting_is_still_written() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = open(&url, &schema).await.unwrap();
+    let dropped = tokio::time::timeout(
+        Duration::ZERO,
+        a.append_audit("main", line_maker("dropped".into())),
+    )
+    .await;
+    assert!(dropped.is_err(), "the append finished without a round trip");
+    a.append_audit("main", line_maker("next".into()))
+        .await
+        .unwrap();
+    let lines = a.read_audit("main", 0, 100).await.unwrap();
+    let texts: Vec<&str> = lines.iter().map(|l| l.line.as_str()).collect();
+    assert_eq!(texts, ["dropped", "next"]);
+    assert_chain(&lines, 2);
+}
+
+/// A reservation commits without waiting for the disk, so a server crash may lose it; the
+/// settle then finds no hold. That is accepted only when the server started after the
+/// reservation was made: otherwise a missing hold was settled or released already, and a
+/// second settle must not charge twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_hold_is_charged_only_after_a_server_restart() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = open(&url, &schema).await.unwrap();
+    let admin = admin(&url).await;
+    // A server started less than a second before a reservation counts as restarted since.
+    let up_ms: f64 = admin
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::float8",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    if up_ms < 2000.0 {
+        tokio::time::sleep(Duration::from_millis((2000.0 - up_ms) as u64)).await;
+    }
+    let ReserveOutcome::Granted(r) = a.reserve(one_call("lost", 5)).await.unwrap() else {
+        panic!("refused")
+    };
+    // As if lost: the hold and what it reserved are gone, the server did not restart.
+    admin
+        .batch_execute(&format!(
+            "DELETE FROM {schema}.budget_holds WHERE id = '{}';
+             UPDATE {schema}.budget_ledgers SET reserved_calls = 0;",
+            r.id
+        ))
+        .await
+        .unwrap();
+    let e = a.settle(&r, calls(1)).await.unwrap_err();
+    assert!(matches!(e, StateError::UnknownReservation { .. }), "{e:?}");
+    assert!(a.release(&r).await.is_err());
+    let ledger = a.get_ledger(&LedgerKey::session("lost")).await.unwrap();
+    assert_eq!((ledger.used.calls, ledger.reserved.calls), (0, 0));
+
+    // A reservation older than the server's start: lost in the restart, so charged anyway.
+    let age_ms: i64 = admin
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp() - pg_postmaster_start_time()) * 1000)::bigint + 60000",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // The functions call each other by name, so they run in the schema's search path.
+    admin
+        .batch_execute(&format!("SET search_path = {schema}"))
+        .await
+        .unwrap();
+    let key: String = admin
+        .query_one(&format!("SELECT key FROM {schema}.budget_ledgers"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    admin
+        .execute(
+            &format!(
+                "SELECT * FROM {schema}.codemode_finish_hold($1, ARRAY[$2], ARRAY[1,0,0,0,0]::bigint[], 0, $3, true)"
+            ),
+            &[&r.id, &key, &age_ms],
+        )
+        .await
+        .expect("a hold lost in a restart settles");
+    let ledger = a.get_ledger(&LedgerKey::session("lost")).await.unwrap();
+    assert_eq!((ledger.used.calls, ledger.reserved.calls), (1, 0));
+    // Releasing such a hold gives nothing back and does not fail.
+    admin
+        .execute(
+            &format!(
+                "SELECT * FROM {schema}.codemode_finish_hold($1, ARRAY[$2], NULL, 0, $3, false)"
+            ),
+            &[&r.id, &key, &age_ms],
+        )
+        .await
+        .expect("a hold lost in a restart releases");
+    let ledger = a.get_ledger(&LedgerKey::session("lost")).await.unwrap();
+    assert_eq!((ledger.used.calls, ledger.reserved.calls), (1, 0));
+}
+
+const CHILD_SCHEMA: &str = "CODEMODE_STATE_PG_CHILD_SCHEMA";
+
+/// Not a test on its own: a replica process for the test below. It opens the schema, says
+/// `ready`, waits for a line on stdin, appends 200 lines at once and says `done`.
+#[test]
+#[ignore = "run by the other tests as a separate process"]
+fn pg_child_process() {
+    let (Some(url), Ok(schema)) = (postgres_url(), std::env::var(CHILD_SCHEMA)) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let store = Arc::new(open(&url, &schema).await.unwrap());
+        println!("CHILD: ready");
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+        let pid = std::process::id();
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    s.append_audit("procs", line_maker(format!("{pid}-{i}")))
+                        .await
+                })
+            })
+            .collect();
+        for t in join_all(tasks).await {
+            t.unwrap().unwrap();
+        }
+        println!("CHILD: done");
+    });
+}
+
+/// Three replica processes (each its own pool, writer and idea of the head) append at once
+/// to one stream: one chain, every line once, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_appending_at_once_make_one_chain() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let store = open(&url, &schema).await.unwrap();
+    store
+        .append_audit("procs", line_maker("first".into()))
+        .await
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let mut kids: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "postgres_only::pg_child_process",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_SCHEMA, &schema)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut outs: Vec<_> = kids
+        .iter_mut()
+        .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
+        .collect();
+    let said = |out: &mut std::io::Lines<BufReader<std::process::ChildStdout>>, what: &str| {
+        let found = out.any(|l| l.unwrap().contains(&format!("CHILD: {what}")));
+        assert!(found, "a child did not say {what}");
+    };
+    for out in &mut outs {
+        said(out, "ready");
+    }
+    for k in &mut kids {
+        writeln!(k.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    for out in &mut outs {
+        said(out, "done");
+    }
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    let lines = store.read_audit("procs", 0, 10_000).await.unwrap();
+    assert_chain(&lines, 601);
+}
+
+/// A closure that panics fails its append (and any line batched with it) with an error instead
+/// of hanging them, and the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_line_maker_fails_its_append_and_the_stream_goes_on() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = open(&url, &schema).await.unwrap();
+    a.append_audit("main", line_maker("one".into()))
+        .await
+        .unwrap();
+    let e = a
+        .append_audit("main", Box::new(|_| panic!("a line maker that panics")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StateError::Backend { .. }), "{e:?}");
+    a.append_audit("main", line_maker("two".into()))
+        .await
+        .unwrap();
+    let lines = a.read_audit("main", 0, 100).await.unwrap();
+    assert_chain(&lines, 2);
 }

@@ -80,7 +80,10 @@ pub fn line_maker(text: String) -> codemode_state::AuditLineFn {
     Box::new(move |head| {
         let prev = head.hash.clone().unwrap_or_else(|| "0".repeat(64));
         let hash = hex::encode(Sha256::digest(format!("{prev}\n{text}").as_bytes()));
-        Ok(AuditLine { line: text, hash })
+        Ok(AuditLine {
+            line: text.clone(),
+            hash,
+        })
     })
 }
 
@@ -1029,7 +1032,7 @@ pub async fn audit_streams_chain_and_read_back(env: Env) {
             Box::new(move |_| {
                 Ok(AuditLine {
                     line: "dup".into(),
-                    hash: same,
+                    hash: same.clone(),
                 })
             }),
         )

@@ -1,0 +1,2 @@
+-- codemode state, schema version 2. Nothing changes in the shared tables: version 2 adds
+-- PostgreSQL functions (postgres_v2.sql) that save round trips and disk flushes per call.
