@@ -76,6 +76,21 @@ def main():
             met = f"{sum(v <= target for v in known)} of {len(known)}"
         shown = f"≤ {target}" if target is not None else "-"
         print(f"| {name:<56} | {lo_hi:<12} | {mid:<7} | {shown:<6} | {met} |")
+    if any(("script@before", seq) in r for r in rounds):
+        checks = [
+            ("before: script ÷ Python SDK, per-call median", ratio(("script@before", seq), ("python-sdk", seq), "median_ms"), 1.1),
+            ("before: script with audit log ÷ Python SDK, median", ratio(("script-audit@before", seq), ("python-sdk", seq), "median_ms"), 1.1),
+            ("after ÷ before: script, per-call median", ratio(("script", seq), ("script@before", seq), "median_ms"), None),
+            ("after ÷ before: script with audit log, per-call median", ratio(("script-audit", seq), ("script-audit@before", seq), "median_ms"), None),
+            ("after ÷ before: gate alone, per-call median", ratio(("rust-gate", seq), ("rust-gate@before", seq), "median_ms"), None),
+            ("after ÷ before: script 1,000 parallel, total", ratio(("script", par), ("script@before", par), "total_ms"), None),
+        ]
+        for name, values, target in checks:
+            lo_hi, mid = spread(values)
+            known = [v for v in values if v is not None]
+            met = f"{sum(v <= target for v in known)} of {len(known)}" if target else "-"
+            shown = f"≤ {target}" if target else "-"
+            print(f"| {name:<56} | {lo_hi:<12} | {mid:<7} | {shown:<6} | {met} |")
     overhead = [
         ("script − our Rust client, per-call median (ms)", diff(("script", seq), ("rust-direct", seq), "median_ms")),
         ("gate alone − our Rust client, per-call median (ms)", diff(("rust-gate", seq), ("rust-direct", seq), "median_ms")),
