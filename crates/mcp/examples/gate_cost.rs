@@ -39,7 +39,9 @@ impl Tool for AtOnce {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let n: usize = match args.next() {
-        Some(s) => s.parse().map_err(|_| format!("not a count of calls: {s:?}"))?,
+        Some(s) => s
+            .parse()
+            .map_err(|_| format!("not a count of calls: {s:?}"))?,
         None => 20_000,
     };
     let audit = args.next().as_deref() == Some("audit");
