@@ -399,6 +399,103 @@ fn explain_names_the_deciding_policies() {
     assert!(serde_json::from_value::<ExplainInput>(json!({"tool": "x", "bogus": 1})).is_err());
 }
 
+/// Every fact the gate gives the policy, with its value and its Cedar type: one forbid per fact,
+/// each matching only if the fact arrived exactly so. All of them must decide.
+#[test]
+fn every_context_field_and_resource_attribute_reaches_the_policy_with_its_type() {
+    let facts = [
+        ("a-str", r#"context.args.command == "ls -l""#),
+        ("a-long", "context.args.n == -7"),
+        ("a-bool", "context.args.flag == true"),
+        ("a-set", r#"context.args.tags == ["x", "y"]"#),
+        ("a-no-object", "!(context.args has nested)"),
+        ("a-no-float", "!(context.args has ratio)"),
+        ("a-no-mixed-set", "!(context.args has mixed)"),
+        ("json", r#"context.args_json like "*\"nested\":{\"k\":1}*""#),
+        ("paths", r#"context.paths == ["/w/a", "/w/b"]"#),
+        (
+            "path",
+            r#"context.path == "/w/a" || context.path == "/w/b""#,
+        ),
+        ("origin", r#"context.origin == "script""#),
+        ("depth", "context.depth == 3"),
+        ("parent", r#"context.parent == "run-1""#),
+        ("script-id", r#"context.script_id == """#),
+        ("hash", r#"context.script_hash == "abc""#),
+        ("bytes", "context.script_bytes == 42"),
+        ("in-ws", "context.in_workspace == true"),
+        ("client", r#"context.client == """#),
+        (
+            "s-counts",
+            "context.script == {calls: 2, model_calls: 1, tokens: 30, cost_micro_usd: 4}",
+        ),
+        (
+            "sess-counts",
+            "context.session.calls == 5 && context.session.cost_micro_usd == 9",
+        ),
+        ("principal", r#"principal == Session::"s-1""#),
+        (
+            "tool",
+            r#"resource == Tool::"mcp__srv__act" && resource.name == "mcp__srv__act""#,
+        ),
+        (
+            "ns",
+            r#"resource.namespace == "mcp__srv" && resource.kind == "tool""#,
+        ),
+        ("exposure", r#"resource.exposure == "hidden""#),
+        (
+            "hints",
+            "!resource.read_only && resource.destructive == false && resource.idempotent && !resource.open_world",
+        ),
+    ];
+    let mut text = String::from("@id(\"all\") permit(principal, action, resource);\n");
+    for (id, cond) in facts {
+        text.push_str(&format!(
+            "@id(\"{id}\") forbid(principal, action, resource) when {{ {cond} }};\n"
+        ));
+    }
+    let set = PolicySet::parse("facts.cedar", &text).unwrap();
+    let input: ExplainInput = serde_json::from_value(json!({
+        "tool": "mcp__srv__act", "namespace": "mcp__srv", "exposure": "hidden",
+        "annotations": {"readOnlyHint": false, "destructiveHint": false, "idempotentHint": true, "openWorldHint": false},
+        "args": {"command": "ls -l", "n": -7, "flag": true, "tags": ["x", "y"], "nested": {"k": 1},
+                 "ratio": 0.5, "mixed": ["x", 1]},
+        "paths": ["/w/a", "/w/b"], "workspace": "/w", "depth": 3, "session_id": "s-1",
+        "parent_call_id": "run-1", "script_hash": "abc",
+        "script_facts": {"sha256": "abc", "bytes": 42},
+        "script": {"calls": 2, "model_calls": 1, "tokens": 30, "cost_micro_usd": 4},
+        "session": {"calls": 5, "cost_micro_usd": 9},
+    }))
+    .unwrap();
+    let ex = codemode_gate::explain(&set, None, &input);
+    assert_eq!(ex.decision, "deny", "{}", ex.summary);
+    let mut decided: Vec<&str> = ex.policies.iter().map(|p| p.id.as_str()).collect();
+    decided.sort_unstable();
+    let mut expected: Vec<&str> = facts.iter().map(|(id, _)| *id).collect();
+    expected.sort_unstable();
+    assert_eq!(decided, expected, "{}", ex.summary);
+
+    let model = PolicySet::parse(
+        "model.cedar",
+        r#"@id("all") permit(principal, action, resource);
+@id("m") forbid(principal, action == Action::"model_call", resource)
+  when { resource == Model::"acme/small" && resource.provider == "acme" && resource.id == "small"
+         && resource.type == "chat" && resource.input_price == decimal("0.1250")
+         && resource.output_price.greaterThan(decimal("2.4999")) && resource.image_price == decimal("0.0") };"#,
+    )
+    .unwrap();
+    let input: ExplainInput = serde_json::from_value(json!({
+        "tool": "models.chat", "kind": "model",
+        "model": {"provider": "acme", "id": "small", "modelType": "chat",
+                  "inputPrice": 0.125, "outputPrice": 2.5},
+    }))
+    .unwrap();
+    let ex = codemode_gate::explain(&model, None, &input);
+    assert_eq!(ex.decision, "deny", "{}", ex.summary);
+    assert_eq!(ex.policies.len(), 1, "{}", ex.summary);
+    assert_eq!(ex.policies[0].id, "m");
+}
+
 #[test]
 fn a_policy_that_fails_to_evaluate_denies() {
     // Without a schema the validator cannot catch this; the gate must still fail closed.

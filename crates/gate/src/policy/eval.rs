@@ -2,12 +2,17 @@
 
 use std::str::FromStr;
 
-use cedar_policy::{Authorizer, Context, Entities, EntityId, EntityTypeName, EntityUid, Request};
+use std::collections::HashSet;
+
+use cedar_policy::{
+    Authorizer, Context, Entities, Entity, EntityId, EntityTypeName, EntityUid, Request,
+    RestrictedExpression,
+};
 use codemode_spec::{
     Annotations, CallFacts, CallKind, Exposure, ModelFacts, Origin, Provenance, ToolSpec,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::PolicySet;
 use super::schema::{ArgType, PolicySchema};
@@ -90,13 +95,32 @@ fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
     Ok(EntityUid::from_type_name_and_id(ty, EntityId::new(id)))
 }
 
-fn decimal(v: f64) -> Value {
+// The entities and the context are built as Cedar values directly: going through Cedar's JSON
+// format cost about half of the gate's time per call (its parser tries each form of a value in
+// turn and formats an error for every miss).
+
+fn string(s: impl Into<String>) -> RestrictedExpression {
+    RestrictedExpression::new_string(s.into())
+}
+
+fn long(v: u64) -> RestrictedExpression {
+    RestrictedExpression::new_long(i64::try_from(v).unwrap_or(i64::MAX))
+}
+
+fn decimal(v: f64) -> RestrictedExpression {
     let v = if v.is_finite() {
         v.clamp(-9.0e14, 9.0e14)
     } else {
         0.0
     };
-    json!({"__extn": {"fn": "decimal", "arg": format!("{v:.4}")}})
+    RestrictedExpression::new_decimal(format!("{v:.4}"))
+}
+
+fn record<const N: usize>(
+    fields: [(&str, RestrictedExpression); N],
+) -> Result<RestrictedExpression, String> {
+    RestrictedExpression::new_record(fields.map(|(k, v)| (k.to_string(), v)))
+        .map_err(|e| format!("cannot describe the call to the policy engine: {e}"))
 }
 
 fn model_id(m: &ModelFacts) -> String {
@@ -105,8 +129,8 @@ fn model_id(m: &ModelFacts) -> String {
 
 /// Args as a Cedar record: only arguments the schema types, and only when the value has that
 /// type. With no schema, the value's own type decides.
-fn args_record(args: &Value, schema: Option<&PolicySchema>) -> Value {
-    let mut out = Map::new();
+fn args_record(args: &Value, schema: Option<&PolicySchema>) -> Vec<(String, RestrictedExpression)> {
+    let mut out = Vec::new();
     if let Some(obj) = args.as_object() {
         for (k, v) in obj {
             let ty = match schema {
@@ -119,28 +143,49 @@ fn args_record(args: &Value, schema: Option<&PolicySchema>) -> Value {
                     _ => None,
                 },
             };
-            if let Some(enc) = ty.and_then(|t| t.encode(v)) {
-                out.insert(k.clone(), enc);
+            if let Some(enc) = ty.and_then(|t| t.encode(v)).and_then(|e| cedar_value(&e)) {
+                out.push((k.clone(), enc));
             }
         }
     }
-    Value::Object(out)
+    out
 }
 
-fn counts_json(c: &Counts) -> Value {
-    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    json!({
-        "calls": clamp(c.calls),
-        "model_calls": clamp(c.model_calls),
-        "tokens": clamp(c.tokens),
-        "cost_micro_usd": clamp(c.cost_micro_usd),
-    })
+/// One encoded argument (see `ArgType::encode`: a string, a boolean, a long or a set of strings)
+/// as a Cedar value.
+fn cedar_value(v: &Value) -> Option<RestrictedExpression> {
+    match v {
+        Value::String(s) => Some(string(s.as_str())),
+        Value::Bool(b) => Some(RestrictedExpression::new_bool(*b)),
+        Value::Number(n) => n.as_i64().map(RestrictedExpression::new_long),
+        Value::Array(items) => items
+            .iter()
+            .map(cedar_value)
+            .collect::<Option<Vec<_>>>()
+            .map(RestrictedExpression::new_set),
+        _ => None,
+    }
 }
 
-fn resource_entity(
-    spec: &ToolSpec,
-    model: Option<&ModelFacts>,
-) -> Result<(EntityUid, Value), String> {
+fn counts_record(c: &Counts) -> Result<RestrictedExpression, String> {
+    record([
+        ("calls", long(c.calls)),
+        ("model_calls", long(c.model_calls)),
+        ("tokens", long(c.tokens)),
+        ("cost_micro_usd", long(c.cost_micro_usd)),
+    ])
+}
+
+fn entity(
+    uid: EntityUid,
+    attrs: impl IntoIterator<Item = (&'static str, RestrictedExpression)>,
+) -> Result<Entity, String> {
+    let attrs = attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    Entity::new(uid, attrs, HashSet::new())
+        .map_err(|e| format!("cannot describe the call to the policy engine: {e}"))
+}
+
+fn resource_entity(spec: &ToolSpec, model: Option<&ModelFacts>) -> Result<Entity, String> {
     if spec.kind == CallKind::Model {
         let m = model.ok_or_else(|| {
             format!(
@@ -149,41 +194,53 @@ fn resource_entity(
             )
         })?;
         let id = model_id(m);
-        let entity = json!({
-            "uid": {"type": "Model", "id": id},
-            "attrs": {
-                "provider": m.provider,
-                "id": m.id,
-                "type": m.model_type,
-                "input_price": decimal(m.input_price),
-                "output_price": decimal(m.output_price),
-                "image_price": decimal(m.image_price),
-            },
-            "parents": []
-        });
-        return Ok((uid("Model", &id)?, entity));
+        return entity(
+            uid("Model", &id)?,
+            [
+                ("provider", string(m.provider.as_str())),
+                ("id", string(m.id.as_str())),
+                ("type", string(m.model_type.as_str())),
+                ("input_price", decimal(m.input_price)),
+                ("output_price", decimal(m.output_price)),
+                ("image_price", decimal(m.image_price)),
+            ],
+        );
     }
     let a: &Annotations = &spec.annotations;
     let read_only = a.read_only_hint.unwrap_or(false);
-    let entity = json!({
-        "uid": {"type": "Tool", "id": spec.name},
-        "attrs": {
-            "name": spec.name,
-            "namespace": spec.namespace.clone().unwrap_or_default(),
-            "exposure": spec.exposure.as_str(),
-            "kind": match spec.kind { CallKind::Tool => "tool", CallKind::Model => "model", CallKind::Global => "global" },
-            "read_only": read_only,
+    let kind = match spec.kind {
+        CallKind::Tool => "tool",
+        CallKind::Model => "model",
+        CallKind::Global => "global",
+    };
+    entity(
+        uid("Tool", &spec.name)?,
+        [
+            ("name", string(spec.name.as_str())),
+            (
+                "namespace",
+                string(spec.namespace.clone().unwrap_or_default()),
+            ),
+            ("exposure", string(spec.exposure.as_str())),
+            ("kind", string(kind)),
+            ("read_only", RestrictedExpression::new_bool(read_only)),
             // MCP's defaults for absent hints: a tool that is not read-only may destroy, and
             // may reach the open world.
-            "destructive": a.destructive_hint.unwrap_or(!read_only),
-            "idempotent": a.idempotent_hint.unwrap_or(false),
-            "open_world": a.open_world_hint.unwrap_or(true),
-        },
-        "parents": []
-    });
-    Ok((uid("Tool", &spec.name)?, entity))
+            (
+                "destructive",
+                RestrictedExpression::new_bool(a.destructive_hint.unwrap_or(!read_only)),
+            ),
+            (
+                "idempotent",
+                RestrictedExpression::new_bool(a.idempotent_hint.unwrap_or(false)),
+            ),
+            (
+                "open_world",
+                RestrictedExpression::new_bool(a.open_world_hint.unwrap_or(true)),
+            ),
+        ],
+    )
 }
-
 /// Asks the policies about one call. Any failure to build or evaluate the request denies.
 pub(crate) fn decide(
     policies: &PolicySet,
@@ -247,39 +304,69 @@ fn evaluate(
     let p = input.provenance;
     let principal = uid("Session", &p.session_id)?;
     let action = uid("Action", action_name(input.spec.kind))?;
-    let (resource, resource_entity) = resource_entity(input.spec, input.facts.model.as_ref())?;
-    let entities = Entities::from_json_value(
-        json!([
-            {"uid": {"type": "Session", "id": p.session_id}, "attrs": {}, "parents": []},
-            resource_entity,
-        ]),
+    let resource = resource_entity(input.spec, input.facts.model.as_ref())?;
+    let resource_uid = resource.uid();
+    let entities = Entities::from_entities(
+        [
+            Entity::new_no_attrs(principal.clone(), HashSet::new()),
+            resource,
+        ],
         None,
     )
     .map_err(|e| format!("cannot describe the call to the policy engine: {e}"))?;
-    let context = json!({
-        "args": args_record(input.args, schema),
-        "args_json": serde_json::to_string(input.args).unwrap_or_default(),
-        "paths": input.facts.paths,
-        "path": path,
-        "origin": match p.origin { Origin::Model => "model", Origin::Script => "script", Origin::Client => "client" },
-        "depth": p.depth,
-        "parent": p.parent_call_id.clone().unwrap_or_default(),
-        "script_id": p.script_id.clone().unwrap_or_default(),
-        "script_hash": input
-            .facts
-            .script
-            .as_ref()
-            .map(|s| s.sha256.clone())
-            .or_else(|| p.script_hash.clone())
-            .unwrap_or_default(),
-        "script_bytes": input.facts.script.as_ref().map_or(0, |s| i64::try_from(s.bytes).unwrap_or(i64::MAX)),
-        "in_workspace": in_workspace(input.workspace, path),
-        "client": p.client.clone().unwrap_or_default(),
-        "script": counts_json(&input.script),
-        "session": counts_json(&input.session),
-    });
-    let context = Context::from_json_value(context, None)
-        .map_err(|e| format!("cannot describe the call's context to the policy engine: {e}"))?;
+    let origin = match p.origin {
+        Origin::Model => "model",
+        Origin::Script => "script",
+        Origin::Client => "client",
+    };
+    let script_hash = input
+        .facts
+        .script
+        .as_ref()
+        .map(|s| s.sha256.clone())
+        .or_else(|| p.script_hash.clone())
+        .unwrap_or_default();
+    let args = RestrictedExpression::new_record(args_record(input.args, schema))
+        .map_err(|e| format!("cannot describe the call's arguments to the policy engine: {e}"))?;
+    let context = Context::from_pairs([
+        ("args".to_string(), args),
+        (
+            "args_json".to_string(),
+            string(serde_json::to_string(input.args).unwrap_or_default()),
+        ),
+        (
+            "paths".to_string(),
+            RestrictedExpression::new_set(input.facts.paths.iter().map(|p| string(p.as_str()))),
+        ),
+        ("path".to_string(), string(path)),
+        ("origin".to_string(), string(origin)),
+        ("depth".to_string(), long(u64::from(p.depth))),
+        (
+            "parent".to_string(),
+            string(p.parent_call_id.clone().unwrap_or_default()),
+        ),
+        (
+            "script_id".to_string(),
+            string(p.script_id.clone().unwrap_or_default()),
+        ),
+        ("script_hash".to_string(), string(script_hash)),
+        (
+            "script_bytes".to_string(),
+            long(input.facts.script.as_ref().map_or(0, |s| s.bytes)),
+        ),
+        (
+            "in_workspace".to_string(),
+            RestrictedExpression::new_bool(in_workspace(input.workspace, path)),
+        ),
+        (
+            "client".to_string(),
+            string(p.client.clone().unwrap_or_default()),
+        ),
+        ("script".to_string(), counts_record(&input.script)?),
+        ("session".to_string(), counts_record(&input.session)?),
+    ])
+    .map_err(|e| format!("cannot describe the call's context to the policy engine: {e}"))?;
+    let resource = resource_uid;
     let request = Request::new(principal, action, resource, context, None)
         .map_err(|e| format!("cannot build the policy request: {e}"))?;
     let response = Authorizer::new().is_authorized(&request, &policies.cedar, &entities);
