@@ -204,9 +204,13 @@ fn item13_resources_and_prompts_reach_scripts_through_the_gate_and_the_client_in
     let v = client(&s, "resources", "");
     // The client's own resource read and prompt get each left an audit line as origin client.
     let log = std::fs::read_to_string(&audit_log).unwrap_or_default();
-    for tool in ["mcp__everything__read_resource", "mcp__everything__get_prompt"] {
+    for tool in [
+        "mcp__everything__read_resource",
+        "mcp__everything__get_prompt",
+    ] {
         assert!(
-            log.lines().any(|l| l.contains(tool) && l.contains("\"origin\":\"client\"")),
+            log.lines()
+                .any(|l| l.contains(tool) && l.contains("\"origin\":\"client\"")),
             "no client-origin audit line for {tool}:\n{log}"
         );
     }
@@ -276,7 +280,10 @@ fn item13_a_policy_decides_on_the_server_and_the_uri() {
             .contains("no-client-prompts"),
         "{v}"
     );
-    assert!(v["scriptPrompt"]["messages"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert!(
+        v["scriptPrompt"]["messages"].as_u64().unwrap_or(0) > 0,
+        "{v}"
+    );
     let script = &v["script"];
     assert_eq!(script["ok"], false, "{v}");
     assert!(
