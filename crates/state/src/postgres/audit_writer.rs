@@ -288,13 +288,24 @@ impl AuditWriter {
     }
 }
 
-/// Runs every closure of the batch on the head its line chains onto.
+/// Runs every closure of the batch on the head its line chains onto. A closure that panics
+/// fails its own line, like one that refuses: unwinding out of the writer would drop the
+/// batch's waiters before the queue is handed on, and an append racing that hand-over could
+/// find the queue still marked as being written and be failed with the panicking batch.
 fn make_lines(stream: &str, batch: &[Waiting], head: &AuditHead) -> Made {
     let mut at = head.clone();
     let records = batch
         .iter()
         .map(|w| {
-            let rec = audit::make_line(stream, &at, &w.make, w.now)?;
+            let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                audit::make_line(stream, &at, &w.make, w.now)
+            }));
+            let rec = made.unwrap_or_else(|_| {
+                Err(StateError::AuditLine {
+                    stream: stream.to_string(),
+                    message: "the code that makes the audit line panicked".into(),
+                })
+            })?;
             at = AuditHead {
                 seq: rec.seq,
                 hash: Some(rec.hash.clone()),
