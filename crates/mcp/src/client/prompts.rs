@@ -10,11 +10,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use codemode_spec::{
-    Annotations, CallFacts, CallKind, Exposure, PreparedCall, Tool, ToolError, ToolOutput,
-    ToolSpec, prepared,
+    CallFacts, CallKind, Exposure, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared,
 };
 use serde_json::{Map, Value, json};
 
+use super::resources::read_only;
 use super::upstream::Upstream;
 use crate::naming::mcp_namespace;
 
@@ -79,13 +79,7 @@ impl PromptTool {
                 "required": ["messages"]
             })),
             namespace: Some(mcp_namespace(&server)),
-            annotations: Annotations {
-                title: None,
-                read_only_hint: Some(true),
-                destructive_hint: Some(false),
-                idempotent_hint: Some(true),
-                open_world_hint: None,
-            },
+            annotations: read_only(),
             exposure,
             kind: CallKind::Tool,
         };

@@ -40,6 +40,17 @@ pub(crate) fn resource_tool_names(
     .collect()
 }
 
+/// What the resource and prompt tools are: reads of the server's own data, safe to repeat.
+pub(crate) fn read_only() -> Annotations {
+    Annotations {
+        title: None,
+        read_only_hint: Some(true),
+        destructive_hint: Some(false),
+        idempotent_hint: Some(true),
+        open_world_hint: None,
+    }
+}
+
 pub(crate) struct ResourceTool {
     spec: ToolSpec,
     kind: ResourceKind,
@@ -104,13 +115,7 @@ impl ResourceTool {
             input_schema,
             output_schema: Some(output_schema),
             namespace: Some(mcp_namespace(&server)),
-            annotations: Annotations {
-                title: None,
-                read_only_hint: Some(true),
-                destructive_hint: Some(false),
-                idempotent_hint: Some(true),
-                open_world_hint: None,
-            },
+            annotations: read_only(),
             exposure,
             kind: CallKind::Tool,
         };

@@ -380,6 +380,39 @@ impl CodemodeHandler {
             >()),
         }
     }
+
+    /// A request the MCP client makes itself (a resource read, a prompt) as the gated call of
+    /// `tool` with origin client: policy, hooks, approval and audit as for any call. `what`
+    /// names the request in errors.
+    async fn call_for_client<T: serde::de::DeserializeOwned>(
+        &self,
+        tool: &str,
+        args: Value,
+        what: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<T, ErrorData> {
+        let _busy = self.opts.activity.enter();
+        let session_id = self.session_id(context);
+        let output = self
+            .codemode
+            .call_for_client(
+                tool,
+                args,
+                &session_id,
+                Self::client_name(context),
+                context.ct.clone(),
+            )
+            .await
+            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
+        if output.is_error {
+            return Err(ErrorData::internal_error(
+                format!("{what} failed: {}", output.value),
+                None,
+            ));
+        }
+        serde_json::from_value::<T>(output.value)
+            .map_err(|e| ErrorData::internal_error(format!("{what}: unreadable answer: {e}"), None))
+    }
 }
 
 fn is_mcp(spec: &ToolSpec) -> bool {
@@ -487,34 +520,21 @@ impl ServerHandler for CodemodeHandler {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        // The client's own read is a call like any other: through the gate (policy on server
-        // and URI, hooks, approval, audit) as the server's read_resource tool.
+        // The client's own read is a call like any other, as the server's read_resource tool
+        // (the policy sees the server and the URI).
         let tool = self
             .hub_for_proxy()?
             .resource_read_tool(&request.uri)
             .map_err(proxy_error)?;
-        let _busy = self.opts.activity.enter();
-        let session_id = self.session_id(&context);
-        let output = self
-            .codemode
-            .call_for_client(
-                &tool,
-                json!({ "uri": request.uri }),
-                &session_id,
-                Self::client_name(&context),
-                context.ct.clone(),
-            )
-            .await
-            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
-        if output.is_error {
-            return Err(ErrorData::internal_error(
-                format!("reading {} failed: {}", request.uri, output.value),
-                None,
-            ));
-        }
-        serde_json::from_value::<ReadResourceResult>(output.value)
-            .map(ReadResourceResponse::Complete)
-            .map_err(|e| ErrorData::internal_error(format!("unreadable resource: {e}"), None))
+        let what = format!("reading {}", request.uri);
+        self.call_for_client::<ReadResourceResult>(
+            &tool,
+            json!({ "uri": request.uri }),
+            &what,
+            &context,
+        )
+        .await
+        .map(ReadResourceResponse::Complete)
     }
 
     async fn list_prompts(
@@ -532,34 +552,17 @@ impl ServerHandler for CodemodeHandler {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        // Like a resource read: the client's own request passes the gate as the server's
-        // get_prompt tool (policy on server and prompt name, hooks, approval, audit).
+        // Like a resource read, as the server's get_prompt tool (the policy sees the server
+        // and the prompt's name).
         let (tool, local) = self
             .hub_for_proxy()?
             .prompt_get_tool(&request.name)
             .map_err(proxy_error)?;
-        let _busy = self.opts.activity.enter();
-        let session_id = self.session_id(&context);
-        let output = self
-            .codemode
-            .call_for_client(
-                &tool,
-                json!({ "name": local, "arguments": request.arguments }),
-                &session_id,
-                Self::client_name(&context),
-                context.ct.clone(),
-            )
+        let what = format!("getting prompt {}", request.name);
+        let args = json!({ "name": local, "arguments": request.arguments });
+        self.call_for_client::<GetPromptResult>(&tool, args, &what, &context)
             .await
-            .map_err(|e| ErrorData::invalid_request(e.to_string(), None))?;
-        if output.is_error {
-            return Err(ErrorData::internal_error(
-                format!("getting prompt {} failed: {}", request.name, output.value),
-                None,
-            ));
-        }
-        serde_json::from_value::<GetPromptResult>(output.value)
             .map(GetPromptResponse::Complete)
-            .map_err(|e| ErrorData::internal_error(format!("unreadable prompt: {e}"), None))
     }
 }
 
