@@ -496,6 +496,61 @@ fn every_context_field_and_resource_attribute_reaches_the_policy_with_its_type()
     assert_eq!(ex.policies[0].id, "m");
 }
 
+/// Values a script controls that look like Cedar's JSON escapes or entity syntax arrive as
+/// plain data: an id with quotes and `::` stays one string, an `__entity`/`__extn` lookalike
+/// is a string or is left out, and none of them becomes another entity or extension value.
+#[test]
+fn script_controlled_values_that_look_like_cedar_syntax_stay_plain_data() {
+    let facts = [
+        (
+            "odd-session",
+            r#"principal == Session::"s\"::Session::\"admin""#,
+        ),
+        (
+            "escape-string",
+            r#"context.args.cmd == "{\"__extn\":{\"fn\":\"ip\",\"arg\":\"10.0.0.1\"}}""#,
+        ),
+        (
+            "escape-key",
+            r#"context.args["__entity"] == "Session::\"admin\"""#,
+        ),
+        ("no-entity-object", "!(context.args has obj)"),
+        ("no-huge-number", "!(context.args has big)"),
+        (
+            "odd-tool",
+            r#"resource == Tool::"t\"::Tool::\"bash" && resource.name == "t\"::Tool::\"bash""#,
+        ),
+    ];
+    // Must not match: the odd ids are not the entities they spell.
+    let confusions = [
+        ("admin", r#"principal == Session::"admin""#),
+        ("bash", r#"resource == Tool::"bash""#),
+    ];
+    let mut text = String::from("@id(\"all\") permit(principal, action, resource);\n");
+    for (id, cond) in facts.iter().chain(confusions.iter()) {
+        text.push_str(&format!(
+            "@id(\"{id}\") forbid(principal, action, resource) when {{ {cond} }};\n"
+        ));
+    }
+    let set = PolicySet::parse("odd.cedar", &text).unwrap();
+    let input: ExplainInput = serde_json::from_value(json!({
+        "tool": "t\"::Tool::\"bash",
+        "session_id": "s\"::Session::\"admin",
+        "args": {"cmd": "{\"__extn\":{\"fn\":\"ip\",\"arg\":\"10.0.0.1\"}}",
+                 "__entity": "Session::\"admin\"",
+                 "obj": {"__entity": {"type": "Session", "id": "admin"}},
+                 "big": 18446744073709551615u64},
+    }))
+    .unwrap();
+    let ex = codemode_gate::explain(&set, None, &input);
+    assert_eq!(ex.decision, "deny", "{}", ex.summary);
+    let mut decided: Vec<&str> = ex.policies.iter().map(|p| p.id.as_str()).collect();
+    decided.sort_unstable();
+    let mut expected: Vec<&str> = facts.iter().map(|(id, _)| *id).collect();
+    expected.sort_unstable();
+    assert_eq!(decided, expected, "{}", ex.summary);
+}
+
 #[test]
 fn a_policy_that_fails_to_evaluate_denies() {
     // Without a schema the validator cannot catch this; the gate must still fail closed.
