@@ -28,6 +28,7 @@
 
 mod convert;
 mod mcp;
+mod protected;
 mod shared_state;
 mod wiring;
 
@@ -271,17 +272,12 @@ impl InstallationBuilder {
         let durable = &settings.durable;
         let cells_on = durable.cells_enabled.unwrap_or(self.cells)
             || durable.when_nobody_can_answer == codemode_config::WhenNobodyCanAnswer::Pause;
-        // The gate keeps its own configuration out of every tool's reach, whatever the policy.
-        gate = gate
-            .workspace(&workdir)
-            .protect(ProtectedPath::new(
-                workdir.join(".codemode"),
-                "the project's codemode configuration",
-            ))
-            .protect(ProtectedPath::new(
-                &sources.paths.config_dir,
-                "your codemode configuration",
-            ));
+        // The gate keeps its own configuration out of every tool's reach, whatever the policy:
+        // the configuration directories and every file a setting points at.
+        gate = gate.workspace(&workdir);
+        for path in protected::configuration_paths(&config, &sources, &workdir) {
+            gate = gate.protect(path);
+        }
         let state = match self.state_store {
             Some(store) => Some(store),
             None => shared_state::open_store(settings).await?,

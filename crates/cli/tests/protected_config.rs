@@ -1,0 +1,217 @@
+//! The gate protects every file the configuration reads or runs, not only the configuration
+//! directories: a policy file, a hook's program, an MCP server's program, a `--mcp-config` file
+//! and the state database may live anywhere, even inside the workspace, and a script that may
+//! write there must still not change them. Attacks as a black-box tester ran them, through the
+//! real binary.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+mod common;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../mcp/tests/fixtures/misbehaving-server.cjs"
+);
+
+struct Dirs {
+    config: tempfile::TempDir,
+    state: tempfile::TempDir,
+    project: tempfile::TempDir,
+}
+
+impl Dirs {
+    fn new() -> Dirs {
+        Dirs {
+            config: tempfile::tempdir().unwrap(),
+            state: tempfile::tempdir().unwrap(),
+            project: tempfile::tempdir().unwrap(),
+        }
+    }
+    fn in_project(&self, rel: &str, text: &str) -> PathBuf {
+        let p = self.project.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+    fn settings(&self, json: &Value) {
+        std::fs::write(self.config.path().join("settings.json"), json.to_string()).unwrap();
+    }
+    fn run(&self, script: &str, extra: &[&str]) -> (Option<i32>, Value, String) {
+        let mut cmd = common::codemode();
+        cmd.arg("run")
+            .arg("--config-dir")
+            .arg(self.config.path())
+            .arg("--state-dir")
+            .arg(self.state.path())
+            .arg("--workdir")
+            .arg(self.project.path())
+            .arg("--json")
+            .args(extra)
+            .arg("-");
+        common::json_outcome(common::pipe(cmd, Some(script)))
+    }
+}
+
+/// Each write in `targets` (paths as the script names them), with what became of it: "ran" or
+/// the refusal's stage.
+fn try_writes(targets: &[&str]) -> String {
+    let list = serde_json::to_string(targets).unwrap();
+    format!(
+        "const out = {{}};
+for (const path of {list}) {{
+  try {{ await tools.write({{ path, content: 'changed by a script' }}); out[path] = 'ran' }}
+  catch (e) {{ out[path] = e.stage + ': ' + e.message }}
+}}
+try {{ await tools.edit({{ path: {first}, old_string: 'exit 0', new_string: 'touch pwned; exit 0' }}); out.edit = 'ran' }}
+catch (e) {{ out.edit = e.stage + ': ' + e.message }}
+return out;",
+        first = serde_json::to_string(targets[0]).unwrap()
+    )
+}
+
+fn refused(v: &Value, key: &str, why: &str) {
+    let got = v["value"][key].as_str().unwrap_or_default();
+    assert!(
+        got.starts_with("protected: ") && got.contains(why),
+        "{key} must be refused as {why}: {v}"
+    );
+}
+
+fn unchanged(path: &Path, text: &str) {
+    assert_eq!(std::fs::read_to_string(path).unwrap(), text, "{path:?}");
+}
+
+#[test]
+fn policy_files_and_hook_programs_outside_the_configuration_directory_are_protected() {
+    let d = Dirs::new();
+    let hook_text = "#!/bin/sh\ncat >/dev/null\nexit 0\n";
+    let hook = d.in_project("hooks/check.sh", hook_text);
+    std::fs::set_permissions(
+        &hook,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // Writes in the workspace are permitted, bash is not: changing the hook's program or the
+    // policy would turn a workspace write into host commands.
+    let policy_text = "@id(\"ws-write\") permit (principal, action == Action::\"tool_call\", resource) when { [\"write\",\"edit\"].contains(resource.name) && context.in_workspace };";
+    let policy = d.in_project("policy.cedar", policy_text);
+    d.settings(&serde_json::json!({
+        "policy": [policy],
+        "hooks": {"PreToolUse": [{"matcher": "write|edit", "hooks": [
+            {"type": "command", "command": hook.display().to_string(), "timeout": 10}
+        ]}]}
+    }));
+    let script = try_writes(&[
+        "hooks/check.sh",
+        "./hooks/../hooks/check.sh",
+        "policy.cedar",
+        &policy.display().to_string(),
+        "ordinary.txt",
+    ]);
+    let (code, v, stderr) = d.run(&script, &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    refused(&v, "hooks/check.sh", "a program a hook runs");
+    refused(&v, "./hooks/../hooks/check.sh", "a program a hook runs");
+    refused(&v, "edit", "a program a hook runs");
+    refused(&v, "policy.cedar", "a policy file in force");
+    refused(&v, &policy.display().to_string(), "a policy file in force");
+    assert_eq!(
+        v["value"]["ordinary.txt"], "ran",
+        "the policy does permit workspace writes: {v}"
+    );
+    unchanged(&hook, hook_text);
+    unchanged(&policy, policy_text);
+    assert!(!d.project.path().join("pwned").exists());
+
+    // A policy given with --policy is protected for that run too.
+    let cli_policy = d.in_project("cli.cedar", "permit (principal, action, resource);");
+    let (code, v, stderr) = d.run(
+        &try_writes(&["cli.cedar"]),
+        &["--policy", cli_policy.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    refused(&v, "cli.cedar", "a policy file in force");
+}
+
+#[test]
+fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
+    let d = Dirs::new();
+    let db = d.project.path().join("st").join("state.db");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    d.settings(&serde_json::json!({
+        "state": {"url": format!("sqlite://{}", db.display()), "audit_stream": "team"}
+    }));
+    let allow = d.in_project("allow.cedar", "permit (principal, action, resource);");
+    let allow = allow.to_str().unwrap();
+    // A first run writes audit lines into the database.
+    let (code, _, stderr) = d.run("return 1", &["--policy", allow]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let before = std::fs::read(&db).unwrap();
+    assert!(!before.is_empty());
+
+    let default_db = d.state.path().join("state.db").display().to_string();
+    let key = d.state.path().join("audit.key").display().to_string();
+    let (code, v, stderr) = d.run(
+        &try_writes(&["st/state.db", "st/state.db-wal", &default_db, &key]),
+        &["--policy", allow],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    refused(&v, "st/state.db", "codemode's state database");
+    refused(&v, "st/state.db-wal", "codemode's state database");
+    refused(&v, &default_db, "codemode's state");
+    refused(&v, &key, "codemode's state");
+    assert!(!std::fs::read(&db).unwrap().is_empty());
+
+    // The history is whole: every run so far verifies as one chain with more than one line.
+    let mut verify = common::codemode();
+    verify
+        .args(["audit", "verify", "--state"])
+        .arg(format!("sqlite://{}", db.display()))
+        .args(["--stream", "team", "--key"])
+        .arg(d.state.path().join("audit.key"));
+    let out = common::pipe(verify, None);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned()
+        + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("intact, 7 lines"),
+        "both runs' codemode calls and the five refused changes are there: {text}"
+    );
+}
+
+#[test]
+fn an_mcp_config_file_and_a_servers_program_are_protected() {
+    let d = Dirs::new();
+    let server = d.in_project(
+        "servers/tool-server.cjs",
+        &std::fs::read_to_string(FIXTURE).unwrap(),
+    );
+    let mcp = d.in_project(
+        "mcp.json",
+        &serde_json::json!({"mcpServers": {"local": {
+            "command": "node",
+            "args": [server, common::testbed()],
+        }}})
+        .to_string(),
+    );
+    let allow = d.in_project("allow.cedar", "permit (principal, action, resource);");
+    let (code, v, stderr) = d.run(
+        &try_writes(&["servers/tool-server.cjs", "mcp.json"]),
+        &[
+            "--policy",
+            allow.to_str().unwrap(),
+            "--mcp-config",
+            mcp.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    refused(
+        &v,
+        "servers/tool-server.cjs",
+        "a program MCP server `local` runs",
+    );
+    refused(&v, "mcp.json", "a configuration file codemode reads");
+    unchanged(&server, &std::fs::read_to_string(FIXTURE).unwrap());
+}
