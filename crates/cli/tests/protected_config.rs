@@ -88,11 +88,7 @@ fn policy_files_and_hook_programs_outside_the_configuration_directory_are_protec
     let d = Dirs::new();
     let hook_text = "#!/bin/sh\ncat >/dev/null\nexit 0\n";
     let hook = d.in_project("hooks/check.sh", hook_text);
-    std::fs::set_permissions(
-        &hook,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     // Writes in the workspace are permitted, bash is not: changing the hook's program or the
     // policy would turn a workspace write into host commands.
     let policy_text = "@id(\"ws-write\") permit (principal, action == Action::\"tool_call\", resource) when { [\"write\",\"edit\"].contains(resource.name) && context.in_workspace };";
@@ -172,8 +168,8 @@ fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
         .args(["--stream", "team", "--key"])
         .arg(d.state.path().join("audit.key"));
     let out = common::pipe(verify, None);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(
         text.contains("intact, 7 lines"),

@@ -60,3 +60,24 @@ fn always_asks_once_for_the_rest_of_the_script() {
     assert_eq!(out.matches("Allow? [y]es").count(), 1, "{out}");
     assert!(out.contains("both ran"), "{out}");
 }
+
+#[test]
+fn the_question_shows_the_whole_command_however_it_is_padded() {
+    // Padding used to push the end of a command past the question's cut, so a person approved
+    // `ls` and ran the rest.
+    let script = "return await tools.bash({ command: \"ls\" + \" \".repeat(3000) + \"; echo hidden-tail\\u001b[2K\" })";
+    let out = at_terminal(script, "n");
+    let question = out
+        .split("Allow? [y]es")
+        .next()
+        .expect("the question was asked");
+    assert!(
+        question.contains("; echo hidden-tail\\u001b[2K\"}"),
+        "the end of the command is in the question, its escape shown as text: {out}"
+    );
+    assert!(
+        !question.contains('\u{1b}'),
+        "no raw escape reaches the terminal"
+    );
+    assert!(out.contains("was not approved"), "{out}");
+}

@@ -29,14 +29,20 @@ pub(crate) fn configuration_paths(
     ];
     let settings = &config.settings;
     for file in sources.mcp_file.iter().chain(&sources.models_file) {
-        out.push(ProtectedPath::new(file, "a configuration file codemode reads"));
+        out.push(ProtectedPath::new(
+            file,
+            "a configuration file codemode reads",
+        ));
     }
     for policy in &settings.policies.sources {
         out.push(ProtectedPath::new(&policy.name, "a policy file in force"));
     }
-    for url in [settings.state_url.as_deref(), Some(&settings.durable.state_url)]
-        .into_iter()
-        .flatten()
+    for url in [
+        settings.state_url.as_deref(),
+        Some(&settings.durable.state_url),
+    ]
+    .into_iter()
+    .flatten()
     {
         if let Ok(StateUrl::Sqlite(db)) = StateUrl::parse(url) {
             out.extend(sqlite_files(&db).into_iter().map(|f| {
@@ -108,7 +114,14 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("hook.sh"), "#!/bin/sh\n").expect("write");
         std::fs::create_dir(dir.path().join("served")).expect("mkdir");
-        let words = ["python3", "./hook.sh", "'hook.sh'", "served", "--flag", "missing.py"];
+        let words = [
+            "python3",
+            "./hook.sh",
+            "'hook.sh'",
+            "served",
+            "--flag",
+            "missing.py",
+        ];
         let files = files_named(words.into_iter(), dir.path());
         assert_eq!(
             files,
@@ -122,7 +135,12 @@ mod tests {
         let names: Vec<_> = files.iter().map(|p| p.display().to_string()).collect();
         assert_eq!(
             names,
-            ["/s/state.db", "/s/state.db-wal", "/s/state.db-shm", "/s/state.db-journal"]
+            [
+                "/s/state.db",
+                "/s/state.db-wal",
+                "/s/state.db-shm",
+                "/s/state.db-journal"
+            ]
         );
     }
 }
