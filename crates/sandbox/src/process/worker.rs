@@ -4,7 +4,7 @@
 //! The worker is single-threaded and never uses tokio: after start-up it needs only memory,
 //! futexes, the clock and its doorbell, which is what its seccomp filter allows.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::hint::spin_loop;
 use std::os::fd::RawFd;
 use std::rc::Rc;
@@ -183,10 +183,13 @@ pub(crate) fn main(args: &[String]) -> ! {
         };
         let (fin, used) = match current {
             Ok(v) => {
+                channel.borrow_mut().stash.clear();
                 let link: Rc<dyn Link> = Rc::new(RemoteLink {
                     channel: channel.clone(),
                     stop,
                     notify_idle: start.notify_idle,
+                    // A replayed run's results come only after the VM says it is idle.
+                    in_place: Cell::new(!start.notify_idle),
                 });
                 let limits = ActiveLimits {
                     cpu: Duration::from_millis(start.limits.cpu_ms),
@@ -244,6 +247,31 @@ pub(crate) struct Channel {
     reader: FrameReader,
     scratch: Vec<u8>,
     spin: SpinBudget,
+    /// How long a call waits in place for its answer; see [`Channel::answer_in_place`].
+    in_place: InPlaceBudget,
+    /// Results read while waiting in place that were not the awaited one, in arrival order.
+    stash: Vec<Delivery>,
+}
+
+/// How long a call waits in place for an immediate answer, adapted to how often one comes: it
+/// doubles after an answer arrived in time and halves after a wait that ran out (the tool was
+/// slow), so scripts whose tools are slow soon stop paying for the wait.
+struct InPlaceBudget {
+    nanos: u32,
+}
+
+impl InPlaceBudget {
+    const MIN: u32 = 4_000;
+    const MAX: u32 = 200_000;
+    fn get(&self) -> Duration {
+        Duration::from_nanos(u64::from(self.nanos))
+    }
+    fn caught(&mut self) {
+        self.nanos = self.nanos.saturating_mul(2).min(Self::MAX);
+    }
+    fn missed(&mut self) {
+        self.nanos = (self.nanos / 2).max(Self::MIN);
+    }
 }
 
 impl Channel {
@@ -254,6 +282,67 @@ impl Channel {
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
             spin: SpinBudget::new(),
+            in_place: InPlaceBudget {
+                nanos: InPlaceBudget::MAX,
+            },
+            stash: Vec::new(),
+        }
+    }
+
+    /// Waits a little for the answer to call `id`, so that a call the host answers at once
+    /// resolves in place, without a turn of the event loop. Spins while the host runs on another
+    /// CPU; otherwise sleeps on the futex word with a timeout, which hands the CPU to the host
+    /// when both share one. Gives up when the budget runs out, another message comes first, or
+    /// the host asks the VM to stop; what was read then is delivered the usual way.
+    fn answer_in_place(&mut self, id: u64) -> Answer {
+        let budget = self.in_place.get();
+        let t = Instant::now();
+        loop {
+            if self.end.inp.available() != Ok(0) {
+                match self.try_frame() {
+                    Some(ToWorker::Deliver(d)) => {
+                        if d.id == id && d.at_ms.is_none() && d.result.is_ok() {
+                            self.in_place.caught();
+                            return Answer::Here(d.result.unwrap_or_default());
+                        }
+                        // Deterministic runs deliver results at turns, with their virtual time.
+                        let timed = d.at_ms.is_some();
+                        self.stash.push(d);
+                        return if timed {
+                            Answer::NeverInPlace
+                        } else {
+                            Answer::Later
+                        };
+                    }
+                    Some(ToWorker::Shutdown) => die(0),
+                    Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
+                    // Part of a long frame: the rest is on its way.
+                    None => {}
+                }
+            }
+            if self.stop.load(Ordering::Relaxed) != 0 {
+                return Answer::Later;
+            }
+            let spent = t.elapsed();
+            if spent >= budget {
+                self.in_place.missed();
+                return Answer::Later;
+            }
+            self.end.note_cpu();
+            if self.end.peer_runs_elsewhere() {
+                for _ in 0..64 {
+                    spin_loop();
+                }
+                continue;
+            }
+            let seen = self.end.bell();
+            self.end.going_to_sleep(ON_FUTEX);
+            if self.end.inp.available() != Ok(0) || self.stop.load(Ordering::Relaxed) != 0 {
+                self.end.awake();
+                continue;
+            }
+            self.end.wait(seen, budget - spent);
+            self.end.awake();
         }
     }
 
@@ -352,23 +441,52 @@ impl Channel {
     }
 }
 
+/// What a wait in place found.
+enum Answer {
+    /// The awaited call's result.
+    Here(String),
+    /// Not now: the result comes the usual way.
+    Later,
+    /// This run's results come only at turns: stop waiting in place for it.
+    NeverInPlace,
+}
+
 /// The engine's link in a worker: calls and output go over the bridge.
 struct RemoteLink {
     channel: Rc<RefCell<Channel>>,
     stop: &'static AtomicU32,
     notify_idle: bool,
+    /// Whether a call may wait in place for its answer in this run.
+    in_place: Cell<bool>,
 }
 
 impl Link for RemoteLink {
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String> {
+    fn call(
+        &self,
+        id: u64,
+        kind: HostCallKind,
+        name: &str,
+        args: &str,
+        first_in_job: bool,
+    ) -> Option<String> {
         let mut c = self.channel.borrow_mut();
         let mut buf = std::mem::take(&mut c.scratch);
         encode_call(id, kind, name, args, &mut buf);
         c.scratch = buf;
         c.send_scratch();
-        // The answer comes at the end of the turn. Waiting for it here (tried: while the host ran
-        // on another CPU) saved nothing measurable and split bursts of calls into round trips.
-        None
+        // Only the first call of a job waits: calls made together (a `Promise.all`) go out
+        // together, and their answers come at the end of the turn.
+        if !first_in_job || !self.in_place.get() {
+            return None;
+        }
+        match c.answer_in_place(id) {
+            Answer::Here(json) => Some(json),
+            Answer::Later => None,
+            Answer::NeverInPlace => {
+                self.in_place.set(false);
+                None
+            }
+        }
     }
 
     fn output(&self, item: OutputItem) {
@@ -377,6 +495,7 @@ impl Link for RemoteLink {
 
     fn poll_ready(&self, out: &mut Vec<Delivery>) {
         let mut c = self.channel.borrow_mut();
+        out.append(&mut c.stash);
         loop {
             match c.try_frame() {
                 Some(ToWorker::Deliver(d)) => out.push(d),
