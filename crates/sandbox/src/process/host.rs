@@ -406,7 +406,17 @@ impl WorkerProcess {
                         kind,
                         name,
                         args,
-                    } => session.on_call(id, kind, &name, &args).map_err(|v| v.0),
+                        waits,
+                    } => {
+                        let r = session.on_call(id, kind, &name, &args).map_err(|v| v.0);
+                        // The VM waits for this answer: if it was not ready at once, say so
+                        // now, so the VM goes on with its turn.
+                        if r.is_ok() && waits && session.in_flight(id) {
+                            encode_to_worker(&ToWorker::Later(id), &mut self.scratch);
+                            self.pending_out.extend_from_slice(&self.scratch);
+                        }
+                        r
+                    }
                     ToHost::Output(item) => session.on_output(item).map_err(|v| v.0),
                     ToHost::Idle => {
                         session.on_idle();

@@ -4,7 +4,7 @@
 //! The worker is single-threaded and never uses tokio: after start-up it needs only memory,
 //! futexes, the clock and its doorbell, which is what its seccomp filter allows.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::hint::spin_loop;
 use std::os::fd::RawFd;
 use std::rc::Rc;
@@ -171,7 +171,7 @@ pub(crate) fn main(args: &[String]) -> ! {
                 Some(ToWorker::Start(s)) => break s,
                 Some(ToWorker::Shutdown) => die(0),
                 // A result for a script that has ended: ignore it.
-                Some(ToWorker::Deliver(_)) => continue,
+                Some(ToWorker::Deliver(_) | ToWorker::Later(_)) => continue,
                 None => channel
                     .borrow_mut()
                     .sleep_until(|e, _| e.inp.available() != Ok(0)),
@@ -188,8 +188,7 @@ pub(crate) fn main(args: &[String]) -> ! {
                     channel: channel.clone(),
                     stop,
                     notify_idle: start.notify_idle,
-                    // A replayed run's results come only after the VM says it is idle.
-                    in_place: Cell::new(!start.notify_idle),
+                    in_place: start.in_place && !start.notify_idle,
                 });
                 let limits = ActiveLimits {
                     cpu: Duration::from_millis(start.limits.cpu_ms),
@@ -247,31 +246,8 @@ pub(crate) struct Channel {
     reader: FrameReader,
     scratch: Vec<u8>,
     spin: SpinBudget,
-    /// How long a call waits in place for its answer; see [`Channel::answer_in_place`].
-    in_place: InPlaceBudget,
     /// Results read while waiting in place that were not the awaited one, in arrival order.
     stash: Vec<Delivery>,
-}
-
-/// How long a call waits in place for an immediate answer, adapted to how often one comes: it
-/// doubles after an answer arrived in time and halves after a wait that ran out (the tool was
-/// slow), so scripts whose tools are slow soon stop paying for the wait.
-struct InPlaceBudget {
-    nanos: u32,
-}
-
-impl InPlaceBudget {
-    const MIN: u32 = 4_000;
-    const MAX: u32 = 200_000;
-    fn get(&self) -> Duration {
-        Duration::from_nanos(u64::from(self.nanos))
-    }
-    fn caught(&mut self) {
-        self.nanos = self.nanos.saturating_mul(2).min(Self::MAX);
-    }
-    fn missed(&mut self) {
-        self.nanos = (self.nanos / 2).max(Self::MIN);
-    }
 }
 
 impl Channel {
@@ -282,67 +258,39 @@ impl Channel {
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
             spin: SpinBudget::new(),
-            in_place: InPlaceBudget {
-                nanos: InPlaceBudget::MAX,
-            },
             stash: Vec::new(),
         }
     }
 
-    /// Waits a little for the answer to call `id`, so that a call the host answers at once
-    /// resolves in place, without a turn of the event loop. Spins while the host runs on another
-    /// CPU; otherwise sleeps on the futex word with a timeout, which hands the CPU to the host
-    /// when both share one. Gives up when the budget runs out, another message comes first, or
-    /// the host asks the VM to stop; what was read then is delivered the usual way.
+    /// Waits for the host's word on call `id`, sent with `waits`: its result when the host
+    /// answered at once, or [`ToWorker::Later`]. The host sends one or the other as soon as it
+    /// has read the call, so this waits no longer than the host takes to read and answer; it
+    /// spins or sleeps as [`Channel::sleep_until`] does. Results of other calls that come first
+    /// are kept for the end of the turn.
     fn answer_in_place(&mut self, id: u64) -> Answer {
-        let budget = self.in_place.get();
-        let t = Instant::now();
         loop {
-            if self.end.inp.available() != Ok(0) {
-                match self.try_frame() {
-                    Some(ToWorker::Deliver(d)) => {
-                        if d.id == id && d.at_ms.is_none() && d.result.is_ok() {
-                            self.in_place.caught();
-                            return Answer::Here(d.result.unwrap_or_default());
-                        }
-                        // Deterministic runs deliver results at turns, with their virtual time.
-                        let timed = d.at_ms.is_some();
-                        self.stash.push(d);
-                        return if timed {
-                            Answer::NeverInPlace
-                        } else {
-                            Answer::Later
-                        };
+            match self.try_frame() {
+                Some(ToWorker::Deliver(d)) if d.id == id => {
+                    if d.at_ms.is_none() && d.result.is_ok() {
+                        return Answer::Here(d.result.unwrap_or_default());
                     }
-                    Some(ToWorker::Shutdown) => die(0),
-                    Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
-                    // Part of a long frame: the rest is on its way.
-                    None => {}
+                    self.stash.push(d);
+                    return Answer::Later;
+                }
+                Some(ToWorker::Deliver(d)) => self.stash.push(d),
+                Some(ToWorker::Later(later)) if later == id => return Answer::Later,
+                Some(ToWorker::Later(_)) => {}
+                Some(ToWorker::Shutdown) => die(0),
+                Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
+                None => {
+                    if self.stop.load(Ordering::Relaxed) != 0 {
+                        return Answer::Later;
+                    }
+                    self.sleep_until(|e, stop| {
+                        e.inp.available() != Ok(0) || stop.load(Ordering::Relaxed) != 0
+                    });
                 }
             }
-            if self.stop.load(Ordering::Relaxed) != 0 {
-                return Answer::Later;
-            }
-            let spent = t.elapsed();
-            if spent >= budget {
-                self.in_place.missed();
-                return Answer::Later;
-            }
-            self.end.note_cpu();
-            if self.end.peer_runs_elsewhere() {
-                for _ in 0..64 {
-                    spin_loop();
-                }
-                continue;
-            }
-            let seen = self.end.bell();
-            self.end.going_to_sleep(ON_FUTEX);
-            if self.end.inp.available() != Ok(0) || self.stop.load(Ordering::Relaxed) != 0 {
-                self.end.awake();
-                continue;
-            }
-            self.end.wait(seen, budget - spent);
-            self.end.awake();
         }
     }
 
@@ -447,8 +395,6 @@ enum Answer {
     Here(String),
     /// Not now: the result comes the usual way.
     Later,
-    /// This run's results come only at turns: stop waiting in place for it.
-    NeverInPlace,
 }
 
 /// The engine's link in a worker: calls and output go over the bridge.
@@ -457,7 +403,7 @@ struct RemoteLink {
     stop: &'static AtomicU32,
     notify_idle: bool,
     /// Whether a call may wait in place for its answer in this run.
-    in_place: Cell<bool>,
+    in_place: bool,
 }
 
 impl Link for RemoteLink {
@@ -470,22 +416,19 @@ impl Link for RemoteLink {
         first_in_job: bool,
     ) -> Option<String> {
         let mut c = self.channel.borrow_mut();
-        let mut buf = std::mem::take(&mut c.scratch);
-        encode_call(id, kind, name, args, &mut buf);
-        c.scratch = buf;
-        c.send_scratch();
         // Only the first call of a job waits: calls made together (a `Promise.all`) go out
         // together, and their answers come at the end of the turn.
-        if !first_in_job || !self.in_place.get() {
+        let waits = first_in_job && self.in_place;
+        let mut buf = std::mem::take(&mut c.scratch);
+        encode_call(id, kind, name, args, waits, &mut buf);
+        c.scratch = buf;
+        c.send_scratch();
+        if !waits {
             return None;
         }
         match c.answer_in_place(id) {
             Answer::Here(json) => Some(json),
             Answer::Later => None,
-            Answer::NeverInPlace => {
-                self.in_place.set(false);
-                None
-            }
         }
     }
 
@@ -499,6 +442,8 @@ impl Link for RemoteLink {
         loop {
             match c.try_frame() {
                 Some(ToWorker::Deliver(d)) => out.push(d),
+                // For a call that stopped waiting already.
+                Some(ToWorker::Later(_)) => {}
                 Some(ToWorker::Shutdown) => die(0),
                 Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
                 None => return,
