@@ -111,6 +111,34 @@ fn pss_mb(pid: i32) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// CPU time this process (all its threads) has used, in ms.
+fn self_cpu_ms() -> f64 {
+    // SAFETY: getrusage writes the struct we hand it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
+}
+
+/// CPU time of a single-threaded process (a worker), in ms, from the scheduler's own count.
+fn worker_cpu_ms(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|ns| ns / 1e6)
+        .unwrap_or(0.0)
+}
+
+/// CPU time of this process and of each live worker, in ms.
+fn tree_cpu_ms(sandbox: &Sandbox) -> f64 {
+    self_cpu_ms()
+        + sandbox
+            .worker_pids()
+            .iter()
+            .map(|p| worker_cpu_ms(*p))
+            .sum::<f64>()
+}
+
 fn default_workloads() -> PathBuf {
     // crates/bench -> the workspace root -> ../shared/bench/workloads.json
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/bench/workloads.json")
@@ -196,6 +224,7 @@ fn main() -> Result<()> {
             let script = || Script::new(w.code.clone(), host.clone()).with_tools(tools);
             let _ = sandbox.run(script()).await; // warm-up
             let mut times = Vec::with_capacity(w.runs);
+            let cpu_before = tree_cpu_ms(&sandbox);
             for _ in 0..w.runs {
                 let t0 = Instant::now();
                 let r = sandbox.run(script()).await;
@@ -205,11 +234,15 @@ fn main() -> Result<()> {
             if times.is_empty() {
                 continue;
             }
+            // Workers that were replaced during the runs take their CPU time with them, so this
+            // is a lower bound; the pool keeps its workers for these workloads.
+            let cpu_per_run = (tree_cpu_ms(&sandbox) - cpu_before).max(0.0) / w.runs as f64;
             times.sort_by(|a, b| a.total_cmp(b));
             let line = json!({
                 "impl": label,
                 "workload": w.name,
                 "runs": w.runs,
+                "cpu_ms_per_run": round3(cpu_per_run),
                 "median_ms": round3(times[times.len() / 2]),
                 "min_ms": round3(times[0]),
                 "max_ms": round3(times[times.len() - 1]),
@@ -282,6 +315,25 @@ fn main() -> Result<()> {
                 "{}",
                 json!({ "impl": label, "workload": "idle_worker_memory", "workers": pids.len(),
                         "rss_mb": round3(rss), "pss_mb": round3(pss) })
+            );
+        }
+        if want("idle_cpu") {
+            // CPU the host and its pooled workers use while no script runs, right after a
+            // burst of sequential calls (when any spinning would show).
+            let w = spec.workloads.iter().find(|w| w.name == "seq_calls_1000");
+            if let Some(w) = w {
+                let _ = sandbox
+                    .run(Script::new(w.code.clone(), host.clone()).with_tools(tools))
+                    .await;
+            }
+            let before = tree_cpu_ms(&sandbox);
+            let t0 = Instant::now();
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            let secs = t0.elapsed().as_secs_f64();
+            println!(
+                "{}",
+                json!({ "impl": label, "workload": "idle_cpu", "workers": sandbox.worker_pids().len(),
+                        "cpu_ms_per_s": round3((tree_cpu_ms(&sandbox) - before) / secs) })
             );
         }
         Ok(())
