@@ -237,6 +237,7 @@ fn main() -> Result<()> {
             // Workers that were replaced during the runs take their CPU time with them, so this
             // is a lower bound; the pool keeps its workers for these workloads.
             let cpu_per_run = (tree_cpu_ms(&sandbox) - cpu_before).max(0.0) / w.runs as f64;
+            let in_order: Vec<f64> = times.iter().map(|t| (t * 10.0).round() / 10.0).collect();
             times.sort_by(|a, b| a.total_cmp(b));
             let line = json!({
                 "impl": label,
@@ -248,6 +249,7 @@ fn main() -> Result<()> {
                 "max_ms": round3(times[times.len() - 1]),
                 "peak_rss_mb": (peak_rss_mb(&sandbox) * 10.0).round() / 10.0,
                 "host_peak_rss_mb": (status_mb("self", "VmHWM:") * 10.0).round() / 10.0,
+                "times_ms": in_order,
                 "worker_peak_rss_mb": sandbox.worker_pids().iter()
                     .map(|p| (status_mb(&p.to_string(), "VmHWM:") * 10.0).round() / 10.0)
                     .collect::<Vec<_>>(),

@@ -21,7 +21,9 @@ use crate::protocol::{
     encode_call, encode_to_host,
 };
 use crate::result::OutputItem;
-use crate::ring::{End, FrameReader, ON_FUTEX, Shm, SpinBudget, drain_doorbell, ring_doorbell};
+use crate::ring::{
+    End, FrameReader, ON_FUTEX, Shm, SpinBudget, Yielder, drain_doorbell, ring_doorbell,
+};
 use crate::vm::{ActiveLimits, Stop, Vm};
 
 /// The doorbell socket: standard input of the worker.
@@ -246,6 +248,7 @@ pub(crate) struct Channel {
     reader: FrameReader,
     scratch: Vec<u8>,
     spin: SpinBudget,
+    yielder: Yielder,
     /// Results read while waiting in place that were not the awaited one, in arrival order.
     stash: Vec<Delivery>,
 }
@@ -258,6 +261,7 @@ impl Channel {
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
             spin: SpinBudget::new(),
+            yielder: Yielder::new(),
             stash: Vec::new(),
         }
     }
@@ -322,6 +326,14 @@ impl Channel {
                         }
                     }
                     spin_loop();
+                }
+            } else if self.end.peer_shares_cpu() {
+                let (end, stop) = (&self.end, self.stop);
+                if self.yielder.hand_over(end, || ready(end, stop)) {
+                    return;
+                }
+                if self.end.peer_runs_elsewhere() {
+                    continue;
                 }
             }
             let seen = self.end.bell();
