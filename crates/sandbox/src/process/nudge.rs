@@ -46,9 +46,11 @@ impl Nudge {
         {
             return false;
         }
-        self.last = Some(now);
         self.same_cpu_waits = 0;
-        move_off(my_cpu)
+        let moved = move_off(my_cpu);
+        // From when the move ended: under load a migration itself can take milliseconds.
+        self.last = Some(Instant::now());
+        moved
     }
 }
 
@@ -74,7 +76,62 @@ fn move_off(my_cpu: u32) -> bool {
         if libc::sched_setaffinity(0, size, &one) != 0 {
             return false;
         }
-        // Restoring the mask does not move the thread back: it stays where it now runs.
-        libc::sched_setaffinity(0, size, &allowed) == 0
+        // Restoring the mask does not move the thread back: it stays where it now runs. Should
+        // the old mask be refused (its CPUs were taken away meanwhile), every CPU the kernel
+        // allows will do: the thread must not stay pinned.
+        if libc::sched_setaffinity(0, size, &allowed) != 0 {
+            let mut any: libc::cpu_set_t = std::mem::zeroed();
+            for c in 0..max {
+                libc::CPU_SET(c, &mut any);
+            }
+            if libc::sched_setaffinity(0, size, &any) != 0 {
+                tracing::warn!("could not restore the CPU affinity of a sandbox pool thread");
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mask() -> Vec<usize> {
+        // SAFETY: as in move_off.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+                0
+            );
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn a_nudge_moves_the_thread_and_leaves_its_affinity_as_it_was() {
+        std::thread::spawn(|| {
+            let before = mask();
+            // SAFETY: no preconditions.
+            let cpu = unsafe { libc::sched_getcpu() } as u32;
+            let mut n = Nudge::new();
+            // Not before AFTER waits in a row, and not again within EVERY.
+            for _ in 1..Nudge::AFTER {
+                assert!(!n.shared(cpu));
+            }
+            let t = Instant::now();
+            let moved = n.shared(cpu);
+            assert_eq!(moved, before.len() > 1, "allowed CPUs: {before:?}");
+            for _ in 0..Nudge::AFTER {
+                if n.shared(cpu) {
+                    assert!(t.elapsed() >= Nudge::EVERY, "a second nudge too soon");
+                }
+            }
+            assert_eq!(mask(), before, "the affinity mask was not restored");
+        })
+        .join()
+        .unwrap();
     }
 }
