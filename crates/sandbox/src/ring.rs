@@ -285,7 +285,8 @@ impl<'a> Consumer<'a> {
 
 /// One side of the bridge: a ring to write, a ring to read, the sleep states, the futex words
 /// and the CPUs. Everything here the peer can write is only a hint to this side: at worst it
-/// spins a little longer or wakes up for nothing.
+/// spins or yields a little longer (each bounded per wait), wakes up for nothing, or (the host)
+/// moves to another CPU, at most every few milliseconds.
 pub(crate) struct End<'a> {
     pub out: Producer<'a>,
     pub inp: Consumer<'a>,
