@@ -48,6 +48,15 @@ impl Host for BenchHost {
     }
 
     fn call_json(&self, call: HostCall) -> LocalBoxFuture<'static, Result<String, HostError>> {
+        // A slow tool, for the CPU the pool uses while a call waits (not in the shared workloads).
+        if call.name == "sleep" {
+            let ms = call.args.get("ms").and_then(Value::as_u64).unwrap_or(0);
+            return async move {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                Ok(ms.to_string())
+            }
+            .boxed_local();
+        }
         let r = match call.name.as_str() {
             "rows" => Ok(self.rows_json.to_string()),
             "echo" => serde_json::to_string(&call.args).map_err(|e| HostError::new(e.to_string())),
@@ -109,6 +118,34 @@ fn pss_mb(pid: i32) -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
+}
+
+/// CPU time this process (all its threads) has used, in ms.
+fn self_cpu_ms() -> f64 {
+    // SAFETY: getrusage writes the struct we hand it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
+}
+
+/// CPU time of a single-threaded process (a worker), in ms, from the scheduler's own count.
+fn worker_cpu_ms(pid: i32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .map(|ns| ns / 1e6)
+        .unwrap_or(0.0)
+}
+
+/// CPU time of this process and of each live worker, in ms.
+fn tree_cpu_ms(sandbox: &Sandbox) -> f64 {
+    self_cpu_ms()
+        + sandbox
+            .worker_pids()
+            .iter()
+            .map(|p| worker_cpu_ms(*p))
+            .sum::<f64>()
 }
 
 fn default_workloads() -> PathBuf {
@@ -196,6 +233,7 @@ fn main() -> Result<()> {
             let script = || Script::new(w.code.clone(), host.clone()).with_tools(tools);
             let _ = sandbox.run(script()).await; // warm-up
             let mut times = Vec::with_capacity(w.runs);
+            let cpu_before = tree_cpu_ms(&sandbox);
             for _ in 0..w.runs {
                 let t0 = Instant::now();
                 let r = sandbox.run(script()).await;
@@ -205,16 +243,22 @@ fn main() -> Result<()> {
             if times.is_empty() {
                 continue;
             }
+            // Workers that were replaced during the runs take their CPU time with them, so this
+            // is a lower bound; the pool keeps its workers for these workloads.
+            let cpu_per_run = (tree_cpu_ms(&sandbox) - cpu_before).max(0.0) / w.runs as f64;
+            let in_order: Vec<f64> = times.iter().map(|t| (t * 10.0).round() / 10.0).collect();
             times.sort_by(|a, b| a.total_cmp(b));
             let line = json!({
                 "impl": label,
                 "workload": w.name,
                 "runs": w.runs,
+                "cpu_ms_per_run": round3(cpu_per_run),
                 "median_ms": round3(times[times.len() / 2]),
                 "min_ms": round3(times[0]),
                 "max_ms": round3(times[times.len() - 1]),
                 "peak_rss_mb": (peak_rss_mb(&sandbox) * 10.0).round() / 10.0,
                 "host_peak_rss_mb": (status_mb("self", "VmHWM:") * 10.0).round() / 10.0,
+                "times_ms": in_order,
                 "worker_peak_rss_mb": sandbox.worker_pids().iter()
                     .map(|p| (status_mb(&p.to_string(), "VmHWM:") * 10.0).round() / 10.0)
                     .collect::<Vec<_>>(),
@@ -282,6 +326,42 @@ fn main() -> Result<()> {
                 "{}",
                 json!({ "impl": label, "workload": "idle_worker_memory", "workers": pids.len(),
                         "rss_mb": round3(rss), "pss_mb": round3(pss) })
+            );
+        }
+        if want("idle_cpu") {
+            // CPU the host and its pooled workers use while no script runs, shortly after a
+            // burst of sequential calls (when any spinning would show).
+            let w = spec.workloads.iter().find(|w| w.name == "seq_calls_1000");
+            if let Some(w) = w {
+                let _ = sandbox
+                    .run(Script::new(w.code.clone(), host.clone()).with_tools(tools))
+                    .await;
+            }
+            // Past the worker's reset of its VM, which follows each script.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let before = tree_cpu_ms(&sandbox);
+            let t0 = Instant::now();
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            let secs = t0.elapsed().as_secs_f64();
+            let idle = (tree_cpu_ms(&sandbox) - before) / secs;
+            // The same while a script waits 2 s on a slow call.
+            let before = tree_cpu_ms(&sandbox);
+            let t0 = Instant::now();
+            let r = sandbox
+                .run(
+                    Script::new("return await tools.sleep({ ms: 2000 })", host.clone())
+                        .with_tools([("sleep", "Answer after ms milliseconds")]),
+                )
+                .await;
+            let secs = t0.elapsed().as_secs_f64();
+            if !r.ok {
+                bail!("the slow call failed: {:?}", r.error);
+            }
+            let waiting = (tree_cpu_ms(&sandbox) - before) / secs;
+            println!(
+                "{}",
+                json!({ "impl": label, "workload": "idle_cpu", "workers": sandbox.worker_pids().len(),
+                        "cpu_ms_per_s": round3(idle), "waiting_cpu_ms_per_s": round3(waiting) })
             );
         }
         Ok(())

@@ -211,19 +211,33 @@ impl HostState {
         };
         let outcome = match &self.io {
             Some(io) => {
-                // Not aborted when the script stops waiting: the sandbox cancels the call's
-                // token, the tool stops cooperatively, and the gate writes the call's outcome
-                // line; `run_script` waits for these tasks before it returns.
-                let task = self.in_flight.spawn_on(run, io);
-                match task.await {
-                    Ok(outcome) => outcome,
-                    Err(e) => {
-                        return Err(host_error(
-                            format!("the call stopped unexpectedly: {e}"),
-                            "Error",
-                            Map::new(),
-                        ));
-                    }
+                // Most calls (a built-in tool, a denial) finish in their first poll: run that
+                // poll here, on the thread that read the call, inside the embedder's runtime so
+                // that anything it spawns or registers (timers, sockets, tasks) lands there.
+                // That saves two cross-thread wake-ups per call: the spawn and the join.
+                let mut run = Box::pin(run);
+                let first = {
+                    let _inside = io.enter();
+                    let waker = futures::task::noop_waker();
+                    run.as_mut()
+                        .poll(&mut std::task::Context::from_waker(&waker))
+                };
+                match first {
+                    std::task::Poll::Ready(outcome) => outcome,
+                    // The rest runs on the embedder's runtime, whose waker it registers at its
+                    // next poll. Not aborted when the script stops waiting: the sandbox cancels
+                    // the call's token, the tool stops cooperatively, and the gate writes the
+                    // call's outcome line; `run_script` waits for these tasks before it returns.
+                    std::task::Poll::Pending => match self.in_flight.spawn_on(run, io).await {
+                        Ok(outcome) => outcome,
+                        Err(e) => {
+                            return Err(host_error(
+                                format!("the call stopped unexpectedly: {e}"),
+                                "Error",
+                                Map::new(),
+                            ));
+                        }
+                    },
                 }
             }
             // Not inside a tokio runtime: the call runs on the sandbox's worker.

@@ -30,7 +30,16 @@ pub(crate) enum Waited {
 pub(crate) trait Link {
     /// Sends a call. Returns its result when the host answered at once and the VM may take it
     /// now, in the middle of its turn (see [`crate::session::Session::take_immediate`]).
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String>;
+    /// `first_in_job` says no other call was made in the current job: a link that must wait
+    /// for the answer waits only then, so calls made together in one job still go out together.
+    fn call(
+        &self,
+        id: u64,
+        kind: HostCallKind,
+        name: &str,
+        args: &str,
+        first_in_job: bool,
+    ) -> Option<String>;
     fn output(&self, item: OutputItem);
     /// Moves results that are ready now into `out`, in the order they must be delivered.
     fn poll_ready(&self, out: &mut Vec<Delivery>);
@@ -56,6 +65,8 @@ pub(crate) struct RunState {
     limits: VmLimits,
     issued: Cell<u64>,
     in_flight: Cell<u64>,
+    /// Calls made in the job running now.
+    job_calls: Cell<u32>,
     done: RefCell<Option<Done>>,
     /// Immediate answers the VM could not take in place; delivered like any other result.
     deferred: RefCell<Vec<Delivery>>,
@@ -124,12 +135,14 @@ fn host_call<'js>(
     };
     state.issued.set(id);
     state.in_flight.set(running + 1);
+    let first_in_job = state.job_calls.get() == 0;
+    state.job_calls.set(state.job_calls.get().saturating_add(1));
     let kind = if kind == 0 {
         HostCallKind::Tool
     } else {
         HostCallKind::Global
     };
-    let Some(json) = state.link.call(id, kind, name, json) else {
+    let Some(json) = state.link.call(id, kind, name, json, first_in_job) else {
         return Ok(JsValue::new_int(ctx.clone(), js_id));
     };
     // Answered at once: the script's `await` resumes on the next job, without a turn of the
@@ -242,6 +255,7 @@ pub(crate) async fn run(vm: &Vm, start: Start, link: Rc<dyn Link>, limits: Activ
         limits: start.limits.clone(),
         issued: Cell::new(0),
         in_flight: Cell::new(0),
+        job_calls: Cell::new(0),
         done: RefCell::new(None),
         deferred: RefCell::new(Vec::new()),
     });
@@ -362,6 +376,7 @@ fn drain(vm: &Vm, state: &RunState) -> Option<Drained> {
             {
                 return Some(stopped(r));
             }
+            state.job_calls.set(0);
             if !ctx.execute_pending_job() {
                 return None;
             }

@@ -128,6 +128,7 @@ pub mod testing {
                     kind: crate::HostCallKind::Tool,
                     name: name.into(),
                     args: args.into(),
+                    waits: false,
                 });
         }
     }

@@ -351,7 +351,14 @@ struct ThreadLink {
 }
 
 impl Link for ThreadLink {
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String> {
+    fn call(
+        &self,
+        id: u64,
+        kind: HostCallKind,
+        name: &str,
+        args: &str,
+        _first_in_job: bool,
+    ) -> Option<String> {
         let mut s = self.session.borrow_mut();
         if let Err(v) = s.on_call(id, kind, name, args) {
             s.set_fatal(format!("The sandbox bridge refused a call: {v}"));

@@ -11,7 +11,7 @@ use crate::result::OutputItem;
 
 /// Bumped whenever a message changes shape. The worker announces it in [`ToHost::Hello`]; a host
 /// that sees another number stops the worker instead of guessing.
-pub(crate) const PROTOCOL_VERSION: u32 = 1;
+pub(crate) const PROTOCOL_VERSION: u32 = 2;
 
 /// The limits of one script that the worker enforces inside the VM.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +34,9 @@ pub(crate) struct Start {
     pub code: String,
     /// Send [`ToHost::Idle`] at the end of each turn (the host needs it to replay a log).
     pub notify_idle: bool,
+    /// Results may resolve in place (see [`ToHost::Call::waits`]); false in deterministic runs,
+    /// whose results come turn by turn.
+    pub in_place: bool,
 }
 
 /// How the script's VM ended, as the worker saw it.
@@ -80,6 +83,9 @@ pub(crate) struct Delivery {
 pub(crate) enum ToWorker {
     Start(Box<Start>),
     Deliver(Delivery),
+    /// The call with this id, which waits in place, was not answered at once: its result
+    /// comes later as a [`ToWorker::Deliver`].
+    Later(u64),
     Shutdown,
 }
 
@@ -96,6 +102,9 @@ pub(crate) enum ToHost {
         kind: HostCallKind,
         name: String,
         args: String,
+        /// The VM waits for this call's answer before it goes on: the host answers at once, or
+        /// says [`ToWorker::Later`].
+        waits: bool,
     },
     Output(OutputItem),
     /// The VM ran out of work and waits for results (the end of one event-loop turn).
@@ -163,6 +172,7 @@ impl<'a> Frame<'a> {
 const H_START: u8 = 1;
 const H_DELIVER: u8 = 2;
 const H_SHUTDOWN: u8 = 3;
+const H_LATER: u8 = 4;
 
 const W_HELLO: u8 = 1;
 const W_CALL: u8 = 2;
@@ -184,11 +194,17 @@ pub(crate) fn encode_to_worker(msg: &ToWorker, buf: &mut Vec<u8>) {
                 .u64(l.max_calls)
                 .u64(l.max_calls_in_flight)
                 .u8(u8::from(s.notify_idle))
+                .u8(u8::from(s.in_place))
                 .str(&s.config)
                 .str(&s.code);
             f.finish();
         }
         ToWorker::Deliver(d) => encode_delivery(d, buf),
+        ToWorker::Later(id) => {
+            let mut f = Frame::new(buf, H_LATER);
+            f.u64(*id);
+            f.finish();
+        }
         ToWorker::Shutdown => Frame::new(buf, H_SHUTDOWN).finish(),
     }
 }
@@ -233,7 +249,8 @@ pub(crate) fn encode_to_host(msg: &ToHost, buf: &mut Vec<u8>) {
             kind,
             name,
             args,
-        } => encode_call(*id, *kind, name, args, buf),
+            waits,
+        } => encode_call(*id, *kind, name, args, *waits, buf),
         ToHost::Output(item) => {
             let mut f = Frame::new(buf, W_OUTPUT);
             match item {
@@ -272,13 +289,21 @@ pub(crate) fn encode_to_host(msg: &ToHost, buf: &mut Vec<u8>) {
 }
 
 /// A call on its own: the hot path, encoded without building a [`ToHost`].
-pub(crate) fn encode_call(id: u64, kind: HostCallKind, name: &str, args: &str, buf: &mut Vec<u8>) {
+pub(crate) fn encode_call(
+    id: u64,
+    kind: HostCallKind,
+    name: &str,
+    args: &str,
+    waits: bool,
+    buf: &mut Vec<u8>,
+) {
     let mut f = Frame::new(buf, W_CALL);
     f.u64(id)
         .u8(match kind {
             HostCallKind::Tool => 0,
             HostCallKind::Global => 1,
         })
+        .u8(u8::from(waits))
         .str(name)
         .str(args);
     f.finish();
@@ -368,9 +393,11 @@ pub(crate) fn decode_to_host(payload: &[u8]) -> Result<ToHost, DecodeError> {
                 1 => HostCallKind::Global,
                 other => return bad(format!("a call has the unknown kind {other}")),
             };
+            let waits = r.bool()?;
             ToHost::Call {
                 id,
                 kind,
+                waits,
                 name: r.str()?.to_string(),
                 args: r.str()?.to_string(),
             }
@@ -436,9 +463,11 @@ pub(crate) fn decode_to_worker(payload: &[u8]) -> Result<ToWorker, DecodeError> 
                 max_calls_in_flight: r.u64()?,
             };
             let notify_idle = r.bool()?;
+            let in_place = r.bool()?;
             ToWorker::Start(Box::new(Start {
                 limits,
                 notify_idle,
+                in_place,
                 config: r.str()?.to_string(),
                 code: r.str()?.to_string(),
             }))
@@ -463,6 +492,7 @@ pub(crate) fn decode_to_worker(payload: &[u8]) -> Result<ToWorker, DecodeError> 
             };
             ToWorker::Deliver(Delivery { id, result, at_ms })
         }
+        H_LATER => ToWorker::Later(r.u64()?),
         H_SHUTDOWN => ToWorker::Shutdown,
         other => return bad(format!("unknown message tag {other}")),
     };
@@ -493,6 +523,7 @@ mod tests {
             kind: HostCallKind::Global,
             name: "models.classify".into(),
             args: "[1]".into(),
+            waits: true,
         });
         round_host(ToHost::Output(OutputItem::Image {
             data: "iVBOR".into(),
@@ -512,6 +543,10 @@ mod tests {
         };
         encode_delivery(&d, &mut buf);
         assert_eq!(decode_to_worker(&buf[4..]).unwrap(), ToWorker::Deliver(d));
+        for m in [ToWorker::Later(9), ToWorker::Shutdown] {
+            encode_to_worker(&m, &mut buf);
+            assert_eq!(decode_to_worker(&buf[4..]).unwrap(), m);
+        }
     }
 
     #[test]
@@ -520,7 +555,9 @@ mod tests {
             &[][..],
             &[99],
             &[W_CALL, 1, 0],
-            &[W_CALL, 1, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255],
+            &[W_CALL, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255],
+            // A waiting flag that is neither 0 nor 1.
+            &[W_CALL, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0],
             &[W_OUTPUT, 0, 2, 0, 0, 0, 0xff, 0xfe, 0],
             &[W_IDLE, 0],
             &[W_FINISHED, 9],

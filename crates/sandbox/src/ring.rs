@@ -4,10 +4,10 @@
 //! takes about 0.2 µs; through a blocking socket, 14 to 16 µs. So messages travel through two
 //! single-producer rings in a sealed memfd. A side that waits spins only while spinning can pay
 //! off: while the other side is awake and on another CPU (each side publishes the CPU it runs
-//! on). On 2 cores shared with other work the two sides often end up on one CPU, where spinning
-//! only delays the side that would answer; then the waiter sleeps at once on a futex word in the
-//! shared memory, which hands the CPU straight to the other side. How long to spin adapts: it
-//! doubles after a spin that caught the answer and halves after one that did not.
+//! on). How long to spin adapts: it doubles after a spin that caught the answer and halves after
+//! one that did not. When the other side is awake on the waiter's own CPU, spinning would only
+//! delay it: the waiter hands it the CPU with `sched_yield` instead ([`Yielder`]), and sleeps on
+//! a futex word in the shared memory when that does not bring the answer soon.
 //!
 //! A Unix socket pair stays as the second doorbell: the host sleeps on it (in tokio) while host
 //! futures are running, and either side reads end of file on it when the other died.
@@ -18,7 +18,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Bytes in each direction's ring. Larger messages stream through in pieces.
 pub(crate) const RING_BYTES: usize = 256 * 1024;
@@ -285,7 +285,8 @@ impl<'a> Consumer<'a> {
 
 /// One side of the bridge: a ring to write, a ring to read, the sleep states, the futex words
 /// and the CPUs. Everything here the peer can write is only a hint to this side: at worst it
-/// spins a little longer or wakes up for nothing.
+/// spins or yields a little longer (each bounded per wait), wakes up for nothing, or (the host)
+/// moves to another CPU, at most every few milliseconds.
 pub(crate) struct End<'a> {
     pub out: Producer<'a>,
     pub inp: Consumer<'a>,
@@ -354,6 +355,69 @@ impl End<'_> {
     pub fn peer_runs_elsewhere(&self) -> bool {
         self.peer_sleeping.load(Ordering::Relaxed) == AWAKE
             && self.peer_cpu.load(Ordering::Relaxed) != self.my_cpu.load(Ordering::Relaxed)
+    }
+
+    /// The CPU this side last published.
+    pub fn my_cpu(&self) -> u32 {
+        self.my_cpu.load(Ordering::Relaxed)
+    }
+
+    /// Whether the peer is awake on our CPU: it can run only when we give the CPU up.
+    pub fn peer_shares_cpu(&self) -> bool {
+        self.peer_sleeping.load(Ordering::Relaxed) == AWAKE
+            && self.peer_cpu.load(Ordering::Relaxed) == self.my_cpu.load(Ordering::Relaxed)
+    }
+}
+
+/// Hands the CPU to the peer when both share one, without sleeping.
+///
+/// Sleeping on the futex there costs two system calls and a context switch per hand-over, and
+/// keeps the pair on one CPU for good: only one of them is ever runnable, so the load balancer
+/// never moves one to another CPU. `sched_yield` switches straight to the peer and leaves both
+/// runnable, so an idle CPU pulls one of them over, and from then on both spin. It is bounded
+/// (`BUDGET`), and it stops for a while (`BACKOFF`) after a yield that let another process run
+/// long (`SLOW`): on a CPU shared with other work, a yield may give that work a whole time
+/// slice, which costs more than a sleep.
+pub(crate) struct Yielder {
+    off_until: Option<Instant>,
+}
+
+impl Yielder {
+    const BUDGET: Duration = Duration::from_micros(50);
+    const SLOW: Duration = Duration::from_micros(30);
+    const BACKOFF: Duration = Duration::from_millis(50);
+
+    pub fn new() -> Yielder {
+        Yielder { off_until: None }
+    }
+
+    /// Yields while the peer shares our CPU and `ready` is false, within the budget. True when
+    /// `ready` became true.
+    pub fn hand_over(&mut self, end: &End<'_>, ready: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        if let Some(t) = self.off_until {
+            if start < t {
+                return false;
+            }
+            self.off_until = None;
+        }
+        loop {
+            let before = Instant::now();
+            // SAFETY: no arguments, no memory touched.
+            unsafe { libc::sched_yield() };
+            let after = Instant::now();
+            if ready() {
+                return true;
+            }
+            if after.duration_since(before) > Self::SLOW {
+                self.off_until = Some(after + Self::BACKOFF);
+                return false;
+            }
+            end.note_cpu();
+            if !end.peer_shares_cpu() || after.duration_since(start) > Self::BUDGET {
+                return false;
+            }
+        }
     }
 }
 

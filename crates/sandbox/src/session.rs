@@ -247,6 +247,7 @@ impl Session {
             config: build_config(&script, &limits, determinism.as_ref()),
             code: parsed.code,
             notify_idle: replay.is_some(),
+            in_place: determinism.is_none(),
         };
         let mut names: HashSet<String> = script.tools.iter().map(|t| t.name.clone()).collect();
         names.extend(script.globals.iter().cloned());
@@ -545,6 +546,11 @@ impl Session {
             _ => return None,
         }
         self.ready.pop_back().and_then(|d| d.result.ok())
+    }
+
+    /// Whether call `id` is still waiting for its result (it was not answered at once).
+    pub fn in_flight(&self, id: u64) -> bool {
+        self.inflight.contains_key(&id)
     }
 
     pub fn has_ready(&self) -> bool {

@@ -40,7 +40,7 @@ fn misbehave(how: &str, worker_args: &[String]) -> ! {
         },
         // Invalid UTF-8 inside a well-framed call.
         "utf8" => w.send_raw(&[
-            20, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0xff, 0xfe, 0, 0, 0, 0,
+            21, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0xff, 0xfe, 0, 0, 0, 0,
         ]),
         other => panic!("unknown misbehaviour {other}"),
     }

@@ -71,7 +71,41 @@ async fn answers_taken_in_place_and_arguments_of_every_shape() {
     healthy().await;
 }
 
+/// A call waits in place for its answer only when it is the first of its job (process
+/// isolation; thread isolation takes answers in place anyway). Attacks on that: a result of an
+/// earlier call that arrives while a later call waits (it must be kept, in order, not lost or
+/// taken for the awaited one), an answer that is an error (it rejects the usual way), a burst of
+/// calls made in one job (each gets its own answer), and a call answered late that the waiting
+/// call must not block on.
+async fn calls_waiting_in_place_keep_other_results() {
+    let r = run(r#"const slow = tools.sleep({ ms: 5 });
+        // Keep the VM busy, without awaiting, until the slow answer has surely come.
+        const until = Date.now() + 60;
+        let spins = 0;
+        while (Date.now() < until) spins++;
+        await null;
+        const fast = await tools.echo({ i: 7 });
+        const early = await slow;
+        let failed = null;
+        try { await tools.fail({}); } catch (e) { failed = e.message; }
+        const burst = await Promise.all([1, 2, 3, 4, 5].map((i) => tools.echo({ i })));
+        const late = tools.sleep({ ms: 20 });
+        const after = await tools.echo({ i: 8 });
+        return [fast.i, early.ms, failed, burst.map((b) => b.i), after.i, (await late).ms]"#)
+    .await;
+    assert_eq!(
+        r.value,
+        Some(json!([7, 5, "tool exploded", [1, 2, 3, 4, 5], 8, 20])),
+        "{:?}",
+        r.error
+    );
+    let ids: Vec<u64> = r.calls.iter().map(|c| c.id).collect();
+    assert_eq!(ids, (1..=10).collect::<Vec<u64>>());
+    healthy().await;
+}
+
 both_modes!(
     returns_values_and_calls_tools,
-    answers_taken_in_place_and_arguments_of_every_shape
+    answers_taken_in_place_and_arguments_of_every_shape,
+    calls_waiting_in_place_keep_other_results
 );

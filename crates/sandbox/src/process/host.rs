@@ -9,13 +9,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::layers::{IsolationLayer, WorkerRlimits};
+use super::nudge::Nudge;
 use super::worker::{EXIT_BAD_ARGS, EXIT_PROTOCOL, EXIT_SETUP, WorkerArgs};
 use crate::protocol::{
     End as RunEnd, Finish, PROTOCOL_VERSION, Start, ToHost, ToWorker, decode_to_host,
     encode_delivery, encode_to_worker,
 };
 use crate::ring::{
-    FrameReader, ON_FUTEX, ON_SOCKET, Shm, SpinBudget, drain_doorbell, ring_doorbell,
+    FrameReader, ON_FUTEX, ON_SOCKET, Shm, SpinBudget, Yielder, drain_doorbell, ring_doorbell,
 };
 use crate::session::Session;
 use crate::vm::Stop;
@@ -135,6 +136,8 @@ pub(crate) struct WorkerProcess {
     /// The worker hit a limit, was told to stop, or broke something: do not reuse it.
     pub spent: bool,
     spin: SpinBudget,
+    yielder: Yielder,
+    nudge: Nudge,
 }
 
 /// How a script's run on a worker ended.
@@ -311,6 +314,8 @@ impl WorkerProcess {
             reaped: false,
             spent: false,
             spin: SpinBudget::new(),
+            yielder: Yielder::new(),
+            nudge: Nudge::new(),
         })
     }
 
@@ -406,7 +411,17 @@ impl WorkerProcess {
                         kind,
                         name,
                         args,
-                    } => session.on_call(id, kind, &name, &args).map_err(|v| v.0),
+                        waits,
+                    } => {
+                        let r = session.on_call(id, kind, &name, &args).map_err(|v| v.0);
+                        // The VM waits for this answer: if it was not ready at once, say so
+                        // now, so the VM goes on with its turn.
+                        if r.is_ok() && waits && session.in_flight(id) {
+                            encode_to_worker(&ToWorker::Later(id), &mut self.scratch);
+                            self.pending_out.extend_from_slice(&self.scratch);
+                        }
+                        r
+                    }
                     ToHost::Output(item) => session.on_output(item).map_err(|v| v.0),
                     ToHost::Idle => {
                         session.on_idle();
@@ -494,12 +509,19 @@ impl WorkerProcess {
                 spin_since = None;
                 continue;
             }
-            // 4. Nothing happened: spin while the worker runs on another CPU, then sleep.
+            // 4. Nothing happened: spin while the worker runs on another CPU; when it waits for
+            // this one, move off it (now and then) or hand it over; then sleep.
             end.note_cpu();
             if end.peer_runs_elsewhere() {
+                self.nudge.apart();
                 let since = *spin_since.get_or_insert(now);
                 if now.duration_since(since) < self.spin.get() {
+                    // A pause takes about 30 ns on this machine's CPUs: look at the ring after
+                    // each one, and at the clock and host futures only every 64.
                     for _ in 0..64 {
+                        if end.inp.available() != Ok(0) {
+                            break;
+                        }
                         std::hint::spin_loop();
                     }
                     if session.has_completions() || end.inp.available() != Ok(0) {
@@ -509,6 +531,16 @@ impl WorkerProcess {
                     continue;
                 }
                 self.spin.missed();
+            } else if end.peer_shares_cpu() {
+                if self.nudge.shared(end.my_cpu()) {
+                    end.note_cpu();
+                    continue;
+                }
+                if self.yielder.hand_over(&end, || {
+                    session.has_completions() || end.inp.available() != Ok(0)
+                }) {
+                    continue;
+                }
             }
             spin_since = None;
             let mut wake_at = now + session.remaining().max(Duration::from_millis(1));

@@ -4,6 +4,7 @@
 mod entry;
 pub(crate) mod host;
 pub(crate) mod layers;
+mod nudge;
 pub(crate) mod worker;
 
 pub(crate) use entry::link_entry;

@@ -21,7 +21,9 @@ use crate::protocol::{
     encode_call, encode_to_host,
 };
 use crate::result::OutputItem;
-use crate::ring::{End, FrameReader, ON_FUTEX, Shm, SpinBudget, drain_doorbell, ring_doorbell};
+use crate::ring::{
+    End, FrameReader, ON_FUTEX, Shm, SpinBudget, Yielder, drain_doorbell, ring_doorbell,
+};
 use crate::vm::{ActiveLimits, Stop, Vm};
 
 /// The doorbell socket: standard input of the worker.
@@ -171,7 +173,7 @@ pub(crate) fn main(args: &[String]) -> ! {
                 Some(ToWorker::Start(s)) => break s,
                 Some(ToWorker::Shutdown) => die(0),
                 // A result for a script that has ended: ignore it.
-                Some(ToWorker::Deliver(_)) => continue,
+                Some(ToWorker::Deliver(_) | ToWorker::Later(_)) => continue,
                 None => channel
                     .borrow_mut()
                     .sleep_until(|e, _| e.inp.available() != Ok(0)),
@@ -183,10 +185,12 @@ pub(crate) fn main(args: &[String]) -> ! {
         };
         let (fin, used) = match current {
             Ok(v) => {
+                channel.borrow_mut().stash.clear();
                 let link: Rc<dyn Link> = Rc::new(RemoteLink {
                     channel: channel.clone(),
                     stop,
                     notify_idle: start.notify_idle,
+                    in_place: start.in_place && !start.notify_idle,
                 });
                 let limits = ActiveLimits {
                     cpu: Duration::from_millis(start.limits.cpu_ms),
@@ -244,6 +248,9 @@ pub(crate) struct Channel {
     reader: FrameReader,
     scratch: Vec<u8>,
     spin: SpinBudget,
+    yielder: Yielder,
+    /// Results read while waiting in place that were not the awaited one, in arrival order.
+    stash: Vec<Delivery>,
 }
 
 impl Channel {
@@ -254,6 +261,40 @@ impl Channel {
             reader: FrameReader::new(),
             scratch: Vec::with_capacity(4096),
             spin: SpinBudget::new(),
+            yielder: Yielder::new(),
+            stash: Vec::new(),
+        }
+    }
+
+    /// Waits for the host's word on call `id`, sent with `waits`: its result when the host
+    /// answered at once, or [`ToWorker::Later`]. The host sends one or the other as soon as it
+    /// has read the call, so this waits no longer than the host takes to read and answer; it
+    /// spins or sleeps as [`Channel::sleep_until`] does. Results of other calls that come first
+    /// are kept for the end of the turn.
+    fn answer_in_place(&mut self, id: u64) -> Answer {
+        loop {
+            match self.try_frame() {
+                Some(ToWorker::Deliver(d)) if d.id == id => {
+                    if d.at_ms.is_none() && d.result.is_ok() {
+                        return Answer::Here(d.result.unwrap_or_default());
+                    }
+                    self.stash.push(d);
+                    return Answer::Later;
+                }
+                Some(ToWorker::Deliver(d)) => self.stash.push(d),
+                Some(ToWorker::Later(later)) if later == id => return Answer::Later,
+                Some(ToWorker::Later(_)) => {}
+                Some(ToWorker::Shutdown) => die(0),
+                Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
+                None => {
+                    if self.stop.load(Ordering::Relaxed) != 0 {
+                        return Answer::Later;
+                    }
+                    self.sleep_until(|e, stop| {
+                        e.inp.available() != Ok(0) || stop.load(Ordering::Relaxed) != 0
+                    });
+                }
+            }
         }
     }
 
@@ -285,6 +326,14 @@ impl Channel {
                         }
                     }
                     spin_loop();
+                }
+            } else if self.end.peer_shares_cpu() {
+                let (end, stop) = (&self.end, self.stop);
+                if self.yielder.hand_over(end, || ready(end, stop)) {
+                    return;
+                }
+                if self.end.peer_runs_elsewhere() {
+                    continue;
                 }
             }
             let seen = self.end.bell();
@@ -352,23 +401,47 @@ impl Channel {
     }
 }
 
+/// What a wait in place found.
+enum Answer {
+    /// The awaited call's result.
+    Here(String),
+    /// Not now: the result comes the usual way.
+    Later,
+}
+
 /// The engine's link in a worker: calls and output go over the bridge.
 struct RemoteLink {
     channel: Rc<RefCell<Channel>>,
     stop: &'static AtomicU32,
     notify_idle: bool,
+    /// Whether a call may wait in place for its answer in this run.
+    in_place: bool,
 }
 
 impl Link for RemoteLink {
-    fn call(&self, id: u64, kind: HostCallKind, name: &str, args: &str) -> Option<String> {
+    fn call(
+        &self,
+        id: u64,
+        kind: HostCallKind,
+        name: &str,
+        args: &str,
+        first_in_job: bool,
+    ) -> Option<String> {
         let mut c = self.channel.borrow_mut();
+        // Only the first call of a job waits: calls made together (a `Promise.all`) go out
+        // together, and their answers come at the end of the turn.
+        let waits = first_in_job && self.in_place;
         let mut buf = std::mem::take(&mut c.scratch);
-        encode_call(id, kind, name, args, &mut buf);
+        encode_call(id, kind, name, args, waits, &mut buf);
         c.scratch = buf;
         c.send_scratch();
-        // The answer comes at the end of the turn. Waiting for it here (tried: while the host ran
-        // on another CPU) saved nothing measurable and split bursts of calls into round trips.
-        None
+        if !waits {
+            return None;
+        }
+        match c.answer_in_place(id) {
+            Answer::Here(json) => Some(json),
+            Answer::Later => None,
+        }
     }
 
     fn output(&self, item: OutputItem) {
@@ -377,9 +450,12 @@ impl Link for RemoteLink {
 
     fn poll_ready(&self, out: &mut Vec<Delivery>) {
         let mut c = self.channel.borrow_mut();
+        out.append(&mut c.stash);
         loop {
             match c.try_frame() {
                 Some(ToWorker::Deliver(d)) => out.push(d),
+                // For a call that stopped waiting already.
+                Some(ToWorker::Later(_)) => {}
                 Some(ToWorker::Shutdown) => die(0),
                 Some(ToWorker::Start(_)) => die(EXIT_PROTOCOL),
                 None => return,
