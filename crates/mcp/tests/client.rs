@@ -401,7 +401,10 @@ async fn an_oversized_or_too_deep_response_fails_its_call_at_once() {
     assert!(out.value["structuredContent"]["d"]["d"].is_object());
     let out = big.call(call(json!({"bytes": 1000}))).await.unwrap();
     assert_eq!(text_of(&out.value).len(), 1000);
-    assert_eq!(text_of(&pid.call(call(json!({}))).await.unwrap().value), before);
+    assert_eq!(
+        text_of(&pid.call(call(json!({}))).await.unwrap().value),
+        before
+    );
     eprintln!("both refusals and the checks took {:?}", started.elapsed());
     hub.shutdown().await;
 }

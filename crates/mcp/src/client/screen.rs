@@ -127,7 +127,10 @@ impl Scanner {
 }
 
 fn trim_end(b: &[u8]) -> &[u8] {
-    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(0, |i| i + 1);
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
     &b[..end]
 }
 

@@ -221,11 +221,18 @@ mod tests {
 
     async fn screened(input: Vec<u8>, max_line: usize) -> Vec<Value> {
         let (mut out, into) = tokio::io::duplex(1024);
-        let task = tokio::spawn(screen_lines("t".into(), std::io::Cursor::new(input), into, max_line));
+        let task = tokio::spawn(screen_lines(
+            "t".into(),
+            std::io::Cursor::new(input),
+            into,
+            max_line,
+        ));
         let mut text = String::new();
         out.read_to_string(&mut text).await.unwrap();
         task.await.unwrap();
-        text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     #[tokio::test]

@@ -12,8 +12,8 @@ use rmcp::model::{
     ResourceTemplate, ServerResult, Tool as McpToolDef,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
