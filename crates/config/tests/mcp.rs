@@ -256,7 +256,10 @@ fn an_untrusted_project_repeating_the_users_server_is_not_warned_about() {
         !w.iter().any(|m| m.contains("mcpServers.docs")),
         "an unchanged command and args warn of nothing: {w:?}"
     );
-    assert_eq!(c.server("docs").unwrap().exposure_for("t"), Exposure::Hidden);
+    assert_eq!(
+        c.server("docs").unwrap().exposure_for("t"),
+        Exposure::Hidden
+    );
     assert!(
         w.iter().any(|m| m.contains("mcpServers.web.headers")),
         "a changed header is still refused: {w:?}"
