@@ -206,7 +206,7 @@ fn rejected(server: &str, scanned: &Scanner, why: &str) -> Option<Vec<u8>> {
 }
 
 fn mib(bytes: usize) -> String {
-    if bytes % (1024 * 1024) == 0 {
+    if bytes.is_multiple_of(1024 * 1024) {
         format!("{} MiB", bytes / (1024 * 1024))
     } else {
         format!("{bytes} bytes")
