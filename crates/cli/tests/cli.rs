@@ -186,6 +186,37 @@ fn policy_explain_names_the_deciding_policy() {
     assert!(v.to_string().contains("ask-writes"), "{v}");
 }
 
+/// `codemode run x.js | head`: a reader that stops early is not an error, and nothing panics.
+#[test]
+fn run_exits_quietly_when_its_reader_stops_early() {
+    let (work, config) = project();
+    let script = work.path().join("x.js");
+    std::fs::write(&script, "return 'line\\n'.repeat(100000)").unwrap();
+    let mut cmd = common::codemode();
+    cmd.args(["run", "--workdir"])
+        .arg(work.path())
+        .arg("--config-dir")
+        .arg(config.path())
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // The reader is gone before anything is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+/// The head file beside an audit log.
+fn codemode_gate_head(log: &std::path::Path) -> std::path::PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".head");
+    std::path::PathBuf::from(name)
+}
+
 #[test]
 fn the_audit_log_verifies_and_detects_tampering() {
     let (work, config) = project();
@@ -206,6 +237,20 @@ fn the_audit_log_verifies_and_detects_tampering() {
         body.contains("ask-writes"),
         "the denial and its policy are audited"
     );
+    // A deleted head: the lines verify, but a cut end cannot be ruled out, so verify fails and
+    // claims nothing of the head.
+    let head = codemode_gate_head(&log);
+    let saved = std::fs::read(&head).unwrap();
+    std::fs::remove_file(&head).unwrap();
+    let headless = plain(&["audit", "verify", log.to_str().unwrap()]);
+    let said = text(&headless.stdout);
+    assert_eq!(headless.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("NOT VERIFIED") && said.contains("head file"),
+        "{said}"
+    );
+    assert!(!said.contains("and the head were written"), "{said}");
+    std::fs::write(&head, saved).unwrap();
     let tampered = body.replacen("notes.txt", "other.txt", 1);
     std::fs::write(&log, tampered).unwrap();
     let bad = plain(&["audit", "verify", log.to_str().unwrap()]);

@@ -70,3 +70,66 @@ fn origin_malformed_json_unknown_sessions_bearer_case_and_host_names() {
     assert_eq!(v["del"], 404, "DELETE of an unknown session: {v}");
     assert_eq!(v["wrong"], 401, "{v}");
 }
+
+const ORIGINS_PROBE: &str = r#"
+const [url, token, ...origins] = process.argv.slice(1);
+const init = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "probe", version: "1" } } });
+(async () => {
+  const out = {};
+  for (const origin of origins) {
+    const r = await fetch(url, { method: "POST", body: init, headers: { "content-type": "application/json",
+      accept: "application/json, text/event-stream", authorization: "Bearer " + token, origin } });
+    out[origin] = r.status;
+  }
+  console.log(JSON.stringify(out));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+/// An origin includes its port: an allowed origin without one allows only the scheme's default
+/// port, and one with a port allows only that port.
+#[test]
+fn an_allowed_origin_matches_its_port_only() {
+    let config = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
+        .args(["serve", "--listen", "localhost:0", "--token", "s3cret"])
+        .args(["--allow-origin", "https://app.example.com"])
+        .args(["--allow-origin", "http://b.example:8080"])
+        .arg("--config-dir")
+        .arg(config.path())
+        .arg("--state-dir")
+        .arg(config.path().join("state"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = common::serving_url(&mut lines);
+    std::thread::spawn(move || for _ in lines {});
+    let expected = [
+        ("https://app.example.com", 200),
+        ("https://app.example.com:443", 200),
+        ("https://app.example.com:444", 403),
+        ("http://app.example.com", 403),
+        ("https://evil.app.example.com", 403),
+        ("http://b.example:8080", 200),
+        ("http://b.example", 403),
+        ("http://b.example:8081", 403),
+    ];
+    let out = Command::new("node")
+        .args(["-e", ORIGINS_PROBE, &url, "s3cret"])
+        .args(expected.iter().map(|(o, _)| o))
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    for (origin, status) in expected {
+        assert_eq!(v[origin], status, "Origin {origin}: {v}");
+    }
+}

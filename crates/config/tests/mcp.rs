@@ -243,6 +243,31 @@ fn untrusted_project_cannot_change_the_command_or_turn_auto_enable_on() {
 }
 
 #[test]
+fn an_untrusted_project_repeating_the_users_server_is_not_warned_about() {
+    let (c, w) = user_and_project(
+        base_user(),
+        json!({"mcpServers": {
+            "docs": {"type": "stdio", "command": "node", "args": ["docs.js"], "exposure": "hidden"},
+            "web": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer other"}}
+        }}),
+        false,
+    );
+    assert!(
+        !w.iter().any(|m| m.contains("mcpServers.docs")),
+        "an unchanged command and args warn of nothing: {w:?}"
+    );
+    assert_eq!(
+        c.server("docs").unwrap().exposure_for("t"),
+        Exposure::Hidden
+    );
+    assert!(
+        w.iter().any(|m| m.contains("mcpServers.web.headers")),
+        "a changed header is still refused: {w:?}"
+    );
+    assert!(!w.iter().any(|m| m.contains("mcpServers.web.url")), "{w:?}");
+}
+
+#[test]
 fn codemode_needed_and_the_single_reachability_warning() {
     let c = McpConfig::from_json(&base_user(), "u").unwrap();
     assert!(c.codemode_needed());

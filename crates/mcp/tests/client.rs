@@ -111,8 +111,8 @@ async fn images_reach_the_script_and_the_model() {
 #[tokio::test]
 async fn annotations_pagination_and_structured_results() {
     let hub = hub(json!({"bad": fixture(&[])})).await;
-    // The fixture lists 3 tools per page; all 14 must arrive.
-    assert_eq!(hub.tools().len(), 14, "{:?}", hub.status());
+    // The fixture lists 3 tools per page; all 15 must arrive.
+    assert_eq!(hub.tools().len(), 15, "{:?}", hub.status());
     let echo = find(&hub, "mcp__bad__echo");
     assert_eq!(echo.spec().annotations.read_only_hint, Some(true));
     assert_eq!(echo.spec().annotations.open_world_hint, Some(false));
@@ -349,6 +349,63 @@ async fn a_ten_megabyte_result_arrives_whole() {
         .await
         .unwrap();
     assert_eq!(text_of(&out.value).len(), 10 * 1024 * 1024);
+    hub.shutdown().await;
+}
+
+/// rmcp drops a line over its limit, or one too deep for serde_json, and the call used to wait
+/// for its timeout. It fails at once with what was wrong, and the connection stays usable.
+#[tokio::test]
+async fn an_oversized_or_too_deep_response_fails_its_call_at_once() {
+    // A call timeout far beyond the test's own: a call that waits for it fails the test.
+    let hub = McpHub::connect(
+        &config(json!({"bad": fixture(&[])})),
+        ConnectOptions {
+            call_timeout: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .await;
+    let big = find(&hub, "mcp__bad__big");
+    let started = std::time::Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        big.call(call(json!({"bytes": 17 * 1024 * 1024}))),
+    )
+    .await
+    .expect("the call fails without waiting for the timeout")
+    .unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::Failed, "{err:?}");
+    assert!(
+        err.message.contains("larger than 16 MiB"),
+        "the limit is named: {}",
+        err.message
+    );
+    assert!(err.message.contains("bad/big"), "{}", err.message);
+    let deep = find(&hub, "mcp__bad__deep");
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        deep.call(call(json!({"levels": 130}))),
+    )
+    .await
+    .expect("the call fails without waiting for the timeout")
+    .unwrap_err();
+    assert!(
+        err.message.contains("levels deep") && err.message.contains("127"),
+        "{}",
+        err.message
+    );
+    // Within the limits all is well, on the same connection.
+    let pid = find(&hub, "mcp__bad__pid");
+    let before = text_of(&pid.call(call(json!({}))).await.unwrap().value);
+    let out = deep.call(call(json!({"levels": 100}))).await.unwrap();
+    assert!(out.value["structuredContent"]["d"]["d"].is_object());
+    let out = big.call(call(json!({"bytes": 1000}))).await.unwrap();
+    assert_eq!(text_of(&out.value).len(), 1000);
+    assert_eq!(
+        text_of(&pid.call(call(json!({}))).await.unwrap().value),
+        before
+    );
+    eprintln!("both refusals and the checks took {:?}", started.elapsed());
     hub.shutdown().await;
 }
 

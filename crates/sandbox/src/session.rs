@@ -781,7 +781,9 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     let Some(w) = writes else {
         return Ok(Vec::new());
     };
-    let raw: Vec<Vec<String>> = serde_json::from_str(w)
+    // Through `parse_vm_json`: a lone surrogate in a key is replaced as in a value.
+    let raw: Vec<Vec<String>> = parse_vm_json(w)
+        .and_then(serde_json::from_value)
         .map_err(|e| sandbox_err(format!("The store writes could not be read ({e}).")))?;
     let mut out = Vec::with_capacity(raw.len());
     for entry in raw {

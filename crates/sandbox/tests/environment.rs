@@ -540,7 +540,34 @@ async fn tampering_with_intrinsics_changes_nothing() {
     assert_eq!(v, json!([true, [], 1]));
 }
 
+/// A lone surrogate in a store key is replaced like one in a value, never a sandbox failure.
+async fn lone_surrogates_in_store_keys_are_replaced() {
+    let r = run(
+        r#"store("\ud800", 1); store("a\udc00b", "\ud800"); store("\ud83d\ude00", 2); return 1"#,
+    )
+    .await;
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(
+        r.store_writes,
+        vec![
+            StoreWrite::Set {
+                key: "\u{fffd}".into(),
+                value: json!(1)
+            },
+            StoreWrite::Set {
+                key: "a\u{fffd}b".into(),
+                value: json!("\u{fffd}")
+            },
+            StoreWrite::Set {
+                key: "😀".into(),
+                value: json!(2)
+            },
+        ]
+    );
+}
+
 both_modes!(
+    lone_surrogates_in_store_keys_are_replaced,
     every_reachable_intrinsic_is_frozen,
     tampering_with_intrinsics_changes_nothing,
     values_text_and_console,

@@ -64,6 +64,25 @@ fn print(what: &str, lines: u64, last: &str, proves: Vec<String>, cannot: Vec<St
 
 fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
     match codemode_gate::verify(file, key) {
+        Ok(report) if report.head == codemode_gate::HeadCheck::Missing && report.lines > 0 => {
+            // Opening the log to append refuses it too: cut lines and a deleted head look the
+            // same as a head that was never written.
+            println!(
+                "{}: NOT VERIFIED, {} lines: its head file {} is missing or empty, so lines cut \
+                 from the end cannot be ruled out; restore the head from a backup, or keep the \
+                 log aside and start a new one",
+                file.display(),
+                report.lines,
+                codemode_gate::head_path(file).display()
+            );
+            for p in report.proves() {
+                println!("  proven: {p}");
+            }
+            for c in report.cannot_prove() {
+                println!("  not proven: {c}");
+            }
+            Ok(ExitCode::from(1))
+        }
         Ok(report) => {
             print(
                 &file.display().to_string(),

@@ -190,12 +190,12 @@ fn read_source(file: Option<&PathBuf>) -> Result<String> {
 }
 
 fn print_run(run: &ScriptRun, json: bool) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string(&run.structured())?);
+    let text = if json {
+        serde_json::to_string(&run.structured())?
     } else {
-        println!("{}", run.text);
-    }
-    Ok(())
+        run.text.clone()
+    };
+    super::tools::write_stdout(&format!("{text}\n"))
 }
 
 fn print_trace(run: &ScriptRun) {

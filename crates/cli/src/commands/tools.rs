@@ -103,7 +103,7 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
 }
 
 /// Writes `text` to standard output. A closed pipe is a reader that has seen enough, not an error.
-fn write_stdout(text: &str) -> Result<()> {
+pub(crate) fn write_stdout(text: &str) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())

@@ -434,8 +434,8 @@ impl McpConfig {
             };
             let o = match entry {
                 Entry::Override(o) => o,
-                Entry::Full(_, o, keys) => {
-                    for k in keys {
+                Entry::Full(project, o, keys) => {
+                    for k in keys.iter().filter(|k| !repeats(k, &project, server)) {
                         n.ignore(
                             &format!("{key}.{name}.{k}"),
                             "it changes how a server is started or reached",
@@ -514,4 +514,23 @@ fn narrow_server(server: &mut ServerConfig, o: Override, at: &str, n: &mut Narro
 
 fn read(path: &Path) -> Result<Option<(Value, String)>, Problem> {
     Ok(crate::jsonc::read(path)?.map(|v| (v, path.display().to_string())))
+}
+
+/// Whether an untrusted project's `key` says what the user's own entry says already: a copy of
+/// the user's entry changes nothing, so it is not warned about.
+fn repeats(key: &str, project: &ServerConfig, user: &ServerConfig) -> bool {
+    use ServerTransport::{Http, Stdio};
+    match (key, &project.transport, &user.transport) {
+        ("type", Stdio { .. }, Stdio { .. }) | ("type", Http { .. }, Http { .. }) => true,
+        ("command", Stdio { command: a, .. }, Stdio { command: b, .. }) => a == b,
+        ("args", Stdio { args: a, .. }, Stdio { args: b, .. }) => a == b,
+        ("env", Stdio { env: a, .. }, Stdio { env: b, .. }) => a == b,
+        ("cwd", Stdio { cwd: a, .. }, Stdio { cwd: b, .. }) => a == b,
+        ("url", Http { url: a, .. }, Http { url: b, .. }) => a == b,
+        ("headers", Http { headers: a, .. }, Http { headers: b, .. }) => a == b,
+        ("timeout", ..) => project.timeout == user.timeout,
+        ("connectTimeoutMs", ..) => project.connect_timeout == user.connect_timeout,
+        ("description", ..) => project.description == user.description,
+        _ => false,
+    }
 }

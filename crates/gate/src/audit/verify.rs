@@ -37,8 +37,10 @@ impl VerifyReport {
             "no line was removed, changed or reordered between the first line and the last"
                 .to_string(),
         ];
-        if self.authenticated {
-            out.push("every line and the head were written by a holder of the key: a forged line or a rechained file would not verify".into());
+        match (self.authenticated, &self.head) {
+            (true, HeadCheck::Missing) => out.push("every line was written by a holder of the key: a forged line or a rechained file would not verify (there was no head to check)".into()),
+            (true, _) => out.push("every line and the head were written by a holder of the key: a forged line or a rechained file would not verify".into()),
+            (false, _) => {}
         }
         match (&self.head, self.authenticated) {
             (HeadCheck::Matches, true) => {
@@ -263,4 +265,33 @@ fn check(
         authenticated: key.is_some(),
         head: head_check,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_head_is_never_claimed_as_proven() {
+        let report = VerifyReport {
+            lines: 3,
+            last_hash: "h".into(),
+            authenticated: true,
+            head: HeadCheck::Missing,
+        };
+        assert!(
+            report
+                .proves()
+                .iter()
+                .all(|p| !p.contains("head were") && !p.contains("no line was cut")),
+            "{:?}",
+            report.proves()
+        );
+        assert!(
+            report
+                .cannot_prove()
+                .iter()
+                .any(|c| c.contains("no head file"))
+        );
+    }
 }

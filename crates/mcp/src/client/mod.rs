@@ -8,6 +8,8 @@ mod prompts;
 mod proxy;
 mod resources;
 mod result;
+mod screen;
+mod stdio;
 mod tool;
 mod upstream;
 

@@ -1,7 +1,6 @@
 //! One upstream MCP server: connecting, reconnecting, listing tools and calling them.
 
 use std::collections::{HashMap, VecDeque};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -13,8 +12,8 @@ use rmcp::model::{
     ResourceTemplate, ServerResult, Tool as McpToolDef,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
@@ -24,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::{Handler, Listing};
 use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
+use super::stdio::ChildTransport;
 use crate::config::{ServerConfig, ServerTransport};
 
 /// How many of a server's last stderr lines are kept to explain a failed start.
@@ -301,9 +301,7 @@ impl Upstream {
                 // started (`npx` runs the real server as a grandchild).
                 let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
                 wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
-                let (transport, stderr) = TokioChildProcess::builder(wrapped)
-                    .stderr(Stdio::piped())
-                    .spawn()
+                let (transport, stderr) = ChildTransport::spawn(wrapped, Arc::from(self.name()))
                     .map_err(|e| format!("cannot start `{command}`: {e}"))?;
                 group = transport
                     .id()

@@ -12,10 +12,11 @@ use rmcp::ErrorData;
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
-    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CustomRequest, CustomResult, ErrorCode, GetPromptRequestParams, GetPromptResponse,
+    GetPromptResult, Implementation, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::{Peer, RequestContext, RoleServer};
 use serde_json::{Map, Value, json};
@@ -372,12 +373,19 @@ impl CodemodeHandler {
         }
     }
 
-    fn hub_for_proxy(&self) -> Result<&Arc<crate::McpHub>, ErrorData> {
+    /// The hub, when this server offers resources and prompts; otherwise `method` (the request's
+    /// own method, for the error) is not found.
+    fn hub_for_proxy(&self, method: &str) -> Result<&Arc<crate::McpHub>, ErrorData> {
         match &self.opts.hub {
             Some(hub) if self.mode_on() => Ok(hub),
-            _ => Err(ErrorData::method_not_found::<
-                rmcp::model::ListResourcesRequestMethod,
-            >()),
+            _ => Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!(
+                    "{method} is not offered here: codemode serves its MCP servers' resources \
+                     and prompts only in mode `on`"
+                ),
+                None,
+            )),
         }
     }
 
@@ -501,7 +509,7 @@ impl ServerHandler for CodemodeHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         Ok(ListResourcesResult::with_all_items(
-            self.hub_for_proxy()?.resources(),
+            self.hub_for_proxy("resources/list")?.resources(),
         ))
     }
 
@@ -511,7 +519,8 @@ impl ServerHandler for CodemodeHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         Ok(ListResourceTemplatesResult::with_all_items(
-            self.hub_for_proxy()?.resource_templates(),
+            self.hub_for_proxy("resources/templates/list")?
+                .resource_templates(),
         ))
     }
 
@@ -523,7 +532,7 @@ impl ServerHandler for CodemodeHandler {
         // The client's own read is a call like any other, as the server's read_resource tool
         // (the policy sees the server and the URI).
         let tool = self
-            .hub_for_proxy()?
+            .hub_for_proxy("resources/read")?
             .resource_read_tool(&request.uri)
             .map_err(proxy_error)?;
         let what = format!("reading {}", request.uri);
@@ -543,7 +552,7 @@ impl ServerHandler for CodemodeHandler {
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         Ok(ListPromptsResult::with_all_items(
-            self.hub_for_proxy()?.prompts(),
+            self.hub_for_proxy("prompts/list")?.prompts(),
         ))
     }
 
@@ -555,7 +564,7 @@ impl ServerHandler for CodemodeHandler {
         // Like a resource read, as the server's get_prompt tool (the policy sees the server
         // and the prompt's name).
         let (tool, local) = self
-            .hub_for_proxy()?
+            .hub_for_proxy("prompts/get")?
             .prompt_get_tool(&request.name)
             .map_err(proxy_error)?;
         let what = format!("getting prompt {}", request.name);
@@ -564,6 +573,64 @@ impl ServerHandler for CodemodeHandler {
             .await
             .map(GetPromptResponse::Complete)
     }
+
+    /// rmcp hands a request whose params do not fit its method here, as if the method were
+    /// unknown; say what is wrong with the params instead.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        match params_error(&request.method, request.params.as_ref()) {
+            Some(why) => Err(ErrorData::invalid_params(why, None)),
+            None => Err(ErrorData::new(
+                ErrorCode::METHOD_NOT_FOUND,
+                format!("unknown method {}", request.method),
+                None,
+            )),
+        }
+    }
+}
+
+/// What is wrong with the params of a request for a method codemode knows, or `None` for a
+/// method it does not know.
+fn params_error(method: &str, params: Option<&Value>) -> Option<String> {
+    fn check<T: serde::de::DeserializeOwned>(params: Option<&Value>) -> Result<(), String> {
+        match params {
+            None | Some(Value::Null) => Err("params are missing or null".into()),
+            Some(p) => serde_json::from_value::<T>(p.clone())
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        }
+    }
+    let (checked, expected) = match method {
+        "tools/call" => (
+            check::<CallToolRequestParams>(params),
+            "an object with \"name\" (a string) and \"arguments\" (an object)",
+        ),
+        "prompts/get" => (
+            check::<GetPromptRequestParams>(params),
+            "an object with \"name\" (a string) and \"arguments\" (an object of strings)",
+        ),
+        "resources/read" => (
+            check::<ReadResourceRequestParams>(params),
+            "an object with \"uri\" (a string)",
+        ),
+        "tools/list" | "resources/list" | "resources/templates/list" | "prompts/list" => (
+            match params {
+                None | Some(Value::Null) => Ok(()),
+                Some(_) => check::<PaginatedRequestParams>(params),
+            },
+            "an object, with \"cursor\" (a string) if paging",
+        ),
+        _ => return None,
+    };
+    let why = checked
+        .err()
+        .unwrap_or_else(|| "they do not have the expected shape".into());
+    Some(format!(
+        "invalid params for {method}: {why}; expected {expected}"
+    ))
 }
 
 fn proxy_error(e: ProxyError) -> ErrorData {

@@ -155,6 +155,42 @@ struct Guard {
     metrics: Option<MetricsText>,
 }
 
+/// An allowed origin as rmcp matches it. An origin includes its port, and a browser leaves out
+/// only the scheme's default one: `https://app.example.com` is `https://app.example.com:443`
+/// (rmcp would match any port). `:*` (any port) and `null` are kept as they are.
+fn exact_origin(raw: &str) -> Result<String, McpError> {
+    let origin = raw.trim().trim_end_matches('/');
+    if origin == "null" || origin.ends_with(":*") {
+        return Ok(origin.to_string());
+    }
+    let bad = |why: &str| {
+        McpError::Serve(format!(
+            "--allow-origin {raw:?} {why}; write an origin such as https://app.example.com, \
+             https://app.example.com:8443 or http://localhost:* (any port)"
+        ))
+    };
+    let (scheme, authority) = origin
+        .split_once("://")
+        .ok_or_else(|| bad("is not an origin (scheme://host[:port])"))?;
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return Err(bad("is not an origin: it has no host, or more than one"));
+    }
+    let has_port = match authority.strip_prefix('[') {
+        Some(v6) => v6
+            .split_once(']')
+            .is_some_and(|(_, rest)| rest.starts_with(':')),
+        None => authority.contains(':'),
+    };
+    if has_port {
+        return Ok(origin.to_string());
+    }
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => Ok(format!("{origin}:443")),
+        "http" => Ok(format!("{origin}:80")),
+        _ => Err(bad("has no port and its scheme has no default one")),
+    }
+}
+
 /// Serves MCP over streamable HTTP at `http://<addr>/mcp` on every address of `addrs`, each
 /// client in its own session.
 ///
@@ -196,13 +232,18 @@ pub async fn serve_http(
         http.max_sessions.max(1),
     )
     .with_shared(codemode.gate().state_store().cloned());
+    let allowed_origins = http
+        .allowed_origins
+        .iter()
+        .map(|o| exact_origin(o))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(shutdown.child_token())
         .with_allowed_origins(
             LOOPBACK_ORIGINS
                 .iter()
                 .map(|s| s.to_string())
-                .chain(http.allowed_origins.iter().cloned()),
+                .chain(allowed_origins),
         )
         .enforce_origin_validation();
     config.session_store = Some(Arc::new(Store(sessions.clone())));
@@ -588,4 +629,37 @@ fn jsonrpc_error(code: i64, message: &str) -> Response {
         HeaderValue::from_static("application/json"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allowed_origin_without_a_port_means_the_default_port() {
+        let ok = |o: &str| exact_origin(o).unwrap();
+        assert_eq!(ok("https://app.example.com"), "https://app.example.com:443");
+        assert_eq!(
+            ok("https://app.example.com/"),
+            "https://app.example.com:443"
+        );
+        assert_eq!(ok("http://app.example.com"), "http://app.example.com:80");
+        assert_eq!(
+            ok("https://app.example.com:8443"),
+            "https://app.example.com:8443"
+        );
+        assert_eq!(ok("http://[::1]"), "http://[::1]:80");
+        assert_eq!(ok("http://[::1]:3000"), "http://[::1]:3000");
+        assert_eq!(ok("http://localhost:*"), "http://localhost:*");
+        assert_eq!(ok("null"), "null");
+        for bad in [
+            "app.example.com",
+            "https://",
+            "https://a/b",
+            "ftp://x",
+            "https://u@x",
+        ] {
+            assert!(exact_origin(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,0 +1,191 @@
+//! Screening a stdio server's messages before rmcp reads them.
+//!
+//! rmcp drops a line longer than its limit, and a line its JSON parser refuses (serde_json stops
+//! at 127 levels of nesting), with only a log line: the request it answered then waits for its
+//! timeout. This scanner sees each line as it streams past, in constant memory, and records what
+//! is needed to fail that request at once instead: how deep the line nests, and the top-level
+//! `id` and whether there is a `method` (a response has an `id` and no `method`).
+
+/// The most nesting serde_json's parser accepts (its recursion limit of 128 counts one more).
+pub(crate) const MAX_DEPTH: usize = 127;
+
+/// A top-level `id` longer than this is not kept (ids are numbers or short strings).
+const MAX_ID_LEN: usize = 256;
+
+#[derive(Default)]
+pub(crate) struct Scanner {
+    depth: usize,
+    deepest: usize,
+    in_string: bool,
+    escaped: bool,
+    /// At depth 1, the next string is a key.
+    expect_key: bool,
+    /// The key being read at depth 1 (only short keys matter).
+    key: Vec<u8>,
+    reading_key: bool,
+    /// The last top-level key read, while its value is read.
+    current: Option<TopKey>,
+    id: Vec<u8>,
+    id_overflow: bool,
+    has_method: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TopKey {
+    Id,
+    Method,
+    Other,
+}
+
+impl Scanner {
+    pub(crate) fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.byte(b);
+        }
+    }
+
+    fn byte(&mut self, b: u8) {
+        if self.depth == 1 && self.current == Some(TopKey::Id) && !self.reading_key {
+            let ends = !self.in_string && (b == b',' || b == b'}');
+            let before_value = self.id.is_empty() && (b == b':' || b.is_ascii_whitespace());
+            if !ends && !before_value {
+                if self.id.len() < MAX_ID_LEN {
+                    self.id.push(b);
+                } else {
+                    self.id_overflow = true;
+                }
+            }
+        }
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.in_string = false;
+                if self.reading_key {
+                    self.reading_key = false;
+                    self.current = Some(match self.key.as_slice() {
+                        b"id" => TopKey::Id,
+                        b"method" => TopKey::Method,
+                        _ => TopKey::Other,
+                    });
+                    if self.current == Some(TopKey::Method) {
+                        self.has_method = true;
+                    }
+                }
+                return;
+            }
+            if self.reading_key && self.key.len() <= 8 {
+                self.key.push(b);
+            }
+            return;
+        }
+        match b {
+            b'"' => {
+                self.in_string = true;
+                if self.depth == 1 && self.expect_key {
+                    self.expect_key = false;
+                    self.reading_key = true;
+                    self.key.clear();
+                }
+            }
+            b'{' | b'[' => {
+                self.depth += 1;
+                self.deepest = self.deepest.max(self.depth);
+                if self.depth == 1 {
+                    self.expect_key = b == b'{';
+                }
+            }
+            b'}' | b']' => {
+                if self.depth == 1 {
+                    self.current = None;
+                }
+                self.depth = self.depth.saturating_sub(1);
+            }
+            b',' if self.depth == 1 => {
+                self.expect_key = true;
+                self.current = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// How deep the line nests.
+    pub(crate) fn deepest(&self) -> usize {
+        self.deepest
+    }
+
+    /// The `id` of a response (a message with an `id` and no `method`), as JSON.
+    pub(crate) fn response_id(&self) -> Option<serde_json::Value> {
+        if self.has_method || self.id_overflow || self.id.is_empty() {
+            return None;
+        }
+        let id: serde_json::Value = serde_json::from_slice(trim_end(&self.id)).ok()?;
+        (id.is_string() || id.is_number()).then_some(id)
+    }
+}
+
+fn trim_end(b: &[u8]) -> &[u8] {
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(0, |i| i + 1);
+    &b[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn scan(line: &str) -> Scanner {
+        let mut s = Scanner::default();
+        // Fed in small pieces, as reads deliver them.
+        for chunk in line.as_bytes().chunks(3) {
+            s.feed(chunk);
+        }
+        s
+    }
+
+    fn nested(levels: usize) -> String {
+        format!("{}{}", "[".repeat(levels), "]".repeat(levels))
+    }
+
+    #[test]
+    fn max_depth_is_exactly_serde_jsons_limit() {
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(MAX_DEPTH)).is_ok());
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(MAX_DEPTH + 1)).is_err());
+        assert_eq!(scan(&nested(MAX_DEPTH + 1)).deepest(), MAX_DEPTH + 1);
+    }
+
+    #[test]
+    fn finds_the_id_of_a_response_wherever_it_is() {
+        let s = scan(r#"{"result":{"id":"inner","a":[{"id":9}]},"jsonrpc":"2.0","id":12}"#);
+        assert_eq!(s.response_id(), Some(json!(12)));
+        let s = scan(r#"{ "id" : "a,\"b}" , "result": {}}"#);
+        assert_eq!(s.response_id(), Some(json!("a,\"b}")));
+        assert_eq!(s.deepest(), 2);
+    }
+
+    #[test]
+    fn brackets_inside_strings_do_not_nest() {
+        let text = "[{".repeat(1000);
+        let s = scan(&json!({"id": 1, "result": {"text": text}}).to_string());
+        assert_eq!(s.deepest(), 2);
+        assert_eq!(s.response_id(), Some(json!(1)));
+    }
+
+    #[test]
+    fn requests_and_notifications_have_no_response_id() {
+        assert_eq!(
+            scan(r#"{"id":3,"method":"sampling/createMessage","params":{}}"#).response_id(),
+            None
+        );
+        assert_eq!(
+            scan(r#"{"method":"notifications/progress","params":{"id":1}}"#).response_id(),
+            None
+        );
+        assert_eq!(scan(r#"{"id":{"x":1},"result":{}}"#).response_id(), None);
+    }
+}

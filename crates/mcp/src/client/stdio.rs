@@ -1,0 +1,269 @@
+//! The transport to a stdio server: rmcp's line transport, reading the server's stdout through a
+//! screen that turns a response rmcp would drop into an error for the request it answers.
+//!
+//! rmcp discards a line over its length limit, and a line serde_json refuses to parse (too
+//! deeply nested), with a log line only; the call then waits until its timeout and fails as
+//! "timed out". The screen sits between the server's stdout and rmcp: lines within both limits
+//! pass unchanged, and a response over either is replaced by a JSON-RPC error for the same id
+//! that says what was wrong. The connection stays usable: the next line is read as usual.
+
+use std::io;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use process_wrap::tokio::{ChildWrapper, CommandWrap};
+use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::async_rw::{AsyncRwTransport, DEFAULT_MAX_LINE_LENGTH};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
+use tokio::process::{ChildStderr, ChildStdin};
+
+use super::screen::{MAX_DEPTH, Scanner};
+
+/// The longest line (one JSON-RPC message, newline included) read from a server: rmcp's own
+/// limit, so that everything the screen passes rmcp also reads.
+pub(crate) const MAX_LINE: usize = DEFAULT_MAX_LINE_LENGTH;
+
+/// How long `close` waits for the server to exit after its stdin closed, and again after SIGTERM.
+const EXIT_WAIT: Duration = Duration::from_secs(3);
+
+pub(crate) struct ChildTransport {
+    child: Option<Box<dyn ChildWrapper>>,
+    inner: AsyncRwTransport<RoleClient, DuplexStream, ChildStdin>,
+}
+
+impl ChildTransport {
+    /// Starts the server with piped stdio; its stderr is returned to be read by the caller.
+    pub(crate) fn spawn(
+        mut command: CommandWrap,
+        server: Arc<str>,
+    ) -> io::Result<(Self, Option<ChildStderr>)> {
+        command
+            .command_mut()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn()?;
+        let stdin = child
+            .stdin()
+            .take()
+            .ok_or_else(|| io::Error::other("the server's stdin was not piped"))?;
+        let stdout = child
+            .stdout()
+            .take()
+            .ok_or_else(|| io::Error::other("the server's stdout was not piped"))?;
+        let stderr = child.stderr().take();
+        let (read, write) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(screen_lines(server, stdout, write, MAX_LINE));
+        let transport = ChildTransport {
+            child: Some(child),
+            inner: AsyncRwTransport::new_client(read, stdin),
+        };
+        Ok((transport, stderr))
+    }
+
+    pub(crate) fn id(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+}
+
+impl Transport<RoleClient> for ChildTransport {
+    type Error = io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+        self.inner.receive()
+    }
+
+    /// The MCP stdio shutdown: close the server's stdin, wait, SIGTERM, wait, kill.
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.inner.close().await?;
+        let Some(child) = self.child.as_mut() else {
+            return Ok(());
+        };
+        if let Ok(status) = tokio::time::timeout(EXIT_WAIT, child.wait()).await {
+            self.child = None;
+            return status.map(drop);
+        }
+        if child.signal(libc::SIGTERM).is_ok()
+            && let Ok(status) = tokio::time::timeout(EXIT_WAIT, child.wait()).await
+        {
+            self.child = None;
+            return status.map(drop);
+        }
+        let killed = Box::into_pin(child.kill()).await;
+        self.child = None;
+        killed
+    }
+}
+
+impl Drop for ChildTransport {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+}
+
+/// Copies the server's lines to rmcp, replacing each response over a limit with an error for
+/// its request. Ends at the server's end of output or when rmcp stops reading.
+async fn screen_lines(
+    server: Arc<str>,
+    from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    max_line: usize,
+) {
+    let mut from = BufReader::with_capacity(64 * 1024, from);
+    let mut line = Vec::new();
+    let mut scanner = Scanner::default();
+    let mut oversized = false;
+    loop {
+        let (taken, ended) = {
+            let available = match from.fill_buf().await {
+                Ok(available) => available,
+                Err(e) => {
+                    tracing::debug!(%server, error = %e, "reading the MCP server's stdout failed");
+                    break;
+                }
+            };
+            if available.is_empty() {
+                break;
+            }
+            let newline = available.iter().position(|b| *b == b'\n');
+            let piece = &available[..newline.map_or(available.len(), |i| i + 1)];
+            scanner.feed(piece);
+            if !oversized {
+                if line.len() + piece.len() > max_line {
+                    oversized = true;
+                    line = Vec::new();
+                } else {
+                    line.extend_from_slice(piece);
+                }
+            }
+            (piece.len(), newline.is_some())
+        };
+        from.consume(taken);
+        if !ended {
+            continue;
+        }
+        let scanned = std::mem::take(&mut scanner);
+        let pass = if oversized {
+            oversized = false;
+            rejected(
+                &server,
+                &scanned,
+                &format!(
+                    "the server's response was larger than {}, the most codemode reads in one \
+                     message, and was dropped; ask the tool for less (a smaller page, range or \
+                     limit)",
+                    mib(max_line)
+                ),
+            )
+        } else if scanned.deepest() > MAX_DEPTH {
+            rejected(
+                &server,
+                &scanned,
+                &format!(
+                    "the server's response nests JSON {} levels deep, more than the {MAX_DEPTH} \
+                     levels codemode reads (the JSON-RPC envelope included), and was dropped",
+                    scanned.deepest()
+                ),
+            )
+        } else {
+            Some(std::mem::take(&mut line))
+        };
+        line.clear();
+        if let Some(bytes) = pass
+            && to.write_all(&bytes).await.is_err()
+        {
+            break;
+        }
+    }
+}
+
+/// The error line that replaces a rejected response, when it answered a request.
+fn rejected(server: &str, scanned: &Scanner, why: &str) -> Option<Vec<u8>> {
+    let Some(id) = scanned.response_id() else {
+        tracing::warn!(%server, "MCP server message dropped: {why} (it answered no request)");
+        return None;
+    };
+    tracing::warn!(%server, %id, "MCP server response refused: {why}");
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": -32603, "message": why },
+    });
+    let mut bytes = serde_json::to_vec(&error).ok()?;
+    bytes.push(b'\n');
+    Some(bytes)
+}
+
+fn mib(bytes: usize) -> String {
+    if bytes.is_multiple_of(1024 * 1024) {
+        format!("{} MiB", bytes / (1024 * 1024))
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+    use tokio::io::AsyncReadExt;
+
+    async fn screened(input: Vec<u8>, max_line: usize) -> Vec<Value> {
+        let (mut out, into) = tokio::io::duplex(1024);
+        let task = tokio::spawn(screen_lines(
+            "t".into(),
+            std::io::Cursor::new(input),
+            into,
+            max_line,
+        ));
+        let mut text = String::new();
+        out.read_to_string(&mut text).await.unwrap();
+        task.await.unwrap();
+        text.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_oversized_response_becomes_an_error_and_the_next_line_passes() {
+        let big = json!({"jsonrpc": "2.0", "result": {"t": "x".repeat(5000)}, "id": 4});
+        let small = json!({"jsonrpc": "2.0", "id": 5, "result": {}});
+        let input = format!("{big}\n{small}\n").into_bytes();
+        let out = screened(input, 1000).await;
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0]["id"], 4);
+        let message = out[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("larger than 1000 bytes"), "{message}");
+        assert_eq!(out[1], small);
+    }
+
+    #[tokio::test]
+    async fn a_too_deep_response_becomes_an_error() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let input = format!("{{\"jsonrpc\":\"2.0\",\"id\":\"a\",\"result\":{{\"v\":{deep}}}}}\n");
+        let out = screened(input.into_bytes(), MAX_LINE).await;
+        let message = out[0]["error"]["message"].as_str().unwrap();
+        assert_eq!(out[0]["id"], "a");
+        assert!(message.contains("202 levels deep"), "{message}");
+        assert!(message.contains("127"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn an_oversized_notification_is_dropped_without_inventing_a_response() {
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"data": "x".repeat(5000)}, "id": 1});
+        let out = screened(format!("{note}\n").into_bytes(), 1000).await;
+        assert!(out.is_empty());
+    }
+}
