@@ -23,6 +23,10 @@ use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+/// The variable through which a command hook or a stdio MCP server learns the project codemode
+/// works in (they do not start there; see the README's "Where programs start").
+pub const PROJECT_DIR_VAR: &str = "CODEMODE_PROJECT_DIR";
+
 #[derive(Default)]
 struct Names {
     secret: BTreeSet<String>,
