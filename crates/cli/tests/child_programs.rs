@@ -56,7 +56,47 @@ fn executable(path: &Path, text: &str) {
 impl Dirs {
     /// `codemode run` as the user would start it: from inside the project.
     fn run(&self, script: &str, envs: &[(&str, &str)]) -> (Option<i32>, Value, String) {
-        let mut cmd = common::codemode();
+        self.run_with(common::codemode(), script, envs)
+    }
+
+    /// As [`Dirs::run`], as a user without privileges: `nobody` when the tests run as root
+    /// (root, or anything with `CAP_SYS_PTRACE`, may read any process's `/proc` files).
+    fn run_unprivileged(
+        &self,
+        script: &str,
+        envs: &[(&str, &str)],
+    ) -> (Option<i32>, Value, String) {
+        if rustix::process::geteuid().is_root() {
+            for dir in [
+                self.home.path(),
+                &self.config,
+                self.state.path(),
+                &self.project,
+            ] {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            }
+            let mut cmd = Command::new("setpriv");
+            cmd.args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                env!("CARGO_BIN_EXE_codemode"),
+            ])
+            .env("XDG_STATE_HOME", self.state.path());
+            self.run_with(cmd, script, envs)
+        } else {
+            self.run(script, envs)
+        }
+    }
+
+    fn run_with(
+        &self,
+        mut cmd: Command,
+        script: &str,
+        envs: &[(&str, &str)],
+    ) -> (Option<i32>, Value, String) {
         cmd.current_dir(&self.project)
             .env("HOME", self.home.path())
             .env("XDG_CONFIG_HOME", self.home.path().join(".config"))
@@ -213,12 +253,11 @@ fn a_servers_own_cwd_setting_still_decides() {
     );
 }
 
-/// The shell command that reads codemode's own `/proc/<pid>/environ`. As root, without
-/// `CAP_SYS_PTRACE` (dropped with `setpriv`), as a same-user attacker would be.
+/// The shell command that reads its own and codemode's `/proc/<pid>/environ`, and prints its
+/// environment.
 fn read_parent_environ() -> &'static str {
-    "R=''; if [ \"$(id -u)\" = 0 ]; then R='setpriv --bounding-set=-sys_ptrace'; fi; \
-     echo \"self: $($R cat /proc/$$/environ | tr '\\0' '\\n' | grep -c '^HOME=')\"; \
-     echo \"host: $($R cat /proc/$PPID/environ 2>&1 | tr '\\0' '\\n' | grep -c SECRET)\"; \
+    "echo \"self: $(cat /proc/$$/environ | tr '\\0' '\\n' | grep -c '^HOME=')\"; \
+     echo \"host: $(cat /proc/$PPID/environ 2>&1 | tr '\\0' '\\n' | grep -c SECRET)\"; \
      env"
 }
 
@@ -241,7 +280,7 @@ fn bash_sees_no_secret_of_codemode_in_its_environment_or_in_proc() {
         "return (await tools.bash({{ command: {:?} }})).output",
         read_parent_environ()
     );
-    let (code, v, stderr) = d.run(
+    let (code, v, stderr) = d.run_unprivileged(
         &script,
         &[
             ("OPENAI_API_KEY", "sk-SECRET-1"),
@@ -254,12 +293,7 @@ fn bash_sees_no_secret_of_codemode_in_its_environment_or_in_proc() {
     );
     assert_eq!(code, Some(0), "{v} {stderr}");
     let out = v["value"].as_str().unwrap_or_default().to_string();
-    // The attack works where nothing stops it: the shell reads its own /proc environ.
-    assert!(out.contains("self: 1"), "{out}");
-    assert!(
-        out.contains("host: 0"),
-        "the host's /proc environ was read: {out}"
-    );
+    assert!(out.contains("host: 0"), "{out}");
     assert!(!out.contains("SECRET"), "{out}");
     assert!(out.contains("WANTED_TOKEN=passed-on-purpose"), "{out}");
     let path_line = out.lines().find(|l| l.starts_with("PATH=")).unwrap();
@@ -295,4 +329,22 @@ fn a_stdio_server_gets_no_secret_it_was_not_given() {
     // What the user's own `env` setting hands over, it gets.
     assert_eq!(r["GIVEN"], "sk-SECRET-1", "{v}");
     assert_eq!(r["CODEMODE_PROJECT_DIR"], d.project.display().to_string());
+}
+
+#[test]
+fn a_same_user_child_cannot_read_codemodes_environment_through_proc() {
+    let (d, _keep) = dirs();
+    let script = format!(
+        "return (await tools.bash({{ command: {:?} }})).output",
+        read_parent_environ()
+    );
+    let (code, v, stderr) = d.run_unprivileged(&script, &[("OPENAI_API_KEY", "sk-SECRET-1")]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default().to_string();
+    // The same read works where nothing stops it: the shell's own environment.
+    assert!(out.contains("self: 1"), "{out}");
+    assert!(
+        out.contains("host: 0"),
+        "the host's /proc/<pid>/environ was read: {out}"
+    );
 }
