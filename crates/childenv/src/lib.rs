@@ -115,14 +115,6 @@ pub fn vars() -> Vec<(OsString, OsString)> {
         .collect()
 }
 
-/// The names [`vars`] leaves out of the current environment, for messages and `doctor`.
-pub fn withheld_names() -> Vec<String> {
-    std::env::vars_os()
-        .filter_map(|(k, _)| k.into_string().ok())
-        .filter(|k| is_withheld(k))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
