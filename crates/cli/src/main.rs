@@ -105,8 +105,25 @@ pub struct SetupArgs {
 pub(crate) static TRACES: std::sync::OnceLock<codemode_telemetry::TraceSwitch> =
     std::sync::OnceLock::new();
 
+/// Keeps programs of the same user out of this process: no `/proc/<pid>/environ` or `mem`
+/// reads, no ptrace, no core dump. `bash` and command hooks run as the user, and this process
+/// holds provider keys and the serve token in its environment and memory. What it starts is
+/// dumpable again after `exec` (the sandbox workers, hooks, servers), which is what lets them
+/// be started at all.
+fn refuse_same_user_inspection() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+    {
+        eprintln!(
+            "codemode: warning: could not make this process non-dumpable ({e}); programs it starts may read its environment from /proc"
+        );
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    refuse_same_user_inspection();
     // Log lines to stderr as CODEMODE_LOG says; call spans go to OTLP once `serve` reads the
     // telemetry settings. Colour codes only for a person at a terminal, never in a log file.
     let traces = codemode_telemetry::install(

@@ -126,6 +126,17 @@ impl Configuration {
                 }
             };
 
+        // The programs codemode starts get its environment without these (see codemode_childenv).
+        if let Some(models) = &models {
+            codemode_childenv::add_secret_names(models.providers.iter().filter_map(
+                |p| match &p.key {
+                    crate::models::KeySpec::Env(var) => Some(var.clone()),
+                    _ => None,
+                },
+            ));
+        }
+        codemode_childenv::add_passed_names(settings.pass_env.iter().cloned());
+
         problems.into_result(Configuration {
             settings,
             mcp,

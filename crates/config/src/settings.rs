@@ -196,6 +196,11 @@ pub struct HookCommand {
     /// Seconds; 60 when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<u64>,
+    /// Where the command starts, set when the files are merged (never written in a file): the
+    /// directory of your settings file for your hooks, the project for a trusted project's. A
+    /// project never chooses the program one of your hooks runs.
+    #[serde(skip)]
+    pub start_dir: Option<PathBuf>,
 }
 
 /// A rule for a tool name or glob pattern (`mcp__github__*`).
@@ -230,6 +235,16 @@ pub struct AuditSettings {
     pub path: Option<PathBuf>,
 }
 
+/// The `environment` object: what the programs codemode starts (`bash`, command hooks, stdio
+/// MCP servers) inherit. They get codemode's environment without its secrets (see
+/// `codemode_childenv`); `pass` names variables they get anyway.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentSettings {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass: Vec<String>,
+}
+
 /// One settings file as written.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SettingsFile {
@@ -246,9 +261,10 @@ pub struct SettingsFile {
     pub approvals: crate::durable::ApprovalSettings,
     pub cells: crate::durable::CellSettings,
     pub telemetry: TelemetrySettings,
+    pub environment: EnvironmentSettings,
 }
 
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "limits",
     "mode",
     "budgets",
@@ -261,6 +277,7 @@ const SECTIONS: [&str; 12] = [
     "approvals",
     "cells",
     "telemetry",
+    "environment",
 ];
 
 impl SettingsFile {
@@ -302,6 +319,7 @@ impl SettingsFile {
                 "approvals" => section(file, key, v, &mut problems, &mut s.approvals),
                 "cells" => section(file, key, v, &mut problems, &mut s.cells),
                 "telemetry" => section(file, key, v, &mut problems, &mut s.telemetry),
+                "environment" => section(file, key, v, &mut problems, &mut s.environment),
                 other => problems.push(Problem::new(
                     file,
                     other,
@@ -577,6 +595,9 @@ pub struct Settings {
     pub audit_stream: Option<String>,
     /// Yours only: a project cannot send your calls' traces elsewhere.
     pub telemetry: TelemetrySettings,
+    /// Variables the programs codemode starts get although they look like secrets: yours, and a
+    /// trusted project's.
+    pub pass_env: Vec<String>,
 }
 
 /// Where each file is, for the merge.
@@ -684,19 +705,28 @@ impl Settings {
             .unwrap_or_default()
         };
 
-        let mut hooks = u.hooks.clone();
+        // Your hooks start in your configuration directory, so `./check.sh` is yours; a
+        // trusted project's start in the project.
+        let mut hooks = started_in(&u.hooks, user_file.parent());
         if !p.hooks.is_empty()
             && n.only_if_trusted(
                 "hooks",
                 "hooks run commands, which only you or a trusted project may add",
             )
         {
-            hooks
-                .pre_tool_use
-                .extend(p.hooks.pre_tool_use.iter().cloned());
-            hooks
-                .post_tool_use
-                .extend(p.hooks.post_tool_use.iter().cloned());
+            let project_dir = project_file.parent().and_then(Path::parent);
+            let theirs = started_in(&p.hooks, project_dir);
+            hooks.pre_tool_use.extend(theirs.pre_tool_use);
+            hooks.post_tool_use.extend(theirs.post_tool_use);
+        }
+        let mut pass_env = u.environment.pass.clone();
+        if !p.environment.pass.is_empty()
+            && n.only_if_trusted(
+                "environment.pass",
+                "it would hand your secrets to the programs codemode starts",
+            )
+        {
+            pass_env.extend(p.environment.pass.iter().cloned());
         }
 
         let models = ModelRules {
@@ -749,7 +779,31 @@ impl Settings {
             state_url,
             audit_stream,
             telemetry,
+            pass_env,
         }
+    }
+}
+
+/// `hooks` with every command starting in `dir`.
+fn started_in(hooks: &HookSettings, dir: Option<&Path>) -> HookSettings {
+    let list = |l: &[HookMatcher]| {
+        l.iter()
+            .map(|m| HookMatcher {
+                matcher: m.matcher.clone(),
+                hooks: m
+                    .hooks
+                    .iter()
+                    .map(|c| HookCommand {
+                        start_dir: dir.and_then(|d| std::path::absolute(d).ok()),
+                        ..c.clone()
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    HookSettings {
+        pre_tool_use: list(&hooks.pre_tool_use),
+        post_tool_use: list(&hooks.post_tool_use),
     }
 }
 

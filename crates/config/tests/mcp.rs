@@ -570,3 +570,44 @@ fn debug_output_never_shows_secret_values() {
         "{text}"
     );
 }
+
+#[test]
+fn servers_start_in_the_directory_of_the_file_that_defines_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = dir.path().join("config/mcp.json");
+    let project = dir.path().join("project/.codemode/mcp.json");
+    std::fs::create_dir_all(user.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(project.parent().unwrap()).unwrap();
+    std::fs::write(
+        &user,
+        r#"{"mcpServers": {"fs": {"command": "npx", "args": ["-y", "x"]}}}"#,
+    )
+    .unwrap();
+    // An untrusted project cannot move your server (its `cwd` is ignored) nor add one.
+    std::fs::write(
+        &project,
+        r#"{"mcpServers": {"fs": {"command": "npx", "cwd": "."}, "theirs": {"command": "./evil"}}}"#,
+    )
+    .unwrap();
+    let project_dir = dir.path().join("project");
+    let (c, w) = McpConfig::load(Some(&user), Some(&project), false).unwrap();
+    assert!(!w.is_empty());
+    assert_eq!(c.servers().len(), 1);
+    let fs = c.server("fs").unwrap();
+    assert_eq!(
+        fs.start_dir.as_deref(),
+        Some(dir.path().join("config").as_path())
+    );
+    assert_eq!(fs.project_dir.as_deref(), Some(project_dir.as_path()));
+    assert!(matches!(
+        &fs.transport,
+        ServerTransport::Stdio { cwd: None, .. }
+    ));
+
+    let (c, _) = McpConfig::load(Some(&user), Some(&project), true).unwrap();
+    assert_eq!(
+        c.server("theirs").unwrap().start_dir.as_deref(),
+        Some(project_dir.as_path()),
+        "a trusted project's server starts in the project"
+    );
+}

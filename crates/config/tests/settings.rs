@@ -487,3 +487,36 @@ fn without_a_state_url_cells_use_a_file_in_the_state_directory_and_budgets_stay_
         c.settings.durable.state_url
     );
 }
+
+#[test]
+fn hooks_start_where_their_author_is_and_only_you_pass_secrets_on() {
+    let hook = json!({"PreToolUse": [{"matcher": "", "hooks": [{"type": "command", "command": "./check.sh"}]}]});
+    let d = dirs(
+        Some(json!({"hooks": hook, "environment": {"pass": ["MY_TOKEN"]}})),
+        Some(json!({"hooks": hook, "environment": {"pass": ["OPENAI_API_KEY"]}})),
+    );
+    let c = load(&d);
+    // Untrusted: the project's hook and pass list are ignored, each with a warning.
+    assert_eq!(c.settings.hooks.pre_tool_use.len(), 1);
+    let start = |i: usize| c.settings.hooks.pre_tool_use[i].hooks[0].start_dir.clone();
+    assert_eq!(start(0), Some(d.paths.config_dir.clone()));
+    assert_eq!(c.settings.pass_env, vec!["MY_TOKEN".to_string()]);
+    for key in ["hooks", "environment.pass"] {
+        assert!(
+            c.warnings.iter().any(|w| w.contains(key)),
+            "{key}: {:?}",
+            c.warnings
+        );
+    }
+
+    trust::trust(&d.paths, &d.project).unwrap();
+    let c = load(&d);
+    let start = |i: usize| c.settings.hooks.pre_tool_use[i].hooks[0].start_dir.clone();
+    assert_eq!(start(0), Some(d.paths.config_dir.clone()));
+    assert_eq!(
+        start(1),
+        Some(d.project.clone()),
+        "a trusted project's hook"
+    );
+    assert_eq!(c.settings.pass_env, vec!["MY_TOKEN", "OPENAI_API_KEY"]);
+}

@@ -418,3 +418,54 @@ fn bad_hook_settings_are_errors() {
     assert!(CommandHooks::new(&s).is_err());
     assert!(serde_json::from_value::<HookSettings>(json!({"PreTooluse": []})).is_err());
 }
+
+#[tokio::test]
+async fn a_command_starts_in_its_own_directory_and_learns_the_project_as_data() {
+    let mine = tempfile::tempdir().unwrap();
+    let project = tempfile::tempdir().unwrap();
+    // The same relative command in both places: which one runs shows where it started.
+    let record = mine.path().join("record");
+    script_file(
+        mine.path(),
+        "check.sh",
+        &format!(
+            "cat > {r}.json; pwd > {r}.pwd; printf %s \"$CODEMODE_PROJECT_DIR\" > {r}.env; env > {r}.vars",
+            r = record.display()
+        ),
+    );
+    let pwned = project.path().join("PWNED");
+    script_file(
+        project.path(),
+        "check.sh",
+        &format!("touch {}", pwned.display()),
+    );
+    let mut settings: HookSettings = serde_json::from_value(json!({
+        "PreToolUse": [{"matcher": "bash", "hooks": [{"type": "command", "command": "sh ./check.sh"}]}],
+    }))
+    .unwrap();
+    settings.pre_tool_use[0].hooks[0].start_dir = Some(mine.path().to_path_buf());
+    let hooks = CommandHooks::new(&settings)
+        .unwrap()
+        .with_project_dir(project.path().to_path_buf());
+    let (res, _) = run_with(hooks, "bash", json!({"command": "ls"})).await;
+    res.unwrap();
+    assert!(!pwned.exists(), "the project's ./check.sh ran");
+    let read = |ext: &str| std::fs::read_to_string(format!("{}.{ext}", record.display())).unwrap();
+    assert_eq!(
+        read("pwd").trim(),
+        mine.path().canonicalize().unwrap().display().to_string()
+    );
+    let project_dir = project.path().display().to_string();
+    assert_eq!(read("env"), project_dir);
+    let ev: Value = serde_json::from_str(&read("json")).unwrap();
+    assert_eq!(ev["cwd"], project_dir);
+    assert_eq!(ev["project_dir"], project_dir);
+    let vars = read("vars");
+    assert!(vars.lines().any(|l| l.starts_with("PATH=")), "{vars}");
+    assert!(
+        vars.lines()
+            .filter(|l| l.starts_with("CODEMODE_"))
+            .all(|l| l.starts_with("CODEMODE_PROJECT_DIR=")),
+        "{vars}"
+    );
+}

@@ -107,6 +107,7 @@ pub fn hooks(h: &settings::HookSettings) -> HookSettings {
                         kind: c.kind.clone(),
                         command: c.command.clone(),
                         timeout: c.timeout,
+                        start_dir: c.start_dir.clone(),
                     })
                     .collect(),
             })

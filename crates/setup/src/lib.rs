@@ -262,8 +262,8 @@ impl InstallationBuilder {
             .mode(settings.mode.unwrap_or_default())
             .max_depth(convert::max_depth(&settings.limits));
         if !settings.hooks.is_empty() {
-            let hooks =
-                CommandHooks::new(&convert::hooks(&settings.hooks))?.with_cwd(workdir.clone());
+            let hooks = CommandHooks::new(&convert::hooks(&settings.hooks))?
+                .with_project_dir(workdir.clone());
             gate = gate.command_hooks(hooks);
         }
         for hook in self.hooks {

@@ -158,6 +158,10 @@ async fn run(
             .arg("-c")
             .arg(&args.command)
             .current_dir(&ctx.workdir)
+            // codemode's environment without its secrets (provider keys, the serve token):
+            // a script can print whatever bash sees.
+            .env_clear()
+            .envs(codemode_childenv::vars())
             .stdin(Stdio::null())
             .stdout(Stdio::from(writer))
             .stderr(Stdio::from(writer_err))

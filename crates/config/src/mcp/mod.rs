@@ -165,6 +165,15 @@ pub struct ServerConfig {
     pub description: Option<String>,
     /// The file (or label) that defined the server.
     pub source: String,
+    /// Where a stdio server starts, and what a relative `cwd` is relative to: the directory of
+    /// the file that defined it (your `mcp.json`'s), or the project for a trusted project's
+    /// server. Never an untrusted project, which would otherwise choose the program (`npx`
+    /// prefers a `node_modules/.bin` it finds from there upward). `None` for configuration
+    /// handed over by an embedding program: the process's current directory.
+    pub start_dir: Option<PathBuf>,
+    /// The project codemode works in: `$CODEMODE_PROJECT_DIR` for the server, and
+    /// `${CODEMODE_PROJECT_DIR}` in its settings.
+    pub project_dir: Option<PathBuf>,
 }
 
 impl ServerConfig {
@@ -228,13 +237,22 @@ impl McpConfig {
         if let Some((v, source)) = user {
             let parsed = parse::parse_file(&v, &source, false)?;
             config.apply_user(parsed, &source, &mut problems);
+            config.start_new_servers_in(user_file.and_then(Path::parent));
         }
+        // `<project>/.codemode/mcp.json`
+        let project_dir = project_file.and_then(Path::parent).and_then(Path::parent);
         if let Some((v, source)) = project {
             let parsed = parse::parse_file(&v, &source, true)?;
             if project_trusted {
                 config.apply_trusted_project(parsed, &source, &mut problems);
+                config.start_new_servers_in(project_dir);
             } else {
                 warnings.extend(config.apply_untrusted_project(parsed, &source, &mut problems));
+            }
+        }
+        if let Some(dir) = project_dir {
+            for s in &mut config.servers {
+                s.project_dir = Some(dir.to_path_buf());
             }
         }
         let mut all: Vec<String> = problems.iter().map(Problem::to_string).collect();
@@ -253,6 +271,15 @@ impl McpConfig {
             Ok(config)
         } else {
             Err(ConfigError { problems })
+        }
+    }
+
+    /// Servers added since the last call start in `dir`.
+    fn start_new_servers_in(&mut self, dir: Option<&Path>) {
+        // A relative file name (`--mcp-config mcp.json`) is relative to where codemode started.
+        let dir = dir.and_then(|d| std::path::absolute(d).ok());
+        for s in self.servers.iter_mut().filter(|s| s.start_dir.is_none()) {
+            s.start_dir = dir.clone();
         }
     }
 

@@ -331,6 +331,8 @@ fn parse_entry(
             connect_timeout,
             description: opt_str(obj, "description")?,
             source: source.to_string(),
+            start_dir: None,
+            project_dir: None,
         }),
         written,
         other_keys,

@@ -9,6 +9,14 @@
 //! object with no decision, a timeout. A broken or misread guard must not become an open door.
 //! A hook's processes form a group that is killed when the hook ends, times out, or its call is
 //! cancelled.
+//!
+//! Where a command starts is part of what it runs: `./check.sh`, and `npx` looking for a local
+//! install, find their program in the starting directory. So each command starts in its own
+//! [`HookCommand::start_dir`], which the configuration sets to a directory the command's author
+//! controls (your configuration directory for your hooks), never the project a hook guards
+//! unless that project is trusted. The project comes to the hook as data instead: `cwd` and
+//! `project_dir` in its input and `$CODEMODE_PROJECT_DIR`. Its environment is codemode's own
+//! without secrets (`codemode_childenv`).
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -60,6 +68,11 @@ pub struct HookCommand {
     /// Seconds; 60 when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<u64>,
+    /// Where the command starts: a directory whoever wrote the command controls. Not read from
+    /// JSON: the configuration sets it from the file the hook came from. `None` starts it in the
+    /// process's current directory.
+    #[serde(skip)]
+    pub start_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,7 +92,7 @@ struct Compiled {
 pub struct CommandHooks {
     pre: Vec<Compiled>,
     post: Vec<Compiled>,
-    cwd: Option<PathBuf>,
+    project_dir: Option<PathBuf>,
 }
 
 impl CommandHooks {
@@ -87,13 +100,14 @@ impl CommandHooks {
         Ok(CommandHooks {
             pre: compile(&settings.pre_tool_use)?,
             post: compile(&settings.post_tool_use)?,
-            cwd: None,
+            project_dir: None,
         })
     }
 
-    /// Directory the commands run in (the project), instead of the current one.
-    pub fn with_cwd(mut self, dir: PathBuf) -> Self {
-        self.cwd = Some(dir);
+    /// The project the gate guards, told to every command (`cwd` and `project_dir` in its input,
+    /// `$CODEMODE_PROJECT_DIR`). Commands do not start there unless their `start_dir` says so.
+    pub fn with_project_dir(mut self, dir: PathBuf) -> Self {
+        self.project_dir = Some(dir);
         self
     }
 
@@ -131,7 +145,12 @@ fn compile(list: &[HookMatcher]) -> Result<Vec<Compiled>, HookConfigError> {
         .collect()
 }
 
-fn event_json(name: &str, ev: &HookEvent, response: Option<&ToolOutput>) -> Value {
+fn event_json(
+    name: &str,
+    ev: &HookEvent,
+    response: Option<&ToolOutput>,
+    project_dir: Option<&PathBuf>,
+) -> Value {
     let mut v = json!({
         "hook_event_name": name,
         "tool_name": ev.tool_name,
@@ -141,6 +160,11 @@ fn event_json(name: &str, ev: &HookEvent, response: Option<&ToolOutput>) -> Valu
         "model": ev.model,
         "provenance": ev.provenance,
     });
+    if let Some(dir) = project_dir {
+        let dir = Value::String(dir.display().to_string());
+        v["cwd"] = dir.clone();
+        v["project_dir"] = dir;
+    }
     if let Some(out) = response {
         v["tool_response"] = out.value.clone();
         v["tool_response_is_error"] = Value::Bool(out.is_error);
@@ -174,19 +198,27 @@ impl Drop for GroupGuard {
     }
 }
 
-async fn run(cmd: &HookCommand, cwd: Option<&PathBuf>, input: &Value) -> Outcome {
+/// The variable that names the project to a hook.
+pub use codemode_childenv::PROJECT_DIR_VAR as PROJECT_DIR_ENV;
+
+async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) -> Outcome {
     let secs = cmd.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
     let mut command = tokio::process::Command::new("sh");
     command
         .arg("-c")
         .arg(&cmd.command)
+        .env_clear()
+        .envs(codemode_childenv::vars())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // Its own process group, so everything the hook started can be killed with it.
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(dir) = cwd {
+    if let Some(dir) = project_dir {
+        command.env(PROJECT_DIR_ENV, dir);
+    }
+    if let Some(dir) = &cmd.start_dir {
         command.current_dir(dir);
     }
     let mut child = match command.spawn() {
@@ -382,8 +414,8 @@ impl Hook for CommandHooks {
             let mut ev = ev.clone();
             let mut rewritten = None;
             for cmd in Self::matching(&self.pre, &ev.tool_name) {
-                let input = event_json("PreToolUse", &ev, None);
-                let decision = match run(cmd, self.cwd.as_ref(), &input).await {
+                let input = event_json("PreToolUse", &ev, None, self.project_dir.as_ref());
+                let decision = match run(cmd, self.project_dir.as_ref(), &input).await {
                     Outcome::Ok(stdout) => before_decision(&stdout)
                         .unwrap_or_else(|e| HookDecision::Deny(failed(cmd, &e))),
                     Outcome::Block(reason) => HookDecision::Deny(reason),
@@ -413,8 +445,13 @@ impl Hook for CommandHooks {
         Box::pin(async move {
             let mut current: Option<ToolOutput> = None;
             for cmd in Self::matching(&self.post, &ev.tool_name) {
-                let input = event_json("PostToolUse", ev, Some(current.as_ref().unwrap_or(out)));
-                let decision = match run(cmd, self.cwd.as_ref(), &input).await {
+                let input = event_json(
+                    "PostToolUse",
+                    ev,
+                    Some(current.as_ref().unwrap_or(out)),
+                    self.project_dir.as_ref(),
+                );
+                let decision = match run(cmd, self.project_dir.as_ref(), &input).await {
                     Outcome::Ok(stdout) => after_decision(&stdout)
                         .unwrap_or_else(|e| AfterDecision::Block(failed(cmd, &e))),
                     Outcome::Block(reason) => AfterDecision::Block(blocked_by(cmd, &reason)),

@@ -5,7 +5,9 @@ mod command;
 use codemode_spec::{BoxFuture, CallKind, ModelFacts, Provenance, ScriptFacts, ToolOutput};
 use serde_json::Value;
 
-pub use command::{CommandHooks, HookCommand, HookConfigError, HookMatcher, HookSettings};
+pub use command::{
+    CommandHooks, HookCommand, HookConfigError, HookMatcher, HookSettings, PROJECT_DIR_ENV,
+};
 
 /// What a hook sees about one call.
 #[derive(Debug, Clone)]

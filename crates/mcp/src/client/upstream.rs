@@ -1,10 +1,12 @@
 //! One upstream MCP server: connecting, reconnecting, listing tools and calling them.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use codemode_childenv::PROJECT_DIR_VAR as PROJECT_DIR_ENV;
 use codemode_spec::ToolError;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
@@ -279,10 +281,16 @@ impl Upstream {
             progress: self.progress.clone(),
         };
         let mut group = None;
+        let project_dir = self.config.project_dir.as_deref();
         let transport = self
             .config
             .transport
-            .expanded(&|v| std::env::var(v).ok())
+            .expanded(&|v| {
+                if v == PROJECT_DIR_ENV {
+                    return project_dir.map(|d| d.display().to_string());
+                }
+                std::env::var(v).ok()
+            })
             .map_err(|e| format!("{e} (in {})", self.config.source))?;
         let service = match &transport {
             ServerTransport::Stdio {
@@ -293,9 +301,23 @@ impl Upstream {
             } => {
                 let mut cmd = tokio::process::Command::new(command);
                 cmd.args(args).kill_on_drop(true);
+                // codemode's environment without its secrets; what the server needs of them,
+                // its `env` names.
+                cmd.env_clear().envs(codemode_childenv::vars());
+                if let Some(dir) = project_dir {
+                    cmd.env(PROJECT_DIR_ENV, dir);
+                }
                 cmd.envs(env);
-                if let Some(cwd) = cwd {
-                    cmd.current_dir(cwd);
+                // Where it starts decides which program `npx` or `./server` runs, so never a
+                // directory an untrusted project controls unless the server's own `cwd` says so.
+                let start = self.config.start_dir.as_deref();
+                let dir = match (cwd, start) {
+                    (Some(cwd), Some(start)) => Some(start.join(cwd)),
+                    (Some(cwd), None) => Some(cwd.clone()),
+                    (None, start) => start.map(Path::to_path_buf),
+                };
+                if let Some(dir) = dir {
+                    cmd.current_dir(dir);
                 }
                 // Its own process group, so that stopping the server also stops whatever it
                 // started (`npx` runs the real server as a grandchild).
