@@ -11,7 +11,7 @@ use codemode_gate::ProtectedPath;
 use codemode_state::StateUrl;
 
 /// Every path to protect for `config`, read from `sources`, with hooks and servers resolving
-/// relative programs against `workdir` (where they start).
+/// relative programs against the directory each starts in (`workdir` when none is recorded).
 pub(crate) fn configuration_paths(
     config: &Configuration,
     sources: &Sources,
@@ -57,19 +57,27 @@ pub(crate) fn configuration_paths(
         .chain(&hooks.post_tool_use)
         .flat_map(|m| &m.hooks)
     {
-        for file in files_named(hook.command.split_whitespace(), workdir) {
+        let start = hook.start_dir.as_deref().unwrap_or(workdir);
+        for file in files_named(hook.command.split_whitespace(), start) {
             out.push(ProtectedPath::new(file, "a program a hook runs"));
         }
     }
-    let lookup = |name: &str| std::env::var(name).ok();
     for server in config.mcp.servers() {
+        let project = server.project_dir.as_deref().unwrap_or(workdir);
+        let lookup = |name: &str| match name {
+            codemode_childenv::PROJECT_DIR_VAR => Some(project.display().to_string()),
+            _ => std::env::var(name).ok(),
+        };
         let Ok(ServerTransport::Stdio {
             command, args, cwd, ..
         }) = server.transport.expanded(&lookup)
         else {
             continue;
         };
-        let base = cwd.unwrap_or_else(|| workdir.to_path_buf());
+        // Where the server starts (as the MCP client decides it), which relative names are
+        // relative to.
+        let start = server.start_dir.as_deref().unwrap_or(workdir);
+        let base = cwd.map_or_else(|| start.to_path_buf(), |c| start.join(c));
         let words = std::iter::once(command.as_str()).chain(args.iter().map(String::as_str));
         for file in files_named(words, &base) {
             out.push(ProtectedPath::new(
