@@ -84,6 +84,9 @@ struct Entry {
     last_used_ms: i64,
     last_report_ms: i64,
     expires_at_ms: i64,
+    /// Until then, calls on this ledger are reserved on their own (it was too near its limit
+    /// to lease), in parallel rather than one take statement at a time.
+    per_call_until_ms: i64,
 }
 
 impl Entry {
@@ -94,8 +97,9 @@ impl Entry {
             .saturating_sub(self.spent.get(c))
     }
 
-    fn is_idle_and_empty(&self) -> bool {
-        self.lease_id.is_none()
+    fn is_idle_and_empty(&self, now: i64) -> bool {
+        self.per_call_until_ms <= now
+            && self.lease_id.is_none()
             && self.in_flight == Amounts::default()
             && self.spent == Amounts::default()
     }
@@ -174,8 +178,17 @@ impl Leases {
 
     /// Whether leases can serve this request: every limit is on calls or model calls (the
     /// others are known only after a call ran), and each such limit counts this call.
-    pub(crate) fn eligible(&self, req: &ReserveRequest) -> bool {
-        self.opts.divisor > 0
+    pub(crate) fn eligible(&self, req: &ReserveRequest, now: i64) -> bool {
+        let per_call = {
+            let st = lock(&self.state);
+            req.ledgers.iter().any(|(k, _)| {
+                st.entries
+                    .get(&k.encode())
+                    .is_some_and(|e| e.per_call_until_ms > now)
+            })
+        };
+        !per_call
+            && self.opts.divisor > 0
             && req.ledgers.iter().all(|(_, l)| {
                 l.tokens.is_none()
                     && l.cost_micro_usd.is_none()
@@ -423,6 +436,14 @@ impl Leases {
                 other => return Err(backend(format!("a lease statement returned `{other}`"))),
             }
         }
+        if !matches!(taken, Taken::Leased) {
+            let until = now.saturating_add(ms(self.opts.report_every));
+            for k in &keys {
+                if let Some(e) = st.entries.get_mut(k) {
+                    e.per_call_until_ms = until;
+                }
+            }
+        }
         let held = matches!(taken, Taken::Held).then(|| Reservation {
             id: hold_id.to_string(),
             ledgers: req.ledgers.clone(),
@@ -459,7 +480,7 @@ impl Leases {
                 .filter(|(k, e)| match only {
                     Some(only) => only.contains(k),
                     None => {
-                        !e.is_idle_and_empty()
+                        !e.is_idle_and_empty(now)
                             && (due == Due::ReturnAll
                                 || now - e.last_used_ms >= idle_ms
                                 || now - e.last_report_ms >= every_ms
@@ -492,7 +513,7 @@ impl Leases {
             }
             // Entries with nothing held, in flight or to report are forgotten.
             st.entries
-                .retain(|k, e| keys.contains(k) || !e.is_idle_and_empty());
+                .retain(|k, e| keys.contains(k) || !e.is_idle_and_empty(now));
         }
         if keys.is_empty() {
             return Ok(Vec::new());
@@ -547,7 +568,7 @@ impl Leases {
             }
             used.push((key, u));
         }
-        st.entries.retain(|_, e| !e.is_idle_and_empty());
+        st.entries.retain(|_, e| !e.is_idle_and_empty(now));
         Ok(used)
     }
 

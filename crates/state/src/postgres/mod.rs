@@ -870,7 +870,7 @@ impl StateStore for PostgresStore {
             request.validate()?;
             let now = self.clock.now_ms();
             if let Some(leases) = &self.leases
-                && leases.eligible(&request)
+                && leases.eligible(&request, now)
             {
                 if let Some(out) = self.reserve_leased(leases, &request, now).await? {
                     return Ok(out);
