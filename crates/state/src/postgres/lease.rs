@@ -110,15 +110,18 @@ struct State {
     entries: HashMap<String, Entry>,
     /// Reservations granted from leases and not yet settled or released.
     holds: HashSet<String>,
+    /// Ledgers a lease statement is under way for (see [`Leases::claim`]).
+    busy: HashSet<String>,
 }
 
 pub(crate) struct Leases {
     pub(crate) owner: String,
     opts: LeaseOptions,
     state: Mutex<State>,
-    /// One lease statement at a time per store: each sends absolute amounts computed from
-    /// this store's memory, so two at once could undo each other.
-    statements: tokio::sync::Mutex<()>,
+    /// Wakes those waiting for a ledger's lease statement to end. One statement at a time
+    /// per ledger: each sends absolute amounts computed from this store's memory, so two at
+    /// once on one ledger could undo each other; statements on other ledgers go on meanwhile.
+    freed: tokio::sync::Notify,
     generations: AtomicU64,
 }
 
@@ -162,7 +165,7 @@ impl Leases {
             owner: uuid::Uuid::new_v4().simple().to_string(),
             opts,
             state: Mutex::new(State::default()),
-            statements: tokio::sync::Mutex::new(()),
+            freed: tokio::sync::Notify::new(),
             generations: AtomicU64::new(1),
         }
     }
@@ -324,7 +327,8 @@ impl Leases {
     pub(crate) fn abandon(&self, keys: &[String]) {
         let mut st = lock(&self.state);
         for k in keys {
-            if let Some(e) = st.entries.get_mut(k) {
+            // Calls on a ledger without a lease held nothing that could be lost.
+            if let Some(e) = st.entries.get_mut(k).filter(|e| e.lease_id.is_some()) {
                 e.generation = self.next_generation();
                 e.lease_id = None;
                 e.held = Amounts::default();
@@ -335,9 +339,10 @@ impl Leases {
 
     /// Records a lease row the database returned.
     fn apply(&self, st: &mut State, key: &str, id: Option<String>, held: Amounts, state: &str) {
-        let Some(e) = st.entries.get_mut(key) else {
-            return;
-        };
+        let e = st.entries.entry(key.to_string()).or_insert_with(|| Entry {
+            generation: self.next_generation(),
+            ..Entry::default()
+        });
         if state == "expired" {
             e.generation = self.next_generation();
             e.in_flight = Amounts::default();
@@ -464,7 +469,17 @@ impl Leases {
         only: Option<&[String]>,
         now: i64,
     ) -> std::result::Result<Vec<(String, Amounts)>, String> {
-        let _one = self.statements.lock().await;
+        let claim = match (due, only) {
+            (_, Some(only)) => self.claim(only).await,
+            (Due::ReturnAll, None) => {
+                let all: Vec<String> = lock(&self.state).entries.keys().cloned().collect();
+                self.claim(&all).await
+            }
+            // The timer skips ledgers a statement is under way for; it comes back soon.
+            (Due::Timer, None) => self.claim_free(),
+        };
+        let explicit = only.is_some();
+        let claimed: HashSet<&String> = claim.keys.iter().collect();
         let mut keys = Vec::new();
         let mut ids = Vec::new();
         let mut spent = Vec::new();
@@ -477,15 +492,15 @@ impl Leases {
             let mut picked: Vec<&String> = st
                 .entries
                 .iter()
-                .filter(|(k, e)| match only {
-                    Some(only) => only.contains(k),
-                    None => {
-                        !e.is_idle_and_empty(now)
-                            && (due == Due::ReturnAll
-                                || now - e.last_used_ms >= idle_ms
-                                || now - e.last_report_ms >= every_ms
-                                || (e.lease_id.is_some() && e.expires_at_ms - now <= half_ms))
-                    }
+                .filter(|(k, e)| {
+                    claimed.contains(k)
+                        && (explicit
+                            || (!e.is_idle_and_empty(now)
+                                && (due == Due::ReturnAll
+                                    || now - e.last_used_ms >= idle_ms
+                                    || now - e.last_report_ms >= every_ms
+                                    || (e.lease_id.is_some()
+                                        && e.expires_at_ms - now <= half_ms))))
                 })
                 .map(|(k, _)| k)
                 .collect();
@@ -512,8 +527,9 @@ impl Leases {
                 e.last_report_ms = now;
             }
             // Entries with nothing held, in flight or to report are forgotten.
+            let reported: HashSet<&String> = keys.iter().collect();
             st.entries
-                .retain(|k, e| keys.contains(k) || !e.is_idle_and_empty(now));
+                .retain(|k, e| reported.contains(k) || st_busy_or_live(&claimed, k, e, now));
         }
         if keys.is_empty() {
             return Ok(Vec::new());
@@ -568,7 +584,8 @@ impl Leases {
             }
             used.push((key, u));
         }
-        st.entries.retain(|_, e| !e.is_idle_and_empty(now));
+        st.entries
+            .retain(|k, e| st_busy_or_live(&claimed, k, e, now));
         Ok(used)
     }
 
@@ -599,10 +616,65 @@ impl Leases {
             .map_err(|_| "a lease statement returned rows of the wrong shape".to_string())
     }
 
-    /// Holds the statement lock (for a take).
-    pub(crate) async fn one_statement(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.statements.lock().await
+    /// Waits until no lease statement is under way on any of `keys`, then marks them busy
+    /// until the returned claim is dropped.
+    pub(crate) async fn claim(&self, keys: &[String]) -> Claim<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut st = lock(&self.state);
+                if keys.iter().all(|k| !st.busy.contains(k)) {
+                    st.busy.extend(keys.iter().cloned());
+                    return Claim {
+                        leases: self,
+                        keys: keys.to_vec(),
+                    };
+                }
+            }
+            freed.await;
+        }
     }
+
+    /// Claims every ledger in memory that no statement is under way for.
+    fn claim_free(&self) -> Claim<'_> {
+        let mut st = lock(&self.state);
+        let free: Vec<String> = st
+            .entries
+            .keys()
+            .filter(|k| !st.busy.contains(*k))
+            .cloned()
+            .collect();
+        st.busy.extend(free.iter().cloned());
+        Claim {
+            leases: self,
+            keys: free,
+        }
+    }
+}
+
+/// Ledgers this task runs a lease statement for; released on drop (also when cancelled).
+pub(crate) struct Claim<'a> {
+    leases: &'a Leases,
+    keys: Vec<String>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut st = lock(&self.leases.state);
+        for k in &self.keys {
+            st.busy.remove(k);
+        }
+        drop(st);
+        self.leases.freed.notify_waiters();
+    }
+}
+
+/// Whether an entry is kept in memory: something is held, in flight or unreported, or another
+/// task runs a statement for it.
+fn st_busy_or_live(claimed: &HashSet<&String>, k: &String, e: &Entry, now: i64) -> bool {
+    !claimed.contains(k) || !e.is_idle_and_empty(now)
 }
 
 /// Overruns of `r`'s ledgers given their used counters after a report.

@@ -484,7 +484,7 @@ impl PostgresStore {
             if let Some(r) = leases.try_grant(request, now) {
                 return Ok(Some(ReserveOutcome::Granted(r)));
             }
-            let one = leases.one_statement().await;
+            let one = leases.claim(&keys).await;
             let now = self.clock.now_ms();
             if let Some(r) = leases.try_grant(request, now) {
                 return Ok(Some(ReserveOutcome::Granted(r)));
