@@ -307,8 +307,7 @@ impl Leases {
                 ..Entry::default()
             });
             snap.ids.push(e.lease_id.clone().unwrap_or_default());
-            snap.new_ids
-                .push(uuid::Uuid::new_v4().simple().to_string());
+            snap.new_ids.push(uuid::Uuid::new_v4().simple().to_string());
             snap.spent.extend(e.spent.to_i64s());
             let keep = if e.lease_id.is_some() {
                 counts(&e.in_flight)
@@ -366,7 +365,10 @@ impl Leases {
         let limits: Vec<i64> = sorted
             .iter()
             .flat_map(|(_, _, l)| {
-                Counter::ALL.map(|c| l.get(c).map_or(-1, |x| i64::try_from(x).unwrap_or(i64::MAX)))
+                Counter::ALL.map(|c| {
+                    l.get(c)
+                        .map_or(-1, |x| i64::try_from(x).unwrap_or(i64::MAX))
+                })
             })
             .collect();
         let amounts = req.amounts.to_i64s().to_vec();
@@ -423,7 +425,11 @@ impl Leases {
                         .iter()
                         .find(|(k, _, _)| *k == key)
                         .map(|(_, k, _)| (*k).clone())
-                        .ok_or_else(|| backend(format!("the refusal names ledger `{key}`, which was not asked for")))?;
+                        .ok_or_else(|| {
+                            backend(format!(
+                                "the refusal names ledger `{key}`, which was not asked for"
+                            ))
+                        })?;
                     let counter = usize::try_from(counter - 1)
                         .ok()
                         .and_then(|i| Counter::ALL.get(i).copied())
@@ -499,8 +505,7 @@ impl Leases {
                                 && (due == Due::ReturnAll
                                     || now - e.last_used_ms >= idle_ms
                                     || now - e.last_report_ms >= every_ms
-                                    || (e.lease_id.is_some()
-                                        && e.expires_at_ms - now <= half_ms))))
+                                    || (e.lease_id.is_some() && e.expires_at_ms - now <= half_ms))))
                 })
                 .map(|(k, _)| k)
                 .collect();
@@ -607,7 +612,10 @@ impl Leases {
             .await
             .map_err(|e| e.to_string())?;
         let rows = client
-            .query(&stmt, &[&self.owner, &keys, &ids, &spent, &held, &now, &now])
+            .query(
+                &stmt,
+                &[&self.owner, &keys, &ids, &spent, &held, &now, &now],
+            )
             .await
             .map_err(|e| e.to_string())?;
         rows.iter()

@@ -466,9 +466,7 @@ impl PostgresStore {
     }
 
     fn own_leases(&self, ticket: &crate::budget::LeaseTicket) -> Option<&lease::Leases> {
-        self.leases
-            .as_deref()
-            .filter(|l| l.owner == ticket.owner)
+        self.leases.as_deref().filter(|l| l.owner == ticket.owner)
     }
 
     /// Grants `request` from this store's leases, taking new ones when they have no room.
@@ -643,7 +641,9 @@ impl StateStore for PostgresStore {
                 .map(|_| ())
                 .map_err(|e| StateError::Unavailable {
                     location: self.location.clone(),
-                    detail: format!("cannot return budget leases (they will expire and count as spent): {e}"),
+                    detail: format!(
+                        "cannot return budget leases (they will expire and count as spent): {e}"
+                    ),
                 })
         })
     }

@@ -3,8 +3,7 @@
 //! SQLite and PostgreSQL; PostgreSQL adds functions that charge budgets in one statement.
 
 /// `(version, SQL)`, in order. Append new migrations; never edit an applied one.
-pub(crate) const MIGRATIONS: &[(i64, &str)] =
-    &[
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("v1.sql")),
     (2, include_str!("v2.sql")),
     (3, include_str!("v3.sql")),

@@ -124,7 +124,10 @@ async fn a_dead_stores_lease_expires_as_spent_and_is_never_granted_twice() {
     for _ in 0..3 {
         held.push(granted(a.reserve(request(&key, limit)).await.unwrap()).expect("granted"));
     }
-    assert!(held.iter().all(|r| r.lease.is_some()), "granted from a lease");
+    assert!(
+        held.iter().all(|r| r.lease.is_some()),
+        "granted from a lease"
+    );
     for r in &held[..2] {
         a.settle(r, calls(1)).await.unwrap();
     }
@@ -208,7 +211,11 @@ async fn at_the_day_boundary_the_old_days_lease_is_returned_when_idle() {
         a.settle(&r, calls(1)).await.unwrap();
     }
     let l = b.get_ledger(&today).await.unwrap();
-    assert_eq!((l.used.calls, l.reserved.calls), (0, 20), "held, not reported yet");
+    assert_eq!(
+        (l.used.calls, l.reserved.calls),
+        (0, 20),
+        "held, not reported yet"
+    );
     // Past midnight, well within the lease's 30 s: it is returned, not expired.
     handle.advance(Duration::from_secs(1));
     let tomorrow = LedgerKey::principal_day("alice", utc_day(before_midnight + 1000));
