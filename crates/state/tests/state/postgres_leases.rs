@@ -234,3 +234,177 @@ async fn at_the_day_boundary_the_old_days_lease_is_returned_when_idle() {
     }
     assert_eq!((l.used.calls, l.reserved.calls), (5, 0));
 }
+
+const CHILD_SCHEMA: &str = "CODEMODE_STATE_LEASE_CHILD_SCHEMA";
+const CHILD_ROLE: &str = "CODEMODE_STATE_LEASE_CHILD_ROLE";
+const BURST_LIMIT: u64 = 500;
+const KILLED_LIMIT: u64 = 1_000;
+
+/// Not a test on its own: a replica process for the tests below (real clock, own pool). Role
+/// `burst`: on "go", fires 1,500 reservations at once on one ledger (limit 500), settles each,
+/// returns its leases, says how many ran. Role `killed`: takes a lease, runs 7 calls on it
+/// (5 settled), says so and waits to be killed.
+#[test]
+#[ignore = "run by the other tests as a separate process"]
+fn lease_child_process() {
+    let (Some(url), Ok(schema), Ok(role)) = (
+        postgres_url(),
+        std::env::var(CHILD_SCHEMA),
+        std::env::var(CHILD_ROLE),
+    ) else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let store = Arc::new(
+            PostgresStore::open(&url, test_postgres_options(&schema), Clock::system())
+                .await
+                .unwrap(),
+        );
+        let key = LedgerKey::session("procs");
+        println!("CHILD: ready");
+        let mut go = String::new();
+        std::io::stdin().read_line(&mut go).unwrap();
+        if role == "killed" {
+            let mut held = Vec::new();
+            for _ in 0..7 {
+                let r = granted(store.reserve(request(&key, KILLED_LIMIT)).await.unwrap());
+                held.push(r.expect("granted"));
+            }
+            assert!(held.iter().all(|r| r.lease.is_some()));
+            for r in &held[..5] {
+                store.settle(r, calls(1)).await.unwrap();
+            }
+            println!("CHILD: leased");
+            std::io::stdin().read_line(&mut go).unwrap();
+            return;
+        }
+        let tasks: Vec<_> = (0..1500)
+            .map(|_| {
+                let (store, key) = (store.clone(), key.clone());
+                tokio::spawn(async move {
+                    let r = granted(store.reserve(request(&key, BURST_LIMIT)).await.unwrap())?;
+                    store.settle(&r, calls(1)).await.unwrap();
+                    Some(())
+                })
+            })
+            .collect();
+        let ran = join_all(tasks)
+            .await
+            .into_iter()
+            .filter(|t| matches!(t, Ok(Some(()))))
+            .count();
+        store.close().await.unwrap();
+        println!("CHILD: ran {ran}");
+    });
+}
+
+fn spawn_children(schema: &str, role: &str, n: usize) -> Vec<(std::process::Child, ChildLines)> {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().unwrap();
+    (0..n)
+        .map(|_| {
+            let mut k = Command::new(&exe)
+                .args([
+                    "--exact",
+                    "postgres_leases::lease_child_process",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_SCHEMA, schema)
+                .env(CHILD_ROLE, role)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let out = BufReader::new(k.stdout.take().unwrap()).lines();
+            (k, out)
+        })
+        .collect()
+}
+
+type ChildLines = std::io::Lines<std::io::BufReader<std::process::ChildStdout>>;
+
+/// The text after `CHILD: what` on the child's stdout.
+fn said(out: &mut ChildLines, what: &str) -> String {
+    let prefix = format!("CHILD: {what}");
+    out.find_map(|l| {
+        let l = l.unwrap();
+        l.find(&prefix).map(|i| l[i + prefix.len()..].trim().to_string())
+    })
+    .unwrap_or_else(|| panic!("a child did not say {what}"))
+}
+
+fn go(kids: &mut [(std::process::Child, ChildLines)]) {
+    use std::io::Write;
+    for (k, _) in kids.iter_mut() {
+        writeln!(k.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+}
+
+/// Two replica processes fire 1,500 reservations each at once against 500 calls: at most 500
+/// run; after they returned their leases and exited, exactly the rest is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_from_two_processes_never_run_more_than_the_budget() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let store = PostgresStore::open(&url, test_postgres_options(&schema), Clock::system())
+        .await
+        .unwrap();
+    let mut kids = spawn_children(&schema, "burst", 2);
+    for (_, out) in &mut kids {
+        said(out, "ready");
+    }
+    go(&mut kids);
+    let mut ran = 0u64;
+    for (_, out) in &mut kids {
+        ran += said(out, "ran").parse::<u64>().unwrap();
+    }
+    for (mut k, _) in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    assert!(ran <= BURST_LIMIT, "{ran} ran against {BURST_LIMIT}");
+    let key = LedgerKey::session("procs");
+    let l = store.get_ledger(&key).await.unwrap();
+    assert_eq!((l.used.calls, l.reserved.calls), (ran, 0));
+    ran += drain(&store, &key, BURST_LIMIT).await;
+    assert_eq!(ran, BURST_LIMIT);
+}
+
+/// A replica process killed (SIGKILL) while holding a lease, 5 of its 7 calls settled and none
+/// reported: until the lease expires nobody else can grant it; then all of it counts as spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_process_lease_counts_as_spent_once_it_expires() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let mut kids = spawn_children(&schema, "killed", 1);
+    said(&mut kids[0].1, "ready");
+    go(&mut kids);
+    said(&mut kids[0].1, "leased");
+    let (mut kid, _) = kids.remove(0);
+    kid.kill().unwrap();
+    kid.wait().unwrap();
+    let key = LedgerKey::session("procs");
+    let lease = KILLED_LIMIT / 16;
+    // A store whose clock is 31 s ahead: the lease (30 s) has run out for it.
+    let (clock, _handle) = Clock::manual(Clock::system().now_ms() + 31_000);
+    let now = PostgresStore::open(&url, test_postgres_options(&schema), Clock::system())
+        .await
+        .unwrap();
+    let l = now.get_ledger(&key).await.unwrap();
+    assert_eq!((l.used.calls, l.reserved.calls), (0, lease), "still held");
+    let later = PostgresStore::open(&url, test_postgres_options(&schema), clock)
+        .await
+        .unwrap();
+    let n = drain(&later, &key, KILLED_LIMIT).await;
+    assert_eq!(n, KILLED_LIMIT - lease);
+    later.close().await.unwrap();
+    let l = later.get_ledger(&key).await.unwrap();
+    assert_eq!((l.used.calls, l.reserved.calls), (KILLED_LIMIT, 0));
+}
