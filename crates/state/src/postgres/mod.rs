@@ -871,10 +871,9 @@ impl StateStore for PostgresStore {
             let now = self.clock.now_ms();
             if let Some(leases) = &self.leases
                 && leases.eligible(&request, now)
+                && let Some(out) = self.reserve_leased(leases, &request, now).await?
             {
-                if let Some(out) = self.reserve_leased(leases, &request, now).await? {
-                    return Ok(out);
-                }
+                return Ok(out);
             }
             let id = uuid::Uuid::new_v4().simple().to_string();
             let keys: Vec<String> = request.sorted().into_iter().map(|(k, _, _)| k).collect();

@@ -336,7 +336,8 @@ fn said(out: &mut ChildLines, what: &str) -> String {
     let prefix = format!("CHILD: {what}");
     out.find_map(|l| {
         let l = l.unwrap();
-        l.find(&prefix).map(|i| l[i + prefix.len()..].trim().to_string())
+        l.find(&prefix)
+            .map(|i| l[i + prefix.len()..].trim().to_string())
     })
     .unwrap_or_else(|| panic!("a child did not say {what}"))
 }
