@@ -57,6 +57,7 @@ async fn drain(store: &PostgresStore, key: &LedgerKey, limit: u64) -> u64 {
     while let Some(r) = granted(store.reserve(request(key, limit)).await.unwrap()) {
         store.settle(&r, calls(1)).await.unwrap();
         n += 1;
+        assert!(n <= limit, "more than the budget of {limit} was granted");
     }
     n
 }
