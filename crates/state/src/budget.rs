@@ -418,7 +418,9 @@ pub struct Overrun {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SettleOutcome {
-    /// Every ledger of the reservation after the charge, in key order.
+    /// Every ledger of the reservation after the charge, in key order; empty for a call
+    /// settled against a PostgreSQL budget lease (charged in memory, reported to the ledger
+    /// within a second; its `overruns` are still exact).
     pub ledgers: Vec<LedgerSnapshot>,
     pub overruns: Vec<Overrun>,
 }
