@@ -4,8 +4,12 @@
 //! calls; and the calls per second of two "replicas" (two gates, two pools) against one, in
 //! one process. For PostgreSQL, also with replicas as separate processes: this example runs
 //! itself again as one, then two, replica processes (each its own gate, pool and runtime),
-//! each making 1,000 parallel calls over 100 principals once all are ready, and reports the
-//! calls per second, and the CPU time the replicas and the PostgreSQL server used.
+//! each making 10 rounds of 1,000 parallel calls over 100 principals once all are ready, and
+//! reports the calls per second, and the CPU time the replicas and the PostgreSQL server used
+//! (per 1,000 calls). PostgreSQL runs twice, interleaved: without budget leases (`pg
+//! per-call`: a reserve and a settle statement per call, as before schema 3) and with them
+//! (`pg leases`, the default: no budget statement per call; what is left per call is the
+//! audit line's durable append).
 //!
 //! ```sh
 //! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
@@ -25,7 +29,8 @@ use codemode_spec::{
     CallFacts, Origin, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec, prepared,
 };
 use codemode_state::{
-    Clock, MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, StateStore,
+    Clock, LeaseOptions, MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore,
+    StateStore,
 };
 use serde_json::{Value, json};
 
@@ -43,6 +48,9 @@ impl Tool for Echo {
 }
 
 const N: usize = 1000;
+/// Rounds of N parallel calls each replica process makes (long enough to average out the
+/// scheduler of a shared machine).
+const ROUNDS: usize = 10;
 
 /// A gate on `store` (or none); each of `principals` people has a daily budget; its audit goes
 /// to `stream` in the store.
@@ -175,17 +183,26 @@ fn server_cpu_ms() -> f64 {
         .sum()
 }
 
-/// The body of a replica process: ready (warmed up), then 1,000 parallel calls on "go".
-async fn replica(url: &str, schema: &str) {
+/// A PostgreSQL store in `schema`, with budget leases or without.
+async fn open_postgres(url: &str, schema: &str, leases: bool) -> PostgresStore {
     let options = PostgresOptions {
         schema: Some(schema.to_string()),
+        budget_leases: leases.then(LeaseOptions::default),
         ..PostgresOptions::default()
     };
-    let store: Arc<dyn StateStore> = Arc::new(
-        PostgresStore::open(url, options, Clock::system())
-            .await
-            .expect("postgres"),
-    );
+    PostgresStore::open(url, options, Clock::system())
+        .await
+        .expect("postgres")
+}
+
+/// Set in a replica process without budget leases.
+const REPLICA_PER_CALL: &str = "CODEMODE_BENCH_REPLICA_PER_CALL";
+
+/// The body of a replica process: ready (warmed up), then rounds of 1,000 parallel calls on
+/// "go".
+async fn replica(url: &str, schema: &str) {
+    let leases = std::env::var(REPLICA_PER_CALL).is_err();
+    let store: Arc<dyn StateStore> = Arc::new(open_postgres(url, schema, leases).await);
     let gate = gate(Some(store), "bench");
     parallel(std::slice::from_ref(&gate), 100).await; // warm up
     println!("READY");
@@ -193,21 +210,28 @@ async fn replica(url: &str, schema: &str) {
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("stdin");
     let cpu = cpu_ms("self");
-    let ms = parallel(std::slice::from_ref(&gate), 100).await;
-    println!("DONE {ms} {}", cpu_ms("self") - cpu);
+    let mut ms = 0.0;
+    for _ in 0..ROUNDS {
+        ms += parallel(std::slice::from_ref(&gate), 100).await;
+    }
+    println!("DONE {ms} {}", (cpu_ms("self") - cpu) / ROUNDS as f64);
     std::io::stdout().flush().expect("stdout");
     // Stay (and keep the connections) until the parent read the server's CPU time.
     let _ = std::io::stdin().read_line(&mut go);
+    gate.flush().await; // gives the budget leases back
 }
 
 /// Runs `n` replica processes at once: calls per second of all together, each replica's CPU
 /// ms, and the server's CPU ms, over the measured calls.
-fn replicas(url: &str, schema: &str, n: usize) -> (f64, Vec<f64>, f64) {
+fn replicas(url: &str, schema: &str, leases: bool, n: usize) -> (f64, Vec<f64>, f64) {
     let exe = std::env::current_exe().expect("this example's path");
     let mut kids: Vec<_> = (0..n)
         .map(|_| {
-            Command::new(&exe)
-                .env("CODEMODE_TEST_POSTGRES_URL", url)
+            let mut c = Command::new(&exe);
+            if !leases {
+                c.env(REPLICA_PER_CALL, "1");
+            }
+            c.env("CODEMODE_TEST_POSTGRES_URL", url)
                 .env(REPLICA_SCHEMA, schema)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -238,19 +262,20 @@ fn replicas(url: &str, schema: &str, n: usize) -> (f64, Vec<f64>, f64) {
         wall = wall.max(f.next().expect("wall"));
         cpu.push(f.next().expect("cpu"));
     }
-    let server = server_cpu_ms() - server;
+    let server = (server_cpu_ms() - server) / (ROUNDS * n) as f64;
     for mut k in kids {
         drop(k.stdin.take());
         k.wait().expect("the replica exits");
     }
-    ((N * n) as f64 / wall * 1e3, cpu, server)
+    ((N * ROUNDS * n) as f64 / wall * 1e3, cpu, server)
 }
 
-fn process_rows(url: &str, schema: &str) {
-    let (one, cpu1, server1) = replicas(url, schema, 1);
-    let (two, cpu2, server2) = replicas(url, schema, 2);
+fn process_rows(url: &str, schema: &str, leases: bool) {
+    let (one, cpu1, server1) = replicas(url, schema, leases, 1);
+    let (two, cpu2, server2) = replicas(url, schema, leases, 2);
     println!(
-        "postgres, replicas as processes, 1,000 parallel calls each over 100 people: 1 replica {one:>6.0}/s (CPU ms: replica {:.0}, server {server1:.0}), 2 replicas {two:>6.0}/s (CPU ms: replicas {:.0} + {:.0}, server {server2:.0}), {:.2}x",
+        "pg {}, replicas as processes, 10 x 1,000 parallel calls each over 100 people (CPU ms per 1,000 calls): 1 replica {one:>6.0}/s (CPU ms: replica {:.0}, server {server1:.0}), 2 replicas {two:>6.0}/s (CPU ms: replicas {:.0} + {:.0}, server {server2:.0}), {:.2}x",
+        if leases { "leases" } else { "per-call" },
         cpu1[0],
         cpu2[0],
         cpu2.get(1).copied().unwrap_or(0.0),
@@ -288,23 +313,19 @@ async fn main() {
 
     match std::env::var("CODEMODE_TEST_POSTGRES_URL") {
         Ok(url) if !url.trim().is_empty() => {
-            let schema = format!("cm_bench_{}", std::process::id());
-            let opts = || PostgresOptions {
-                schema: Some(schema.clone()),
-                ..PostgresOptions::default()
-            };
-            let a: Arc<dyn StateStore> = Arc::new(
-                PostgresStore::open(&url, opts(), Clock::system())
-                    .await
-                    .expect("postgres"),
-            );
-            let b: Arc<dyn StateStore> = Arc::new(
-                PostgresStore::open(&url, opts(), Clock::system())
-                    .await
-                    .expect("postgres"),
-            );
-            row("postgres", Some(a), Some(b), base).await;
-            process_rows(&url, &schema);
+            // Without leases first (every call reserves and settles in the database, as
+            // before schema 3), then with them (the default), each in a schema of its own.
+            for leases in [false, true] {
+                let tag = if leases { "leases" } else { "per-call" };
+                let schema = format!("cm_bench_{}_{}", std::process::id(), u8::from(leases));
+                let a = Arc::new(open_postgres(&url, &schema, leases).await) as Arc<dyn StateStore>;
+                let b = Arc::new(open_postgres(&url, &schema, leases).await) as Arc<dyn StateStore>;
+                row(&format!("pg {tag}"), Some(a), Some(b), base).await;
+            }
+            for leases in [false, true] {
+                let schema = format!("cm_bench_{}_{}", std::process::id(), u8::from(leases));
+                process_rows(&url, &schema, leases);
+            }
         }
         _ => println!("postgres   (left out: CODEMODE_TEST_POSTGRES_URL is not set)"),
     }

@@ -390,13 +390,20 @@ async fn calls_are_refused_when_the_shared_state_cannot_be_written() {
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .unwrap();
-    let e = gate
-        .call(req("echo", json!({}), script("x")))
-        .await
-        .unwrap_err();
+    // The replica holds a budget lease (1/16 of the 100 calls, held for it in the database):
+    // calls it covers may still run, budgeted, until the lease needs the database again.
+    let lease = 100 / 16;
+    let mut e = None;
+    for _ in 0..=lease {
+        if let Err(refused) = gate.call(req("echo", json!({}), script("x"))).await {
+            e = Some(refused);
+            break;
+        }
+    }
+    let e = e.expect("calls beyond the lease were refused");
     assert_eq!(e.stage, Stage::Budget, "{}", e.message);
     assert!(e.message.contains("could not be charged"), "{}", e.message);
-    assert_eq!(ran.runs.load(Ordering::SeqCst), 1);
+    assert!(ran.runs.load(Ordering::SeqCst) <= 1 + lease as usize);
 
     // An audit stream that cannot be written refuses every later call.
     let (gate, _) = streaming(&env.b, "gone");

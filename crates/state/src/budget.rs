@@ -351,6 +351,19 @@ pub struct Reservation {
     /// PostgreSQL uses it to tell a hold lost in a server restart from one already settled.
     #[serde(default)]
     pub reserved_at_ms: i64,
+    /// Set when the call was granted from budget leases the store holds (PostgreSQL): that
+    /// store settles it in its memory and reports the spending with the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseTicket>,
+}
+
+/// Which store's leases a reservation was granted from, and which generation of the lease on
+/// each of its ledgers (in key order): a lease lost or expired since is a new generation, and
+/// the calls granted from the old one were counted as spent when it ran out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTicket {
+    pub owner: String,
+    pub generations: Vec<u64>,
 }
 
 impl Reservation {
@@ -405,7 +418,9 @@ pub struct Overrun {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SettleOutcome {
-    /// Every ledger of the reservation after the charge, in key order.
+    /// Every ledger of the reservation after the charge, in key order; empty for a call
+    /// settled against a PostgreSQL budget lease (charged in memory, reported to the ledger
+    /// within a second; its `overruns` are still exact).
     pub ledgers: Vec<LedgerSnapshot>,
     pub overruns: Vec<Overrun>,
 }

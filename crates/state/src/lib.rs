@@ -62,14 +62,14 @@ pub use approval::{
 };
 pub use audit::{AuditHead, AuditLine, AuditLineFn, AuditRecord};
 pub use budget::{
-    Amounts, BudgetRefusal, Counter, LedgerKey, LedgerScope, LedgerSnapshot, Limits, Overrun,
-    Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,
+    Amounts, BudgetRefusal, Counter, LeaseTicket, LedgerKey, LedgerScope, LedgerSnapshot, Limits,
+    Overrun, Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,
 };
 pub use cell::{CellRecord, CellStatus, CellUpdate, NewCell, ReplayEntry};
 pub use clock::{Clock, ManualClock, format_ms, utc_day};
 pub use error::{Result, StateError};
 pub use memory::MemoryStore;
-pub use postgres::{PostgresOptions, PostgresStore};
+pub use postgres::{LeaseOptions, PostgresOptions, PostgresStore};
 pub use session::{SessionRecord, StoreChange};
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub use store::StateStore;

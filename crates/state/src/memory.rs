@@ -473,6 +473,7 @@ impl StateStore for MemoryStore {
                 amounts: request.amounts,
                 expires_at_ms,
                 reserved_at_ms: crate::clock::Clock::system().now_ms(),
+                lease: None,
             }))
         })();
         ready(r)

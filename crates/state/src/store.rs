@@ -28,6 +28,12 @@ pub trait StateStore: Send + Sync + 'static {
     /// Checks that the database answers (for `/readyz`).
     fn ping(&self) -> BoxFuture<'_, Result<()>>;
 
+    /// Gives back what this store holds for itself before the process ends (PostgreSQL's
+    /// budget leases; without it they expire and count as spent). The store stays usable.
+    fn close(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Subscribes to changes of a cell or an approval; see [`Watch`].
     fn watch(&self, topic: Topic) -> Watch;
 

@@ -339,11 +339,17 @@ impl Gate {
     }
 
     /// Waits for audit lines and settlements that dropped calls left to finish in the
-    /// background (call before the process exits).
+    /// background, then gives back the budget leases the state store holds (call before the
+    /// process exits; leases not given back expire and count as spent).
     pub async fn flush(&self) {
         self.inner.background.close();
         self.inner.background.wait().await;
         self.inner.background.reopen();
+        if let Some(store) = self.state_store()
+            && let Err(e) = store.close().await
+        {
+            tracing::warn!("{e}");
+        }
     }
 
     pub fn registry(&self) -> &Registry {

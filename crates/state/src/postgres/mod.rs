@@ -9,8 +9,11 @@
 //! Connections are plain TCP or a Unix socket: TLS (`sslmode=require`) is not supported yet.
 
 mod audit_writer;
+mod lease;
 mod ops;
 mod pipelined;
+
+pub use lease::LeaseOptions;
 
 use std::time::Duration;
 
@@ -55,6 +58,10 @@ pub struct PostgresOptions {
     /// How many times a batch of audit lines is sent on the head this replica last saw before
     /// it takes the stream head's lock instead (0: always lock first, two round trips a batch).
     pub audit_optimistic_tries: usize,
+    /// Budget leases ([`LeaseOptions`]): calls are charged against part of a ledger this
+    /// store holds, without a statement each. `None`: every call is reserved and settled in
+    /// the database.
+    pub budget_leases: Option<LeaseOptions>,
 }
 
 impl Default for PostgresOptions {
@@ -66,6 +73,7 @@ impl Default for PostgresOptions {
             wait_timeout: Duration::from_secs(30),
             poll_interval: Duration::from_secs(2),
             audit_optimistic_tries: 3,
+            budget_leases: Some(LeaseOptions::default()),
         }
     }
 }
@@ -80,11 +88,18 @@ pub struct PostgresStore {
     /// Ledger rows known to exist (they are never deleted), so charging skips creating them.
     known_ledgers: std::sync::Mutex<std::collections::HashSet<String>>,
     audit: std::sync::Arc<audit_writer::AuditWriter>,
+    leases: Option<std::sync::Arc<lease::Leases>>,
+    /// Reports spending and renews or returns leases in the background.
+    tender: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for PostgresStore {
     fn drop(&mut self) {
         self.listener.abort();
+        // Without `close`, leases still held expire and count as spent (fail closed).
+        if let Some(t) = &self.tender {
+            t.abort();
+        }
     }
 }
 
@@ -258,9 +273,29 @@ impl PostgresStore {
             location.clone(),
             options.audit_optimistic_tries,
         ));
+        let leases = options
+            .budget_leases
+            .clone()
+            .map(|o| std::sync::Arc::new(lease::Leases::new(o)));
+        let tender = leases.as_ref().map(|l| {
+            let (l, pool, clock) = (l.clone(), pool.clone(), clock.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(l.tick()).await;
+                    if let Err(e) = l
+                        .report(&pool, lease::Due::Timer, None, clock.now_ms())
+                        .await
+                    {
+                        tracing::warn!("reporting budget leases failed (they will expire and count as spent): {e}");
+                    }
+                }
+            })
+        });
         let mut store = PostgresStore {
             pool,
             audit,
+            leases,
+            tender,
             location,
             channel,
             clock,
@@ -430,12 +465,108 @@ impl PostgresStore {
             .clear();
     }
 
+    fn own_leases(&self, ticket: &crate::budget::LeaseTicket) -> Option<&lease::Leases> {
+        self.leases.as_deref().filter(|l| l.owner == ticket.owner)
+    }
+
+    /// Grants `request` from this store's leases, taking new ones when they have no room.
+    /// `None`: leases could not serve it; reserve it on its own.
+    async fn reserve_leased(
+        &self,
+        leases: &lease::Leases,
+        request: &ReserveRequest,
+        now: i64,
+    ) -> Result<Option<ReserveOutcome>> {
+        let keys: Vec<String> = request.sorted().into_iter().map(|(k, _, _)| k).collect();
+        for _ in 0..3 {
+            if let Some(r) = leases.try_grant(request, now) {
+                return Ok(Some(ReserveOutcome::Granted(r)));
+            }
+            let one = leases.claim(&keys).await;
+            let now = self.clock.now_ms();
+            if let Some(r) = leases.try_grant(request, now) {
+                return Ok(Some(ReserveOutcome::Granted(r)));
+            }
+            let snap = leases.snapshot(&keys);
+            let hold_id = uuid::Uuid::new_v4().simple().to_string();
+            let taken = async {
+                Ok::<_, StateError>(
+                    on_ledgers!(self, &keys, c => leases.take(c, request, &snap, &hold_id, now)),
+                )
+            }
+            .await;
+            drop(one);
+            match taken {
+                Err(e) => {
+                    leases.abandon(&keys);
+                    return Err(e);
+                }
+                Ok((lease::Taken::Leased, _)) => continue,
+                Ok((lease::Taken::Held, Some(r))) => {
+                    return Ok(Some(ReserveOutcome::Granted(r)));
+                }
+                Ok((lease::Taken::Held, None)) => return Ok(None),
+                Ok((lease::Taken::Refused(r), _)) => return Ok(Some(ReserveOutcome::Refused(r))),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Settles a call granted from a lease: in memory when this store holds the lease.
+    async fn settle_leased(
+        &self,
+        reservation: &Reservation,
+        ticket: &crate::budget::LeaseTicket,
+        actual: Amounts,
+    ) -> Result<SettleOutcome> {
+        actual.validate("settled amounts")?;
+        let now = self.clock.now_ms();
+        let unavailable = |e: String| StateError::Unavailable {
+            location: self.location.clone(),
+            detail: format!("cannot charge a call granted from a budget lease: {e}"),
+        };
+        let used = match self.own_leases(ticket) {
+            Some(leases) => {
+                let beyond = leases.finish_local(reservation, ticket, Some(&actual), now)?;
+                if beyond.is_empty() {
+                    return Ok(SettleOutcome {
+                        ledgers: Vec::new(),
+                        overruns: Vec::new(),
+                    });
+                }
+                leases
+                    .report(&self.pool, lease::Due::Timer, Some(&beyond), now)
+                    .await
+                    .map_err(unavailable)?
+            }
+            None => {
+                // Another store's lease: charge what was spent here; the count stays held in
+                // that lease until it is returned (stricter, never looser).
+                let leases = match &self.leases {
+                    Some(l) => l.clone(),
+                    None => std::sync::Arc::new(lease::Leases::new(LeaseOptions::default())),
+                };
+                leases
+                    .charge_directly(&self.pool, reservation, &actual, now)
+                    .await
+                    .map_err(unavailable)?
+            }
+        };
+        Ok(SettleOutcome {
+            ledgers: Vec::new(),
+            overruns: lease::overruns_of(reservation, &used),
+        })
+    }
+
     async fn finish_hold(
         &self,
         reservation: &Reservation,
         actual: Amounts,
         durable: bool,
     ) -> Result<SettleOutcome> {
+        if let Some(ticket) = &reservation.lease {
+            return self.settle_leased(reservation, ticket, actual).await;
+        }
         actual.validate("settled amounts")?;
         let now = self.clock.now_ms();
         let settled = on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, Some(&actual), now, durable));
@@ -497,6 +628,24 @@ async fn listen_once(
 impl StateStore for PostgresStore {
     fn describe(&self) -> String {
         self.location.clone()
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let Some(leases) = &self.leases else {
+                return Ok(());
+            };
+            leases
+                .report(&self.pool, lease::Due::ReturnAll, None, self.clock.now_ms())
+                .await
+                .map(|_| ())
+                .map_err(|e| StateError::Unavailable {
+                    location: self.location.clone(),
+                    detail: format!(
+                        "cannot return budget leases (they will expire and count as spent): {e}"
+                    ),
+                })
+        })
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<()>> {
@@ -719,8 +868,14 @@ impl StateStore for PostgresStore {
     fn reserve(&self, request: ReserveRequest) -> BoxFuture<'_, Result<ReserveOutcome>> {
         Box::pin(async move {
             request.validate()?;
-            let id = uuid::Uuid::new_v4().simple().to_string();
             let now = self.clock.now_ms();
+            if let Some(leases) = &self.leases
+                && leases.eligible(&request, now)
+                && let Some(out) = self.reserve_leased(leases, &request, now).await?
+            {
+                return Ok(out);
+            }
+            let id = uuid::Uuid::new_v4().simple().to_string();
             let keys: Vec<String> = request.sorted().into_iter().map(|(k, _, _)| k).collect();
             Ok(on_ledgers!(self, &keys, c => pipelined::reserve(c, &request, id.clone(), now)))
         })
@@ -745,6 +900,16 @@ impl StateStore for PostgresStore {
     fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let now = self.clock.now_ms();
+            if let Some(ticket) = &reservation.lease {
+                return match self.own_leases(ticket) {
+                    Some(leases) => leases
+                        .finish_local(reservation, ticket, None, now)
+                        .map(|_| ()),
+                    // Another store's lease holds it until that store returns the lease or it
+                    // expires (and counts as spent): stricter, never looser.
+                    None => Ok(()),
+                };
+            }
             // Without waiting for the disk: a release lost in a crash leaves the hold, which
             // only makes the budget stricter until it expires.
             on_ledgers!(self, &reservation.sorted_keys(), c => pipelined::finish_hold(c, reservation, None, now, false));
@@ -756,6 +921,19 @@ impl StateStore for PostgresStore {
         Box::pin(async move {
             key.validate()?;
             let now = self.clock.now_ms();
+            // What this store's calls spent on it is reported first.
+            if let Some(leases) = &self.leases {
+                let k = [key.encode()];
+                if let Err(e) = leases
+                    .report(&self.pool, lease::Due::Timer, Some(&k), now)
+                    .await
+                {
+                    return Err(StateError::Unavailable {
+                        location: self.location.clone(),
+                        detail: format!("cannot report budget leases: {e}"),
+                    });
+                }
+            }
             Ok(on_ledgers!(self, &[key.encode()], c => pipelined::get_ledger(c, key, now)))
         })
     }

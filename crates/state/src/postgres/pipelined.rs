@@ -160,6 +160,7 @@ pub(crate) async fn reserve(
             amounts: req.amounts,
             expires_at_ms,
             reserved_at_ms: crate::clock::Clock::system().now_ms(),
+            lease: None,
         }));
     };
     let key: String = col(r, 0)?;

@@ -3,13 +3,17 @@
 //! SQLite and PostgreSQL; PostgreSQL adds functions that charge budgets in one statement.
 
 /// `(version, SQL)`, in order. Append new migrations; never edit an applied one.
-pub(crate) const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("v1.sql")), (2, include_str!("v2.sql"))];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("v1.sql")),
+    (2, include_str!("v2.sql")),
+    (3, include_str!("v3.sql")),
+];
 
 /// What PostgreSQL runs for each version, after the shared SQL.
 const POSTGRES_EXTRA: &[(i64, &str)] = &[
     (1, include_str!("postgres_v1.sql")),
     (2, include_str!("postgres_v2.sql")),
+    (3, include_str!("postgres_v3.sql")),
 ];
 
 /// The newest schema this build knows.

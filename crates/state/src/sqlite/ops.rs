@@ -764,6 +764,7 @@ pub(crate) fn reserve(
         amounts: req.amounts,
         expires_at_ms,
         reserved_at_ms: crate::clock::Clock::system().now_ms(),
+        lease: None,
     }))
 }
 

@@ -4,6 +4,7 @@
 //! so on stderr when it is missing.
 
 mod harness;
+mod postgres_leases;
 mod postgres_only;
 mod sqlite_files;
 mod suite;

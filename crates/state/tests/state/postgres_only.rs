@@ -48,7 +48,7 @@ async fn replicas_starting_together_migrate_once() {
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2], "each migration applied exactly once");
+    assert_eq!(versions, [1, 2, 3], "each migration applied exactly once");
 
     // A database a newer codemode migrated is refused, not misread.
     admin(&url)
@@ -247,6 +247,10 @@ async fn a_version_1_database_upgrades_in_place() {
              DROP FUNCTION codemode_append_audit(text, bigint, text, text[], text[], bigint[]);
              DROP FUNCTION codemode_reserve(text, text[], bigint[], bigint[], bigint, bigint, boolean);
              DROP FUNCTION codemode_finish_hold(text, text[], bigint[], bigint, bigint, boolean);
+             DROP FUNCTION codemode_lease_take(text, text[], bigint[], bigint[], bigint, text[], text[], bigint[], bigint[], bigint, bigint, bigint, text, bigint);
+             DROP FUNCTION codemode_lease_sync(text, text[], text[], bigint[], bigint[], bigint, bigint);
+             DROP FUNCTION codemode_fold_lease(text, text, text, bigint[], bigint[], bigint);
+             DROP TABLE budget_leases;
              DELETE FROM codemode_schema_versions WHERE version > 1;"
         ))
         .await
@@ -261,7 +265,7 @@ async fn a_version_1_database_upgrades_in_place() {
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2]);
+    assert_eq!(versions, [1, 2, 3]);
     let ReserveOutcome::Granted(r) = b.reserve(one_call("s", 5)).await.unwrap() else {
         panic!("refused")
     };

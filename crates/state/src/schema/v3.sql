@@ -1,0 +1,2 @@
+-- codemode state, schema version 3. Nothing changes in the shared tables: version 3 adds
+-- PostgreSQL's budget leases (postgres_v3.sql).
