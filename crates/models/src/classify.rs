@@ -177,7 +177,12 @@ pub(crate) fn read_answers(input: &ClassifyInput, response: &Value) -> Result<Va
 /// Tokens charged for a classify call. Fails closed: the input is codemode's own estimate of
 /// what it sent when the provider reports none or less than half of it, and the output is the reported count or, when it is missing or
 /// zero, the request's `max_tokens`. `estimated` says when either replaced the provider's.
-pub(crate) fn usage_of(response: &Value, model: &Model, sent: InputCount, max_output: u64) -> Usage {
+pub(crate) fn usage_of(
+    response: &Value,
+    model: &Model,
+    sent: InputCount,
+    max_output: u64,
+) -> Usage {
     let usage = response.get("usage");
     let reported_input = reported(usage, &["prompt_tokens", "input_tokens"]);
     let reported_output =

@@ -212,7 +212,10 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         } else {
             "the test provider was told to fail".to_string()
         };
-        return json_response(status, json!({ "error": { "message": message } }).to_string());
+        return json_response(
+            status,
+            json!({ "error": { "message": message } }).to_string(),
+        );
     }
     if knobs.malformed_json {
         return json_response(StatusCode::OK, "{\"choices\": [{\"message\": ".into());

@@ -92,7 +92,10 @@ mod tests {
     fn negative_and_missing_numbers_are_not_reports() {
         let u = json!({ "prompt_tokens": -5, "completion_tokens": 1e15 });
         assert_eq!(reported(Some(&u), &["prompt_tokens"]), None);
-        assert_eq!(reported(Some(&u), &["completion_tokens"]), Some(1_000_000_000_000_000));
+        assert_eq!(
+            reported(Some(&u), &["completion_tokens"]),
+            Some(1_000_000_000_000_000)
+        );
         assert_eq!(reported(None, &["prompt_tokens"]), None);
     }
 }

@@ -31,7 +31,8 @@ async fn missing_zero_or_negative_usage_is_charged_codemodes_count() {
         (
             "negative",
             Box::new(|k| {
-                k.raw_usage = Some(json!({ "prompt_tokens": -1_000_000, "completion_tokens": -1_000_000 }))
+                k.raw_usage =
+                    Some(json!({ "prompt_tokens": -1_000_000, "completion_tokens": -1_000_000 }))
             }),
         ),
     ];
@@ -44,7 +45,10 @@ async fn missing_zero_or_negative_usage_is_charged_codemodes_count() {
         assert!(usage.input_tokens >= 1000, "{name}: {usage:?}");
         assert_eq!(usage.output_tokens, MAX_OUTPUT, "{name}");
         // $1 / M input, $4 / M output.
-        assert!(usage.cost_usd >= (1000.0 + 4.0 * 28.0) / 1e6, "{name}: {usage:?}");
+        assert!(
+            usage.cost_usd >= (1000.0 + 4.0 * 28.0) / 1e6,
+            "{name}: {usage:?}"
+        );
         assert!(usage.estimated, "{name}");
         assert_eq!(out.value["usage"]["estimated"], true, "{name}");
     }
