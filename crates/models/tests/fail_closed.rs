@@ -18,6 +18,8 @@ fn args_with_state(text: &str) -> Value {
     }})
 }
 
+type SetKnobs = Box<dyn Fn(&mut codemode_models::testing::Knobs)>;
+
 /// One question: `max_tokens` is 16 + 12.
 const MAX_OUTPUT: u64 = 28;
 
@@ -25,7 +27,7 @@ const MAX_OUTPUT: u64 = 28;
 async fn missing_zero_or_negative_usage_is_charged_codemodes_count() {
     let f = fixture().await;
     let args = args_with_state(&"x".repeat(4000));
-    let cases: [(&str, Box<dyn Fn(&mut codemode_models::testing::Knobs)>); 3] = [
+    let cases: [(&str, SetKnobs); 3] = [
         ("missing", Box::new(|k| k.usage = None)),
         ("zero", Box::new(|k| k.usage = Some((0, 0)))),
         (
