@@ -150,6 +150,16 @@ pub(crate) struct Reservation {
     pub shared: Option<SharedHold>,
 }
 
+impl Reservation {
+    /// What was reserved: charged in full when a call that ran cannot say what it spent.
+    pub(crate) fn charged_when_unknown(&self) -> Option<Usage> {
+        (self.kind == CallKind::Model).then(|| Usage {
+            estimated: true,
+            ..self.estimate.clone()
+        })
+    }
+}
+
 /// What a call is expected to spend before it runs, reserved against the cost and token caps
 /// so that parallel calls cannot all pass a cap only some of them fit under.
 pub(crate) fn estimate(
@@ -167,11 +177,20 @@ pub(crate) fn estimate(
             ..Usage::default()
         };
     }
-    // About four bytes of JSON per input token; the answer's tokens are not known yet.
-    let input_tokens = (serde_json::to_string(args).map(|s| s.len()).unwrap_or(0) / 4) as u64;
+    // The tool's own bound on what the request can be billed for, when it gives one; otherwise
+    // about four bytes of JSON per input token, with the answer's tokens unknown.
+    let input_tokens = if model.max_input_tokens > 0 {
+        model.max_input_tokens
+    } else {
+        (serde_json::to_string(args).map(|s| s.len()).unwrap_or(0) / 4) as u64
+    };
+    let output_tokens = model.max_output_tokens;
     Usage {
         input_tokens,
-        cost_usd: input_tokens as f64 * model.input_price.max(0.0) / 1_000_000.0,
+        output_tokens,
+        cost_usd: (input_tokens as f64 * model.input_price.max(0.0)
+            + output_tokens as f64 * model.output_price.max(0.0))
+            / 1_000_000.0,
         ..Usage::default()
     }
 }

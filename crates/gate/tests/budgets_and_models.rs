@@ -18,6 +18,7 @@ fn usage(tokens: u64, cost: f64) -> Usage {
         output_tokens: tokens - tokens / 2,
         images: 0,
         cost_usd: cost,
+        ..Default::default()
     }
 }
 

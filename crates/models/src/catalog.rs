@@ -42,6 +42,7 @@ impl Model {
             input_price: self.price.input,
             output_price: self.price.output,
             image_price: self.price.image,
+            ..ModelFacts::default()
         }
     }
 

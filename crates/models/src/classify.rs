@@ -11,6 +11,7 @@ use codemode_spec::Usage;
 use serde_json::{Map, Value, json};
 
 use crate::catalog::Model;
+use crate::tokens::{InputCount, reported};
 use crate::validate::{ClassifyInput, Question, QuestionKind};
 
 /// Alternatives asked for at each token position (the OpenAI maximum).
@@ -72,7 +73,7 @@ pub(crate) fn request_body(model: &Model, input: &ClassifyInput) -> Value {
             { "role": "user", "content": user_content },
         ],
         "temperature": 0,
-        "max_tokens": 16 + 12 * input.questions.len(),
+        "max_tokens": max_output_tokens(input),
         "logprobs": true,
         "top_logprobs": TOP_LOGPROBS,
         "response_format": {
@@ -173,23 +174,37 @@ pub(crate) fn read_answers(input: &ClassifyInput, response: &Value) -> Result<Va
     Ok(Value::Object(answers))
 }
 
-/// Tokens used by the classifier; `usage` numbers in the response.
-pub(crate) fn usage_of(response: &Value, model: &Model) -> Option<Usage> {
-    let usage = response.get("usage")?;
-    let input = usage
-        .get("prompt_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let output = usage
-        .get("completion_tokens")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    Some(Usage {
+/// Tokens charged for a classify call. Fails closed: the input is codemode's own estimate of
+/// what it sent when the provider reports none or less than half of it, and the output is the reported count or, when it is missing or
+/// zero, the request's `max_tokens`. `estimated` says when either replaced the provider's.
+pub(crate) fn usage_of(
+    response: &Value,
+    model: &Model,
+    sent: InputCount,
+    max_output: u64,
+) -> Usage {
+    let usage = response.get("usage");
+    let reported_input = reported(usage, &["prompt_tokens", "input_tokens"]);
+    let reported_output =
+        reported(usage, &["completion_tokens", "output_tokens"]).filter(|n| *n > 0);
+    // Real tokenizers land within a factor of two of the estimate; a report below half of it
+    // (zero, say) is not believed.
+    let plausible_input = reported_input.filter(|n| *n >= sent.estimate / 2);
+    let input = plausible_input.unwrap_or(sent.estimate);
+    let output = reported_output.unwrap_or(max_output);
+    let estimated = plausible_input.is_none() || reported_output.is_none();
+    Usage {
         input_tokens: input,
         output_tokens: output,
         images: 0,
         cost_usd: token_cost(model, input, output),
-    })
+        estimated,
+    }
+}
+
+/// The `max_tokens` a classify request allows.
+pub(crate) fn max_output_tokens(input: &ClassifyInput) -> u64 {
+    16 + 12 * input.questions.len() as u64
 }
 
 pub(crate) fn token_cost(model: &Model, input: u64, output: u64) -> f64 {

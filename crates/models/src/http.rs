@@ -56,16 +56,20 @@ impl HttpClient {
     }
 
     /// Posts `out.body` and returns the JSON answer, or a message saying what went wrong.
+    /// A message never holds a configured credential: providers echo keys in error bodies.
     pub(crate) async fn post_json(&self, out: Outgoing<'_>) -> Result<Value, String> {
         let provider = out.provider.to_string();
+        let mut secrets: Vec<String> = out.api_key.iter().cloned().collect();
+        secrets.extend(out.headers.iter().map(|(_, v)| v.clone()));
         let limit = self.config.request_timeout;
-        match tokio::time::timeout(limit, self.exchange(out)).await {
+        let result = match tokio::time::timeout(limit, self.exchange(out)).await {
             Ok(result) => result,
             Err(_) => Err(format!(
                 "the provider \"{provider}\" did not answer within {} s",
                 limit.as_secs_f64()
             )),
-        }
+        };
+        result.map_err(|message| redact(&message, &secrets))
     }
 
     async fn exchange(&self, out: Outgoing<'_>) -> Result<Value, String> {
@@ -133,4 +137,60 @@ fn chain(e: reqwest::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// Shortest configured value treated as a secret; shorter header values (`1`, `json`) would
+/// only garble the message.
+const MIN_SECRET_LEN: usize = 6;
+
+/// Removes every configured credential, and whatever follows `Bearer ` (a key the provider
+/// echoes that codemode did not send, or one it transformed), from a message.
+pub(crate) fn redact(message: &str, secrets: &[String]) -> String {
+    let mut text = message.to_string();
+    for secret in secrets {
+        let secret = secret.trim();
+        let secret = secret.strip_prefix("Bearer ").unwrap_or(secret).trim();
+        if secret.len() >= MIN_SECRET_LEN {
+            text = text.replace(secret, "[redacted]");
+        }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = find_bearer(rest) {
+        let after = at + "bearer ".len();
+        out.push_str(&rest[..after]);
+        let tail = &rest[after..];
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ';' | '}'))
+            .unwrap_or(tail.len());
+        if end > 0 {
+            out.push_str("[redacted]");
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Byte offset of the next `bearer ` in any case.
+fn find_bearer(text: &str) -> Option<usize> {
+    text.to_ascii_lowercase().find("bearer ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn keys_and_bearer_tokens_are_removed() {
+        let secrets = vec!["sk-test-123456".to_string(), "x".to_string()];
+        let m = redact(
+            "Invalid API key provided: Bearer sk-test-123456 for url /v1; also BEARER sk-other, and sk-test-123456x",
+            &secrets,
+        );
+        assert!(!m.contains("sk-test-123456"), "{m}");
+        assert!(!m.contains("sk-other"), "{m}");
+        assert!(m.contains("Invalid API key provided"), "{m}");
+        assert!(m.contains("for url /v1"), "{m}");
+    }
 }

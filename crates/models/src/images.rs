@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use crate::catalog::Model;
 use crate::classify::token_cost;
 use crate::mime::image_mime;
+use crate::tokens::reported;
 use crate::validate::ImagesInput;
 
 pub(crate) fn request_body(model: &Model, input: &ImagesInput) -> Value {
@@ -46,18 +47,14 @@ pub(crate) fn read_output(response: &Value) -> Result<Vec<Value>, String> {
 pub(crate) fn usage_of(response: &Value, output: &[Value], model: &Model) -> Usage {
     let images = output.iter().filter(|b| b["type"] == "image").count() as u64;
     let usage = response.get("usage");
-    let number = |keys: [&str; 2]| {
-        keys.iter()
-            .find_map(|k| usage.and_then(|u| u.get(*k)).and_then(Value::as_u64))
-            .unwrap_or(0)
-    };
-    let input = number(["input_tokens", "prompt_tokens"]);
-    let output_tokens = number(["output_tokens", "completion_tokens"]);
+    let input = reported(usage, &["input_tokens", "prompt_tokens"]).unwrap_or(0);
+    let output_tokens = reported(usage, &["output_tokens", "completion_tokens"]).unwrap_or(0);
     Usage {
         input_tokens: input,
         output_tokens,
         images,
         cost_usd: images as f64 * model.price.image + token_cost(model, input, output_tokens),
+        estimated: false,
     }
 }
 

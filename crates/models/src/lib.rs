@@ -21,6 +21,7 @@ mod http;
 mod images;
 mod limiter;
 mod mime;
+mod tokens;
 mod tools;
 mod validate;
 

@@ -47,6 +47,11 @@ pub struct Knobs {
     pub content: Option<String>,
     /// Send answers in 64 KiB chunks without a Content-Length, so only reading can find the size.
     pub chunked: bool,
+    /// Report this `usage` object as it is (negative or odd numbers), instead of `usage`.
+    pub raw_usage: Option<Value>,
+    /// With `status`, echo the request's Authorization header in the error body, as some
+    /// providers do.
+    pub echo_authorization: bool,
 }
 
 impl Default for Knobs {
@@ -61,6 +66,8 @@ impl Default for Knobs {
             image_bytes: None,
             chunked: false,
             content: None,
+            raw_usage: None,
+            echo_authorization: false,
         }
     }
 }
@@ -195,9 +202,19 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
     if let Some(status) = knobs.status {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let message = if knobs.echo_authorization {
+            let auth = parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            format!("Invalid API key provided: {auth} for url {path}")
+        } else {
+            "the test provider was told to fail".to_string()
+        };
         return json_response(
             status,
-            json!({ "error": { "message": "the test provider was told to fail" } }).to_string(),
+            json!({ "error": { "message": message } }).to_string(),
         );
     }
     if knobs.malformed_json {
@@ -235,6 +252,9 @@ fn json_response(status: StatusCode, body: String) -> Response {
 }
 
 fn usage_json(knobs: &Knobs) -> Option<Value> {
+    if let Some(raw) = &knobs.raw_usage {
+        return Some(raw.clone());
+    }
     knobs.usage.map(|(p, c)| {
         json!({ "prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
                 "input_tokens": p, "output_tokens": c })

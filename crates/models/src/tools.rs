@@ -3,14 +3,18 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use codemode_spec::{
-    CallFacts, CallKind, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, Usage, prepared,
+    CallFacts, CallKind, Effect, PreparedCall, Tool, ToolError, ToolErrorKind, ToolOutput,
+    ToolSpec, Usage, prepared,
 };
 use serde_json::{Value, json};
 
 use crate::catalog::{Catalog, Model};
 use crate::http::{HttpClient, ModelsHttpConfig, Outgoing};
 use crate::limiter::ScriptLimiter;
+use crate::tokens::{self, InputCount};
 use crate::validate::{self, ClassifyInput, ImagesInput, Operation};
 use crate::{classify, images};
 
@@ -89,28 +93,58 @@ impl Tool for ModelTool {
         &self.spec
     }
 
-    /// Refuses a bad model or context before any request, and names the model for the policy.
+    /// Refuses a bad model or context before any request, and names the model for the policy
+    /// with a bound on what the request can cost, which the gate reserves.
     fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
         let checked = self.check(&args)?;
-        let model = match &checked {
-            Checked::Classify(m, _) | Checked::Images(m, _) => m.clone(),
+        let (model, body, max_output) = match &checked {
+            Checked::Classify(m, input) => (
+                m.clone(),
+                classify::request_body(m, input),
+                classify::max_output_tokens(input),
+            ),
+            Checked::Images(m, input) => (m.clone(), images::request_body(m, input), 0),
         };
+        let sent = tokens::count_request(&body);
+        let mut model_facts = model.facts();
+        if let Checked::Classify(..) = checked {
+            model_facts.max_input_tokens = sent.bound;
+            model_facts.max_output_tokens = max_output;
+        }
         let facts = CallFacts {
-            model: Some(model.facts()),
+            model: Some(model_facts),
             ..CallFacts::default()
         };
         let shared = self.shared.clone();
+        let request = Request {
+            checked,
+            body,
+            sent,
+            max_output,
+        };
         Ok(prepared(facts, move |ctx| {
             Box::pin(async move {
                 let script_id = ctx.provenance.script_id.clone();
+                let went_out = AtomicBool::new(false);
                 let work = async {
                     let _permit = shared.limiter.acquire(script_id.as_deref()).await;
-                    run(&shared, checked).await
+                    run(&shared, request, &went_out).await
                 };
                 let (value, usage) = tokio::select! {
                     biased;
                     _ = ctx.cancel.cancelled() => {
-                        (failure(&model, "aborted", "the call was cancelled before the model answered"), None)
+                        // Like any tool's cancelled call: once the request went out the provider
+                        // may bill it, so its effect is unknown and the gate charges the
+                        // reservation.
+                        return Err(if went_out.load(Ordering::SeqCst) {
+                            ToolError {
+                                kind: ToolErrorKind::Cancelled,
+                                message: "the call was cancelled after its request was sent; the provider may still bill it".into(),
+                                effect: Effect::Unknown,
+                            }
+                        } else {
+                            ToolError::cancelled()
+                        });
                     }
                     outcome = work => outcome,
                 };
@@ -125,19 +159,33 @@ impl Tool for ModelTool {
     }
 }
 
+/// A checked call with its request body and codemode's own count of what it sends.
+struct Request {
+    checked: Checked,
+    body: Value,
+    sent: InputCount,
+    max_output: u64,
+}
+
 /// Sends the request and turns every outcome into the script's result value.
-async fn run(shared: &Shared, checked: Checked) -> (Value, Option<Usage>) {
-    let (model, path, body) = match &checked {
-        Checked::Classify(m, input) => (m, "chat/completions", classify::request_body(m, input)),
-        Checked::Images(m, input) => (m, "images/generations", images::request_body(m, input)),
+async fn run(shared: &Shared, request: Request, went_out: &AtomicBool) -> (Value, Option<Usage>) {
+    let Request {
+        checked,
+        body,
+        sent,
+        max_output,
+    } = request;
+    let (model, path) = match &checked {
+        Checked::Classify(m, _) => (m, "chat/completions"),
+        Checked::Images(m, _) => (m, "images/generations"),
     };
-    let response = match send(shared, model, path, body).await {
+    let response = match send(shared, model, path, body, went_out).await {
         Ok(response) => response,
         Err(message) => return (failure(model, "error", &message), None),
     };
     match &checked {
         Checked::Classify(m, input) => {
-            let usage = classify::usage_of(&response, m);
+            let usage = Some(classify::usage_of(&response, m, sent, max_output));
             match classify::read_answers(input, &response) {
                 Ok(answers) => {
                     let mut value = json!({
@@ -167,7 +215,13 @@ async fn run(shared: &Shared, checked: Checked) -> (Value, Option<Usage>) {
     }
 }
 
-async fn send(shared: &Shared, model: &Model, path: &str, body: Value) -> Result<Value, String> {
+async fn send(
+    shared: &Shared,
+    model: &Model,
+    path: &str,
+    body: Value,
+    went_out: &AtomicBool,
+) -> Result<Value, String> {
     let provider = shared
         .catalog
         .provider(&model.provider)
@@ -190,6 +244,7 @@ async fn send(shared: &Shared, model: &Model, path: &str, body: Value) -> Result
         .map_err(|e| format!("looking up the API key failed: {e}"))?
         .map_err(|e| format!("the provider \"{}\" cannot be used: {e}", model.provider))?
     };
+    went_out.store(true, Ordering::SeqCst);
     shared
         .http
         .post_json(Outgoing {

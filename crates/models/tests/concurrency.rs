@@ -74,8 +74,13 @@ async fn a_cancelled_waiter_gives_up_its_place() {
     let waiter = tokio::spawn(f.classify.call(waiting));
     tokio::time::sleep(Duration::from_millis(50)).await;
     cancel.cancel();
-    let aborted = waiter.await.unwrap().unwrap();
-    assert_eq!(aborted.value["stopReason"], "aborted");
+    let cancelled = waiter.await.unwrap().unwrap_err();
+    assert_eq!(cancelled.kind, codemode_spec::ToolErrorKind::Cancelled);
+    assert_eq!(
+        cancelled.effect,
+        codemode_spec::Effect::None,
+        "it never sent, so nothing can be billed"
+    );
     for task in running {
         assert_eq!(task.await.unwrap().unwrap().value["stopReason"], "stop");
     }

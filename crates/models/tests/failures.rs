@@ -186,7 +186,7 @@ async fn a_missing_key_is_an_error_result_without_a_request() {
 }
 
 #[tokio::test]
-async fn a_cancelled_call_resolves_as_aborted() {
+async fn a_cancelled_call_is_a_cancelled_error_not_a_result() {
     let f = fixture().await;
     f.provider.configure(|k| k.delay = Duration::from_secs(30));
     let call = script_call(classify_args(), "s");
@@ -196,8 +196,8 @@ async fn a_cancelled_call_resolves_as_aborted() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         cancel.cancel();
     });
-    let out = pending.await.unwrap();
-    assert_eq!(out.value["stopReason"], "aborted");
+    let e = pending.await.unwrap_err();
+    assert_eq!(e.kind, codemode_spec::ToolErrorKind::Cancelled);
 }
 
 #[cfg(not(feature = "tls"))]

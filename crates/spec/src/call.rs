@@ -91,6 +91,10 @@ pub struct Usage {
     /// Cost in US dollars.
     #[serde(default)]
     pub cost_usd: f64,
+    /// Some of these numbers are codemode's own count, not the provider's: it reported no
+    /// usage, or less than was sent, or the call was cut off after its request went out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 impl Usage {
@@ -99,6 +103,7 @@ impl Usage {
         self.output_tokens += other.output_tokens;
         self.images += other.images;
         self.cost_usd += other.cost_usd;
+        self.estimated |= other.estimated;
     }
 
     pub fn total_tokens(&self) -> u64 {

@@ -254,6 +254,13 @@ pub struct ModelFacts {
     /// USD per generated image.
     #[serde(default)]
     pub image_price: f64,
+    /// Most input tokens the request can be billed for (0: unknown). Reserved before the call,
+    /// so parallel calls cannot pass a cost cap only some of them fit under.
+    #[serde(default)]
+    pub max_input_tokens: u64,
+    /// Most output tokens the request allows (its `max_tokens`; 0: unknown).
+    #[serde(default)]
+    pub max_output_tokens: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -312,11 +312,16 @@ impl Drop for Pending {
         // that started keeps it, and is charged its estimate, since what it spent is unknown.
         let ran = self.ran;
         if let Some(r) = self.reservation.take() {
+            let charged = r.charged_when_unknown();
             if ran {
-                let _ = self
-                    .gate
-                    .ledger
-                    .settle(&self.gate.budgets, &self.provenance, &r, None, 0);
+                self.usage = charged.clone();
+                let _ = self.gate.ledger.settle(
+                    &self.gate.budgets,
+                    &self.provenance,
+                    &r,
+                    charged.as_ref(),
+                    0,
+                );
             } else {
                 self.gate.ledger.release(&self.provenance, &r);
             }
@@ -326,7 +331,7 @@ impl Drop for Pending {
                     if let Some(shared) = &gate.shared {
                         if ran {
                             // The line is written by another task, maybe first: settle durably.
-                            let _ = shared.settle(&hold, None, 0, false).await;
+                            let _ = shared.settle(&hold, charged.as_ref(), 0, false).await;
                         } else {
                             shared.release(&hold).await;
                         }
@@ -446,7 +451,17 @@ impl Admission {
                     },
                 );
                 err.tool_error = Some(e.kind);
-                let _ = self.pending.settle(None, 0).await;
+                // A model call whose request may have gone out is charged its reservation: the
+                // provider may bill it, and it must not come free.
+                let charged = match e.effect {
+                    Effect::None => None,
+                    _ => self
+                        .pending
+                        .reservation
+                        .as_ref()
+                        .and_then(Reservation::charged_when_unknown),
+                };
+                let _ = self.pending.settle(charged.as_ref(), 0).await;
                 let status = if cancelled {
                     Status::Cancelled
                 } else {

@@ -68,6 +68,7 @@ impl TestTool {
             input_price: 0.15,
             output_price: 0.6,
             image_price: 0.0,
+            ..Default::default()
         };
         t.facts = Some(Box::new(move |_| {
             Ok(CallFacts {

@@ -1,0 +1,148 @@
+//! Model calls fail closed on what they cost: a provider that reports no usage, zero or negative
+//! tokens is charged codemode's own count; the reservation bounds what a request can cost; a
+//! call cut off after its request went out is cancelled with an unknown effect; a provider's
+//! error text never carries the key.
+
+mod common;
+
+use std::time::Duration;
+
+use codemode_spec::{Effect, ToolErrorKind};
+use common::*;
+use serde_json::{Value, json};
+
+fn args_with_state(text: &str) -> Value {
+    json!({"model": judge(), "context": {
+        "state": { "text": text },
+        "questions": { "s": { "type": "choice", "instructions": "x", "criteria": { "a": "a", "b": "b" } } }
+    }})
+}
+
+type SetKnobs = Box<dyn Fn(&mut codemode_models::testing::Knobs)>;
+
+/// One question: `max_tokens` is 16 + 12.
+const MAX_OUTPUT: u64 = 28;
+
+#[tokio::test]
+async fn missing_zero_or_negative_usage_is_charged_codemodes_count() {
+    let f = fixture().await;
+    let args = args_with_state(&"x".repeat(4000));
+    let cases: [(&str, SetKnobs); 3] = [
+        ("missing", Box::new(|k| k.usage = None)),
+        ("zero", Box::new(|k| k.usage = Some((0, 0)))),
+        (
+            "negative",
+            Box::new(|k| {
+                k.raw_usage =
+                    Some(json!({ "prompt_tokens": -1_000_000, "completion_tokens": -1_000_000 }))
+            }),
+        ),
+    ];
+    for (name, knob) in cases {
+        f.provider.configure(|k| knob(k));
+        let out = gated(&f.classify, args.clone()).await.unwrap();
+        assert_eq!(out.value["stopReason"], "stop", "{name}: {}", out.value);
+        let usage = out.usage.expect("a call that ran always has usage");
+        // 4000 ASCII bytes of state alone are 1000 tokens at four bytes a token.
+        assert!(usage.input_tokens >= 1000, "{name}: {usage:?}");
+        assert_eq!(usage.output_tokens, MAX_OUTPUT, "{name}");
+        // $1 / M input, $4 / M output.
+        assert!(
+            usage.cost_usd >= (1000.0 + 4.0 * 28.0) / 1e6,
+            "{name}: {usage:?}"
+        );
+        assert!(usage.estimated, "{name}");
+        assert_eq!(out.value["usage"]["estimated"], true, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_plausible_report_is_charged_as_reported() {
+    let f = fixture().await;
+    f.provider.configure(|k| k.usage = Some((1000, 5)));
+    let out = gated(&f.classify, args_with_state(&"x".repeat(4000)))
+        .await
+        .unwrap();
+    let usage = out.usage.unwrap();
+    assert_eq!((usage.input_tokens, usage.output_tokens), (1000, 5));
+    assert!(!usage.estimated);
+    assert!(out.value["usage"].get("estimated").is_none());
+}
+
+#[tokio::test]
+async fn the_reservation_bounds_cjk_input_by_its_bytes() {
+    let f = fixture().await;
+    let text = "漢".repeat(2000);
+    let facts = f.classify.facts(&args_with_state(&text)).unwrap();
+    let model = facts.model.unwrap();
+    // Three UTF-8 bytes per character, and no tokenizer makes a token of less than one byte.
+    assert!(model.max_input_tokens >= 6000, "{model:?}");
+    assert_eq!(model.max_output_tokens, MAX_OUTPUT);
+    // A provider counting one token per character of the whole request stays under the bound.
+    let sent = f.provider.requests();
+    assert!(sent.is_empty());
+    f.provider.configure(|k| k.usage = None);
+    let out = gated(&f.classify, args_with_state(&text)).await.unwrap();
+    let body = f.provider.requests()[0].body.to_string();
+    assert!(body.chars().count() as u64 <= model.max_input_tokens);
+    let usage = out.usage.unwrap();
+    assert!(usage.input_tokens >= 2000 && usage.input_tokens <= model.max_input_tokens);
+}
+
+#[tokio::test]
+async fn a_call_cancelled_after_its_request_went_out_is_cancelled_with_unknown_effect() {
+    let f = fixture().await;
+    f.provider.configure(|k| k.delay = Duration::from_secs(30));
+    let call = script_call(args_with_state("hi"), "s");
+    let cancel = call.cancel.clone();
+    let pending = f.classify.call(call);
+    let provider = &f.provider;
+    let waiter = async {
+        while provider.requests().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+    };
+    let (result, ()) = tokio::join!(pending, waiter);
+    let e = result.expect_err("a cancelled model call is not a result");
+    assert_eq!(e.kind, ToolErrorKind::Cancelled);
+    assert_eq!(e.effect, Effect::Unknown, "the provider may bill it");
+}
+
+#[tokio::test]
+async fn a_call_cancelled_before_it_started_has_no_effect() {
+    let f = fixture().await;
+    let call = script_call(args_with_state("hi"), "s");
+    call.cancel.cancel();
+    let e = f.classify.call(call).await.unwrap_err();
+    assert_eq!(e.kind, ToolErrorKind::Cancelled);
+    assert!(f.provider.requests().is_empty());
+}
+
+#[tokio::test]
+async fn an_echoed_key_never_reaches_the_result() {
+    let f = fixture().await;
+    f.provider.configure(|k| {
+        k.status = Some(401);
+        k.echo_authorization = true;
+    });
+    let out = gated(&f.classify, args_with_state("hi")).await.unwrap();
+    let message = out.value["errorMessage"].as_str().unwrap();
+    assert!(
+        f.provider.requests()[0]
+            .authorization
+            .as_deref()
+            .is_some_and(|a| a.contains(KEY)),
+        "the key was sent"
+    );
+    assert!(message.contains("answered HTTP 401"), "{message}");
+    assert!(!message.contains(KEY), "{message}");
+    assert!(message.contains("Bearer [redacted]"), "{message}");
+    let out = gated(
+        &f.images,
+        json!({"model": painter(), "context": {"input": [{"type": "text", "text": "fox"}]}}),
+    )
+    .await
+    .unwrap();
+    assert!(!out.value.to_string().contains(KEY), "{}", out.value);
+}
