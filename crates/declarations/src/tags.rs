@@ -81,7 +81,10 @@ pub(crate) fn constraint_tags(schema: &Value) -> Vec<String> {
     }
     if let Some(Value::Array(values)) = map.get("enum") {
         if values.len() > crate::schema::MAX_ENUM_VALUES {
-            tags.push(format!("@oneOf {} values (describeTool lists them)", values.len()));
+            tags.push(format!(
+                "@oneOf {} values (describeTool lists them)",
+                values.len()
+            ));
         }
     }
     if let Some(default) = map.get("default") {

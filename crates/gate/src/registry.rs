@@ -232,7 +232,10 @@ impl Registry {
         let inner = self.read();
         let entry = inner.tools.get(name).or_else(|| {
             let raw = inner.identifiers.get(name)?;
-            inner.tools.get(raw).filter(|e| e.exposure != Exposure::Hidden)
+            inner
+                .tools
+                .get(raw)
+                .filter(|e| e.exposure != Exposure::Hidden)
         });
         match entry {
             Some(e) => Lookup::Found(Box::new(Resolved {

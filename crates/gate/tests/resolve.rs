@@ -92,14 +92,21 @@ fn twenty_thousand_tools_register_and_keep_identifier_rules() {
     }
     assert_eq!(reg.specs().len(), 20_000);
     assert!(matches!(
-        reg.register(Arc::new(TestTool::new("mcp__m__tool_19999", object_schema()))),
+        reg.register(Arc::new(TestTool::new(
+            "mcp__m__tool_19999",
+            object_schema()
+        ))),
         Err(RegistryError::IdentifierCollision { .. })
     ));
     // Removing a tool frees its identifier; hiding one frees it too, showing it again takes it back.
     reg.remove("mcp__m__tool-19999");
-    reg.register(Arc::new(TestTool::new("mcp__m__tool_19999", object_schema())))
+    reg.register(Arc::new(TestTool::new(
+        "mcp__m__tool_19999",
+        object_schema(),
+    )))
+    .unwrap();
+    reg.set_exposure("mcp__m__tool-5", Exposure::Hidden)
         .unwrap();
-    reg.set_exposure("mcp__m__tool-5", Exposure::Hidden).unwrap();
     reg.register(Arc::new(TestTool::new("mcp__m__tool_5", object_schema())))
         .unwrap();
     assert!(matches!(
@@ -107,7 +114,8 @@ fn twenty_thousand_tools_register_and_keep_identifier_rules() {
         Err(RegistryError::IdentifierCollision { .. })
     ));
     // Exposure changes of a tool to itself are not collisions.
-    reg.set_exposure("mcp__m__tool-7", Exposure::Deferred).unwrap();
+    reg.set_exposure("mcp__m__tool-7", Exposure::Deferred)
+        .unwrap();
 }
 
 #[tokio::test]
