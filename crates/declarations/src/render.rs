@@ -6,7 +6,7 @@
 //! objects read correctly.
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use codemode_spec::ToolSpec;
 use serde_json::Value;
@@ -289,13 +289,14 @@ impl Printer<'_, '_> {
             Ty::Atom(text) => text.clone(),
             Ty::Union(members) => {
                 let mut parts: Vec<String> = Vec::with_capacity(members.len());
+                let mut seen: HashSet<String> = HashSet::with_capacity(members.len());
                 for member in members {
                     let text = self.ty(member, level);
                     let text = match member {
                         Ty::Intersection(_) => format!("({text})"),
                         _ => text,
                     };
-                    if !parts.contains(&text) {
+                    if seen.insert(text.clone()) {
                         parts.push(text);
                     }
                 }

@@ -19,9 +19,12 @@ pub(crate) const MAX_DEPTH: usize = 40;
 pub(crate) const MAX_REF_EXPANSIONS: usize = 32;
 /// Schema nodes visited per schema; beyond this everything becomes `unknown`.
 pub(crate) const MAX_NODES: usize = 50_000;
+/// An `enum` with more values than this renders as the types of its values (with an `@oneOf N`
+/// tag): a list that long helps no model, and `describeTool` still shows the whole schema.
+pub const MAX_ENUM_VALUES: usize = 100;
 
 /// A TypeScript type, before layout.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Ty {
     Unknown,
     Never,
@@ -37,14 +40,14 @@ pub(crate) enum Ty {
     Object(Object),
 }
 
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub(crate) struct Object {
     pub props: Vec<Prop>,
     /// `[key: string]: T` for extra keys.
     pub index: Option<Box<Ty>>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Prop {
     /// Already quoted when it is not an identifier.
     pub key: String,
@@ -112,6 +115,9 @@ impl<'a> Builder<'a> {
             return Ty::Atom(literal(value));
         }
         if let Some(Value::Array(values)) = map.get("enum") {
+            if values.len() > MAX_ENUM_VALUES {
+                return nullable(map, union(values.iter().map(json_type).collect()));
+            }
             return nullable(
                 map,
                 union(values.iter().map(|v| Ty::Atom(literal(v))).collect()),
@@ -347,26 +353,40 @@ pub(crate) fn literal(value: &Value) -> String {
     }
 }
 
+/// The TypeScript type of one JSON value, for an enum too long to list.
+fn json_type(value: &Value) -> Ty {
+    let name = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "unknown[]",
+        Value::Object(_) => "{ [key: string]: unknown }",
+    };
+    Ty::Atom(name.into())
+}
+
 /// A union with nested unions flattened, `never` removed, duplicates removed, and `unknown`
-/// absorbing everything.
+/// absorbing everything. Duplicates are found by hashing, so a hostile enum of many thousand
+/// values costs linear time, not quadratic.
 pub(crate) fn union(members: Vec<Ty>) -> Ty {
     let mut flat: Vec<Ty> = Vec::new();
+    let mut seen: HashSet<Ty> = HashSet::new();
+    let mut add = |m: Ty, flat: &mut Vec<Ty>| {
+        if seen.insert(m.clone()) {
+            flat.push(m);
+        }
+    };
     for member in members {
         match member {
             Ty::Unknown => return Ty::Unknown,
             Ty::Never => {}
             Ty::Union(inner) => {
                 for m in inner {
-                    if !flat.contains(&m) {
-                        flat.push(m);
-                    }
+                    add(m, &mut flat);
                 }
             }
-            m => {
-                if !flat.contains(&m) {
-                    flat.push(m);
-                }
-            }
+            m => add(m, &mut flat),
         }
     }
     match flat.len() {
@@ -379,13 +399,14 @@ pub(crate) fn union(members: Vec<Ty>) -> Ty {
 /// An intersection with `unknown` parts dropped (they add nothing) and nested ones flattened.
 fn intersection(parts: Vec<Ty>) -> Ty {
     let mut flat: Vec<Ty> = Vec::new();
+    let mut seen: HashSet<Ty> = HashSet::new();
     for part in parts {
         match part {
             Ty::Unknown => {}
             Ty::Never => return Ty::Never,
             Ty::Intersection(inner) => flat.extend(inner),
             p => {
-                if !flat.contains(&p) {
+                if seen.insert(p.clone()) {
                     flat.push(p);
                 }
             }

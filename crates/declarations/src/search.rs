@@ -8,7 +8,7 @@
 //! instructions mention everything the server does) is left out as soon as some tool matches by
 //! its own name or text.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use codemode_spec::{Exposure, NamespaceSpec, ToolSpec, to_identifier};
 use serde_json::{Map, Value, json};
@@ -172,7 +172,8 @@ impl ToolIndex {
             }
             let texts = [name_text, tool_text(&tool), namespace];
             let mut lengths = [0usize; FIELDS];
-            let mut seen_in_doc: Vec<String> = Vec::new();
+            // A set: a hostile schema can carry hundreds of thousands of distinct words.
+            let mut seen_in_doc: HashSet<String> = HashSet::new();
             for (field, text) in texts.iter().enumerate() {
                 let terms = tokenize(text);
                 lengths[field] = terms.len();
@@ -184,8 +185,7 @@ impl ToolIndex {
                 let mut counts: Vec<(String, u32)> = counts.into_iter().collect();
                 counts.sort();
                 for (term, tf) in counts {
-                    if !seen_in_doc.contains(&term) {
-                        seen_in_doc.push(term.clone());
+                    if seen_in_doc.insert(term.clone()) {
                         *doc_freq.entry(term.clone()).or_default() += 1;
                     }
                     postings.entry(term).or_default().push((index, field, tf));
@@ -574,7 +574,12 @@ fn schema_words(schema: &Value, out: &mut String, budget: &mut usize, depth: usi
                 out.push_str(description);
             }
             let values = property.get("enum").and_then(Value::as_array);
-            for value in values.into_iter().flatten().filter_map(Value::as_str) {
+            // As many values as the declaration lists: a huge enum is not worth indexing.
+            let values = values.into_iter().flatten();
+            for value in values
+                .take(crate::schema::MAX_ENUM_VALUES)
+                .filter_map(Value::as_str)
+            {
                 out.push(' ');
                 out.push_str(value);
             }

@@ -79,6 +79,14 @@ pub(crate) fn constraint_tags(schema: &Value) -> Vec<String> {
     {
         tags.push("@unique".to_string());
     }
+    if let Some(Value::Array(values)) = map.get("enum")
+        && values.len() > crate::schema::MAX_ENUM_VALUES
+    {
+        tags.push(format!(
+            "@oneOf {} values (describeTool lists them)",
+            values.len()
+        ));
+    }
     if let Some(default) = map.get("default") {
         tags.push(format!("@default {}", one_line(&literal(default))));
     }

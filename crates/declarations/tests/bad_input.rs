@@ -248,3 +248,38 @@ fn weird_names_and_descriptions() {
         "{text}"
     );
 }
+
+/// A hostile server's enum of 200 000 values used to cost quadratic time (deduplicating the
+/// union) and stall the gateway; now a long enum renders as its values' type with a count.
+#[test]
+fn huge_enum_renders_as_its_base_type() {
+    let values: Vec<Value> = (0..200_000).map(|i| json!(format!("value_{i}"))).collect();
+    let schema = json!({"type": "object", "properties": {"e": {"enum": values}}});
+    let start = Instant::now();
+    let out = ts(&schema);
+    assert!(out.contains("e?: string"), "{out}");
+    assert!(out.contains("@oneOf 200000 values"), "{out}");
+    assert!(!out.contains("value_1"), "{out}");
+    // Mixed values keep every type they use; a short enum still lists its values.
+    let mixed: Vec<Value> = (0..500)
+        .map(|i| if i % 2 == 0 { json!(i) } else { json!(null) })
+        .collect();
+    assert_eq!(ts(&json!({"enum": mixed})), "number | null");
+    assert_eq!(ts(&json!({"enum": ["a", "b"]})), "\"a\" | \"b\"");
+    // Many distinct branches (within the node bound) are deduplicated in linear time too.
+    let branches: Vec<Value> = (0..45_000).map(|i| json!({"const": i})).collect();
+    let wide = render_type(
+        &json!({"anyOf": branches}),
+        &RenderOptions {
+            max_chars: usize::MAX,
+            ..RenderOptions::default()
+        },
+    );
+    assert_eq!(wide.matches(" | ").count(), 44_999);
+    // Generous: the quadratic version took minutes here.
+    assert!(start.elapsed().as_secs() < 30);
+    let tool = ToolSpec::new("bigenum", "Big enum", schema);
+    let index = ToolIndex::new(std::slice::from_ref(&tool), &[]);
+    let described = index.describe_tool("bigenum").unwrap();
+    assert!(described.contains("@oneOf 200000 values"), "{described}");
+}

@@ -1,6 +1,6 @@
 //! The set of tools, their exposure and active state, read again at every call.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, Tool, ToolSpec, to_identifier};
@@ -44,6 +44,23 @@ impl Entry {
 struct Inner {
     tools: BTreeMap<String, Entry>,
     namespaces: BTreeMap<String, NamespaceSpec>,
+    /// Identifier → raw name of every visible tool, so that registering or resolving one tool
+    /// does not walk all the others (a server with 20 000 tools made that quadratic).
+    identifiers: HashMap<String, String>,
+}
+
+impl Inner {
+    fn index(&mut self, name: &str) {
+        self.identifiers
+            .insert(to_identifier(name), name.to_string());
+    }
+
+    fn unindex(&mut self, name: &str) {
+        let identifier = to_identifier(name);
+        if self.identifiers.get(&identifier).map(String::as_str) == Some(name) {
+            self.identifiers.remove(&identifier);
+        }
+    }
 }
 
 /// The tools behind the gate.
@@ -98,6 +115,9 @@ impl Registry {
             jsonschema::validator_for(&spec.input_schema)
                 .map_err(|e| format!("the tool's input schema is invalid: {e}")),
         );
+        if spec.exposure != Exposure::Hidden {
+            inner.index(&spec.name);
+        }
         inner.tools.insert(
             spec.name.clone(),
             Entry {
@@ -112,7 +132,10 @@ impl Registry {
 
     /// Withdraws a tool. Calls that already passed resolve finish; later calls find nothing.
     pub fn remove(&self, name: &str) {
-        self.write().tools.remove(name);
+        let mut inner = self.write();
+        if inner.tools.remove(name).is_some() {
+            inner.unindex(name);
+        }
     }
 
     /// Changes who may see and call a tool.
@@ -129,6 +152,11 @@ impl Registry {
                 entry.active = true;
             }
             entry.exposure = exposure;
+        }
+        if exposure == Exposure::Hidden {
+            inner.unindex(name);
+        } else {
+            inner.index(name);
         }
         Ok(())
     }
@@ -203,10 +231,11 @@ impl Registry {
     pub(crate) fn lookup(&self, name: &str) -> Lookup {
         let inner = self.read();
         let entry = inner.tools.get(name).or_else(|| {
+            let raw = inner.identifiers.get(name)?;
             inner
                 .tools
-                .values()
-                .find(|e| e.exposure != Exposure::Hidden && e.tool.spec().identifier() == name)
+                .get(raw)
+                .filter(|e| e.exposure != Exposure::Hidden)
         });
         match entry {
             Some(e) => Lookup::Found(Box::new(Resolved {
@@ -233,17 +262,12 @@ impl Registry {
 /// Refuses a second visible tool that scripts would reach under the same identifier.
 fn check_identifier(inner: &Inner, name: &str, skip: Option<&str>) -> Result<(), RegistryError> {
     let identifier = to_identifier(name);
-    for (other, entry) in &inner.tools {
-        if Some(other.as_str()) == skip || entry.exposure == Exposure::Hidden {
-            continue;
-        }
-        if to_identifier(other) == identifier {
-            return Err(RegistryError::IdentifierCollision {
-                existing: other.clone(),
-                new: name.to_string(),
-                identifier,
-            });
-        }
+    match inner.identifiers.get(&identifier) {
+        Some(other) if Some(other.as_str()) != skip => Err(RegistryError::IdentifierCollision {
+            existing: other.clone(),
+            new: name.to_string(),
+            identifier,
+        }),
+        _ => Ok(()),
     }
-    Ok(())
 }

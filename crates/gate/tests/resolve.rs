@@ -78,6 +78,46 @@ fn duplicate_names_and_identifier_collisions_are_refused() {
     ));
 }
 
+/// A hostile server listing 20 000 tools: registering each used to compare identifiers with every
+/// tool before it (quadratic, over a minute). The index keeps collisions, removal and hiding right.
+#[test]
+fn twenty_thousand_tools_register_and_keep_identifier_rules() {
+    let reg = Registry::new();
+    for i in 0..20_000 {
+        reg.register(Arc::new(TestTool::new(
+            &format!("mcp__m__tool-{i}"),
+            object_schema(),
+        )))
+        .unwrap();
+    }
+    assert_eq!(reg.specs().len(), 20_000);
+    assert!(matches!(
+        reg.register(Arc::new(TestTool::new(
+            "mcp__m__tool_19999",
+            object_schema()
+        ))),
+        Err(RegistryError::IdentifierCollision { .. })
+    ));
+    // Removing a tool frees its identifier; hiding one frees it too, showing it again takes it back.
+    reg.remove("mcp__m__tool-19999");
+    reg.register(Arc::new(TestTool::new(
+        "mcp__m__tool_19999",
+        object_schema(),
+    )))
+    .unwrap();
+    reg.set_exposure("mcp__m__tool-5", Exposure::Hidden)
+        .unwrap();
+    reg.register(Arc::new(TestTool::new("mcp__m__tool_5", object_schema())))
+        .unwrap();
+    assert!(matches!(
+        reg.set_exposure("mcp__m__tool-5", Exposure::Codemode),
+        Err(RegistryError::IdentifierCollision { .. })
+    ));
+    // Exposure changes of a tool to itself are not collisions.
+    reg.set_exposure("mcp__m__tool-7", Exposure::Deferred)
+        .unwrap();
+}
+
 #[tokio::test]
 async fn only_mode_refuses_direct_model_calls_and_audits_them_but_scripts_may_call() {
     let dir = tempfile::tempdir().unwrap();
