@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Client, Pool};
-use tokio_postgres::Row;
 
 use super::ops::{OpError, OpResult};
+use super::pipelined::{amounts_of, col};
 use crate::budget::{
     self, Amounts, BudgetRefusal, Counter, LeaseTicket, Overrun, Reservation, ReserveRequest,
 };
@@ -705,23 +705,4 @@ fn backend(detail: String) -> OpError {
         location: String::new(),
         detail,
     })
-}
-
-fn col<'r, T: tokio_postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> OpResult<T> {
-    row.try_get(i).map_err(|e| {
-        OpError::State(StateError::Corrupt {
-            location: String::new(),
-            detail: format!("column {i} does not have the expected type: {e}"),
-        })
-    })
-}
-
-fn amounts_of(v: Vec<i64>) -> OpResult<Amounts> {
-    let arr: [i64; 5] = v.try_into().map_err(|v: Vec<i64>| {
-        OpError::State(StateError::Corrupt {
-            location: String::new(),
-            detail: format!("a ledger has {} counters instead of 5", v.len()),
-        })
-    })?;
-    Ok(Amounts::from_i64s(arr))
 }

@@ -88,7 +88,10 @@ impl TxConn {
     }
 }
 
-fn col<'r, T: tokio_postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> OpResult<T> {
+pub(super) fn col<'r, T: tokio_postgres::types::FromSql<'r>>(
+    row: &'r Row,
+    i: usize,
+) -> OpResult<T> {
     row.try_get(i).map_err(|e| {
         OpError::State(StateError::Corrupt {
             location: String::new(),
@@ -97,7 +100,7 @@ fn col<'r, T: tokio_postgres::types::FromSql<'r>>(row: &'r Row, i: usize) -> OpR
     })
 }
 
-fn amounts_of(v: Vec<i64>) -> OpResult<Amounts> {
+pub(super) fn amounts_of(v: Vec<i64>) -> OpResult<Amounts> {
     let arr: [i64; 5] = v.try_into().map_err(|v: Vec<i64>| {
         OpError::State(StateError::Corrupt {
             location: String::new(),
