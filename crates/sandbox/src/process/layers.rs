@@ -205,6 +205,9 @@ fn seccomp_rules(
         libc::SYS_mremap,
         libc::SYS_brk,
         libc::SYS_madvise,
+        // Which of its own pages are resident, so a VM reset zeroes those instead of
+        // faulting them in again (arena.rs).
+        libc::SYS_mincore,
         libc::SYS_futex,
         libc::SYS_clock_gettime,
         libc::SYS_clock_getres,
