@@ -100,7 +100,29 @@ fn over(
     )
 }
 
-fn check(scope: &str, s: &LedgerSnapshot, l: &BudgetLimits, kind: CallKind) -> Result<(), String> {
+/// A refusal of a model call that does not fit in what is left of a limit.
+fn too_big(
+    scope: &str,
+    what: &str,
+    used: impl std::fmt::Display,
+    limit: impl std::fmt::Display,
+    wants: impl std::fmt::Display,
+) -> String {
+    format!(
+        "the call was not run: it may use up to {wants}, more than is left of the {scope} budget `{what}` ({used} used or reserved of {limit}). No person was asked. Make the request smaller (less input, a lower max_tokens), or ask the user to raise budgets.{scope}.{what} in settings"
+    )
+}
+
+/// Refuses a call once a limit is reached, and a model call whose reserved estimate would pass a
+/// token or cost limit: the budget is a ceiling, not a line the last call may cross by its whole
+/// size (the shared ledgers check the same way, `codemode_state::budget::check_room`).
+fn check(
+    scope: &str,
+    s: &LedgerSnapshot,
+    l: &BudgetLimits,
+    kind: CallKind,
+    estimate: &Usage,
+) -> Result<(), String> {
     if let Some(max) = l.max_calls
         && s.calls >= max
     {
@@ -119,20 +141,32 @@ fn check(scope: &str, s: &LedgerSnapshot, l: &BudgetLimits, kind: CallKind) -> R
         {
             return Err(over(scope, "max_model_calls", s.model_calls, max));
         }
-        if let Some(max) = l.max_tokens
-            && tokens >= max
-        {
-            return Err(over(scope, "max_tokens", tokens, max));
+        let wants_tokens = estimate.total_tokens();
+        if let Some(max) = l.max_tokens {
+            if tokens >= max {
+                return Err(over(scope, "max_tokens", tokens, max));
+            }
+            if tokens.saturating_add(wants_tokens) > max {
+                let wants = format!("{wants_tokens} tokens");
+                return Err(too_big(scope, "max_tokens", tokens, max, wants));
+            }
         }
-        if let Some(max) = l.max_cost_usd
-            && cost >= max
-        {
-            return Err(over(
-                scope,
-                "max_cost_usd",
-                format!("${cost:.6}"),
-                format!("${max}"),
-            ));
+        let wants_cost = estimate.cost_usd.max(0.0);
+        if let Some(max) = l.max_cost_usd {
+            if cost >= max {
+                let used = format!("${cost:.6}");
+                return Err(over(scope, "max_cost_usd", used, format!("${max}")));
+            }
+            if cost + wants_cost > max {
+                let (used, wants) = (format!("${cost:.6}"), format!("${wants_cost:.6}"));
+                return Err(too_big(
+                    scope,
+                    "max_cost_usd",
+                    used,
+                    format!("${max}"),
+                    wants,
+                ));
+            }
         }
     }
     Ok(())
@@ -212,12 +246,12 @@ impl Ledger {
     ) -> Result<Reservation, String> {
         let mut inner = self.lock();
         let session = inner.sessions.entry(p.session_id.clone()).or_default();
-        check("session", session, &budgets.session, kind)?;
+        check("session", session, &budgets.session, kind, &estimate)?;
         let session_counts = session.counts();
         let mut script_counts = Counts::default();
         if let Some(script_id) = &p.script_id {
             let script = inner.scripts.entry(script_id.clone()).or_default();
-            check("script", script, &budgets.script, kind)?;
+            check("script", script, &budgets.script, kind, &estimate)?;
             script_counts = script.counts();
             bump(script, kind, &estimate);
         }

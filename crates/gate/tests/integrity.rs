@@ -114,7 +114,8 @@ async fn a_cost_cap_holds_against_a_parallel_burst() {
         assert!((spent.usage.cost_usd - 0.12).abs() < 1e-9, "{spent:?}");
         assert_eq!(spent.pending, Usage::default(), "estimates were settled");
     }
-    // The same holds for a budget instead of a policy.
+    // The same holds for a budget instead of a policy, and a budget is a ceiling: at $0.04 an
+    // image, a third image would take the session to $0.12, past $0.10, so only two run.
     let reg = Registry::new();
     reg.register(Arc::new(image_model())).unwrap();
     let gate = builder(&reg)
@@ -123,8 +124,10 @@ async fn a_cost_cap_holds_against_a_parallel_burst() {
         .unwrap();
     assert_eq!(
         burst(&gate, "models.generateImages", json!({"text": "x"})).await,
-        3
+        2
     );
+    let spent = gate.session_totals("s1");
+    assert!((spent.usage.cost_usd - 0.08).abs() < 1e-9, "{spent:?}");
 }
 
 async fn hook_answer(answer: &str) -> Result<(), codemode_gate::GateError> {
