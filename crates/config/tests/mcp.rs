@@ -54,6 +54,47 @@ fn parses_stdio_and_http_servers() {
     );
 }
 
+/// `a` with a tool `b__c` and `a__b` with a tool `c` would both be `mcp__a__b__c`; a name
+/// that could collide so is refused, whichever way it is spelt.
+#[test]
+fn a_server_name_that_could_share_tool_names_with_another_is_refused() {
+    for name in [
+        "github__x",
+        "github--x",
+        "github-_x",
+        "_github",
+        "github_",
+        "-github",
+        "__",
+    ] {
+        let err = McpConfig::from_json(
+            &json!({"mcpServers": {"github": {"command": "x"}, name: {"command": "y"}}}),
+            "cfg",
+        )
+        .expect_err(name)
+        .to_string();
+        assert!(err.contains(name), "{name}: the server is named: {err}");
+        assert!(err.contains("two - or _ in a row"), "{name}: {err}");
+    }
+    let err = McpConfig::from_json(
+        &json!({"mcpServers": {"my--docs": {"command": "x"}}}),
+        "cfg",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("rename it, for example to \"my_docs\""),
+        "{err}"
+    );
+    // One - or _ between letters is fine.
+    let c = McpConfig::from_json(
+        &json!({"mcpServers": {"my-docs": {"command": "x"}, "web_2": {"command": "y"}}}),
+        "cfg",
+    )
+    .unwrap();
+    assert_eq!(c.servers().len(), 2);
+}
+
 #[test]
 fn strict_parsing_reports_bad_entries() {
     let err = McpConfig::from_json(&json!({"mcpServers": {"a b": {"command": "x"}}}), "cfg")

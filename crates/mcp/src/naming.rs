@@ -38,18 +38,30 @@ pub fn mcp_tool_name(server: &str, tool: &str, taken: &HashSet<String>) -> Strin
     if plain.len() <= MAX_TOOL_NAME && !taken.contains(&plain) {
         return plain;
     }
-    hashed_name(&plain, server, tool)
+    hashed_name(&plain, server, tool, taken)
 }
 
-fn hashed_name(plain: &str, server: &str, tool: &str) -> String {
+/// `plain` cut short with a hash of the raw names, never one of the `taken` names.
+///
+/// Eight hex digits are 32 bits, few enough that a server could search for a tool name whose
+/// shortened name equals another tool's: then the digest grows (the prefix shrinks) until the
+/// name is free, so a tool never takes a name another already holds.
+fn hashed_name(plain: &str, server: &str, tool: &str, taken: &HashSet<String>) -> String {
     let mut hasher = Sha256::new();
     hasher.update(server.as_bytes());
     hasher.update([0u8]);
     hasher.update(tool.as_bytes());
     let digest = hex::encode(hasher.finalize());
-    // `plain` is ASCII after sanitizing, so byte slicing is safe.
-    let keep = plain.len().min(KEPT_PREFIX);
-    format!("{}_{}", &plain[..keep], &digest[..8])
+    let mut candidate = String::new();
+    for digits in [8, 16, 32, 48] {
+        // `plain` is ASCII after sanitizing, so byte slicing is safe.
+        let keep = plain.len().min(MAX_TOOL_NAME - 1 - digits).min(KEPT_PREFIX);
+        candidate = format!("{}_{}", &plain[..keep], &digest[..digits]);
+        if !taken.contains(&candidate) {
+            break;
+        }
+    }
+    candidate
 }
 
 /// Names for all tools of one server, given the names other servers already hold.
@@ -70,7 +82,7 @@ pub fn name_server_tools(server: &str, tools: &[String], taken: &HashSet<String>
     for (tool, p) in tools.iter().zip(&plain) {
         let collides = counts.get(p.as_str()).copied().unwrap_or(0) > 1;
         let name = if collides || p.len() > MAX_TOOL_NAME || used.contains(p) {
-            hashed_name(p, server, tool)
+            hashed_name(p, server, tool, &used)
         } else {
             p.clone()
         };
@@ -115,6 +127,23 @@ mod tests {
         let name = mcp_tool_name("s", "a-b", &taken);
         assert!(name.starts_with("mcp__s__a_b_"), "{name}");
         assert!(is_hex8_suffix(&name));
+    }
+
+    /// A tool whose shortened name was chosen to equal one already taken gets a longer digest,
+    /// not the taken name.
+    #[test]
+    fn a_shortened_name_never_takes_a_name_already_held() {
+        let tool = "y".repeat(80);
+        let first = mcp_tool_name("s", &tool, &HashSet::new());
+        let taken: HashSet<String> = [first.clone()].into();
+        let second = mcp_tool_name("s", &tool, &taken);
+        assert_ne!(first, second);
+        assert!(second.len() <= MAX_TOOL_NAME, "{second}");
+        let (_, digest) = second.rsplit_once('_').unwrap();
+        assert_eq!(digest.len(), 16, "{second}");
+        // Held in the same listing: two tools of one server.
+        let names = name_server_tools("s", std::slice::from_ref(&tool), &taken);
+        assert_ne!(names[0], first);
     }
 
     #[test]

@@ -168,6 +168,35 @@ fn bad(key: &str, message: impl Into<String>) -> Bad {
     (key.to_string(), message.into())
 }
 
+/// Why a server name could make its tools' names ambiguous, if it could.
+///
+/// A server's tools are named `mcp__<server>__<tool>` with `-` read as `_`. A name with `__`
+/// inside, or `_` at either end, would let two servers produce the same tool name (`a` with a
+/// tool `b__c`, and `a__b` with a tool `c`), and let one server's tools match patterns, hooks and
+/// policies written for the other. Without them, the first `__` after `mcp__` always ends the
+/// server's name.
+fn ambiguous_name(name: &str) -> Option<String> {
+    let mapped = name.replace('-', "_");
+    let at_end = mapped.starts_with('_') || mapped.ends_with('_');
+    if !mapped.contains("__") && !at_end {
+        return None;
+    }
+    let suggestion: String = mapped
+        .split('_')
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join("_");
+    let fix = if suggestion.is_empty() {
+        "give it a name with letters or digits".to_string()
+    } else {
+        format!("rename it, for example to \"{suggestion}\"")
+    };
+    Some(format!(
+        "the name may not hold two - or _ in a row, or begin or end with one: its tools are named \
+         mcp__<server>__<tool>, and such a name could give two servers the same tool name; {fix}"
+    ))
+}
+
 fn parse_entry(
     name: &str,
     raw: &Value,
@@ -182,6 +211,9 @@ fn parse_entry(
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     {
         return Err(bad("", "the name may only hold letters, digits, - and _"));
+    }
+    if let Some(why) = ambiguous_name(name) {
+        return Err(bad("", why));
     }
     let obj = raw.as_object().ok_or_else(|| {
         bad(
