@@ -103,27 +103,55 @@ impl Registry {
 
     /// Adds a tool with the exposure its spec declares. Direct tools start active.
     pub fn register(&self, tool: Arc<dyn Tool>) -> Result<(), RegistryError> {
-        let spec = tool.spec().clone();
-        let mut inner = self.write();
-        if inner.tools.contains_key(&spec.name) {
-            return Err(RegistryError::Duplicate(spec.name));
-        }
-        if spec.exposure != Exposure::Hidden {
-            check_identifier(&inner, &spec.name, None)?;
-        }
+        let exposure = tool.spec().exposure;
+        self.insert(tool, exposure, false)
+    }
+
+    /// Adds a tool, or swaps in a new version of one of the same name, with `exposure` in
+    /// place of the one its spec declares, in one step.
+    ///
+    /// For tools that change while scripts run (an MCP server's list changed): there is no
+    /// moment when the tool is missing, or callable with the exposure it declared before the
+    /// settings' rules narrowed it, or judged by the old spec after the swap.
+    pub fn install(&self, tool: Arc<dyn Tool>, exposure: Exposure) -> Result<(), RegistryError> {
+        self.insert(tool, exposure, true)
+    }
+
+    fn insert(
+        &self,
+        tool: Arc<dyn Tool>,
+        exposure: Exposure,
+        replace: bool,
+    ) -> Result<(), RegistryError> {
+        let name = tool.spec().name.clone();
+        // Built outside the lock: compiling a schema can take a while.
         let validator = Arc::new(
-            jsonschema::validator_for(&spec.input_schema)
+            jsonschema::validator_for(&tool.spec().input_schema)
                 .map_err(|e| format!("the tool's input schema is invalid: {e}")),
         );
-        if spec.exposure != Exposure::Hidden {
-            inner.index(&spec.name);
+        let mut inner = self.write();
+        let old = inner.tools.get(&name).map(|e| (e.exposure, e.active));
+        if old.is_some() && !replace {
+            return Err(RegistryError::Duplicate(name));
+        }
+        if exposure != Exposure::Hidden {
+            check_identifier(&inner, &name, old.map(|_| name.as_str()))?;
+        }
+        let active = match old {
+            Some((was, active)) if was == exposure => active,
+            _ => exposure == Exposure::Direct,
+        };
+        if exposure == Exposure::Hidden {
+            inner.unindex(&name);
+        } else {
+            inner.index(&name);
         }
         inner.tools.insert(
-            spec.name.clone(),
+            name,
             Entry {
                 tool,
-                exposure: spec.exposure,
-                active: spec.exposure == Exposure::Direct,
+                exposure,
+                active,
                 validator,
             },
         );

@@ -78,6 +78,75 @@ fn duplicate_names_and_identifier_collisions_are_refused() {
     ));
 }
 
+/// `install` swaps a tool in one step, with the exposure given: calls racing the swap find the
+/// old version or the new one, never no tool, and never the new one with the exposure it declared
+/// when it was installed hidden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tool_swapped_in_place_is_never_missing_or_briefly_visible() {
+    let reg = registry_with(vec![
+        TestTool::new("mcp__s__kept", object_schema()),
+        TestTool::new("mcp__s__off", object_schema()).exposure(Exposure::Hidden),
+    ]);
+    assert!(matches!(
+        reg.register(Arc::new(TestTool::new("mcp__s__kept", object_schema()))),
+        Err(RegistryError::Duplicate(_))
+    ));
+    let gate = builder(&reg).build().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..3)
+        .map(|_| {
+            let (gate, stop) = (gate.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut kept_failed, mut off_ran, mut tries) = (0, 0, 0);
+                while !stop.load(Ordering::SeqCst) {
+                    tries += 1;
+                    if gate
+                        .call(req("mcp__s__kept", json!({}), script("k")))
+                        .await
+                        .is_err()
+                    {
+                        kept_failed += 1;
+                    }
+                    if gate
+                        .call(req("mcp__s__off", json!({}), script("o")))
+                        .await
+                        .is_ok()
+                    {
+                        off_ran += 1;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                (kept_failed, off_ran, tries)
+            })
+        })
+        .collect();
+    for i in 0..2000 {
+        let kept = TestTool::new("mcp__s__kept", object_schema()).description(&format!("v{i}"));
+        reg.install(Arc::new(kept), Exposure::Codemode).unwrap();
+        // Declares itself callable; the settings keep it hidden.
+        let off = TestTool::new("mcp__s__off", object_schema()).description(&format!("v{i}"));
+        reg.install(Arc::new(off), Exposure::Hidden).unwrap();
+        if i % 50 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut tries = 0;
+    for c in callers {
+        let (kept_failed, off_ran, n) = c.await.unwrap();
+        assert_eq!((kept_failed, off_ran), (0, 0));
+        tries += n;
+    }
+    assert!(tries > 0);
+    let spec = reg
+        .specs()
+        .into_iter()
+        .find(|s| s.name == "mcp__s__off")
+        .unwrap();
+    assert_eq!(spec.exposure, Exposure::Hidden);
+    assert_eq!(spec.description, "v1999");
+}
+
 /// A hostile server listing 20 000 tools: registering each used to compare identifiers with every
 /// tool before it (quadratic, over a minute). The index keeps collisions, removal and hiding right.
 #[test]

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use codemode_config::mcp::McpConfig;
 use codemode_gate::Registry;
 use codemode_mcp::{ConnectOptions, McpHub, ServerState, ServerStatus};
+use codemode_spec::{Exposure, ToolSpec};
 use tokio::sync::watch;
 
 use crate::wiring::Wiring;
@@ -88,25 +89,33 @@ impl McpServers {
 /// Registers what the hub has now, applies the tool rules, and checks the policies against the
 /// new tools. Returns the warnings.
 fn sync(wiring: &Wiring, hub: &McpHub) -> Vec<String> {
-    let mut warnings = sync_tools(wiring.registry(), hub);
+    // The rules' warnings are said when they are applied to every tool, just after.
+    let ruled = |spec: &ToolSpec| {
+        wiring
+            .rules
+            .decide(&spec.name, spec.exposure, &mut Vec::new())
+    };
+    let mut warnings = sync_tools(wiring.registry(), hub, |spec| ruled(spec).exposure);
     warnings.extend(wiring.apply_tool_rules());
     warnings.extend(wiring.recheck_policy());
     warnings
 }
 
 /// Makes the registry's MCP tools match the hub's: new tools registered, vanished ones removed,
-/// changed ones replaced. A changed tool is briefly absent while it is replaced.
-fn sync_tools(registry: &Registry, hub: &McpHub) -> Vec<String> {
+/// changed ones (any field of the spec, annotations included) swapped in place. Each goes in
+/// with the exposure the settings' rules give it (`exposure`), so a tool the settings hide is
+/// never callable, not even between its arrival and the rules' next pass.
+fn sync_tools(
+    registry: &Registry,
+    hub: &McpHub,
+    exposure: impl Fn(&ToolSpec) -> Exposure,
+) -> Vec<String> {
     let mut warnings = Vec::new();
     let fresh = hub.tools();
     let fresh_names: HashSet<String> = fresh.iter().map(|t| t.spec().name.clone()).collect();
     let current = registry.declared_specs();
     for spec in &current {
-        let from_mcp = spec
-            .namespace
-            .as_deref()
-            .is_some_and(|n| n.starts_with("mcp__"));
-        if from_mcp && !fresh_names.contains(&spec.name) {
+        if is_from_mcp(spec) && !fresh_names.contains(&spec.name) {
             registry.remove(&spec.name);
         }
     }
@@ -114,19 +123,31 @@ fn sync_tools(registry: &Registry, hub: &McpHub) -> Vec<String> {
         registry.add_namespace(ns);
     }
     for tool in fresh {
-        let name = tool.spec().name.clone();
-        if let Some(old) = current.iter().find(|s| s.name == name) {
-            let same = old.input_schema == tool.spec().input_schema
-                && old.description == tool.spec().description
-                && old.exposure == tool.spec().exposure;
-            if same {
-                continue;
-            }
-            registry.remove(&name);
+        let spec = tool.spec();
+        // Everything the gate judges by counts: a tool re-announced as no longer read-only is
+        // judged as such from the next call on.
+        if current.iter().any(|old| old == spec) {
+            continue;
         }
-        if let Err(e) = registry.register(tool) {
+        if let Some(other) = current.iter().find(|old| old.name == spec.name)
+            && !is_from_mcp(other)
+        {
+            warnings.push(format!(
+                "an MCP tool was left out: `{}` is already the name of a tool that is not an MCP server's",
+                spec.name
+            ));
+            continue;
+        }
+        let exposure = exposure(spec);
+        if let Err(e) = registry.install(tool, exposure) {
             warnings.push(format!("an MCP tool was left out: {e}"));
         }
     }
     warnings
+}
+
+fn is_from_mcp(spec: &ToolSpec) -> bool {
+    spec.namespace
+        .as_deref()
+        .is_some_and(|n| n.starts_with("mcp__"))
 }

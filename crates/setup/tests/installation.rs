@@ -343,3 +343,97 @@ async fn an_embedders_tool_and_hook_join_the_gate() {
     assert!(err.message.contains("no find here"), "{}", err.message);
     inst.shutdown().await;
 }
+
+/// A server that changes its tools while scripts call them: a tool re-announced as destructive
+/// is judged as destructive from then on, and a tool the settings disable is never callable,
+/// not even in the moment a new version of it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tools_a_server_changes_while_scripts_call_them_are_judged_by_what_they_are_now() {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED, "churn"]}}}),
+    );
+    d.user(
+        "settings.json",
+        json!({"tools": {"mcp__bad__secret": {"disabled": true}}}),
+    );
+    let inst = d.builder().build().await.unwrap();
+    inst.servers_ready().await.unwrap();
+    let gate = inst.gate().clone();
+
+    // Under the default policy, read-only MCP tools run; others are refused.
+    gate.call(script_call("mcp__bad__echo", json!({"text": "hi"})))
+        .await
+        .expect("a read-only tool runs");
+    let mut changed = inst.tools_changed();
+    changed.borrow_and_update();
+    gate.call(script_call("mcp__bad__retag", json!({})))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        match gate
+            .call(script_call("mcp__bad__echo", json!({"text": "hi"})))
+            .await
+        {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "echo is still judged read-only");
+                let _ = tokio::time::timeout(Duration::from_millis(200), changed.changed()).await;
+            }
+        }
+    };
+    assert_eq!(refused.stage, Stage::Policy, "{}", refused.message);
+    let echo = inst
+        .tools()
+        .into_iter()
+        .find(|t| t.spec.name == "mcp__bad__echo")
+        .unwrap();
+    assert_eq!(echo.spec.annotations.destructive_hint, Some(true));
+
+    // A disabled tool whose description changes fifty times while a script calls it in a loop.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer = |gate: codemode_gate::Gate, stop: Arc<std::sync::atomic::AtomicBool>| {
+        tokio::spawn(async move {
+            let (mut tries, mut ran) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                tries += 1;
+                if gate
+                    .call(script_call("mcp__bad__secret", json!({})))
+                    .await
+                    .is_ok()
+                {
+                    ran += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+            (tries, ran)
+        })
+    };
+    let hammers: Vec<_> = (0..3).map(|_| hammer(gate.clone(), stop.clone())).collect();
+    gate.call(script_call("mcp__bad__churn", json!({"times": 50})))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let description = |inst: &Installation| {
+        inst.tools()
+            .into_iter()
+            .find(|t| t.spec.name == "mcp__bad__secret")
+            .map(|t| (t.spec.description.clone(), t.spec.exposure))
+    };
+    while description(&inst).map(|(d, _)| d).as_deref() != Some("Version 50.") {
+        assert!(Instant::now() < deadline, "{:?}", description(&inst));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (mut tries, mut ran) = (0, 0);
+    for h in hammers {
+        let (t, r) = h.await.unwrap();
+        (tries, ran) = (tries + t, ran + r);
+    }
+    assert_eq!(ran, 0, "the disabled tool ran {ran} of {tries} times");
+    assert!(tries > 50, "the loop ran while the tool changed: {tries}");
+    assert_eq!(description(&inst).unwrap().1, Exposure::Hidden);
+    inst.shutdown().await;
+}

@@ -40,6 +40,11 @@ impl TestTool {
         }
     }
 
+    pub fn description(mut self, d: &str) -> Self {
+        self.spec.description = d.to_string();
+        self
+    }
+
     pub fn exposure(mut self, e: Exposure) -> Self {
         self.spec.exposure = e;
         self
