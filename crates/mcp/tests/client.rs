@@ -341,6 +341,39 @@ async fn malformed_output_is_skipped() {
     hub.shutdown().await;
 }
 
+/// A server whose tool list never ends (every page names a next one) used to keep the host
+/// listing and growing until it was killed. The listing stops at 5,000 tools, the server is
+/// connected with those, and a second server beside it is unaffected.
+#[tokio::test]
+async fn a_tool_list_that_never_ends_is_cut_and_the_host_carries_on() {
+    let hub = tokio::time::timeout(
+        Duration::from_secs(120),
+        hub(json!({"endless": fixture(&["endless"]), "fine": fixture(&[])})),
+    )
+    .await
+    .expect("connecting ends");
+    let status = hub.status();
+    assert!(
+        status
+            .iter()
+            .all(|s| matches!(s.state, ServerState::Connected { .. })),
+        "{status:?}"
+    );
+    let tools = hub.tools();
+    let endless = tools
+        .iter()
+        .filter(|t| t.spec().name.starts_with("mcp__endless__"))
+        .count();
+    assert_eq!(endless, 5_000);
+    assert!(tools.iter().any(|t| t.spec().name == "mcp__endless__t4999"));
+    let out = find(&hub, "mcp__fine__echo")
+        .call(call(json!({"text": "beside"})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "Echo: beside");
+    hub.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_ten_megabyte_result_arrives_whole() {
     let hub = hub(json!({"bad": fixture(&[])})).await;

@@ -2,6 +2,7 @@
 
 mod handler;
 mod hub;
+mod listing;
 mod ordered;
 mod progress;
 mod prompts;

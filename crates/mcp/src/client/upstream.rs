@@ -23,6 +23,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use super::handler::{Handler, Listing};
+use super::listing;
 use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
 use super::stdio::ChildTransport;
@@ -354,25 +355,24 @@ impl Upstream {
                     .map_err(|e| format!("cannot connect to {url}: {e}"))?
             }
         };
-        let tools = service
-            .peer()
-            .list_all_tools()
+        let tools = listing::tools(service.peer(), listing::BOUNDS)
             .await
-            .map_err(|e| format!("listing its tools failed: {e}"))?;
+            .map_err(|e| format!("listing its tools failed: {e}"))
+            .map(|listed| self.kept(listed))?;
         let info = service.peer().peer_info();
         let capabilities = info
             .as_ref()
             .map(|i| i.capabilities.clone())
             .unwrap_or_default();
         let resources = match capabilities.resources {
-            Some(_) => Some(list_resources(service.peer()).await.unwrap_or_else(|e| {
+            Some(_) => Some(self.list_resources(service.peer()).await.unwrap_or_else(|e| {
                 tracing::warn!(server = %self.name(), error = %e, "listing MCP resources failed");
                 Resources::default()
             })),
             None => None,
         };
         let prompts = match capabilities.prompts {
-            Some(_) => Some(service.peer().list_all_prompts().await.unwrap_or_else(|e| {
+            Some(_) => Some(self.list_prompts(service.peer()).await.unwrap_or_else(|e| {
                 tracing::warn!(server = %self.name(), error = %e, "listing MCP prompts failed");
                 Vec::new()
             })),
@@ -413,21 +413,24 @@ impl Upstream {
             return false;
         };
         let changed = match what {
-            Listing::Tools => match peer.list_all_tools().await {
-                Ok(tools) => replace_if_changed(&mut write(&self.catalog).tools, tools),
+            Listing::Tools => match listing::tools(&peer, listing::BOUNDS).await {
+                Ok(tools) => {
+                    let tools = self.kept(tools);
+                    replace_if_changed(&mut write(&self.catalog).tools, tools)
+                }
                 Err(e) => {
                     tracing::warn!(server = %self.name(), error = %e, "refreshing MCP tools failed");
                     false
                 }
             },
-            Listing::Resources => match list_resources(&peer).await {
+            Listing::Resources => match self.list_resources(&peer).await {
                 Ok(r) => replace_if_changed(&mut write(&self.catalog).resources, Some(r)),
                 Err(e) => {
                     tracing::warn!(server = %self.name(), error = %e, "refreshing MCP resources failed");
                     false
                 }
             },
-            Listing::Prompts => match peer.list_all_prompts().await {
+            Listing::Prompts => match self.list_prompts(&peer).await {
                 Ok(p) => replace_if_changed(&mut write(&self.catalog).prompts, Some(p)),
                 Err(e) => {
                     tracing::warn!(server = %self.name(), error = %e, "refreshing MCP prompts failed");
@@ -439,6 +442,31 @@ impl Upstream {
             self.bump();
         }
         changed
+    }
+
+    /// What a bounded listing kept; what it left out is logged against the server.
+    fn kept<T>(&self, listed: listing::Listed<T>) -> Vec<T> {
+        if let Some(why) = &listed.cut {
+            tracing::warn!(server = %self.name(), "MCP server listing cut short: {why}");
+        }
+        listed.items
+    }
+
+    async fn list_prompts(&self, peer: &Peer<RoleClient>) -> Result<Vec<Prompt>, ServiceError> {
+        Ok(self.kept(listing::prompts(peer, listing::BOUNDS).await?))
+    }
+
+    async fn list_resources(&self, peer: &Peer<RoleClient>) -> Result<Resources, ServiceError> {
+        let resources = self.kept(listing::resources(peer, listing::BOUNDS).await?);
+        // Templates are optional for a server that has resources; some answer "method not found".
+        let templates = listing::resource_templates(peer, listing::BOUNDS)
+            .await
+            .map(|listed| self.kept(listed))
+            .unwrap_or_default();
+        Ok(Resources {
+            resources,
+            templates,
+        })
     }
 
     fn bump(&self) {
@@ -502,7 +530,7 @@ impl Upstream {
         let listed = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Err(ToolError::cancelled()),
-            r = list_resources(&peer) => r.map_err(|e| self.call_error("resources/list", e))?,
+            r = self.list_resources(&peer) => r.map_err(|e| self.call_error("resources/list", e))?,
         };
         if replace_if_changed(&mut write(&self.catalog).resources, Some(listed.clone())) {
             self.bump();
@@ -652,16 +680,6 @@ fn replace_if_changed<T: PartialEq>(slot: &mut T, new: T) -> bool {
     }
     *slot = new;
     true
-}
-
-async fn list_resources(peer: &Peer<RoleClient>) -> Result<Resources, ServiceError> {
-    let resources = peer.list_all_resources().await?;
-    // Templates are optional for a server that has resources; some answer "method not found".
-    let templates = peer.list_all_resource_templates().await.unwrap_or_default();
-    Ok(Resources {
-        resources,
-        templates,
-    })
 }
 
 /// `90 s`, `2 min`, `1 h`.
