@@ -41,6 +41,10 @@ pub struct CallOutcome {
     pub provenance: Provenance,
     /// The tool's raw name (or the name asked for, when it did not resolve).
     pub tool: String,
+    /// The tool's namespace, such as `mcp__github` for a server's tools: which server a call
+    /// reached, in the line itself (server names cannot make two servers' tool names equal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub kind: Option<CallKind>,
     pub args_sha256: String,
     /// The arguments as JSON, cut to 200 characters.

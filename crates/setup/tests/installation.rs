@@ -435,5 +435,14 @@ async fn tools_a_server_changes_while_scripts_call_them_are_judged_by_what_they_
     assert_eq!(ran, 0, "the disabled tool ran {ran} of {tries} times");
     assert!(tries > 50, "the loop ran while the tool changed: {tries}");
     assert_eq!(description(&inst).unwrap().1, Exposure::Hidden);
+    // Each call's record names the server it reached.
+    let records = gate.records_for_script("script-1");
+    let retag = records
+        .iter()
+        .find(|r| r.tool == "mcp__bad__retag")
+        .unwrap();
+    assert_eq!(retag.namespace.as_deref(), Some("mcp__bad"));
+    let line = serde_json::to_value(retag).unwrap();
+    assert_eq!(line["namespace"], "mcp__bad");
     inst.shutdown().await;
 }

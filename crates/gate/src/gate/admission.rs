@@ -26,6 +26,7 @@ pub(crate) struct Pending {
     started: Instant,
     provenance: Provenance,
     tool: String,
+    namespace: Option<String>,
     kind: Option<CallKind>,
     args: Value,
     paths: Vec<String>,
@@ -102,6 +103,7 @@ impl Pending {
             started: Instant::now(),
             provenance: req.provenance.clone(),
             tool: crate::preview(&req.name, 200),
+            namespace: None,
             kind: None,
             args: req.args.clone(),
             paths: Vec::new(),
@@ -118,6 +120,7 @@ impl Pending {
 
     pub fn note_tool(&mut self, spec: &ToolSpec) {
         self.tool = spec.name.clone();
+        self.namespace = spec.namespace.clone();
         self.kind = Some(spec.kind);
     }
 
@@ -209,6 +212,7 @@ impl Pending {
             time: utc_now(),
             provenance: self.provenance.clone(),
             tool: self.tool.clone(),
+            namespace: self.namespace.clone(),
             kind: self.kind,
             args_sha256: sha256_hex(args_text.as_bytes()),
             args_preview: crate::preview(&args_text, 200),
