@@ -111,8 +111,8 @@ async fn images_reach_the_script_and_the_model() {
 #[tokio::test]
 async fn annotations_pagination_and_structured_results() {
     let hub = hub(json!({"bad": fixture(&[])})).await;
-    // The fixture lists 3 tools per page; all 15 must arrive.
-    assert_eq!(hub.tools().len(), 15, "{:?}", hub.status());
+    // The fixture lists 3 tools per page; all 16 must arrive.
+    assert_eq!(hub.tools().len(), 16, "{:?}", hub.status());
     let echo = find(&hub, "mcp__bad__echo");
     assert_eq!(echo.spec().annotations.read_only_hint, Some(true));
     assert_eq!(echo.spec().annotations.open_world_hint, Some(false));
@@ -439,6 +439,46 @@ async fn an_oversized_or_too_deep_response_fails_its_call_at_once() {
         before
     );
     eprintln!("both refusals and the checks took {:?}", started.elapsed());
+    hub.shutdown().await;
+}
+
+/// A line with a request's id that rmcp cannot read as a response (cut-off JSON, no `result`
+/// or `error`, an `error` that is not an object, another JSON-RPC version) was dropped, and the
+/// call waited for its timeout. It fails at once, saying what was wrong, and the connection
+/// stays usable.
+#[tokio::test]
+async fn a_response_rmcp_cannot_read_fails_its_call_at_once() {
+    let hub = McpHub::connect(
+        &config(json!({"bad": fixture(&[])})),
+        ConnectOptions {
+            call_timeout: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .await;
+    let broken = find(&hub, "mcp__bad__broken_answer");
+    for how in ["syntax", "envelope", "error", "version"] {
+        let err = tokio::time::timeout(
+            Duration::from_secs(30),
+            broken.call(call(json!({"how": how}))),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{how}: the call fails without waiting for the timeout"))
+        .unwrap_err();
+        assert_eq!(err.kind, ToolErrorKind::Failed, "{how}: {err:?}");
+        assert!(
+            err.message
+                .contains("not a JSON-RPC response codemode can read"),
+            "{how}: {}",
+            err.message
+        );
+        assert!(err.message.contains("bad/broken_answer"), "{}", err.message);
+    }
+    let out = find(&hub, "mcp__bad__echo")
+        .call(call(json!({"text": "after"})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&out.value), "Echo: after");
     hub.shutdown().await;
 }
 

@@ -176,6 +176,8 @@ async fn screen_lines(
                     scanned.deepest()
                 ),
             )
+        } else if let Some(why) = unreadable_response(&scanned, &line) {
+            rejected(&server, &scanned, &why)
         } else {
             Some(std::mem::take(&mut line))
         };
@@ -186,6 +188,17 @@ async fn screen_lines(
             break;
         }
     }
+}
+
+/// Why rmcp would drop a response line it cannot read (cut-off JSON, neither `result` nor
+/// `error`, another JSON-RPC version), if it would. Only responses are read twice: they are the
+/// lines a call waits for.
+fn unreadable_response(scanned: &Scanner, line: &[u8]) -> Option<String> {
+    scanned.response_id()?;
+    let e = serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line).err()?;
+    Some(format!(
+        "the server's answer is not a JSON-RPC response codemode can read ({e}), and was dropped; the fault is the server's, not the call's"
+    ))
 }
 
 /// The error line that replaces a rejected response, when it answered a request.
