@@ -598,6 +598,76 @@ async fn streamable_http_server_with_headers() {
     child.kill().await.unwrap();
 }
 
+/// The HTTP transport's side of the stdio limits: a response over 16 MiB, nested past serde's
+/// limit, or without `result` or `error`, as a JSON body or as an SSE event, fails its call at
+/// once (not at its timeout), and the next call on the same server works.
+#[tokio::test]
+async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut child = tokio::process::Command::new("node")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/hostile-http-server.cjs"
+        ))
+        .arg(port.to_string())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let hub = McpHub::connect(
+        &config(json!({"web": {"url": format!("http://127.0.0.1:{port}/mcp")}})),
+        ConnectOptions {
+            call_timeout: Duration::from_secs(600),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(
+        matches!(hub.status()[0].state, ServerState::Connected { .. }),
+        "{:?}",
+        hub.status()
+    );
+    for as_ in ["json", "sse"] {
+        for what in ["big", "deep", "broken"] {
+            let name = format!("mcp__web__{what}_{as_}");
+            let started = std::time::Instant::now();
+            let err = tokio::time::timeout(
+                Duration::from_secs(30),
+                find(&hub, &name).call(call(json!({}))),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{name}: the call fails without waiting for its timeout"))
+            .unwrap_err();
+            assert!(started.elapsed() < Duration::from_secs(20), "{name}");
+            assert_eq!(err.kind, ToolErrorKind::Failed, "{name}: {err:?}");
+            assert!(
+                err.message.contains("a response codemode cannot read")
+                    && err.message.contains("16 MiB"),
+                "{name}: {}",
+                err.message
+            );
+            let echo = find(&hub, &format!("mcp__web__echo_{as_}"))
+                .call(call(json!({"text": "after"})))
+                .await
+                .unwrap_or_else(|e| panic!("after {name}: {e:?}"));
+            assert_eq!(text_of(&echo.value), "Echo: after");
+        }
+    }
+    hub.shutdown().await;
+    child.kill().await.unwrap();
+}
+
 #[tokio::test]
 async fn shutting_down_stops_what_a_stdio_server_started() {
     let dir = tempfile::tempdir().unwrap();

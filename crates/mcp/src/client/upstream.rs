@@ -623,9 +623,17 @@ impl Upstream {
     fn call_error(&self, tool: &str, e: ServiceError) -> ToolError {
         let server = self.name();
         if e_is_closed(&e) {
+            // rmcp's HTTP transport ends the session on a response it cannot read, and keeps the
+            // reason to itself; a stdio server's such responses are failed one by one instead.
+            let why = match self.config.transport {
+                ServerTransport::Http { .. } => {
+                    "(it may have stopped, or sent a response codemode cannot read: larger \
+                     than 16 MiB, nested more than 127 levels, or not a JSON-RPC response)"
+                }
+                ServerTransport::Stdio { .. } => "(it may have crashed)",
+            };
             return ToolError::failed(self.unavailable(&format!(
-                "MCP server \"{server}\" closed the connection during the call to \"{tool}\" \
-                 (it may have crashed)"
+                "MCP server \"{server}\" closed the connection during the call to \"{tool}\" {why}"
             )));
         }
         match e {
