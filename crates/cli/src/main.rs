@@ -4,6 +4,7 @@ mod approver;
 mod commands;
 mod demo;
 mod setup;
+mod stop;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -70,7 +70,10 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         return Err(e.into());
     }
     let determinism = determinism(&args);
+    let abort = tokio_util::sync::CancellationToken::new();
+    let stop = crate::stop::Stop::watch(abort.clone())?;
     let mut request = ScriptRequest::new(source, args.session.clone());
+    request.abort = abort.clone();
     request.determinism = determinism;
     request.record = args.record.clone();
     request.replay = args.replay.clone();
@@ -79,7 +82,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
         .cells()
         .is_some_and(|c| c.config().pause_approvals);
     let run = match pausing && request.record.is_none() && request.replay.is_none() {
-        true => run_pausing(installation.codemode(), request).await?,
+        true => run_pausing(installation.codemode(), request, abort).await?,
         false => installation.codemode().run_script(request).await,
     };
     if args.verbose {
@@ -87,6 +90,9 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     }
     print_run(&run, args.json)?;
     installation.shutdown().await;
+    if let Some(code) = stop.exit_code() {
+        return Ok(ExitCode::from(code));
+    }
     Ok(if run.is_error {
         ExitCode::from(1)
     } else {
@@ -100,6 +106,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
 async fn run_pausing(
     codemode: &codemode_runtime::Codemode,
     request: ScriptRequest,
+    abort: tokio_util::sync::CancellationToken,
 ) -> Result<codemode_runtime::ScriptRun> {
     let session = request.session_id.clone();
     let mut report = codemode.start_cell(request).await?;
@@ -120,7 +127,18 @@ async fn run_pausing(
             timeout: Some(std::time::Duration::from_secs(3600)),
             terminate: false,
         };
-        report = codemode.wait_cell(&session, &report.cell, wait).await?;
+        report = tokio::select! {
+            r = codemode.wait_cell(&session, &report.cell, wait) => r?,
+            _ = abort.cancelled() => {
+                // A signal: end the cell here (its calls cancelled and audited), rather than
+                // leave it for a later start to take over.
+                let stop = codemode_runtime::WaitOptions {
+                    timeout: Some(std::time::Duration::from_secs(10)),
+                    terminate: true,
+                };
+                codemode.wait_cell(&session, &report.cell, stop).await?
+            }
+        };
     }
 }
 

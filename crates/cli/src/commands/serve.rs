@@ -173,6 +173,18 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
             "scripts still running at shutdown; stopping anyway"
         );
     }
+    // Cells that yielded run on after their request returned: stop them too (the next start
+    // takes them over by replay), so that their calls in flight are cancelled and audited
+    // before the process ends.
+    if let Some(cells) = installation.codemode().cells() {
+        let stopped = tokio::select! {
+            stopped = cells.abandon_and_wait(DRAIN) => stopped,
+            _ = hurry.cancelled() => false,
+        };
+        if !stopped {
+            tracing::warn!("cells still running at shutdown; stopping anyway");
+        }
+    }
     follower.abort();
     if let Some(resumer) = resumer {
         resumer.abort();

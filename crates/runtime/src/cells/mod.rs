@@ -167,6 +167,25 @@ impl Cells {
         }
     }
 
+    /// Abandons every cell (see [`Cells::abandon`]) and waits until each one's driver stopped,
+    /// which is when its calls in flight were cancelled and their audit lines written, or until
+    /// `limit` passes. True when all stopped. For a shutdown: without it, a yielded cell's call
+    /// that was running when the process exited left no audit line.
+    pub async fn abandon_and_wait(&self, limit: std::time::Duration) -> bool {
+        self.abandon();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // An abandoned cell leaves the table when its driver returns.
+            if self.lock().values().all(|c| c.is_done()) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// The ids of the cells this process drives now.
     pub fn live_ids(&self) -> Vec<String> {
         self.lock()

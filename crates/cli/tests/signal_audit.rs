@@ -1,0 +1,215 @@
+//! A signal in the middle of a tool call: the call is stopped (a `bash` command's whole process
+//! group killed) and audited as cancelled before codemode exits, for `codemode run` and for a
+//! cell `codemode serve` runs after its request returned. Before, the process ended with the
+//! command still running and no line for it, and `audit verify` called the log intact.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+struct Setup {
+    dir: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("all.cedar"),
+            "@id(\"all\") permit (principal, action, resource);",
+        )
+        .unwrap();
+        std::fs::create_dir(dir.path().join("work")).unwrap();
+        Setup { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A script whose one call marks its start, sleeps, then marks its end.
+    fn script(&self) -> String {
+        format!(
+            "await tools.bash({{command: \"touch {}; sleep 3; touch {}\"}}); return 1",
+            self.path("started").display(),
+            self.path("ended").display()
+        )
+    }
+
+    fn command(&self, sub: &[&str]) -> Command {
+        let mut cmd = common::codemode();
+        cmd.args(sub)
+            .arg("--policy")
+            .arg(self.path("all.cedar"))
+            .arg("--audit")
+            .arg(self.path("audit.jsonl"))
+            .arg("--config-dir")
+            .arg(self.path("config"))
+            .arg("--state-dir")
+            .arg(self.path("state"))
+            .arg("--workdir")
+            .arg(self.path("work"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    fn wait_started(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.path("started").exists() {
+            assert!(Instant::now() < deadline, "the command never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The audit lines, after the command would have ended had it not been killed.
+    fn lines_after_the_command_would_have_ended(&self) -> Vec<Value> {
+        std::thread::sleep(Duration::from_millis(3500));
+        assert!(
+            !self.path("ended").exists(),
+            "the command went on after codemode stopped"
+        );
+        std::fs::read_to_string(self.path("audit.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn verifies(&self) {
+        let out = common::codemode()
+            .args(["audit", "verify"])
+            .arg(self.path("audit.jsonl"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "codemode did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_bash_cancelled(lines: &[Value], what: &str) {
+    let bash: Vec<&Value> = lines.iter().filter(|l| l["tool"] == "bash").collect();
+    assert_eq!(
+        bash.len(),
+        1,
+        "{what}: one line for the bash call: {lines:?}"
+    );
+    assert_eq!(bash[0]["status"], "cancelled", "{what}: {}", bash[0]);
+    assert_eq!(bash[0]["effect"], "unknown", "{what}: {}", bash[0]);
+}
+
+#[test]
+fn a_signal_during_a_call_of_codemode_run_stops_and_audits_it() {
+    for (name, code) in [("INT", 130), ("TERM", 143), ("HUP", 129)] {
+        let s = Setup::new();
+        std::fs::write(s.path("s.js"), s.script()).unwrap();
+        let mut child = s.command(&["run"]).arg(s.path("s.js")).spawn().unwrap();
+        s.wait_started();
+        signal(&child, name);
+        let status = wait_exit(&mut child);
+        assert_eq!(status.code(), Some(code), "SIG{name}");
+        let lines = s.lines_after_the_command_would_have_ended();
+        assert_bash_cancelled(&lines, &format!("SIG{name}"));
+        s.verifies();
+    }
+}
+
+/// One JSON-RPC line to the server, and the answer to `id` (notifications skipped).
+fn request(
+    stdin: &mut impl Write,
+    stdout: &mut impl BufRead,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Value {
+    let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    writeln!(stdin, "{msg}").unwrap();
+    stdin.flush().unwrap();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the server closed"
+        );
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["id"] == id {
+            return v;
+        }
+    }
+}
+
+#[test]
+fn sigterm_while_a_yielded_cell_runs_a_call_of_codemode_serve_stops_and_audits_it() {
+    let s = Setup::new();
+    let mut child = s
+        .command(&["serve", "--mode", "only"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let init = request(
+        &mut stdin,
+        &mut stdout,
+        1,
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {},
+               "clientInfo": {"name": "t", "version": "1"}}),
+    );
+    assert!(init["result"].is_object(), "{init}");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    let code = format!("// @options: {{\"yield_after_ms\": 200}}\n{}", s.script());
+    let answer = request(
+        &mut stdin,
+        &mut stdout,
+        2,
+        "tools/call",
+        json!({"name": "codemode", "arguments": {"code": code}}),
+    );
+    assert_eq!(
+        answer["result"]["structuredContent"]["status"], "running",
+        "the cell yielded: {answer}"
+    );
+    s.wait_started();
+    signal(&child, "TERM");
+    let status = wait_exit(&mut child);
+    assert!(status.success(), "{status:?}");
+    let lines = s.lines_after_the_command_would_have_ended();
+    assert_bash_cancelled(&lines, "serve");
+    assert!(
+        lines.iter().any(|l| l["tool"] == "codemode"),
+        "the codemode call has its line too: {lines:?}"
+    );
+    s.verifies();
+    drop(stdin);
+}
