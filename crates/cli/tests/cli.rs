@@ -172,6 +172,26 @@ fn policy_check_reports_syntax_errors_and_accepts_the_default() {
     std::fs::write(&good, text(&plain(&["policy", "default"]).stdout)).unwrap();
     let out = plain(&["policy", "check", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("warning"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Valid Cedar that names a tool nobody has: it would never apply, and says so.
+    let typo = dir.path().join("typo.cedar");
+    std::fs::write(
+        &typo,
+        "@id(\"no-bash\") forbid (principal, action, resource == Tool::\"Bash\");\n",
+    )
+    .unwrap();
+    let out = plain(&["policy", "check", typo.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let warning = text(&out.stderr);
+    assert!(
+        warning.contains("(policy `no-bash`) names Tool::\"Bash\"")
+            && warning.contains("did you mean Tool::\"bash\"?"),
+        "{warning}"
+    );
 }
 
 #[test]

@@ -465,10 +465,37 @@ pub struct ToolRules {
 }
 
 fn matches(pattern: &str, name: &str) -> bool {
-    pattern == name
-        || Glob::new(pattern)
-            .map(|g| g.compile_matcher().is_match(name))
-            .unwrap_or(false)
+    let glob = |p: &str| {
+        p == name
+            || Glob::new(p)
+                .map(|g| g.compile_matcher().is_match(name))
+                .unwrap_or(false)
+    };
+    if glob(pattern) {
+        return true;
+    }
+    // An MCP tool is registered with every character other than letters, digits and `_`
+    // replaced by `_`; a rule written with the name as its server spells it
+    // (`mcp__db__delete-all`) means that tool, and must not silently match nothing.
+    let spelled = mcp_spelling(pattern);
+    spelled != pattern && glob(&spelled)
+}
+
+/// `pattern` with the characters MCP tool names cannot hold replaced as they are in those
+/// names, keeping glob syntax; unchanged unless it is an MCP pattern (`mcp__…`).
+fn mcp_spelling(pattern: &str) -> std::borrow::Cow<'_, str> {
+    if !pattern.starts_with("mcp__") {
+        return pattern.into();
+    }
+    let keep = |c: char| c.is_ascii_alphanumeric() || "_*?[]{}!,\\".contains(c);
+    if pattern.chars().all(keep) {
+        return pattern.into();
+    }
+    pattern
+        .chars()
+        .map(|c| if keep(c) { c } else { '_' })
+        .collect::<String>()
+        .into()
 }
 
 impl ToolRules {

@@ -287,6 +287,19 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Whether a tool of exactly this raw name is registered (any exposure); if not, up to three
+    /// registered names close to it.
+    pub fn closest_if_unknown(&self, name: &str) -> Option<Vec<String>> {
+        let inner = self.read();
+        if inner.tools.contains_key(name) {
+            return None;
+        }
+        let candidates: Vec<&str> = inner.tools.keys().map(String::as_str).collect();
+        Some(crate::suggest::close_names(name, &candidates))
+    }
+}
+
 /// Refuses a second visible tool that scripts would reach under the same identifier.
 fn check_identifier(inner: &Inner, name: &str, skip: Option<&str>) -> Result<(), RegistryError> {
     let identifier = to_identifier(name);

@@ -352,6 +352,7 @@ impl InstallationBuilder {
             // MCP tools may be what the policies speak of: decide once they arrived.
             wiring.policy_pending(e);
         }
+        warnings.extend(wiring.unknown_policy_tools());
         wiring.warn(warnings, false);
 
         let (changed_tx, changed) = watch::channel(0u64);

@@ -98,6 +98,7 @@ fn sync(wiring: &Wiring, hub: &McpHub) -> Vec<String> {
     let mut warnings = sync_tools(wiring.registry(), hub, |spec| ruled(spec).exposure);
     warnings.extend(wiring.apply_tool_rules());
     warnings.extend(wiring.recheck_policy());
+    warnings.extend(wiring.unknown_policy_tools());
     warnings
 }
 

@@ -145,6 +145,49 @@ impl Wiring {
         }
     }
 
+    /// Warnings for policies that name, as `Tool::"…"`, a tool that is not registered although
+    /// its source is (built-in, or an MCP server that listed its tools): such a policy never
+    /// matches, so a `forbid` written with a tool's name as its server spells it forbids
+    /// nothing. Names of servers not connected yet are judged once they are.
+    pub fn unknown_policy_tools(&self) -> Vec<String> {
+        let registry = self.registry();
+        let namespaces: HashSet<String> = registry
+            .declared_specs()
+            .into_iter()
+            .filter_map(|s| s.namespace)
+            .collect();
+        let mut out = Vec::new();
+        for (at, name) in self.policy.tool_literals() {
+            if let Some(rest) = name.strip_prefix("mcp__") {
+                let server = rest.split("__").next().unwrap_or_default();
+                if !namespaces.contains(&codemode_mcp::mcp_namespace(server)) {
+                    continue;
+                }
+            }
+            let Some(close) = registry.closest_if_unknown(&name) else {
+                continue;
+            };
+            let hint = match close.as_slice() {
+                [] => String::new(),
+                names => format!(
+                    " (did you mean {}?)",
+                    names
+                        .iter()
+                        .map(|n| format!("Tool::\"{n}\""))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                ),
+            };
+            out.push(format!(
+                "{at} names Tool::\"{name}\", which is no registered tool, so the policy never \
+                 applies{hint}; an MCP tool is registered as mcp__<server>__<tool> with every \
+                 character other than letters, digits and _ replaced by _ (`codemode tools` lists \
+                 the names)"
+            ));
+        }
+        out
+    }
+
     /// Marks the policies as not yet in force (the gate denies every call until they fit).
     pub fn policy_pending(&self, e: PolicyError) {
         *lock(&self.policy_error) = Some(e);

@@ -446,3 +446,43 @@ async fn tools_a_server_changes_while_scripts_call_them_are_judged_by_what_they_
     assert_eq!(line["namespace"], "mcp__bad");
     inst.shutdown().await;
 }
+
+/// Rules and policies written with an MCP tool's name as its server spells it (`delete-all`,
+/// `drop.table`) used to match nothing, silently: the settings' rule now means the registered
+/// tool (`mcp__bad__delete_all`), and a policy naming a tool that does not exist is warned about
+/// with the name it probably meant.
+#[tokio::test]
+async fn rules_and_policies_written_with_a_servers_spelling_do_not_silently_match_nothing() {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED, "churn"]}}}),
+    );
+    std::fs::write(
+        d.paths.config_dir.join("mine.cedar"),
+        "@id(\"no-drop\") forbid (principal, action, resource == Tool::\"mcp__bad__drop.table\");\n",
+    )
+    .unwrap();
+    d.user(
+        "settings.json",
+        json!({"tools": {"mcp__bad__delete-all": {"disabled": true}}, "policy": ["mine.cedar"]}),
+    );
+    let inst = d.builder().build().await.unwrap();
+    inst.servers_ready().await.unwrap();
+    let gate = inst.gate().clone();
+    let err = gate
+        .call(script_call("mcp__bad__delete_all", json!({})))
+        .await
+        .expect_err("the rule disables the tool");
+    assert!(err.message.contains("hidden"), "{}", err.message);
+    let warnings = inst.warnings().join("\n");
+    assert!(
+        warnings.contains(
+            "(policy `no-drop`) names Tool::\"mcp__bad__drop.table\", which is no registered tool"
+        ) && warnings.contains("did you mean Tool::\"mcp__bad__drop_table\""),
+        "{warnings}"
+    );
+    // A name that exists draws no warning.
+    assert!(!warnings.contains("Tool::\"mcp__bad__echo\""), "{warnings}");
+    inst.shutdown().await;
+}

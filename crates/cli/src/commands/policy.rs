@@ -45,8 +45,12 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("could not read the policy file {}", file.display()))?;
             let name = file.display().to_string();
-            match codemode_gate::policy::check(&name, &text, &registry_for(&setup).await) {
+            let registry = registry_for(&setup).await;
+            match codemode_gate::policy::check(&name, &text, &registry) {
                 Ok(()) => {
+                    for warning in unknown_tools(&name, &text, &registry) {
+                        eprintln!("warning: {warning}");
+                    }
                     println!("{}: valid", file.display());
                     Ok(ExitCode::SUCCESS)
                 }
@@ -112,6 +116,29 @@ async fn registry_for(args: &SetupArgs) -> Registry {
             builtin_registry()
         }
     }
+}
+
+/// The `Tool::"…"` names of the file that no tool of the set-up has: Cedar accepts them, and
+/// a policy naming one never applies.
+fn unknown_tools(name: &str, text: &str, registry: &Registry) -> Vec<String> {
+    let mut set = PolicySet::empty();
+    if set.add_source(name, text, false).is_err() {
+        return Vec::new();
+    }
+    set.tool_literals()
+        .into_iter()
+        .filter_map(|(at, tool)| {
+            let close = registry.closest_if_unknown(&tool)?;
+            let hint = close
+                .first()
+                .map(|c| format!(" (did you mean Tool::\"{c}\"?)"))
+                .unwrap_or_default();
+            Some(format!(
+                "{at} names Tool::\"{tool}\", which no tool of the current set-up has, so the \
+                 policy never applies{hint}; `codemode tools` lists the names"
+            ))
+        })
+        .collect()
 }
 
 /// A tool known only by its spec: enough to type-check policies, never called.

@@ -244,6 +244,26 @@ impl PolicySet {
         self.infos.iter().map(|i| i.id.clone()).collect()
     }
 
+    /// Every `Tool::"…"` the policies name, as (where: `file:line` and policy id, tool name), in
+    /// load order. Cedar accepts any name there; a name no tool has never matches, so a
+    /// `forbid` written with an MCP tool's name as its server spells it (`delete-all` for the
+    /// registered `delete_all`) would silently forbid nothing. Callers warn about those.
+    pub fn tool_literals(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for info in &self.infos {
+            let Some(policy) = self.cedar.policy(&PolicyId::new(&info.id)) else {
+                continue;
+            };
+            for uid in policy.entity_literals() {
+                if uid.type_name().to_string() == "Tool" {
+                    let at = format!("{}:{} (policy `{}`)", info.file, info.line, info.id);
+                    out.push((at, uid.id().unescaped().to_string()));
+                }
+            }
+        }
+        out
+    }
+
     /// Type-checks every policy against the schema (strict mode). Reports the first problem with
     /// its file and line; a policy that reads an attribute that does not exist fails here rather
     /// than silently never matching.
