@@ -131,6 +131,45 @@ fn policy_files_and_hook_programs_outside_the_configuration_directory_are_protec
     refused(&v, "cli.cedar", "a policy file in force");
 }
 
+/// Hook command lines that name their program through shell syntax (found by a red-team run:
+/// each of these programs was writable).
+#[test]
+fn hook_programs_named_through_cd_redirections_and_sh_c_are_protected() {
+    let d = Dirs::new();
+    let hook_text = "#!/bin/sh\ncat >/dev/null\nexit 0\n";
+    let mut programs = Vec::new();
+    for rel in ["hooks/in_cd.sh", "hooks/redirected.sh", "hooks/via_sh.sh"] {
+        let p = d.in_project(rel, hook_text);
+        std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        programs.push(p);
+    }
+    let hooks_dir = d.project.path().join("hooks");
+    let commands = [
+        format!("cd {} && ./in_cd.sh", hooks_dir.display()),
+        format!("{}</dev/null", programs[1].display()),
+        format!("sh -c 'exec {}'", programs[2].display()),
+    ];
+    let hooks: Vec<Value> = commands
+        .iter()
+        .map(|c| serde_json::json!({"type": "command", "command": c, "timeout": 10}))
+        .collect();
+    let policy_text = "@id(\"ws-write\") permit (principal, action == Action::\"tool_call\", resource) when { [\"write\",\"edit\"].contains(resource.name) && context.in_workspace };";
+    let policy = d.in_project("policy.cedar", policy_text);
+    d.settings(&serde_json::json!({
+        "policy": [policy],
+        "hooks": {"PreToolUse": [{"matcher": "write|edit", "hooks": hooks}]}
+    }));
+    let targets = ["hooks/in_cd.sh", "hooks/redirected.sh", "hooks/via_sh.sh"];
+    let (code, v, stderr) = d.run(&try_writes(&targets), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for t in targets {
+        refused(&v, t, "a program a hook runs");
+    }
+    for p in &programs {
+        unchanged(p, hook_text);
+    }
+}
+
 #[test]
 fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
     let d = Dirs::new();

@@ -58,7 +58,7 @@ pub(crate) fn configuration_paths(
         .flat_map(|m| &m.hooks)
     {
         let start = hook.start_dir.as_deref().unwrap_or(workdir);
-        for file in files_named(hook.command.split_whitespace(), start) {
+        for file in files_named(std::iter::once(hook.command.as_str()), start) {
             out.push(ProtectedPath::new(file, "a program a hook runs"));
         }
     }
@@ -100,17 +100,53 @@ fn sqlite_files(db: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The words that name an existing regular file, relative ones against `base`. Directories are
-/// left out on purpose: a server's arguments often name the directories it serves (the
-/// workspace), which tools must still write in. Words looked up on `PATH` (`node`, `npx`) are
-/// the system's programs, not the configuration's.
+/// The existing regular files a command line names, relative ones against `base` (or against a
+/// directory the command `cd`s into). Each word is split as a shell would at spaces and
+/// operators (`sh -c "exec node srv.js"`, `hook.sh</dev/null`, `cd d && ./hook.sh`), an option's
+/// or assignment's value is read after its `=` (`--import=/x.js`, `FOO=/x`), and `-m module`
+/// names the module's Python files. Directories are left out on purpose: a server's arguments
+/// often name the directories it serves (the workspace), which tools must still write in. Words
+/// looked up on `PATH` (`node`, `npx`) are the system's programs, not the configuration's.
 fn files_named<'a>(words: impl Iterator<Item = &'a str>, base: &Path) -> Vec<PathBuf> {
-    words
-        .map(|w| w.trim_matches(|c| c == '"' || c == '\''))
-        .filter(|w| !w.is_empty() && !w.starts_with('-'))
-        .map(|w| base.join(w))
-        .filter(|p| p.is_file())
-        .collect()
+    let tokens: Vec<&str> = words.flat_map(shell_tokens).collect();
+    let mut bases = vec![base.to_path_buf()];
+    for pair in tokens.windows(2) {
+        if matches!(pair[0], "cd" | "pushd") {
+            bases.push(base.join(pair[1]));
+        }
+    }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for (i, token) in tokens.iter().enumerate() {
+        let mut names: Vec<String> = Vec::new();
+        if !token.starts_with('-') {
+            names.push(token.to_string());
+        }
+        if let Some((_, value)) = token.split_once('=') {
+            names.push(value.to_string());
+        }
+        if i > 0 && tokens[i - 1] == "-m" {
+            let module = token.replace('.', "/");
+            for file in [".py", "/__main__.py", "/__init__.py"] {
+                names.push(format!("{module}{file}"));
+            }
+        }
+        for name in names.iter().filter(|n| !n.is_empty()) {
+            for b in &bases {
+                let path = b.join(name);
+                if path.is_file() && !out.contains(&path) {
+                    out.push(path);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A word split where a shell would split it, quotes dropped.
+fn shell_tokens(word: &str) -> impl Iterator<Item = &str> {
+    word.split(|c: char| c.is_whitespace() || "&|;<>()`".contains(c))
+        .map(|t| t.trim_matches(|c| c == '"' || c == '\''))
+        .filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]
@@ -131,10 +167,50 @@ mod tests {
             "missing.py",
         ];
         let files = files_named(words.into_iter(), dir.path());
+        // `./hook.sh` and `'hook.sh'` are one file.
+        assert_eq!(files, vec![dir.path().join("hook.sh")]);
+    }
+
+    /// The command forms a red-team run wrote to: each names a file that must be protected.
+    #[test]
+    fn files_named_sees_through_shell_syntax_options_and_modules() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        std::fs::create_dir_all(d.join("hooks")).expect("mkdir");
+        std::fs::create_dir_all(d.join("pkg/srv")).expect("mkdir");
+        for f in [
+            "hooks/hook_cd.sh",
+            "hook_redir.sh",
+            "srv.js",
+            "x.js",
+            "srv_mod.py",
+            "pkg/srv/__main__.py",
+        ] {
+            std::fs::write(d.join(f), "").expect("write");
+        }
+        let named = |words: &[&str]| files_named(words.iter().copied(), d);
         assert_eq!(
-            files,
-            vec![dir.path().join("./hook.sh"), dir.path().join("hook.sh")]
+            named(&["cd hooks && ./hook_cd.sh"]),
+            [d.join("hooks").join("./hook_cd.sh")]
         );
+        assert_eq!(
+            named(&["./hook_redir.sh</dev/null"]),
+            [d.join("./hook_redir.sh")]
+        );
+        assert_eq!(
+            named(&["sh", "-c", "exec node 'srv.js'"]),
+            [d.join("srv.js")]
+        );
+        assert_eq!(
+            named(&["node", "--import=x.js", "srv.js"]),
+            [d.join("x.js"), d.join("srv.js")]
+        );
+        assert_eq!(named(&["python3", "-m", "srv_mod"]), [d.join("srv_mod.py")]);
+        assert_eq!(
+            named(&["python3", "-m", "pkg.srv"]),
+            [d.join("pkg/srv/__main__.py")]
+        );
+        assert!(named(&["npx", "-y", "pkg", "--root", "hooks"]).is_empty());
     }
 
     #[test]
