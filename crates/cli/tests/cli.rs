@@ -391,3 +391,51 @@ fn tools_output_into_a_closed_pipe_ends_quietly() {
         assert!(!stderr.contains("panicked"), "{flag}: {stderr}");
     }
 }
+
+/// Started in the home directory (a terminal's default) or in `/` (where some MCP clients start
+/// servers), the workspace would hold `~/.ssh`, and the default policy would let scripts read
+/// keys without asking. Such a workspace holds nothing for the policies, with a warning.
+#[test]
+fn a_workspace_that_holds_the_home_directory_puts_no_path_inside_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    std::fs::create_dir_all(home.join("project")).unwrap();
+    std::fs::write(home.join(".ssh/id_rsa"), "PRIVATE KEY").unwrap();
+    std::fs::write(home.join("project/notes.txt"), "notes").unwrap();
+    let config = tempfile::tempdir().unwrap();
+    let run = |workdir: &std::path::Path, script: &str| {
+        let mut cmd = common::codemode();
+        cmd.env("HOME", &home)
+            .args(["run", "--json", "--workdir"])
+            .arg(workdir)
+            .arg("--config-dir")
+            .arg(config.path())
+            .arg("-");
+        common::json_outcome(common::pipe(cmd, Some(script)))
+    };
+    let key = home.join(".ssh/id_rsa").display().to_string();
+    let read_key = format!("return (await tools.read({{path: {key:?}}})).content");
+    for (workdir, why) in [
+        (home.clone(), "holds your home directory"),
+        (tmp.path().to_path_buf(), "holds your home directory"),
+        (std::path::PathBuf::from("/"), "is the file system's root"),
+    ] {
+        let (_, v, stderr) = run(&workdir, &read_key);
+        assert!(
+            stderr.contains(why) && stderr.contains("--workdir"),
+            "{workdir:?}: {stderr}"
+        );
+        assert_eq!(v["ok"], false, "{workdir:?}: the key was read: {v}");
+        assert!(!v.to_string().contains("PRIVATE KEY"), "{v}");
+    }
+    // A project inside the home directory is a workspace as usual.
+    let (_, v, stderr) = run(
+        &home.join("project"),
+        "return (await tools.read({path: 'notes.txt'})).content",
+    );
+    assert_eq!(v["ok"], true, "{v} {stderr}");
+    assert!(!stderr.contains("no path counts as inside it"), "{stderr}");
+    let (_, v, _) = run(&home.join("project"), &read_key);
+    assert_eq!(v["ok"], false, "outside the project it still asks: {v}");
+}

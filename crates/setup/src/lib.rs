@@ -274,7 +274,15 @@ impl InstallationBuilder {
             || durable.when_nobody_can_answer == codemode_config::WhenNobodyCanAnswer::Pause;
         // The gate keeps its own configuration out of every tool's reach, whatever the policy:
         // the configuration directories and every file a setting points at.
-        gate = gate.workspace(&workdir);
+        match broad_workspace(&workdir) {
+            None => gate = gate.workspace(&workdir),
+            Some(why) => warnings.push(format!(
+                "the workspace {} {why}, so no path counts as inside it (the default policy \
+                 then asks before every read); start codemode in the project, or pass \
+                 --workdir DIR",
+                workdir.display()
+            )),
+        }
         for path in protected::configuration_paths(&config, &sources, &workdir) {
             gate = gate.protect(path);
         }
@@ -563,3 +571,19 @@ impl Installation {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeExamples;
+
+/// Why `workdir` is too broad to be a workspace, if it is: a workspace that holds the user's
+/// home would put `~/.ssh` and `~/.aws` "inside" it for the policies. Some MCP clients start
+/// servers in `/`, and a terminal opens in `~`.
+fn broad_workspace(workdir: &Path) -> Option<&'static str> {
+    if workdir.parent().is_none() {
+        return Some("is the file system's root");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .and_then(|h| h.canonicalize().ok())?;
+    if home.starts_with(workdir) {
+        return Some("holds your home directory");
+    }
+    None
+}
