@@ -213,3 +213,65 @@ fn sigterm_while_a_yielded_cell_runs_a_call_of_codemode_serve_stops_and_audits_i
     s.verifies();
     drop(stdin);
 }
+
+const DELETE_CLIENT: &str = r#"
+const [testbed, url, token, code] = process.argv.slice(1);
+const path = require("path");
+const { createRequire } = require("module");
+const sdk = createRequire(path.join(testbed, "noop.js"));
+const { Client } = sdk("@modelcontextprotocol/sdk/client/index.js");
+const { StreamableHTTPClientTransport } = sdk("@modelcontextprotocol/sdk/client/streamableHttp.js");
+(async () => {
+  const transport = new StreamableHTTPClientTransport(new URL(url),
+    { requestInit: { headers: { authorization: "Bearer " + token } } });
+  const client = new Client({ name: "t", version: "1" }, { capabilities: {} });
+  await client.connect(transport);
+  const r = await client.callTool({ name: "codemode", arguments: { code } });
+  await new Promise((r) => setTimeout(r, 500));
+  await transport.terminateSession();
+  console.log(JSON.stringify(r.structuredContent));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+/// A client that ends its HTTP session (`DELETE`) ends the cells it started: before, they ran on
+/// unreachable, and ending and reopening sessions ran more cells than `max_per_session` allows.
+#[test]
+fn ending_an_http_session_terminates_its_cells_and_audits_their_calls() {
+    let s = Setup::new();
+    let mut child = s
+        .command(&[
+            "serve",
+            "--mode",
+            "only",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            "t0k",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = common::serving_url(&mut lines);
+    std::thread::spawn(move || for _ in lines {});
+    let code = format!("// @options: {{\"yield_after_ms\": 200}}\n{}", s.script());
+    let out = Command::new("node")
+        .args(["-e", DELETE_CLIENT])
+        .arg(common::testbed())
+        .args([&url, "t0k", &code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["status"], "running", "{first}");
+    let lines = s.lines_after_the_command_would_have_ended();
+    signal(&child, "TERM");
+    wait_exit(&mut child);
+    assert_bash_cancelled(&lines, "DELETE");
+    s.verifies();
+}

@@ -526,6 +526,17 @@ impl Installation {
         }
     }
 
+    /// Resolves once every enabled MCP server connected or failed once and the registry took
+    /// in their tools; borrows nothing, for a task of its own.
+    pub fn when_servers_ready(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let ready = self.servers.as_ref().map(|s| s.when_ready());
+        async move {
+            if let Some(ready) = ready {
+                ready.await;
+            }
+        }
+    }
+
     /// Goes up after each change to the MCP tools was taken into the registry (tool rules and
     /// policy schema included). Tell the model: the codemode description may have changed.
     pub fn tools_changed(&self) -> watch::Receiver<u64> {

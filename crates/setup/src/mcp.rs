@@ -62,11 +62,19 @@ impl McpServers {
 
     /// Waits until every enabled server connected or failed once.
     pub async fn ready(&self) {
-        self.hub.wait_started().await;
-        // Then wait until the registry took in what the last server brought.
-        let target = *self.hub.on_tools_changed().borrow();
+        self.when_ready().await
+    }
+
+    /// [`McpServers::ready`] as a future that borrows nothing, for a task of its own.
+    pub fn when_ready(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let hub = self.hub.clone();
         let mut synced = self.synced.clone();
-        let _ = synced.wait_for(|g| *g >= target).await;
+        async move {
+            hub.wait_started().await;
+            // Then wait until the registry took in what the last server brought.
+            let target = *hub.on_tools_changed().borrow();
+            let _ = synced.wait_for(|g| *g >= target).await;
+        }
     }
 
     pub fn hub(&self) -> Arc<McpHub> {

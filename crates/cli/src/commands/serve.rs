@@ -94,7 +94,11 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     // background so that clients are answered at once.
     let resumer = installation.codemode().cells().is_some().then(|| {
         let codemode = installation.codemode().clone();
+        // A cell's script calls MCP tools by name: rebuilt before their servers connected, it
+        // would fail on a name not known yet.
+        let servers_ready = installation.when_servers_ready();
         tokio::spawn(async move {
+            servers_ready.await;
             loop {
                 match codemode.resume_cells().await {
                     Ok(ids) if !ids.is_empty() => {

@@ -134,6 +134,9 @@ impl Sessions {
 
     /// A client ended the session (`DELETE`): no replica continues it.
     pub(crate) async fn end_everywhere(&self, id: &str) {
+        if let Some(cells) = self.codemode.cells() {
+            cells.terminate_session(id);
+        }
         self.end(id).await;
         if let Some(store) = &self.shared
             && let Err(e) = store.delete_session(&shared_key(id)).await

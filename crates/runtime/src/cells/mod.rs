@@ -186,6 +186,23 @@ impl Cells {
         }
     }
 
+    /// Terminates the cells of `session_id` that this process drives: their calls in flight
+    /// are cancelled and audited. For a session its client ended for good: its cells would
+    /// otherwise run on, unreachable, and a client could end and reopen sessions to run more
+    /// cells than `max_per_session` allows.
+    pub fn terminate_session(&self, session_id: &str) -> usize {
+        let live: Vec<Arc<LiveCell>> = self
+            .lock()
+            .values()
+            .filter(|c| c.session_id == session_id && !c.is_done())
+            .cloned()
+            .collect();
+        for cell in &live {
+            cell.terminate();
+        }
+        live.len()
+    }
+
     /// The ids of the cells this process drives now.
     pub fn live_ids(&self) -> Vec<String> {
         self.lock()
