@@ -331,3 +331,81 @@ async fn two_processes_appending_to_one_log_keep_the_chain() {
     // And the log can still be continued.
     write_log(&path, 1).await;
 }
+
+/// A tool that damages the audit log's head while it runs: its line cannot be written.
+struct DamagesTheHead {
+    spec: codemode_spec::ToolSpec,
+    head: std::path::PathBuf,
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl codemode_spec::Tool for DamagesTheHead {
+    fn spec(&self) -> &codemode_spec::ToolSpec {
+        &self.spec
+    }
+    fn prepare(
+        &self,
+        args: serde_json::Value,
+    ) -> Result<Box<dyn codemode_spec::PreparedCall>, codemode_spec::ToolError> {
+        let (head, runs) = (self.head.clone(), self.runs.clone());
+        Ok(codemode_spec::prepared(
+            codemode_spec::CallFacts::default(),
+            move |_| {
+                Box::pin(async move {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    std::fs::write(&head, "not a head").unwrap();
+                    Ok(codemode_spec::ToolOutput::value(args))
+                })
+            },
+        ))
+    }
+}
+
+/// Found by a red-team run: a call whose own line could not be written returned "ok", and only
+/// later calls were refused. Its result is now withheld with an error that says it ran.
+#[tokio::test]
+async fn a_call_whose_line_cannot_be_written_does_not_return_as_if_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 1).await;
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reg = Registry::new();
+    reg.register(Arc::new(TestTool::new("t", object_schema())))
+        .unwrap();
+    reg.register(Arc::new(DamagesTheHead {
+        spec: codemode_spec::ToolSpec::new("damage", "", object_schema()),
+        head: dir.path().join("audit.jsonl.head"),
+        runs: runs.clone(),
+    }))
+    .unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
+        .build()
+        .unwrap();
+    let err = gate
+        .call(req("damage", json!({"path": "secret-x"}), script("a")))
+        .await
+        .expect_err("the result is withheld");
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{}",
+        err.message
+    );
+    assert!(
+        err.message.contains("ran, and what it did stands")
+            && err.message.contains("audit line could not be written"),
+        "{}",
+        err.message
+    );
+    assert!(!err.message.contains("secret-x"), "{}", err.message);
+    let later = gate
+        .call(req("t", json!({}), script("a")))
+        .await
+        .expect_err("every later call is refused");
+    assert!(
+        later.message.contains("audit log cannot be written"),
+        "{}",
+        later.message
+    );
+}

@@ -27,6 +27,8 @@ pub(crate) struct Pending {
     provenance: Provenance,
     tool: String,
     namespace: Option<String>,
+    /// Why this call's own line could not be written, if it could not.
+    line_failed: Option<String>,
     kind: Option<CallKind>,
     args: Value,
     paths: Vec<String>,
@@ -104,6 +106,7 @@ impl Pending {
             provenance: req.provenance.clone(),
             tool: crate::preview(&req.name, 200),
             namespace: None,
+            line_failed: None,
             kind: None,
             args: req.args.clone(),
             paths: Vec::new(),
@@ -185,11 +188,12 @@ impl Pending {
     }
 
     /// Waits for a stream's line; a line that cannot be stored refuses every later call.
-    async fn store_line(&self, line: Option<PendingLine>) {
+    async fn store_line(&mut self, line: Option<PendingLine>) {
         if let Some(line) = line
             && let Err(e) = line.await
         {
             audit_failed(&self.gate, &e);
+            self.line_failed = Some(e.to_string());
         }
     }
 
@@ -236,7 +240,10 @@ impl Pending {
         if let Ok(Value::Object(record)) = serde_json::to_value(&outcome) {
             match self.gate.audit.submit(record) {
                 Ok(line) => pending = line,
-                Err(e) => audit_failed(&self.gate, &e),
+                Err(e) => {
+                    audit_failed(&self.gate, &e);
+                    self.line_failed = Some(e.to_string());
+                }
             }
         }
         if let Some(script_id) = &self.provenance.script_id {
@@ -540,6 +547,16 @@ impl Admission {
             .pending
             .write(status, None, None, Effect::Applied, bytes);
         self.pending.store_line(line).await;
+        if let Some(e) = self.pending.line_failed.take() {
+            // "Every call that ran is in the audit log" cannot hold for this one: say so rather
+            // than hand back a result nobody can account for.
+            return Err(GateError::new(
+                Stage::Execute,
+                format!(
+                    "`{name}` ran, and what it did stands, but its audit line could not be written ({e}), so its result is withheld and every later call is refused. No person was asked. Tell the user: the audit log must be fixed and codemode restarted"
+                ),
+            ));
+        }
         Ok(output)
     }
 }
