@@ -243,6 +243,29 @@ fn item13_resources_and_prompts_reach_scripts_through_the_gate_and_the_client_in
     );
 }
 
+/// Red-team finding: with a server's `list_resources` hidden, a client's own `resources/list`
+/// still listed every resource. The client's listing shows no more than a script's could.
+#[test]
+fn a_hidden_list_resources_hides_the_clients_listing_too() {
+    let mut server = everything();
+    server["toolExposure"] = json!({"list_resources": "hidden"});
+    let s = serve(json!({"everything": server}), PERMIT_MCP, &["--mode", "on"]);
+    let v = client(&s, "listing", "");
+    assert_eq!(v["ready"], true, "{v}");
+    assert_eq!(v["resources"], 0, "{v}");
+    assert_eq!(v["templates"], 0, "{v}");
+    let s = serve(
+        json!({"everything": everything()}),
+        PERMIT_MCP,
+        &["--mode", "on"],
+    );
+    let v = client(&s, "listing", "");
+    assert!(
+        v["resources"].as_u64().unwrap_or(0) > 0,
+        "listed when not hidden: {v}"
+    );
+}
+
 #[test]
 fn item13_a_policy_decides_on_the_server_and_the_uri() {
     let forbid = format!(

@@ -288,6 +288,11 @@ impl Registry {
 }
 
 impl Registry {
+    /// The effective exposure of the tool registered under exactly `name`, if one is.
+    pub fn exposure(&self, name: &str) -> Option<Exposure> {
+        self.read().tools.get(name).map(|e| e.exposure)
+    }
+
     /// Whether a tool of exactly this raw name is registered (any exposure); if not, up to three
     /// registered names close to it.
     pub fn closest_if_unknown(&self, name: &str) -> Option<Vec<String>> {

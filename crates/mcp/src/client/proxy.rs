@@ -37,8 +37,15 @@ impl McpHub {
 
     /// Every connected server's resources, as they listed them.
     pub fn resources(&self) -> Vec<Resource> {
+        self.resources_where(|_| true)
+    }
+
+    /// The resources of the servers whose `list_resources` tool (its registered name is passed)
+    /// `listed` accepts: a client's listing shows no more than a script's could.
+    pub fn resources_where(&self, listed: impl Fn(&str) -> bool) -> Vec<Resource> {
         self.upstreams()
             .iter()
+            .filter(|u| listed(&list_tool(u.name())))
             .flat_map(|u| {
                 u.catalog()
                     .resources
@@ -50,8 +57,14 @@ impl McpHub {
 
     /// Every connected server's resource templates.
     pub fn resource_templates(&self) -> Vec<ResourceTemplate> {
+        self.resource_templates_where(|_| true)
+    }
+
+    /// The resource templates of the servers whose `list_resources` tool `listed` accepts.
+    pub fn resource_templates_where(&self, listed: impl Fn(&str) -> bool) -> Vec<ResourceTemplate> {
         self.upstreams()
             .iter()
+            .filter(|u| listed(&list_tool(u.name())))
             .flat_map(|u| {
                 u.catalog()
                     .resources
@@ -177,4 +190,9 @@ impl McpHub {
             "no MCP server has the prompt {name}"
         )))
     }
+}
+
+/// The registered name of a server's resource-listing tool.
+fn list_tool(server: &str) -> String {
+    format!("{}__list_resources", crate::naming::mcp_namespace(server))
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use codemode_runtime::{CallEvent, CallObserver, Codemode, ScriptRequest};
-use codemode_spec::{CodemodeMode, ToolSpec};
+use codemode_spec::{CodemodeMode, Exposure, ToolSpec};
 use rmcp::ErrorData;
 use rmcp::ServerHandler;
 use rmcp::model::{
@@ -508,8 +508,15 @@ impl ServerHandler for CodemodeHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        let registry = self.codemode.gate().registry();
+        let listed = |name: &str| {
+            registry
+                .exposure(name)
+                .is_some_and(|e| e != Exposure::Hidden)
+        };
         Ok(ListResourcesResult::with_all_items(
-            self.hub_for_proxy("resources/list")?.resources(),
+            self.hub_for_proxy("resources/list")?
+                .resources_where(listed),
         ))
     }
 
@@ -518,9 +525,15 @@ impl ServerHandler for CodemodeHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let registry = self.codemode.gate().registry();
+        let listed = |name: &str| {
+            registry
+                .exposure(name)
+                .is_some_and(|e| e != Exposure::Hidden)
+        };
         Ok(ListResourceTemplatesResult::with_all_items(
             self.hub_for_proxy("resources/templates/list")?
-                .resource_templates(),
+                .resource_templates_where(listed),
         ))
     }
 
