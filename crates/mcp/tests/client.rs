@@ -32,6 +32,16 @@ async fn hub(servers: Value) -> McpHub {
     McpHub::connect(&config(servers), ConnectOptions::default()).await
 }
 
+/// A hub whose calls time out far beyond any test's own limit: a call that waits for its
+/// timeout fails the test instead of passing late.
+async fn patient_hub(servers: Value) -> McpHub {
+    let opts = ConnectOptions {
+        call_timeout: Duration::from_secs(600),
+        ..Default::default()
+    };
+    McpHub::connect(&config(servers), opts).await
+}
+
 fn find(hub: &McpHub, name: &str) -> Arc<dyn Tool> {
     hub.tools()
         .into_iter()
@@ -389,15 +399,7 @@ async fn a_ten_megabyte_result_arrives_whole() {
 /// for its timeout. It fails at once with what was wrong, and the connection stays usable.
 #[tokio::test]
 async fn an_oversized_or_too_deep_response_fails_its_call_at_once() {
-    // A call timeout far beyond the test's own: a call that waits for it fails the test.
-    let hub = McpHub::connect(
-        &config(json!({"bad": fixture(&[])})),
-        ConnectOptions {
-            call_timeout: Duration::from_secs(600),
-            ..Default::default()
-        },
-    )
-    .await;
+    let hub = patient_hub(json!({"bad": fixture(&[])})).await;
     let big = find(&hub, "mcp__bad__big");
     let started = std::time::Instant::now();
     let err = tokio::time::timeout(
@@ -448,14 +450,7 @@ async fn an_oversized_or_too_deep_response_fails_its_call_at_once() {
 /// stays usable.
 #[tokio::test]
 async fn a_response_rmcp_cannot_read_fails_its_call_at_once() {
-    let hub = McpHub::connect(
-        &config(json!({"bad": fixture(&[])})),
-        ConnectOptions {
-            call_timeout: Duration::from_secs(600),
-            ..Default::default()
-        },
-    )
-    .await;
+    let hub = patient_hub(json!({"bad": fixture(&[])})).await;
     let broken = find(&hub, "mcp__bad__broken_answer");
     for how in ["syntax", "envelope", "error", "version"] {
         let err = tokio::time::timeout(
@@ -625,14 +620,7 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let hub = McpHub::connect(
-        &config(json!({"web": {"url": format!("http://127.0.0.1:{port}/mcp")}})),
-        ConnectOptions {
-            call_timeout: Duration::from_secs(600),
-            ..Default::default()
-        },
-    )
-    .await;
+    let hub = patient_hub(json!({"web": {"url": format!("http://127.0.0.1:{port}/mcp")}})).await;
     assert!(
         matches!(hub.status()[0].state, ServerState::Connected { .. }),
         "{:?}",

@@ -95,15 +95,7 @@ async fn a_call_cancelled_after_its_request_went_out_is_cancelled_with_unknown_e
     f.provider.configure(|k| k.delay = Duration::from_secs(30));
     let call = script_call(args_with_state("hi"), "s");
     let cancel = call.cancel.clone();
-    let pending = f.classify.call(call);
-    let provider = &f.provider;
-    let waiter = async {
-        while provider.requests().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        cancel.cancel();
-    };
-    let (result, ()) = tokio::join!(pending, waiter);
+    let result = cancel_once_sent(&f.provider, cancel, f.classify.call(call)).await;
     let e = result.expect_err("a cancelled model call is not a result");
     assert_eq!(e.kind, ToolErrorKind::Cancelled);
     assert_eq!(e.effect, Effect::Unknown, "the provider may bill it");

@@ -131,15 +131,7 @@ async fn a_model_call_cut_off_in_flight_is_audited_as_cancelled_and_charged_its_
 
     let req = call("cut", 0);
     let cancel = req.cancel.clone();
-    let pending = gate.call(req);
-    let provider = &f.provider;
-    let waiter = async {
-        while provider.requests().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        cancel.cancel();
-    };
-    let (result, ()) = tokio::join!(pending, waiter);
+    let result = cancel_once_sent(&f.provider, cancel, gate.call(req)).await;
     let e = result.expect_err("a cancelled call is not a result");
     assert!(e.message.contains("cancel"), "{}", e.message);
     gate.flush().await;

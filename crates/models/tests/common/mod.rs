@@ -98,3 +98,20 @@ pub fn one_choice_question() -> Value {
         }
     })
 }
+
+/// Runs `call`, cancelling `cancel` once the provider has received a request: a call cut off
+/// while its request is out.
+pub async fn cancel_once_sent<T>(
+    provider: &TestProvider,
+    cancel: CancellationToken,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let waiter = async {
+        while provider.requests().is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+    };
+    let (result, ()) = tokio::join!(call, waiter);
+    result
+}
