@@ -131,14 +131,19 @@ fn policy_files_and_hook_programs_outside_the_configuration_directory_are_protec
     refused(&v, "cli.cedar", "a policy file in force");
 }
 
-/// Hook command lines that name their program through shell syntax (found by a red-team run:
-/// each of these programs was writable).
+/// Hook command lines that name their program through shell syntax or a variable (found by
+/// red-team runs: each of these programs was writable).
 #[test]
 fn hook_programs_named_through_cd_redirections_and_sh_c_are_protected() {
     let d = Dirs::new();
     let hook_text = "#!/bin/sh\ncat >/dev/null\nexit 0\n";
     let mut programs = Vec::new();
-    for rel in ["hooks/in_cd.sh", "hooks/redirected.sh", "hooks/via_sh.sh"] {
+    for rel in [
+        "hooks/in_cd.sh",
+        "hooks/redirected.sh",
+        "hooks/via_sh.sh",
+        "hooks/via_var.sh",
+    ] {
         let p = d.in_project(rel, hook_text);
         std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         programs.push(p);
@@ -148,6 +153,7 @@ fn hook_programs_named_through_cd_redirections_and_sh_c_are_protected() {
         format!("cd {} && ./in_cd.sh", hooks_dir.display()),
         format!("{}</dev/null", programs[1].display()),
         format!("sh -c 'exec {}'", programs[2].display()),
+        "$CODEMODE_PROJECT_DIR/hooks/via_var.sh".to_string(),
     ];
     let hooks: Vec<Value> = commands
         .iter()
@@ -159,7 +165,12 @@ fn hook_programs_named_through_cd_redirections_and_sh_c_are_protected() {
         "policy": [policy],
         "hooks": {"PreToolUse": [{"matcher": "write|edit", "hooks": hooks}]}
     }));
-    let targets = ["hooks/in_cd.sh", "hooks/redirected.sh", "hooks/via_sh.sh"];
+    let targets = [
+        "hooks/in_cd.sh",
+        "hooks/redirected.sh",
+        "hooks/via_sh.sh",
+        "hooks/via_var.sh",
+    ];
     let (code, v, stderr) = d.run(&try_writes(&targets), &[]);
     assert_eq!(code, Some(0), "{stderr}");
     for t in targets {

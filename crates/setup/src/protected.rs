@@ -58,7 +58,13 @@ pub(crate) fn configuration_paths(
         .flat_map(|m| &m.hooks)
     {
         let start = hook.start_dir.as_deref().unwrap_or(workdir);
-        for file in files_named(std::iter::once(hook.command.as_str()), start) {
+        // A hook runs with `$CODEMODE_PROJECT_DIR` set to the project, and codemode's own
+        // environment otherwise.
+        let vars = |name: &str| match name {
+            codemode_childenv::PROJECT_DIR_VAR => Some(workdir.display().to_string()),
+            _ => std::env::var(name).ok(),
+        };
+        for file in files_named(std::iter::once(hook.command.as_str()), start, &vars) {
             out.push(ProtectedPath::new(file, "a program a hook runs"));
         }
     }
@@ -79,7 +85,7 @@ pub(crate) fn configuration_paths(
         let start = server.start_dir.as_deref().unwrap_or(workdir);
         let base = cwd.map_or_else(|| start.to_path_buf(), |c| start.join(c));
         let words = std::iter::once(command.as_str()).chain(args.iter().map(String::as_str));
-        for file in files_named(words, &base) {
+        for file in files_named(words, &base, &lookup) {
             out.push(ProtectedPath::new(
                 file,
                 format!("a program MCP server `{}` runs", server.name),
@@ -102,24 +108,37 @@ fn sqlite_files(db: &Path) -> Vec<PathBuf> {
 
 /// The existing regular files a command line names, relative ones against `base` (or against a
 /// directory the command `cd`s into). Each word is split as a shell would at spaces and
-/// operators (`sh -c "exec node srv.js"`, `hook.sh</dev/null`, `cd d && ./hook.sh`), an option's
-/// or assignment's value is read after its `=` (`--import=/x.js`, `FOO=/x`), and `-m module`
-/// names the module's Python files. Directories are left out on purpose: a server's arguments
-/// often name the directories it serves (the workspace), which tools must still write in. Words
-/// looked up on `PATH` (`node`, `npx`) are the system's programs, not the configuration's.
-fn files_named<'a>(words: impl Iterator<Item = &'a str>, base: &Path) -> Vec<PathBuf> {
-    let tokens: Vec<&str> = words.flat_map(shell_tokens).collect();
+/// operators (`sh -c "exec node srv.js"`, `hook.sh</dev/null`, `cd d && ./hook.sh`), `~` and
+/// `$NAME`/`${NAME}` are expanded with `vars` (`$CODEMODE_PROJECT_DIR/hooks/check.sh`,
+/// `~/h.sh`; a bare `cd` goes home), an option's or assignment's value is read after its `=`
+/// (`--import=/x.js`, `FOO=/x`), and `-m module` names the module's Python files. Directories
+/// are left out on purpose: a server's arguments often name the directories it serves (the
+/// workspace), which tools must still write in. Words looked up on `PATH` (`node`, `npx`) are
+/// the system's programs, not the configuration's.
+fn files_named<'a>(
+    words: impl Iterator<Item = &'a str>,
+    base: &Path,
+    vars: &dyn Fn(&str) -> Option<String>,
+) -> Vec<PathBuf> {
+    let tokens: Vec<String> = words
+        .flat_map(shell_tokens)
+        .map(|t| expand(t, vars))
+        .collect();
+    let home = vars("HOME").map(PathBuf::from);
     let mut bases = vec![base.to_path_buf()];
-    for pair in tokens.windows(2) {
-        if matches!(pair[0], "cd" | "pushd") {
-            bases.push(base.join(pair[1]));
+    for (i, token) in tokens.iter().enumerate() {
+        if matches!(token.as_str(), "cd" | "pushd") {
+            bases.extend(home.clone());
+            if let Some(dir) = tokens.get(i + 1) {
+                bases.push(base.join(dir));
+            }
         }
     }
     let mut out: Vec<PathBuf> = Vec::new();
     for (i, token) in tokens.iter().enumerate() {
         let mut names: Vec<String> = Vec::new();
         if !token.starts_with('-') {
-            names.push(token.to_string());
+            names.push(token.clone());
         }
         if let Some((_, value)) = token.split_once('=') {
             names.push(value.to_string());
@@ -149,9 +168,96 @@ fn shell_tokens(word: &str) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
+/// `~` at the start and `$NAME`/`${NAME}` anywhere, as the shell would expand them; a name
+/// `vars` does not know is left as written.
+fn expand(token: &str, vars: &dyn Fn(&str) -> Option<String>) -> String {
+    let token = token.replace("\\$", "$");
+    let token = match token.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => match vars("HOME") {
+            Some(home) => format!("{home}{rest}"),
+            None => token.clone(),
+        },
+        _ => token.clone(),
+    };
+    let mut out = String::new();
+    let mut rest = token.as_str();
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, tail) = match after.strip_prefix('{') {
+            Some(inner) => match inner.find('}') {
+                Some(end) => (&inner[..end], &inner[end + 1..]),
+                None => ("", after),
+            },
+            None => {
+                let end = after
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(after.len());
+                (&after[..end], &after[end..])
+            }
+        };
+        match (!name.is_empty()).then(|| vars(name)).flatten() {
+            Some(value) => out.push_str(&value),
+            None => out.push_str(&rest[at..rest.len() - tail.len()]),
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn no_vars(_: &str) -> Option<String> {
+        None
+    }
+
+    /// Names written with variables and `~`, as a red-team run wrote them: each program must be
+    /// found.
+    #[test]
+    fn files_named_expands_variables_home_and_a_bare_cd() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let home = d.join("home");
+        let project = d.join("project");
+        std::fs::create_dir_all(home.join("srv")).expect("mkdir");
+        std::fs::create_dir_all(project.join("hooks")).expect("mkdir");
+        for f in ["h1.sh", "h4.sh", "srv/s3.js"] {
+            std::fs::write(home.join(f), "").expect("write");
+        }
+        std::fs::write(project.join("hooks/check.sh"), "").expect("write");
+        let (h, p) = (home.display().to_string(), project.display().to_string());
+        let vars = move |name: &str| match name {
+            "HOME" => Some(h.clone()),
+            "CODEMODE_PROJECT_DIR" => Some(p.clone()),
+            _ => None,
+        };
+        let named = |line: &str| files_named(std::iter::once(line), &d.join("elsewhere"), &vars);
+        let check = project.join("hooks/check.sh");
+        assert_eq!(
+            named("$CODEMODE_PROJECT_DIR/hooks/check.sh"),
+            std::slice::from_ref(&check)
+        );
+        assert_eq!(named("\"${CODEMODE_PROJECT_DIR}/hooks/check.sh\""), [check]);
+        for line in ["$HOME/h1.sh", "${HOME}/h1.sh", "~/h1.sh"] {
+            assert_eq!(named(line), [home.join("h1.sh")], "{line}");
+        }
+        for line in [
+            "cd ~ && ./h4.sh",
+            "cd && ./h4.sh",
+            "cd \"$HOME\" && sh h4.sh",
+            "sh -c \"cd \\$HOME; ./h4.sh\"",
+        ] {
+            assert_eq!(named(line), [home.join("./h4.sh")], "{line}");
+        }
+        assert_eq!(
+            named("sh -c \"exec node $HOME/srv/s3.js stdio\""),
+            [home.join("srv/s3.js")]
+        );
+        assert!(named("$NOT_SET/h1.sh").is_empty());
+    }
 
     #[test]
     fn files_named_keeps_existing_files_only() {
@@ -166,7 +272,7 @@ mod tests {
             "--flag",
             "missing.py",
         ];
-        let files = files_named(words.into_iter(), dir.path());
+        let files = files_named(words.into_iter(), dir.path(), &no_vars);
         // `./hook.sh` and `'hook.sh'` are one file.
         assert_eq!(files, vec![dir.path().join("hook.sh")]);
     }
@@ -188,7 +294,7 @@ mod tests {
         ] {
             std::fs::write(d.join(f), "").expect("write");
         }
-        let named = |words: &[&str]| files_named(words.iter().copied(), d);
+        let named = |words: &[&str]| files_named(words.iter().copied(), d, &no_vars);
         assert_eq!(
             named(&["cd hooks && ./hook_cd.sh"]),
             [d.join("hooks").join("./hook_cd.sh")]
