@@ -731,3 +731,29 @@ async fn a_server_that_failed_to_start_is_tried_again_and_its_tools_arrive() {
     assert!(text_of(&out.value).contains("back"), "{}", out.value);
     hub.shutdown().await;
 }
+
+/// Red-team finding: a token in a server's URL, or an environment value a failing server
+/// printed, reached the codemode description and scripts through "not available" texts.
+#[tokio::test]
+async fn what_a_down_server_says_holds_none_of_its_secrets() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let hub = hub(json!({
+        "remote": {"url": format!("http://user1:MCPSECRET@127.0.0.1:{port}/mcp?key=QSECRET")},
+        "local": {"command": "sh", "args": ["-c", "echo token is $T >&2; exit 3"],
+                  "env": {"T": "tok_ARGSECRET"}}
+    }))
+    .await;
+    let mut shown: Vec<String> = hub.unavailable().into_iter().map(|(_, t)| t).collect();
+    shown.extend(hub.namespaces().into_iter().filter_map(|n| n.unavailable));
+    shown.extend(hub.status().into_iter().map(|s| format!("{:?}", s.state)));
+    assert!(shown.len() >= 4, "{shown:?}");
+    let all = shown.join("\n");
+    for secret in ["MCPSECRET", "QSECRET", "tok_ARGSECRET"] {
+        assert!(!all.contains(secret), "{secret} is shown:\n{all}");
+    }
+    assert!(all.contains("token is [redacted]"), "{all}");
+    hub.shutdown().await;
+}

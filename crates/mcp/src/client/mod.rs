@@ -7,6 +7,7 @@ mod ordered;
 mod progress;
 mod prompts;
 mod proxy;
+mod redact;
 mod resources;
 mod result;
 mod screen;

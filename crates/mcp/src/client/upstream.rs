@@ -92,6 +92,8 @@ pub(crate) struct Upstream {
     catalog: RwLock<Catalog>,
     failure: RwLock<Option<String>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// Values of the configuration that may be secret, kept out of every message.
+    secrets: Vec<String>,
 }
 
 struct Live {
@@ -123,7 +125,9 @@ impl Upstream {
         generation: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Self {
         let call_timeout = config.timeout.unwrap_or(default_call_timeout);
+        let secrets = super::redact::secrets_of(&config.transport);
         Upstream {
+            secrets,
             config,
             connect_timeout,
             call_timeout,
@@ -179,7 +183,12 @@ impl Upstream {
             ),
             None => "; the next call tries to start it again".to_string(),
         };
-        format!("{why}{retry}")
+        self.redact(&format!("{why}{retry}"))
+    }
+
+    /// `text` without the configuration's secrets (see `redact`).
+    pub(crate) fn redact(&self, text: &str) -> String {
+        super::redact::redact(text, &self.secrets)
     }
 
     pub(crate) fn set_retry_every(&self, every: Option<Duration>) {
@@ -257,6 +266,7 @@ impl Upstream {
                 tail.join("\n")
             )
         };
+        let reason = self.redact(&reason);
         tracing::warn!(server = %self.name(), %reason, "MCP server unavailable");
         let first = read(&self.failure).is_none();
         *write(&self.failure) = Some(reason.clone());
@@ -621,6 +631,12 @@ impl Upstream {
     }
 
     fn call_error(&self, tool: &str, e: ServiceError) -> ToolError {
+        let mut error = self.call_error_unredacted(tool, e);
+        error.message = self.redact(&error.message);
+        error
+    }
+
+    fn call_error_unredacted(&self, tool: &str, e: ServiceError) -> ToolError {
         let server = self.name();
         if e_is_closed(&e) {
             // rmcp's HTTP transport ends the session on a response it cannot read, and keeps the
