@@ -63,7 +63,10 @@ impl LedgerSnapshot {
         Counts {
             calls: self.calls,
             model_calls: self.model_calls,
-            tokens: self.usage.total_tokens() + self.pending.total_tokens(),
+            tokens: self
+                .usage
+                .total_tokens()
+                .saturating_add(self.pending.total_tokens()),
             cost_micro_usd: micro_usd(self.usage.cost_usd + self.pending.cost_usd),
         }
     }
@@ -134,7 +137,10 @@ fn check(
         return Err(over(scope, "max_bytes", s.bytes, max));
     }
     if kind == CallKind::Model {
-        let tokens = s.usage.total_tokens() + s.pending.total_tokens();
+        let tokens = s
+            .usage
+            .total_tokens()
+            .saturating_add(s.pending.total_tokens());
         let cost = s.usage.cost_usd + s.pending.cost_usd;
         if let Some(max) = l.max_model_calls
             && s.model_calls >= max

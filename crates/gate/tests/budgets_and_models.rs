@@ -304,3 +304,39 @@ async fn a_model_tool_without_model_facts_is_denied() {
         err.message
     );
 }
+
+/// Red-team finding: a provider reporting `u64::MAX` input tokens wrapped the total to 49, and
+/// a 1,000-token budget let every later call through. Counts saturate instead.
+#[tokio::test]
+async fn an_absurd_token_count_exhausts_the_budget_instead_of_wrapping_it() {
+    let lying = Usage {
+        input_tokens: u64::MAX,
+        output_tokens: 50,
+        ..Default::default()
+    };
+    let tool = TestTool::model("models.classify", "acme", "small", lying);
+    let runs = tool.runs.clone();
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    let budgets = Budgets {
+        session: BudgetLimits {
+            max_tokens: Some(1000),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let gate = Gate::builder()
+        .registry(reg)
+        .policy(model_policy())
+        .budgets(budgets)
+        .build()
+        .unwrap();
+    let call = || gate.call(req("models.classify", json!({"text": "x"}), script("a")));
+    call().await.unwrap();
+    for _ in 0..5 {
+        let err = call().await.unwrap_err();
+        assert_eq!(err.stage, Stage::Budget, "{}", err.message);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(gate.session_totals("s1").usage.total_tokens(), u64::MAX);
+}

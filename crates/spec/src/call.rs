@@ -98,16 +98,18 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Adds `other`. Counts saturate: a provider reporting an absurd count (up to `u64::MAX`)
+    /// must make the total larger, never wrap it to a small number a budget lets through.
     pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.images += other.images;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.images = self.images.saturating_add(other.images);
         self.cost_usd += other.cost_usd;
         self.estimated |= other.estimated;
     }
 
     pub fn total_tokens(&self) -> u64 {
-        self.input_tokens + self.output_tokens
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 
     pub fn is_empty(&self) -> bool {
