@@ -228,6 +228,17 @@ async fn command_hooks_block_by_exit_2_or_by_json_and_matchers_select_tools() {
         res.unwrap();
     }
 
+    // Matchers written for other agents (`Write|Edit|Bash`) still select codemode's tools: a
+    // blocking hook that silently matched nothing would fail open.
+    let (res, t) = run_with(
+        command_hooks(&[("Write|Edit|Bash", &exit2, 10)], &[]),
+        "bash",
+        json!({}),
+    )
+    .await;
+    assert_eq!(res.unwrap_err().stage, Stage::Hook);
+    assert_eq!(t.runs.load(Ordering::SeqCst), 0);
+
     let block = script_file(
         dir.path(),
         "b.sh",

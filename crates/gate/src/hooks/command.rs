@@ -131,7 +131,9 @@ fn compile(list: &[HookMatcher]) -> Result<Vec<Compiled>, HookConfigError> {
             } else {
                 m.matcher.clone()
             };
-            let matcher = Regex::new(&format!("^(?:{pattern})$")).map_err(|e| {
+            // Case-insensitive: settings written for other agents name tools `Write|Edit|Bash`,
+            // and a blocking hook that silently matched nothing would fail open.
+            let matcher = Regex::new(&format!("(?i)^(?:{pattern})$")).map_err(|e| {
                 HookConfigError::BadMatcher {
                     matcher: m.matcher.clone(),
                     message: e.to_string(),
