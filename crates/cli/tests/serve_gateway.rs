@@ -243,17 +243,18 @@ fn item13_resources_and_prompts_reach_scripts_through_the_gate_and_the_client_in
     );
 }
 
-/// Red-team finding: with a server's `list_resources` hidden, a client's own `resources/list`
-/// still listed every resource. The client's listing shows no more than a script's could.
+/// Red-team findings: with a server's `list_resources` (or `get_prompt`) hidden, a client's own
+/// `resources/list` (or `prompts/list`) still listed everything. The client's listing shows no more than a script's could.
 #[test]
-fn a_hidden_list_resources_hides_the_clients_listing_too() {
+fn a_hidden_list_resources_or_get_prompt_hides_the_clients_listing_too() {
     let mut server = everything();
-    server["toolExposure"] = json!({"list_resources": "hidden"});
+    server["toolExposure"] = json!({"list_resources": "hidden", "get_prompt": "hidden"});
     let s = serve(json!({"everything": server}), PERMIT_MCP, &["--mode", "on"]);
     let v = client(&s, "listing", "");
     assert_eq!(v["ready"], true, "{v}");
     assert_eq!(v["resources"], 0, "{v}");
     assert_eq!(v["templates"], 0, "{v}");
+    assert_eq!(v["prompts"], 0, "{v}");
     let s = serve(
         json!({"everything": everything()}),
         PERMIT_MCP,
@@ -261,7 +262,7 @@ fn a_hidden_list_resources_hides_the_clients_listing_too() {
     );
     let v = client(&s, "listing", "");
     assert!(
-        v["resources"].as_u64().unwrap_or(0) > 0,
+        v["resources"].as_u64().unwrap_or(0) > 0 && v["prompts"].as_u64().unwrap_or(0) > 0,
         "listed when not hidden: {v}"
     );
 }

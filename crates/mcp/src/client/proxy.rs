@@ -143,8 +143,17 @@ impl McpHub {
 
     /// Every connected server's prompts, named `mcp__<server>__<prompt>`.
     pub fn prompts(&self) -> Vec<Prompt> {
+        self.prompts_where(|_| true)
+    }
+
+    /// The prompts of the servers whose `get_prompt` tool (its registered name is passed)
+    /// `listed` accepts: a client's listing shows no more than it could get.
+    pub fn prompts_where(&self, listed: impl Fn(&str) -> bool) -> Vec<Prompt> {
         let mut out = Vec::new();
         for u in self.upstreams() {
+            if !listed(&format!("{}__get_prompt", mcp_namespace(u.name()))) {
+                continue;
+            }
             for mut p in u.catalog().prompts.unwrap_or_default() {
                 p.name = format!("{}__{}", mcp_namespace(u.name()), p.name);
                 out.push(p);

@@ -564,8 +564,14 @@ impl ServerHandler for CodemodeHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
+        let registry = self.codemode.gate().registry();
+        let listed = |name: &str| {
+            registry
+                .exposure(name)
+                .is_some_and(|e| e != Exposure::Hidden)
+        };
         Ok(ListPromptsResult::with_all_items(
-            self.hub_for_proxy("prompts/list")?.prompts(),
+            self.hub_for_proxy("prompts/list")?.prompts_where(listed),
         ))
     }
 
