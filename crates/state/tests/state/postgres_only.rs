@@ -370,12 +370,13 @@ async fn an_append_whose_caller_stopped_waiting_is_still_written() {
     let Some(url) = postgres_url() else { return };
     let schema = fresh_schema();
     let a = open(&url, &schema).await.unwrap();
-    let dropped = tokio::time::timeout(
+    // Polled once, then dropped. On a loaded machine the writer (another task) may already have
+    // finished the round trip by then; either way the line must be stored, once.
+    let _ = tokio::time::timeout(
         Duration::ZERO,
         a.append_audit("main", line_maker("dropped".into())),
     )
     .await;
-    assert!(dropped.is_err(), "the append finished without a round trip");
     a.append_audit("main", line_maker("next".into()))
         .await
         .unwrap();
