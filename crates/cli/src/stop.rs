@@ -1,6 +1,7 @@
 //! Stopping `codemode run` on a signal without losing what its calls did.
 //!
-//! The default action of SIGINT, SIGTERM and SIGHUP ends the process at once: a tool call that
+//! The default action of SIGINT, SIGTERM, SIGHUP (and SIGUSR1, SIGUSR2, SIGALRM, SIGPWR) ends the
+//! process at once: a tool call that
 //! was running (a `bash` command, an MCP call) went on or was cut off with no audit line. Here
 //! the first signal aborts the script, whose calls are then cancelled and audited like any
 //! others, and the command exits with the usual 128 + signal number; a second signal exits at
@@ -13,6 +14,36 @@ use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+/// The signals whose default action ends the process: each is caught instead, so that a
+/// running call can be stopped and audited first. (SIGKILL and SIGSTOP cannot be caught.)
+const ENDING: [(&str, i32); 7] = [
+    ("SIGTERM", libc::SIGTERM),
+    ("SIGINT", libc::SIGINT),
+    ("SIGHUP", libc::SIGHUP),
+    ("SIGUSR1", libc::SIGUSR1),
+    ("SIGUSR2", libc::SIGUSR2),
+    ("SIGALRM", libc::SIGALRM),
+    ("SIGPWR", libc::SIGPWR),
+];
+
+/// Every ending signal, as (name, number), as they arrive.
+pub fn ending_signals() -> Result<tokio::sync::mpsc::UnboundedReceiver<(&'static str, i32)>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for (name, number) in ENDING {
+        let mut stream =
+            signal(SignalKind::from_raw(number)).with_context(|| format!("cannot watch {name}"))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send((name, number)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Ok(rx)
+}
+
 pub struct Stop {
     signal: Arc<AtomicI32>,
     task: tokio::task::JoinHandle<()>,
@@ -21,18 +52,11 @@ pub struct Stop {
 impl Stop {
     /// Watches the signals; the first cancels `abort`.
     pub fn watch(abort: CancellationToken) -> Result<Stop> {
-        let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-        let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-        let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+        let mut signals = ending_signals()?;
         let received = Arc::new(AtomicI32::new(0));
         let seen = received.clone();
         let task = tokio::spawn(async move {
-            loop {
-                let (name, number) = tokio::select! {
-                    _ = term.recv() => ("SIGTERM", libc::SIGTERM),
-                    _ = int.recv() => ("SIGINT", libc::SIGINT),
-                    _ = hup.recv() => ("SIGHUP", libc::SIGHUP),
-                };
+            while let Some((name, number)) = signals.recv().await {
                 if seen.swap(number, Ordering::SeqCst) == 0 {
                     eprintln!(
                         "codemode: {name}: stopping the script (its calls are cancelled and audited); send it again to exit at once"

@@ -125,7 +125,7 @@ fn assert_bash_cancelled(lines: &[Value], what: &str) {
 
 #[test]
 fn a_signal_during_a_call_of_codemode_run_stops_and_audits_it() {
-    for (name, code) in [("INT", 130), ("TERM", 143), ("HUP", 129)] {
+    for (name, code) in [("INT", 130), ("TERM", 143), ("HUP", 129), ("USR1", 138)] {
         let s = Setup::new();
         std::fs::write(s.path("s.js"), s.script()).unwrap();
         let mut child = s.command(&["run"]).arg(s.path("s.js")).spawn().unwrap();

@@ -305,24 +305,17 @@ async fn resolve(listen: &str) -> Result<Vec<SocketAddr>> {
     Ok(addrs)
 }
 
-/// SIGTERM, SIGINT and SIGHUP cancel `shutdown`; a second one cancels `hurry`, which skips the
-/// wait for running scripts (the upstream servers are still stopped).
+/// SIGTERM, SIGINT, SIGHUP (and the other signals whose default action would end the process
+/// with calls unaudited) cancel `shutdown`; a second one cancels `hurry`, which skips the wait
+/// for running scripts (the upstream servers are still stopped).
 fn watch_signals(
     shutdown: CancellationToken,
     hurry: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
+    let mut signals = crate::stop::ending_signals()?;
     Ok(tokio::spawn(async move {
         let mut seen = 0;
-        loop {
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-                _ = hup.recv() => "SIGHUP",
-            };
+        while let Some((name, _)) = signals.recv().await {
             seen += 1;
             if seen == 1 {
                 tracing::info!("{name}: shutting down");
