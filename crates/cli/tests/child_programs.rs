@@ -266,8 +266,15 @@ fn bash_sees_no_secret_of_codemode_in_its_environment_or_in_proc() {
     let (d, _keep) = dirs();
     std::fs::write(
         d.config.join("models.json"),
-        r#"{ "providers": { "p": { "api": "openai-compatible", "baseUrl": "http://127.0.0.1:9/v1", "apiKeyEnv": "PLAIN_NAMED_VAR" } },
+        r#"{ "providers": { "p": { "api": "openai-compatible", "baseUrl": "http://127.0.0.1:9/v1", "apiKeyEnv": "PLAIN_NAMED_VAR",
+                                   "headers": { "X-Sub": "${AZ_SUB}" } } },
              "models": [{ "provider": "p", "id": "m", "type": "classifier" }] }"#,
+    )
+    .unwrap();
+    // Variables that credentials are written with are withheld too (red-team round 4).
+    std::fs::write(
+        d.config.join("mcp.json"),
+        r#"{ "mcpServers": { "remote": { "url": "http://127.0.0.1:9/mcp", "headers": { "Authorization": "Bearer ${GH_PAT}" } } } }"#,
     )
     .unwrap();
     std::fs::write(
@@ -287,6 +294,8 @@ fn bash_sees_no_secret_of_codemode_in_its_environment_or_in_proc() {
             ("CODEMODE_SERVE_TOKEN", "tok-SECRET-2"),
             ("GITHUB_TOKEN", "gh-SECRET-3"),
             ("PLAIN_NAMED_VAR", "catalog-SECRET-4"),
+            ("AZ_SUB", "header-SECRET-5"),
+            ("GH_PAT", "mcp-header-SECRET-6"),
             ("WANTED_TOKEN", "passed-on-purpose"),
             ("PATH", &path),
         ],

@@ -135,6 +135,31 @@ impl Configuration {
                 },
             ));
         }
+        // So do the variables that credentials are written with: a provider's or an HTTP MCP
+        // server's headers and URL (`"Authorization": "Bearer ${GH_PAT}"`), a stdio server's env.
+        if let Some(models) = &models {
+            codemode_childenv::add_secret_names(
+                models
+                    .providers
+                    .iter()
+                    .flat_map(|p| p.headers.iter())
+                    .flat_map(|(_, value)| crate::mcp::var_names(value)),
+            );
+        }
+        codemode_childenv::add_secret_names(mcp.servers().iter().flat_map(|s| {
+            match &s.transport {
+                crate::mcp::ServerTransport::Http { url, headers } => headers
+                    .values()
+                    .chain(std::iter::once(url))
+                    .flat_map(|v| crate::mcp::var_names(v))
+                    .collect::<Vec<_>>(),
+                // A stdio server gets these through its own `env`; other children need not.
+                crate::mcp::ServerTransport::Stdio { env, .. } => env
+                    .values()
+                    .flat_map(|v| crate::mcp::var_names(v))
+                    .collect(),
+            }
+        }));
         codemode_childenv::add_passed_names(settings.pass_env.iter().cloned());
 
         problems.into_result(Configuration {

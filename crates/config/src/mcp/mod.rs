@@ -21,7 +21,7 @@ use codemode_spec::Exposure;
 use serde_json::Value;
 
 pub use exposure::{ExposureRule, ExposureRules, narrower, parse_exposure};
-pub use vars::{check_vars, expand_vars};
+pub use vars::{check_vars, expand_vars, var_names};
 
 use crate::narrow::Narrowing;
 use crate::{ConfigError, Problem};

@@ -62,6 +62,20 @@ fn pieces(value: &str) -> Result<Vec<Piece<'_>>, String> {
     Ok(out)
 }
 
+/// The names of the variables `value` refers to (none when it does not parse).
+pub fn var_names(value: &str) -> Vec<String> {
+    pieces(value)
+        .map(|ps| {
+            ps.into_iter()
+                .filter_map(|p| match p {
+                    Piece::Var { name, .. } => Some(name.to_string()),
+                    Piece::Text(_) => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Checks the references in `value` without expanding them.
 pub fn check_vars(value: &str) -> Result<(), String> {
     pieces(value).map(|_| ())
