@@ -322,6 +322,31 @@ catch (e) { return e.stage; }"#;
         false
     });
     assert_eq!(env.count(), "first\n");
+    // Red-team finding: an answer given where no audit log is configured went unaudited. It
+    // is refused, and the approval stays pending for an audited answer.
+    let bare = env.root.join("config-without-audit");
+    std::fs::create_dir_all(&bare).unwrap();
+    let mut cmd = common::codemode();
+    cmd.args([
+        "approvals",
+        "approve",
+        &id,
+        "--by",
+        "mallory",
+        "--config-dir",
+    ])
+    .arg(&bare)
+    .arg("--state-dir")
+    .arg(env.root.join("state"))
+    .arg("--workdir")
+    .arg(env.root.join("project"));
+    let unaudited = common::pipe(cmd, None);
+    assert!(!unaudited.status.success());
+    let why = String::from_utf8_lossy(&unaudited.stderr);
+    assert!(
+        why.contains("no audit log is configured") && why.contains("--audit"),
+        "{why}"
+    );
     let denied = env.approvals(&["deny", &id, "--by", "bob"]);
     assert!(
         denied.status.success(),

@@ -121,6 +121,14 @@ pub async fn run(cmd: ApprovalsCommand) -> Result<ExitCode> {
 
 async fn answer(args: AnswerArgs, decision: Decision) -> Result<ExitCode> {
     let (store, audit) = open(&args.setup).await?;
+    // An answer is an audited act: with no log to write it in, it is not given.
+    if audit.describe().is_none() {
+        bail!(
+            "the answer was not given: no audit log is configured here, and every answer must be \
+             audited; pass --audit FILE (the log the paused codemode writes) or set audit.path \
+             in your settings"
+        );
+    }
     let by = args
         .by
         .clone()
