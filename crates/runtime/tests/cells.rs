@@ -271,6 +271,39 @@ async fn terminate_stops_the_script_and_cancels_its_calls() {
     assert_eq!(stored.status, CellStatus::Terminated);
 }
 
+/// Red-team finding: a request that started a cell a few milliseconds after its client ended
+/// the session (HTTP `DELETE`) ran on after the session was gone. A cell of an ended session is
+/// terminated as soon as it is registered, and its other cells at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cells_of_a_session_its_client_ended_are_terminated_even_when_they_start_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let code =
+        "// @options: {\"yield_after_ms\": 200}\nawait tools.counted({ms: 60000});\ntext('never');";
+    let before = w.codemode.start_cell(req(code, "gone")).await.unwrap();
+    assert_eq!(before.status, CellStatus::Running);
+    let cells = w.codemode.cells().unwrap();
+    assert_eq!(cells.terminate_session("gone"), 1);
+    // The racing request: its cell registers after the session ended.
+    let after = w.codemode.start_cell(req(code, "gone")).await.unwrap();
+    for report in [before, after] {
+        // A cell that ended before its first answer reports its end at once.
+        let end = match report.status {
+            CellStatus::Running => w
+                .codemode
+                .wait_cell("gone", &report.cell, wait_for(30_000))
+                .await
+                .unwrap(),
+            _ => report,
+        };
+        assert_eq!(end.status, CellStatus::Terminated, "{}", end.text);
+        assert!(!end.text.contains("never"));
+    }
+    // Another session is not affected.
+    let other = w.codemode.start_cell(req(code, "kept")).await.unwrap();
+    assert_eq!(other.status, CellStatus::Running);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_script_budget_holds_across_yields() {
     let dir = tempfile::tempdir().unwrap();

@@ -124,8 +124,14 @@ pub(crate) struct CellsInner {
     pub config: CellsConfig,
     /// Cells this process runs, by id (a cell's script id is its cell id).
     pub live: Mutex<HashMap<String, Arc<LiveCell>>>,
+    /// Sessions their clients ended for good, and when: a cell still being started for one
+    /// (its request raced the end) is terminated as soon as it is registered.
+    ended_sessions: Mutex<HashMap<String, std::time::Instant>>,
     background: std::sync::OnceLock<()>,
 }
+
+/// How long an ended session is remembered: longer than any request that raced its end.
+const ENDED_SESSION_MEMORY: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Cells {
     pub fn new(config: CellsConfig) -> Self {
@@ -133,6 +139,7 @@ impl Cells {
             inner: Arc::new(CellsInner {
                 config,
                 live: Mutex::new(HashMap::new()),
+                ended_sessions: Mutex::new(HashMap::new()),
                 background: std::sync::OnceLock::new(),
             }),
         }
@@ -191,6 +198,17 @@ impl Cells {
     /// otherwise run on, unreachable, and a client could end and reopen sessions to run more
     /// cells than `max_per_session` allows.
     pub fn terminate_session(&self, session_id: &str) -> usize {
+        {
+            // First remembered, then the live cells scanned: a cell registered meanwhile finds
+            // the session ended (`Cells::register`), so none escapes both.
+            let mut ended = self
+                .inner
+                .ended_sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            ended.retain(|_, at| at.elapsed() < ENDED_SESSION_MEMORY);
+            ended.insert(session_id.to_string(), std::time::Instant::now());
+        }
         let live: Vec<Arc<LiveCell>> = self
             .lock()
             .values()
@@ -210,6 +228,21 @@ impl Cells {
             .filter(|c| !c.is_done())
             .map(|c| c.id.clone())
             .collect()
+    }
+
+    /// Registers a cell this process now drives; one whose session its client already ended is
+    /// terminated at once.
+    pub(crate) fn register(&self, cell: Arc<LiveCell>) {
+        self.lock().insert(cell.id.clone(), cell.clone());
+        let ended = self
+            .inner
+            .ended_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&cell.session_id);
+        if ended {
+            cell.terminate();
+        }
     }
 
     pub(crate) fn live(&self, id: &str) -> Option<Arc<LiveCell>> {

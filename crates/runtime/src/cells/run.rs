@@ -119,7 +119,7 @@ impl Codemode {
         let mut run_req = req.clone();
         run_req.abort = live.abort.clone();
         run_req.determinism = Some(determinism);
-        cells.lock().insert(cell_id.clone(), live.clone());
+        cells.register(live.clone());
         tokio::spawn(drive(
             self.clone(),
             cells.clone(),
@@ -260,7 +260,7 @@ impl Codemode {
                 seed: options.seed,
                 start_ms: options.start_ms,
             });
-            cells.lock().insert(claimed.id.clone(), live);
+            cells.register(live);
             tokio::spawn(drive(
                 self.clone(),
                 cells.clone(),
