@@ -181,7 +181,16 @@ async fn run(shared: &Shared, request: Request, went_out: &AtomicBool) -> (Value
     };
     let response = match send(shared, model, path, body, went_out).await {
         Ok(response) => response,
-        Err(message) => return (failure(model, "error", &message), None),
+        Err(message) => {
+            // Once the request went out the provider may bill it, whatever came back (an
+            // error status, a body too large or not JSON): charge what it may have cost.
+            let usage = went_out
+                .load(Ordering::SeqCst)
+                .then(|| unread_usage(&checked, sent, max_output));
+            let mut value = failure(model, "error", &message);
+            attach_usage(&mut value, usage.as_ref());
+            return (value, usage);
+        }
     };
     match &checked {
         Checked::Classify(m, input) => {
@@ -210,8 +219,28 @@ async fn run(shared: &Shared, request: Request, went_out: &AtomicBool) -> (Value
                 attach_usage(&mut value, Some(&usage));
                 (value, Some(usage))
             }
-            Err(message) => (failure(m, "error", &message), None),
+            Err(message) => {
+                let usage = unread_usage(&checked, sent, max_output);
+                let mut value = failure(m, "error", &message);
+                attach_usage(&mut value, Some(&usage));
+                (value, Some(usage))
+            }
         },
+    }
+}
+
+/// What a request whose answer could not be read is charged, marked estimated: codemode's own
+/// count of the input and the whole `max_tokens` of output, or one image.
+fn unread_usage(checked: &Checked, sent: InputCount, max_output: u64) -> Usage {
+    match checked {
+        Checked::Classify(m, _) => classify::usage_of(&Value::Null, m, sent, max_output),
+        Checked::Images(m, _) => {
+            let mut usage = images::usage_of(&Value::Null, &[], m);
+            usage.images = 1;
+            usage.cost_usd += m.price.image;
+            usage.estimated = true;
+            usage
+        }
     }
 }
 

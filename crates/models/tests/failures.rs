@@ -38,10 +38,29 @@ async fn http_500_is_an_error_result() {
     let out = gated(&f.classify, classify_args()).await.unwrap();
     assert_error(&out.value, "answered HTTP 500");
     assert_eq!(out.value["answers"], json!({}));
-    assert!(out.usage.is_none() && out.value.get("usage").is_none());
+    // The request went out: the provider may bill it, so it is charged what it may have cost
+    // (red-team round 4: failed calls used to cost nothing).
+    assert_charged_estimate(&out);
     let out = gated(&f.images, image_args()).await.unwrap();
     assert_error(&out.value, "answered HTTP 500");
     assert_eq!(out.value["output"], json!([]));
+    let usage = out
+        .usage
+        .expect("an image request that went out is charged");
+    assert!(usage.estimated && usage.images == 1, "{usage:?}");
+}
+
+fn assert_charged_estimate(out: &codemode_spec::ToolOutput) {
+    let usage = out
+        .usage
+        .as_ref()
+        .expect("a request that went out is charged");
+    assert!(usage.estimated, "{usage:?}");
+    assert!(
+        usage.input_tokens > 0 && usage.output_tokens > 0,
+        "{usage:?}"
+    );
+    assert_eq!(out.value["usage"]["estimated"], true, "{}", out.value);
 }
 
 #[tokio::test]
@@ -50,8 +69,10 @@ async fn malformed_json_is_an_error_result() {
     f.provider.configure(|k| k.malformed_json = true);
     let out = gated(&f.classify, classify_args()).await.unwrap();
     assert_error(&out.value, "malformed JSON");
+    assert_charged_estimate(&out);
     let out = gated(&f.images, image_args()).await.unwrap();
     assert_error(&out.value, "malformed JSON");
+    assert!(out.usage.is_some_and(|u| u.estimated), "charged");
 }
 
 #[tokio::test]
