@@ -183,3 +183,59 @@ fn max_sessions_ends_the_longest_idle_session() {
         "the log names the ended session"
     );
 }
+
+const PRINCIPALS_PROBE: &str = r#"
+const [url, alice, bob] = process.argv.slice(1);
+const init = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "probe", version: "1" } } });
+const ping = JSON.stringify({ jsonrpc: "2.0", id: 2, method: "ping" });
+const h = (token, session) => Object.assign({ "content-type": "application/json",
+  accept: "application/json, text/event-stream", authorization: "Bearer " + token },
+  session ? { "mcp-session-id": session } : {});
+const open = async (token) => (await fetch(url, { method: "POST", headers: h(token), body: init })).headers.get("mcp-session-id");
+const use = async (token, session) => (await fetch(url, { method: "POST", headers: h(token, session), body: ping })).status;
+(async () => {
+  const a = await open(alice);
+  await new Promise((r) => setTimeout(r, 50));
+  const bobs = [];
+  for (let i = 0; i < 4; i++) { bobs.push(await open(bob)); await new Promise((r) => setTimeout(r, 20)); }
+  console.log(JSON.stringify({ alice: await use(alice, a), bobLast: await use(bob, bobs[3]), bobFirst: await use(bob, bobs[0]) }));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+/// Red-team finding: with one token per person, bob opening `--max-sessions` sessions ended
+/// alice's. A full table now ends a session of whoever holds the most.
+#[test]
+fn a_principal_opening_many_sessions_evicts_their_own_not_anothers() {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let (alice, bob) = ("alice-token-0123456789", "bob-token-9876543210");
+    let sha = |t: &str| hex::encode(sha2::Sha256::digest(t.as_bytes()));
+    let tokens = serde_json::json!({"tokens": [
+        {"name": "alice", "token_sha256": sha(alice)},
+        {"name": "bob", "token_sha256": sha(bob)},
+    ]});
+    let file = dir.path().join("tokens.json");
+    std::fs::write(&file, tokens.to_string()).unwrap();
+    let server = Server::start(&[
+        "--max-sessions",
+        "3",
+        "--tokens-file",
+        file.to_str().unwrap(),
+    ]);
+    let out = Command::new("node")
+        .args(["-e", PRINCIPALS_PROBE, &server.url, alice, bob])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["alice"], 200, "alice's session stays: {v}");
+    assert_eq!(v["bobLast"], 200, "{v}");
+    assert_eq!(
+        v["bobFirst"], 404,
+        "bob's own longest-idle session went: {v}"
+    );
+}

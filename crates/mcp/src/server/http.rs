@@ -396,7 +396,8 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                 Ok(checked) => checked,
                 Err(response) => return response,
             };
-            if guard.sessions.make_room().await.is_err() {
+            let asking = principal.as_ref().map(|p| p.id.clone());
+            if guard.sessions.make_room(asking.as_deref()).await.is_err() {
                 return (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "too many MCP sessions are busy; try again later",

@@ -165,17 +165,32 @@ impl Sessions {
         })
     }
 
-    /// Room for one more session: evicts the longest-idle session when the table is full.
-    pub(crate) async fn make_room(&self) -> Result<(), Full> {
+    /// Room for one more session, for `asking` (the principal of the new session, if known):
+    /// when the table is full, ends the longest-idle session of the principal that would hold
+    /// the most sessions, so that one person opening many sessions evicts their own, not
+    /// another's.
+    pub(crate) async fn make_room(&self, asking: Option<&str>) -> Result<(), Full> {
         let victim = {
             let table = self.lock();
             if table.len() < self.max {
                 return Ok(());
             }
+            let gate = self.codemode.gate();
+            let owner = |id: &str| gate.principal_of(id).map(|p| p.id);
+            let mut held: HashMap<Option<String>, usize> = HashMap::new();
+            for id in table.keys() {
+                *held.entry(owner(id)).or_default() += 1;
+            }
+            if let Some(asking) = asking {
+                *held.entry(Some(asking.to_string())).or_default() += 1;
+            }
             table
                 .iter()
                 .filter(|(_, r)| r.in_flight == 0)
-                .min_by_key(|(_, r)| r.last_active)
+                .max_by_key(|(id, r)| {
+                    let count = held.get(&owner(id)).copied().unwrap_or(0);
+                    (count, std::cmp::Reverse(r.last_active))
+                })
                 .map(|(id, _)| id.clone())
         };
         match victim {
