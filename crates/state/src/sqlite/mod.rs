@@ -249,7 +249,20 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
     conn.set_prepared_statement_cache_capacity(64);
     // Refuse someone else's database, or a newer codemode's, before changing anything in it
     // (switching to WAL rewrites the header).
-    check_ownership(&conn, &location)?;
+    if let Err(e) = check_ownership(&conn, &location) {
+        // Another process may be creating this new file right now: judge again once its
+        // writes are done (an IMMEDIATE transaction waits for them), before calling it damaged.
+        let settled = rusqlite::Transaction::new_unchecked(&conn, TransactionBehavior::Immediate)
+            .map_err(err)
+            .and_then(|tx| {
+                let verdict = check_ownership(&tx, &location);
+                tx.rollback().map_err(err)?;
+                verdict
+            });
+        if settled.is_err() {
+            return Err(e);
+        }
+    }
     if options.check_at_open {
         let verdict: String = conn
             .pragma_query_value(None, "quick_check", |r| r.get(0))
@@ -267,12 +280,24 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
         location: location.clone(),
         detail: format!("SQLite cannot create its write-ahead log beside the file ({detail})"),
     };
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .map_err(|e| match e.sqlite_error_code() {
-            Some(rusqlite::ErrorCode::CannotOpen) => wal_refused(e.to_string()),
-            _ => err(e),
-        })?;
+    // Switching to WAL takes an exclusive lock, and SQLite answers "busy" at once (its busy
+    // handler is not asked) when another process opening the same new file holds one: try
+    // again for as long as the busy timeout allows.
+    let started = std::time::Instant::now();
+    let mode: String = loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get::<_, String>(0)) {
+            Err(e)
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+                    && started.elapsed() < options.busy_timeout =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen) => {
+                return Err(wal_refused(e.to_string()));
+            }
+            other => break other.map_err(err)?,
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(wal_refused(format!("the journal mode stayed `{mode}`")));
     }

@@ -435,3 +435,25 @@ async fn a_read_only_file_or_directory_is_a_clear_error() {
     let store = open(&db).await.expect("opens once writable");
     assert_eq!(store.load_store("s").await.unwrap()["kept"], json!(1));
 }
+
+/// Red-team finding (seen once): of three processes starting at once on a new state file, one
+/// was refused as "damaged or not a codemode state database". Many connections opening new
+/// files at once all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_opening_a_new_file_at_once_all_succeed() {
+    for round in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let opens: Vec<_> = (0..6)
+            .map(|_| {
+                let db = db.clone();
+                tokio::spawn(async move { open(&db).await.map(drop) })
+            })
+            .collect();
+        for o in opens {
+            o.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
+}
