@@ -34,13 +34,23 @@ fn model_policy() -> PolicySet {
     .unwrap()
 }
 
+/// A gate holding one model tool under the test's model policy and `budgets`.
+fn model_gate(tool: TestTool, budgets: Budgets) -> Gate {
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    Gate::builder()
+        .registry(reg)
+        .policy(model_policy())
+        .budgets(budgets)
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_concurrent_model_calls_with_a_budget_of_ten_run_exactly_ten() {
     let mut tool = TestTool::model("models.classify", "acme", "small", usage(10, 0.0));
     tool.delay_ms = 5;
     let runs = tool.runs.clone();
-    let reg = Registry::new();
-    reg.register(Arc::new(tool)).unwrap();
     let budgets = Budgets {
         script: BudgetLimits {
             max_model_calls: Some(10),
@@ -48,12 +58,7 @@ async fn a_thousand_concurrent_model_calls_with_a_budget_of_ten_run_exactly_ten(
         },
         ..Default::default()
     };
-    let gate = Gate::builder()
-        .registry(reg)
-        .policy(model_policy())
-        .budgets(budgets)
-        .build()
-        .unwrap();
+    let gate = model_gate(tool, budgets);
     let mut tasks = Vec::new();
     for _ in 0..1000 {
         let gate = gate.clone();
@@ -316,8 +321,6 @@ async fn an_absurd_token_count_exhausts_the_budget_instead_of_wrapping_it() {
     };
     let tool = TestTool::model("models.classify", "acme", "small", lying);
     let runs = tool.runs.clone();
-    let reg = Registry::new();
-    reg.register(Arc::new(tool)).unwrap();
     let budgets = Budgets {
         session: BudgetLimits {
             max_tokens: Some(1000),
@@ -325,12 +328,7 @@ async fn an_absurd_token_count_exhausts_the_budget_instead_of_wrapping_it() {
         },
         ..Default::default()
     };
-    let gate = Gate::builder()
-        .registry(reg)
-        .policy(model_policy())
-        .budgets(budgets)
-        .build()
-        .unwrap();
+    let gate = model_gate(tool, budgets);
     let call = || gate.call(req("models.classify", json!({"text": "x"}), script("a")));
     call().await.unwrap();
     for _ in 0..5 {

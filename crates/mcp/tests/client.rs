@@ -32,6 +32,25 @@ async fn hub(servers: Value) -> McpHub {
     McpHub::connect(&config(servers), ConnectOptions::default()).await
 }
 
+/// A loopback port nothing listens on now.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Waits (up to 10 s) until something listens on `port`.
+async fn wait_listening(port: u16) {
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A hub whose calls time out far beyond any test's own limit: a call that waits for its
 /// timeout fails the test instead of passing late.
 async fn patient_hub(servers: Value) -> McpHub {
@@ -551,10 +570,7 @@ async fn filesystem_and_memory_servers() {
 
 #[tokio::test]
 async fn streamable_http_server_with_headers() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let mut child = tokio::process::Command::new("node")
         .arg(everything())
         .arg("streamableHttp")
@@ -564,16 +580,7 @@ async fn streamable_http_server_with_headers() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    // Wait until it listens.
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_listening(port).await;
     let hub = hub(json!({"web": {
         "url": format!("http://127.0.0.1:{port}/mcp"),
         "headers": {"Authorization": "Bearer ${HOME}"}
@@ -598,10 +605,7 @@ async fn streamable_http_server_with_headers() {
 /// once (not at its timeout), and the next call on the same server works.
 #[tokio::test]
 async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let mut child = tokio::process::Command::new("node")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -611,15 +615,7 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    for _ in 0..100 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_listening(port).await;
     let hub = patient_hub(json!({"web": {"url": format!("http://127.0.0.1:{port}/mcp")}})).await;
     assert!(
         matches!(hub.status()[0].state, ServerState::Connected { .. }),
@@ -736,10 +732,7 @@ async fn a_server_that_failed_to_start_is_tried_again_and_its_tools_arrive() {
 /// printed, reached the codemode description and scripts through "not available" texts.
 #[tokio::test]
 async fn what_a_down_server_says_holds_none_of_its_secrets() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let hub = hub(json!({
         "remote": {"url": format!("http://user1:MCPSECRET@127.0.0.1:{port}/mcp?key=QSECRET")},
         "local": {"command": "sh", "args": ["-c", "echo token is $T >&2; exit 3"],
