@@ -109,3 +109,43 @@ async fn a_pattern_that_compiles_too_big_is_refused_briefly() {
         .await;
     assert!(err.message.len() < 1000, "{}", err.message);
 }
+
+/// Red-team finding: `edit` of a 4 MiB file of "a" with `replace_all` and a 1,000-byte
+/// replacement ran for minutes (line numbers were counted from the start for each of 4 million
+/// matches, and the result would be 4 GB), and its host could not exit. The result's size is
+/// checked first, and line numbers take one pass.
+#[tokio::test]
+async fn a_replace_all_with_millions_of_matches_is_refused_or_done_at_once() {
+    let b = Bench::new();
+    b.call(
+        "write",
+        json!({"path": "big.txt", "content": "a".repeat(4 * 1024 * 1024)}),
+    )
+    .await
+    .unwrap();
+    let err = b
+        .call("edit", json!({"path": "big.txt", "old_string": "a", "new_string": "b".repeat(1000), "replace_all": true}))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("more than edit writes"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.len() < 1000, "{}", err.message);
+    // Within the size limit, two million matches on two million lines are replaced at once.
+    b.call(
+        "write",
+        json!({"path": "lines.txt", "content": "a\n".repeat(2 * 1024 * 1024)}),
+    )
+    .await
+    .unwrap();
+    let text = b
+        .text(
+            "edit",
+            json!({"path": "lines.txt", "old_string": "a", "new_string": "b", "replace_all": true}),
+        )
+        .await;
+    assert!(text.contains("and 2097132 more"), "{text}");
+    assert!(text.len() < 1000, "{text}");
+}
