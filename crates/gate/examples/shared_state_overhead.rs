@@ -15,6 +15,15 @@
 //! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
 //! ```
 //! Without CODEMODE_TEST_POSTGRES_URL the PostgreSQL rows are left out.
+//!
+//! With `CODEMODE_BENCH_REPLICA_CPU=0.4` (a fraction of one core), the replica processes run
+//! once more, each in a cgroup of its own capped at that share (needs a writable cgroup `cpu`
+//! controller, such as root in a container): on a machine with few cores this measures how
+//! replicas scale when each has CPU of its own, as on separate machines, rather than how two
+//! processes share two cores with the server.
+
+#[path = "support/cpu_cap.rs"]
+mod cpu_cap;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -221,22 +230,41 @@ async fn replica(url: &str, schema: &str) {
     gate.flush().await; // gives the budget leases back
 }
 
+/// Set in the parent: the share of a core each replica process may use.
+const REPLICA_CPU: &str = "CODEMODE_BENCH_REPLICA_CPU";
+
 /// Runs `n` replica processes at once: calls per second of all together, each replica's CPU
-/// ms, and the server's CPU ms, over the measured calls.
-fn replicas(url: &str, schema: &str, leases: bool, n: usize) -> (f64, Vec<f64>, f64) {
+/// ms, and the server's CPU ms, over the measured calls. With `cap`, each replica runs in a
+/// cgroup of its own limited to that share of a core.
+fn replicas(
+    url: &str,
+    schema: &str,
+    leases: bool,
+    n: usize,
+    cap: Option<f64>,
+) -> (f64, Vec<f64>, f64) {
     let exe = std::env::current_exe().expect("this example's path");
+    let mut caps = Vec::new();
     let mut kids: Vec<_> = (0..n)
-        .map(|_| {
+        .map(|i| {
             let mut c = Command::new(&exe);
             if !leases {
                 c.env(REPLICA_PER_CALL, "1");
             }
-            c.env("CODEMODE_TEST_POSTGRES_URL", url)
+            let child = c
+                .env("CODEMODE_TEST_POSTGRES_URL", url)
                 .env(REPLICA_SCHEMA, schema)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
-                .expect("a replica process")
+                .expect("a replica process");
+            if let Some(cores) = cap {
+                let name = format!("codemode-bench-{}-{i}", std::process::id());
+                let cg = cpu_cap::CpuCap::new(&name, cores).expect("a CPU cgroup");
+                cg.add(child.id()).expect("the replica in its cgroup");
+                caps.push(cg);
+            }
+            child
         })
         .collect();
     let mut outs: Vec<_> = kids
@@ -267,14 +295,16 @@ fn replicas(url: &str, schema: &str, leases: bool, n: usize) -> (f64, Vec<f64>, 
         drop(k.stdin.take());
         k.wait().expect("the replica exits");
     }
+    drop(caps);
     ((N * ROUNDS * n) as f64 / wall * 1e3, cpu, server)
 }
 
-fn process_rows(url: &str, schema: &str, leases: bool) {
-    let (one, cpu1, server1) = replicas(url, schema, leases, 1);
-    let (two, cpu2, server2) = replicas(url, schema, leases, 2);
+fn process_rows(url: &str, schema: &str, leases: bool, cap: Option<f64>) {
+    let (one, cpu1, server1) = replicas(url, schema, leases, 1, cap);
+    let (two, cpu2, server2) = replicas(url, schema, leases, 2, cap);
+    let capped = cap.map_or(String::new(), |c| format!(" capped at {c} core each"));
     println!(
-        "pg {}, replicas as processes, 10 x 1,000 parallel calls each over 100 people (CPU ms per 1,000 calls): 1 replica {one:>6.0}/s (CPU ms: replica {:.0}, server {server1:.0}), 2 replicas {two:>6.0}/s (CPU ms: replicas {:.0} + {:.0}, server {server2:.0}), {:.2}x",
+        "pg {}, replicas as processes{capped}, 10 x 1,000 parallel calls each over 100 people (CPU ms per 1,000 calls): 1 replica {one:>6.0}/s (CPU ms: replica {:.0}, server {server1:.0}), 2 replicas {two:>6.0}/s (CPU ms: replicas {:.0} + {:.0}, server {server2:.0}), {:.2}x",
         if leases { "leases" } else { "per-call" },
         cpu1[0],
         cpu2[0],
@@ -322,9 +352,19 @@ async fn main() {
                 let b = Arc::new(open_postgres(&url, &schema, leases).await) as Arc<dyn StateStore>;
                 row(&format!("pg {tag}"), Some(a), Some(b), base).await;
             }
+            let cap = match std::env::var(REPLICA_CPU) {
+                Ok(v) => Some(
+                    v.parse::<f64>()
+                        .expect("CODEMODE_BENCH_REPLICA_CPU: a number"),
+                ),
+                Err(_) => None,
+            };
             for leases in [false, true] {
                 let schema = format!("cm_bench_{}_{}", std::process::id(), u8::from(leases));
-                process_rows(&url, &schema, leases);
+                process_rows(&url, &schema, leases, None);
+                if cap.is_some() {
+                    process_rows(&url, &schema, leases, cap);
+                }
             }
         }
         _ => println!("postgres   (left out: CODEMODE_TEST_POSTGRES_URL is not set)"),
