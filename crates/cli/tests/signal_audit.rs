@@ -89,6 +89,11 @@ impl Setup {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !text.contains("UNFINISHED"),
+            "every journalled call has its outcome line: {text}"
+        );
     }
 }
 
@@ -274,4 +279,44 @@ fn ending_an_http_session_terminates_its_cells_and_audits_their_calls() {
     wait_exit(&mut child);
     assert_bash_cancelled(&lines, "DELETE");
     s.verifies();
+}
+
+/// The attack the journal answers: a command that kills codemode itself (`kill -9 $PPID`, a
+/// signal nothing can catch) in the middle of its own call. Its outcome line can never be
+/// written, but its start was, before it ran, and `audit verify` names it.
+#[test]
+fn a_command_that_kills_codemode_in_its_own_call_is_named_by_audit_verify() {
+    let s = Setup::new();
+    std::fs::write(
+        s.path("s.js"),
+        format!(
+            "await tools.bash({{command: \"touch {}; kill -9 $PPID; sleep 5\"}}); return 1",
+            s.path("done").display()
+        ),
+    )
+    .unwrap();
+    let mut child = s.command(&["run"]).arg(s.path("s.js")).spawn().unwrap();
+    let status = wait_exit(&mut child);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(9), "codemode was killed: {status:?}");
+    assert!(s.path("done").exists(), "the command's effect happened");
+    let log = std::fs::read_to_string(s.path("audit.jsonl")).unwrap();
+    assert!(
+        !log.contains("\"bash\""),
+        "no outcome line could be written: {log}"
+    );
+
+    let out = common::codemode()
+        .args(["audit", "verify"])
+        .arg(s.path("audit.jsonl"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text.contains("UNFINISHED: 1 call(s)"), "{text}");
+    let named = text
+        .lines()
+        .find(|l| l.contains("`bash`"))
+        .unwrap_or_else(|| panic!("the bash call is named: {text}"));
+    assert!(named.contains("kill -9 $PPID"), "{named}");
 }

@@ -9,7 +9,9 @@
 //! (per 1,000 calls). PostgreSQL runs twice, interleaved: without budget leases (`pg
 //! per-call`: a reserve and a settle statement per call, as before schema 3) and with them
 //! (`pg leases`, the default: no budget statement per call; what is left per call is the
-//! audit line's durable append).
+//! audit line's durable append, and for a tool not marked read-only the journal's line before
+//! it runs). Sequential calls are measured for both kinds of tool (`echo`, and `echo_ro`
+//! marked read-only); the parallel and replica rows call `echo`.
 //!
 //! ```sh
 //! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
@@ -66,6 +68,10 @@ const ROUNDS: usize = 10;
 fn gate(store: Option<Arc<dyn StateStore>>, stream: &str) -> Gate {
     let registry = Registry::new();
     let _ = registry.register(Arc::new(Echo(ToolSpec::new("echo", "", json!({})))));
+    // The same tool marked read-only: not journalled before it runs (one audit line, not two).
+    let mut read_only = ToolSpec::new("echo_ro", "", json!({}));
+    read_only.annotations.read_only_hint = Some(true);
+    let _ = registry.register(Arc::new(Echo(read_only)));
     let mut b = Gate::builder()
         .registry(registry)
         .policy(PolicySet::parse("p", "permit(principal, action, resource);").expect("valid"));
@@ -98,19 +104,28 @@ fn gate(store: Option<Arc<dyn StateStore>>, stream: &str) -> Gate {
 }
 
 fn request(i: usize, people: usize) -> CallRequest {
+    request_to("echo", i, people)
+}
+
+fn request_to(tool: &str, i: usize, people: usize) -> CallRequest {
     let mut p = Provenance::model(format!("c{i}"), format!("session-{}", i % people));
     p.origin = Origin::Script;
     p.script_id = Some(format!("script-{}", i % people));
-    CallRequest::new("echo", json!({"i": i}), p)
+    CallRequest::new(tool, json!({"i": i}), p)
 }
 
-/// Median and total of N sequential calls, in µs and ms.
+/// Median and total of N sequential calls of `echo` (journalled before it runs), in µs and ms.
 async fn sequential(gate: &Gate) -> (f64, f64) {
+    sequential_of(gate, "echo").await
+}
+
+/// The same for `tool`.
+async fn sequential_of(gate: &Gate, tool: &str) -> (f64, f64) {
     let mut each = Vec::with_capacity(N);
     let started = Instant::now();
     for i in 0..N {
         let t = Instant::now();
-        gate.call(request(i, 1)).await.expect("permitted");
+        gate.call(request_to(tool, i, 1)).await.expect("permitted");
         each.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let total = started.elapsed().as_secs_f64() * 1e3;
@@ -143,13 +158,15 @@ async fn row(
     let one = gate(a.clone(), "bench");
     sequential(&one).await; // warm up: rows, pools, caches
     let (median, total) = sequential(&one).await;
+    let (read_only, _) = sequential_of(&one, "echo_ro").await;
     let par = parallel(std::slice::from_ref(&one), 1).await;
     let spread_one = parallel(std::slice::from_ref(&one), 100).await;
     let two = [one.clone(), gate(b.or(a), "bench")];
     let spread_two = parallel(&two, 100).await;
     println!(
-        "{name:<10} seq median {median:>7.1} µs (+{:>6.1} µs)  seq 1000 {total:>7.1} ms  par 1000 (1 person) {par:>7.1} ms  par 1000 (100 people): 1 replica {spread_one:>7.1} ms ({:>6.0}/s), 2 replicas {spread_two:>7.1} ms ({:>6.0}/s, {:.2}x)",
+        "{name:<10} seq median {median:>7.1} µs (+{:>6.1} µs; read-only +{:>6.1} µs)  seq 1000 {total:>7.1} ms  par 1000 (1 person) {par:>7.1} ms  par 1000 (100 people): 1 replica {spread_one:>7.1} ms ({:>6.0}/s), 2 replicas {spread_two:>7.1} ms ({:>6.0}/s, {:.2}x)",
         median - base,
+        read_only - base,
         N as f64 / spread_one * 1e3,
         N as f64 / spread_two * 1e3,
         spread_one / spread_two

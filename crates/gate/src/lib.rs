@@ -25,7 +25,8 @@ mod validate;
 
 pub use approval::{ApprovalAnswer, ApprovalRequest, Approver};
 pub use audit::{
-    AuditError, AuditKey, AuditLog, HeadCheck, StreamReport, VerifyReport, head_path, verify,
+    AuditError, AuditKey, AuditLog, HeadCheck, StreamReport, UnfinishedCall, VerifyReport,
+    head_path, started_path, started_stream, unfinished_calls, unfinished_stream_calls, verify,
     verify_stream,
 };
 pub use budget::{BudgetLimits, Budgets, DailyBudgets, LedgerSnapshot, Principal};

@@ -62,6 +62,34 @@ fn print(what: &str, lines: u64, last: &str, proves: Vec<String>, cannot: Vec<St
     }
 }
 
+/// The journal's part of a verification: calls that started and never ended. They do not make
+/// the log less intact, but each is a call whose effect nobody recorded, so they are shown
+/// after the log's result; a journal that does not verify fails the check.
+fn print_unfinished(
+    journal: &str,
+    found: Result<Vec<codemode_gate::UnfinishedCall>, codemode_gate::AuditError>,
+) -> ExitCode {
+    match found {
+        Ok(calls) if calls.is_empty() => ExitCode::SUCCESS,
+        Ok(calls) => {
+            println!(
+                "UNFINISHED: {} call(s) in the journal {journal} started and have no outcome line: \
+                 the process stopped (killed or crashed) while they ran, so whether and what \
+                 they changed is unknown:",
+                calls.len()
+            );
+            for call in &calls {
+                println!("  {}", call.summary());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("the journal {journal}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
     match codemode_gate::verify(file, key) {
         Ok(report) if report.head == codemode_gate::HeadCheck::Missing && report.lines > 0 => {
@@ -91,7 +119,11 @@ fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
                 report.proves(),
                 report.cannot_prove(),
             );
-            Ok(ExitCode::SUCCESS)
+            let journal = codemode_gate::started_path(file);
+            Ok(print_unfinished(
+                &journal.display().to_string(),
+                codemode_gate::unfinished_calls(file, key),
+            ))
         }
         Err(e) => {
             eprintln!("{}: {e}", file.display());
@@ -121,7 +153,15 @@ async fn verify_stream(url: &str, stream: &str, key: Option<&AuditKey>) -> Resul
                 report.proves(),
                 report.cannot_prove(),
             );
-            Ok(ExitCode::SUCCESS)
+            let journal = format!(
+                "audit stream `{}` in {}",
+                codemode_gate::started_stream(stream),
+                store.describe()
+            );
+            Ok(print_unfinished(
+                &journal,
+                codemode_gate::unfinished_stream_calls(store.as_ref(), stream, key).await,
+            ))
         }
         Err(e) => {
             eprintln!("{e}");

@@ -13,7 +13,15 @@
 //!
 //! Appends take an advisory `flock` on the log and read the chain's end from the file under it,
 //! so several processes can write one log and the chain stays whole.
+//!
+//! A call's line is written when it ends, so a process killed while a call ran (a `bash`
+//! command can `kill -9` its parent) would leave no trace of it. Calls that can change
+//! something therefore get a line in the log's *journal* first (`<log>.started`, or the stream
+//! `<stream>.started`), a chain of its own kept the same way, before they run; a started call
+//! with no outcome line in the log is one whose process stopped while it ran
+//! ([`unfinished_calls`]).
 
+mod journal;
 mod key;
 mod stream;
 mod verify;
@@ -28,6 +36,9 @@ use rustix::fs::FlockOperation;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+pub use journal::{
+    UnfinishedCall, started_path, started_stream, unfinished_calls, unfinished_stream_calls,
+};
 pub use key::AuditKey;
 pub use stream::{StreamReport, verify_stream};
 pub use verify::{HeadCheck, VerifyReport, verify};
@@ -125,6 +136,8 @@ struct Inner {
 pub struct AuditLog {
     inner: Option<Arc<Inner>>,
     stream: Option<Arc<stream::StreamLog>>,
+    /// Where a call that can change something is recorded before it runs.
+    journal: Option<Arc<AuditLog>>,
 }
 
 /// A line on its way to a stream; the call's outcome is final once it completes.
@@ -151,9 +164,25 @@ impl AuditLog {
                 message: "a stream name has 1 to 200 characters".into(),
             });
         }
+        if stream.ends_with(".started") {
+            return Err(AuditError::Open {
+                path: format!("audit stream `{stream}`"),
+                message: "names ending in `.started` are the journals of other streams; choose another name".into(),
+            });
+        }
+        let journal = AuditLog {
+            inner: None,
+            stream: Some(Arc::new(stream::StreamLog {
+                store: store.clone(),
+                stream: started_stream(&stream),
+                key: key.clone(),
+            })),
+            journal: None,
+        };
         Ok(AuditLog {
             inner: None,
             stream: Some(Arc::new(stream::StreamLog { store, stream, key })),
+            journal: Some(Arc::new(journal)),
         })
     }
 
@@ -176,6 +205,23 @@ impl AuditLog {
         match self.submit(record)? {
             Some(line) => line.await,
             None => Ok(()),
+        }
+    }
+
+    /// Whether calls are journalled before they run (a log or stream is set).
+    pub(crate) fn has_journal(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// Writes a call's "started" record to the journal (nothing without a log); like
+    /// [`AuditLog::submit`], a stream's line comes back as a future to await.
+    pub(crate) fn submit_started(
+        &self,
+        record: Map<String, Value>,
+    ) -> Result<Option<PendingLine>, AuditError> {
+        match &self.journal {
+            Some(journal) => journal.submit(record),
+            None => Ok(None),
         }
     }
 
@@ -207,7 +253,14 @@ impl AuditLog {
     /// key and its head first; a log that does not verify is refused, so new lines are never
     /// chained onto a broken or forged one.
     pub fn open_with_key(path: impl AsRef<Path>, key: AuditKey) -> Result<Self, AuditError> {
-        let path = path.as_ref().to_path_buf();
+        let journal = Self::open_chain(started_path(path.as_ref()), key.clone())?;
+        let mut log = Self::open_chain(path.as_ref().to_path_buf(), key)?;
+        log.journal = Some(Arc::new(journal));
+        Ok(log)
+    }
+
+    /// Opens one chained file (the log, or its journal).
+    fn open_chain(path: PathBuf, key: AuditKey) -> Result<Self, AuditError> {
         let shown = path.display().to_string();
         let open_err = |e: std::io::Error| AuditError::Open {
             path: shown.clone(),
@@ -255,6 +308,7 @@ impl AuditLog {
         Ok(AuditLog {
             inner: Some(Arc::new(inner)),
             stream: None,
+            journal: None,
         })
     }
 

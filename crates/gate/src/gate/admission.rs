@@ -187,6 +187,35 @@ impl Pending {
         local.and(shared)
     }
 
+    /// Records in the journal that the call is about to run, before it can change anything, so
+    /// a process killed while it runs still leaves a trace. An error means it must not run.
+    async fn journal_start(&self) -> Result<(), crate::audit::AuditError> {
+        if !self.gate.audit.has_journal() {
+            return Ok(());
+        }
+        let args_text = serde_json::to_string(&self.args).unwrap_or_default();
+        let record = serde_json::json!({
+            "time": utc_now(),
+            "event": "started",
+            "provenance": &self.provenance,
+            "tool": &self.tool,
+            "namespace": &self.namespace,
+            "kind": self.kind,
+            "args_sha256": sha256_hex(args_text.as_bytes()),
+            "args_preview": crate::preview(&args_text, 200),
+            "paths": &self.paths,
+            "decision": self.decision,
+            "policy_ids": &self.policy_ids,
+        });
+        let Value::Object(record) = record else {
+            return Ok(());
+        };
+        match self.gate.audit.submit_started(record)? {
+            Some(line) => line.await,
+            None => Ok(()),
+        }
+    }
+
     /// Waits for a stream's line; a line that cannot be stored refuses every later call.
     async fn store_line(&mut self, line: Option<PendingLine>) {
         if let Some(line) = line
@@ -427,6 +456,18 @@ impl Admission {
         let Some(prepared) = self.prepared.take() else {
             return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
         };
+        // A read-only call killed with its process leaves nothing to account for: its result
+        // dies with the process. Every other call is journalled before it runs.
+        if self.spec.annotations.read_only_hint != Some(true)
+            && let Err(e) = self.pending.journal_start().await
+        {
+            audit_failed(&self.pending.gate, &e);
+            return Err(ToolError::failed(format!(
+                "`{}` was not run: its start could not be recorded in the audit log ({e}), so every later call is refused too. No person was asked. Tell the user: the audit log must be fixed and codemode restarted",
+                self.spec.name
+            ))
+            .with_effect(Effect::None));
+        }
         self.pending.ran = true;
         let result = tracing::Instrument::instrument(
             prepared.run(RunContext {

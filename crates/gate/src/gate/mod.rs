@@ -219,6 +219,12 @@ impl GateBuilder {
                 crate::audit::head_path(log),
                 "the audit log's head",
             ));
+            let journal = crate::audit::started_path(log);
+            protected.push(ProtectedPath::new(
+                crate::audit::head_path(&journal),
+                "the audit log's journal head",
+            ));
+            protected.push(ProtectedPath::new(journal, "the audit log's journal"));
         }
         // A call's settle is followed by its line in the same store: one disk flush for both.
         let shared = self.shared.map(|mut shared| {

@@ -28,6 +28,19 @@ use crate::error::{Result, StateError};
 
 const APPEND: &str =
     "SELECT written, head_seq, head_hash FROM codemode_append_audit($1, $2, $3, $4, $5, $6)";
+/// The same for a journal stream (a name ending in `.started`: the gate's record that a call
+/// is about to run). Its commit does not wait for the disk flush: a journal guards against the
+/// writing process dying mid-call, and the server has the line once the statement returns
+/// (the call's outcome line, written durably after it, flushes it too).
+const APPEND_JOURNAL: &str = "SELECT written, head_seq, head_hash, set_config('synchronous_commit', 'off', true) FROM codemode_append_audit($1, $2, $3, $4, $5, $6)";
+
+fn append_statement(stream: &str) -> &'static str {
+    if stream.ends_with(".started") {
+        APPEND_JOURNAL
+    } else {
+        APPEND
+    }
+}
 const HEAD_ROW: &str = "INSERT INTO audit_heads (stream, seq, hash) VALUES ($1, 0, '') ON CONFLICT (stream) DO NOTHING";
 const LOCK_HEAD: &str = "SELECT seq, hash FROM audit_heads WHERE stream = $1 FOR UPDATE";
 
@@ -199,7 +212,7 @@ impl AuditWriter {
             .await
             .map_err(|e| pool_error(&self.location, e))?;
         let out = async {
-            let stmt = client.prepare_cached(APPEND).await?;
+            let stmt = client.prepare_cached(append_statement(stream)).await?;
             let params = append_params(stream, head, made);
             let row = client.query_one(&stmt, &params.refs()).await?;
             let written: bool = row.try_get(0)?;
@@ -236,7 +249,7 @@ impl AuditWriter {
             let (head_row, lock_head, append) = (
                 c.prepare_cached(HEAD_ROW).await?,
                 c.prepare_cached(LOCK_HEAD).await?,
-                c.prepare_cached(APPEND).await?,
+                c.prepare_cached(append_statement(stream)).await?,
             );
             conn.entering_tx();
             let stream_param: [&(dyn ToSql + Sync); 1] = [&stream];

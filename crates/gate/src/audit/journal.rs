@@ -1,0 +1,146 @@
+//! The journal: a "started" line for each call that can change something, written before the
+//! call runs, and the check that pairs those lines with the log's outcome lines.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use codemode_state::StateStore;
+use serde_json::Value;
+
+use super::{AuditError, AuditKey, verify, verify_stream};
+
+/// The journal beside a log file: `<log>.started` (with its own `.head`).
+pub fn started_path(log: &Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".started");
+    PathBuf::from(name)
+}
+
+/// The journal of a stream: the stream `<stream>.started` in the same store.
+pub fn started_stream(stream: &str) -> String {
+    format!("{stream}.started")
+}
+
+/// A call that was recorded as started but has no outcome line: its process stopped (was
+/// killed, or crashed) while it ran, so what it did is unknown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnfinishedCall {
+    /// The journal's record (tool, provenance, arguments' hash and preview, decision).
+    pub record: Value,
+}
+
+impl UnfinishedCall {
+    pub fn call_id(&self) -> &str {
+        call_id(&self.record).unwrap_or("")
+    }
+
+    /// One line for people: when, which tool, which call, with what.
+    pub fn summary(&self) -> String {
+        let field = |k: &str| self.record.get(k).and_then(Value::as_str).unwrap_or("?");
+        let parent = self
+            .record
+            .pointer("/provenance/parent_call_id")
+            .and_then(Value::as_str)
+            .map(|p| format!(" (inside call {p})"))
+            .unwrap_or_default();
+        format!(
+            "{} `{}` call {}{parent}, args {}",
+            field("time"),
+            field("tool"),
+            self.call_id(),
+            field("args_preview")
+        )
+    }
+}
+
+fn call_id(record: &Value) -> Option<&str> {
+    record
+        .pointer("/provenance/call_id")
+        .and_then(Value::as_str)
+}
+
+/// Started calls in `started` without a line in `outcomes`, in journal order.
+fn unmatched(started: Vec<Value>, outcomes: impl Iterator<Item = Value>) -> Vec<UnfinishedCall> {
+    let ended: HashSet<String> = outcomes
+        .filter_map(|v| call_id(&v).map(str::to_string))
+        .collect();
+    started
+        .into_iter()
+        .filter(|v| call_id(v).is_some_and(|id| !ended.contains(id)))
+        .map(|record| UnfinishedCall { record })
+        .collect()
+}
+
+fn records(path: &Path) -> Result<Vec<Value>, AuditError> {
+    let text = std::fs::read_to_string(path).map_err(|e| AuditError::Open {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect())
+}
+
+/// Verifies the journal of the log at `log` (its chain, and with the key its MACs) and returns
+/// the calls it records as started that have no outcome line in the log. A log without a
+/// journal (written before journals existed) has none.
+pub fn unfinished_calls(
+    log: &Path,
+    key: Option<&AuditKey>,
+) -> Result<Vec<UnfinishedCall>, AuditError> {
+    let journal = started_path(log);
+    if !journal.exists() {
+        return Ok(Vec::new());
+    }
+    verify(&journal, key)?;
+    let started = records(&journal)?;
+    if started.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(unmatched(started, records(log)?.into_iter()))
+}
+
+/// [`unfinished_calls`] for a stream in a state store.
+pub async fn unfinished_stream_calls(
+    store: &dyn StateStore,
+    stream: &str,
+    key: Option<&AuditKey>,
+) -> Result<Vec<UnfinishedCall>, AuditError> {
+    let journal = started_stream(stream);
+    let read_err = |e: codemode_state::StateError| AuditError::Open {
+        path: format!("audit stream `{journal}` in {}", store.describe()),
+        message: e.to_string(),
+    };
+    if !store
+        .audit_streams()
+        .await
+        .map_err(read_err)?
+        .contains(&journal)
+    {
+        return Ok(Vec::new());
+    }
+    verify_stream(store, &journal, key).await?;
+    let started = read_stream(store, &journal).await.map_err(read_err)?;
+    let outcomes = read_stream(store, stream).await.map_err(read_err)?;
+    Ok(unmatched(started, outcomes.into_iter()))
+}
+
+async fn read_stream(
+    store: &dyn StateStore,
+    stream: &str,
+) -> Result<Vec<Value>, codemode_state::StateError> {
+    let mut out = Vec::new();
+    let mut seq = 0;
+    loop {
+        let page = store.read_audit(stream, seq, 1000).await?;
+        let Some(last) = page.last() else {
+            return Ok(out);
+        };
+        seq = last.seq;
+        out.extend(
+            page.iter()
+                .filter_map(|r| serde_json::from_str(&r.line).ok()),
+        );
+    }
+}

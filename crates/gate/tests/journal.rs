@@ -1,0 +1,198 @@
+//! The journal: a call that can change something is recorded before it runs, so a process
+//! killed in the middle of it (a `bash` command can `kill -9` its parent) still leaves a trace.
+//! Attacked here: the line must exist while the tool runs, on a file and on shared streams; a
+//! journal that cannot be written must stop the call before it runs, and every later call.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use codemode_gate::{
+    AuditLog, Gate, Registry, Stage, UnfinishedCall, started_path, unfinished_calls,
+    unfinished_stream_calls,
+};
+use codemode_state::{Clock, MemoryStore, SqliteOptions, SqliteStore, StateStore};
+use common::{TestTool, builder, object_schema, req, script, test_key};
+use serde_json::json;
+
+/// A gate with a slow tool `w` that can change things and a read-only tool `r`, and the run
+/// counters of both.
+fn gate(audit: AuditLog) -> (Gate, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let reg = Registry::new();
+    let mut w = TestTool::new("w", object_schema());
+    w.delay_ms = 400;
+    let r = TestTool::new("r", object_schema()).read_only();
+    let (w_runs, r_runs) = (w.runs.clone(), r.runs.clone());
+    reg.register(Arc::new(w)).unwrap();
+    reg.register(Arc::new(r)).unwrap();
+    (builder(&reg).audit(audit).build().unwrap(), w_runs, r_runs)
+}
+
+async fn wait_until_running(runs: &AtomicUsize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the tool never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn tools(calls: &[UnfinishedCall]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|c| c.record["tool"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_call_that_can_change_something_is_in_the_journal_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, w_runs, _) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    let running = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.call(req("w", json!({"path": "x"}), script("a"))).await }
+    });
+    wait_until_running(&w_runs).await;
+    // As if the process were killed now: the log has nothing, the journal has the call.
+    assert!(common::audit_lines(&path).is_empty());
+    let open = unfinished_calls(&path, Some(&test_key())).unwrap();
+    assert_eq!(tools(&open), ["w"]);
+    assert_eq!(open[0].record["event"], "started");
+    assert_eq!(open[0].record["decision"], "allow");
+    assert!(
+        open[0].summary().contains(r#"{"path":"x"}"#),
+        "{}",
+        open[0].summary()
+    );
+
+    running.await.unwrap().unwrap();
+    assert!(
+        unfinished_calls(&path, Some(&test_key()))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_call_is_not_journalled_and_a_refused_one_never_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _, r_runs) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    gate.call(req("r", json!({}), script("a"))).await.unwrap();
+    assert_eq!(r_runs.load(Ordering::SeqCst), 1);
+    // Refused at validation: nothing ran, its one outcome line says so.
+    let err = gate
+        .call(req("w", json!({"path": 3}), script("a")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Validate);
+    let journal = std::fs::read_to_string(started_path(&path)).unwrap();
+    assert_eq!(journal, "", "nothing that could change anything ran");
+    assert_eq!(common::audit_lines(&path).len(), 2);
+}
+
+#[tokio::test]
+async fn a_journal_that_cannot_be_written_stops_the_call_before_it_runs_and_every_later_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, w_runs, r_runs) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    assert_eq!(w_runs.load(Ordering::SeqCst), 1);
+    // Someone who can write the journal breaks its chain: appending onto it would extend a
+    // chain that no longer verifies, so the gate must refuse rather than run unjournalled.
+    let journal = started_path(&path);
+    let mut text = std::fs::read_to_string(&journal).unwrap();
+    text.push_str("{\"forged\":true}\n");
+    std::fs::write(&journal, text).unwrap();
+
+    let err = gate
+        .call(req("w", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("was not run"), "{}", err.message);
+    assert_eq!(w_runs.load(Ordering::SeqCst), 1, "the call must not run");
+    let err = gate
+        .call(req("r", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("audit log"), "{}", err.message);
+    assert_eq!(
+        r_runs.load(Ordering::SeqCst),
+        0,
+        "later calls are refused too"
+    );
+    // The broken journal is reported, not passed over.
+    assert!(unfinished_calls(&path, Some(&test_key())).is_err());
+}
+
+async fn stream_journal_holds_the_call_while_it_runs(store: Arc<dyn StateStore>) {
+    let audit = AuditLog::stream(store.clone(), "team", test_key()).unwrap();
+    let (gate, w_runs, _) = gate(audit);
+    gate.call(req("r", json!({}), script("a"))).await.unwrap();
+    let running = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.call(req("w", json!({"path": "y"}), script("a"))).await }
+    });
+    wait_until_running(&w_runs).await;
+    let open = unfinished_stream_calls(store.as_ref(), "team", Some(&test_key()))
+        .await
+        .unwrap();
+    assert_eq!(tools(&open), ["w"], "{}", store.describe());
+    running.await.unwrap().unwrap();
+    let open = unfinished_stream_calls(store.as_ref(), "team", Some(&test_key()))
+        .await
+        .unwrap();
+    assert!(open.is_empty(), "{open:?}");
+    let journal = store.read_audit("team.started", 0, 100).await.unwrap();
+    assert_eq!(journal.len(), 1, "only the call that can change something");
+}
+
+#[tokio::test]
+async fn streams_in_memory_and_sqlite_journal_calls_before_they_run() {
+    stream_journal_holds_the_call_while_it_runs(Arc::new(MemoryStore::new(Clock::system()))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = SqliteStore::open(
+        &dir.path().join("state.db"),
+        SqliteOptions::default(),
+        Clock::system(),
+    )
+    .await
+    .unwrap();
+    stream_journal_holds_the_call_while_it_runs(Arc::new(sqlite)).await;
+}
+
+#[tokio::test]
+async fn a_postgres_stream_journals_calls_before_they_run() {
+    let Some(url) = std::env::var("CODEMODE_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    else {
+        eprintln!(
+            "SKIPPED: the journal's PostgreSQL test, because CODEMODE_TEST_POSTGRES_URL is not set; run it with `scripts/with-postgres cargo test -p codemode-gate --test journal`"
+        );
+        return;
+    };
+    let schema = format!(
+        "cm_journal_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..16]
+    );
+    let options = codemode_state::PostgresOptions {
+        schema: Some(schema),
+        ..codemode_state::PostgresOptions::default()
+    };
+    let store = codemode_state::PostgresStore::open(&url, options, Clock::system())
+        .await
+        .unwrap();
+    stream_journal_holds_the_call_while_it_runs(Arc::new(store)).await;
+}
+
+#[test]
+fn a_stream_cannot_be_named_like_another_streams_journal() {
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new(Clock::system()));
+    let err = AuditLog::stream(store, "team.started", test_key())
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("journals"), "{err}");
+}
