@@ -320,3 +320,43 @@ fn a_command_that_kills_codemode_in_its_own_call_is_named_by_audit_verify() {
         .unwrap_or_else(|| panic!("the bash call is named: {text}"));
     assert!(named.contains("kill -9 $PPID"), "{named}");
 }
+
+/// A permitted command empties the log and its head (so what is left is a short, whole chain):
+/// the next call is refused before it runs, and `audit verify` still names, from the journal,
+/// the calls whose lines were wiped.
+#[test]
+fn a_command_that_empties_the_audit_log_stops_every_later_call_and_is_named_by_verify() {
+    let s = Setup::new();
+    let log = s.path("audit.jsonl");
+    let after = s.path("after");
+    std::fs::write(
+        s.path("s.js"),
+        format!(
+            r#"await tools.bash({{command: "echo first"}});
+try {{ await tools.bash({{command: ": > {log}; : > {log}.head"}}); }} catch {{}}
+try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
+            log = log.display(),
+            after = after.display()
+        ),
+    )
+    .unwrap();
+    let out = s.command(&["run"]).arg(s.path("s.js")).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !after.exists(),
+        "nothing runs onto an emptied log: {stdout}"
+    );
+    assert!(stdout.contains("cut, truncated or replaced"), "{stdout}");
+    // The script's own line cannot be written either: its result is withheld, not returned.
+    assert!(stdout.contains("result is withheld"), "{stdout}");
+
+    let out = common::codemode()
+        .args(["audit", "verify"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("UNFINISHED: 2 call(s)"), "{text}");
+    assert!(text.contains("echo first"), "{text}");
+    assert!(text.contains(": > "), "{text}");
+}

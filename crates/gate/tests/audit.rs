@@ -409,3 +409,101 @@ async fn a_call_whose_line_cannot_be_written_does_not_return_as_if_audited() {
         later.message
     );
 }
+
+/// A gate on a log at `path` whose tool `t` counts its runs.
+fn counting_gate(path: &Path) -> (codemode_gate::Gate, Arc<std::sync::atomic::AtomicUsize>) {
+    let reg = Registry::new();
+    let tool = TestTool::new("t", object_schema());
+    let runs = tool.runs.clone();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(path, test_key()).unwrap())
+        .build()
+        .unwrap();
+    (gate, runs)
+}
+
+/// What a permitted `bash` command can do to a log it is not stopped from writing: empty it
+/// and its head together, so the chain left is short but whole. The process that wrote the
+/// lines knows where its last one ended, and refuses to run anything more onto that log.
+#[tokio::test]
+async fn a_log_emptied_behind_the_gate_is_noticed_and_nothing_more_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, runs) = counting_gate(&path);
+    for _ in 0..3 {
+        gate.call(req("t", json!({}), script("a"))).await.unwrap();
+    }
+    std::fs::write(&path, "").unwrap();
+    std::fs::write(codemode_gate::head_path(&path), "").unwrap();
+    // On its own the emptied log looks fine: that is why the gate must notice.
+    assert_eq!(verify(&path, Some(&test_key())).unwrap().lines, 0);
+
+    let err = gate
+        .call(req("t", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("cut, truncated or replaced"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("was not run"), "{}", err.message);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // The journal still names the three calls the emptied log lost.
+    let lost = codemode_gate::unfinished_calls(&path, Some(&test_key())).unwrap();
+    assert_eq!(lost.len(), 3, "{lost:?}");
+}
+
+#[tokio::test]
+async fn a_log_cut_by_its_last_line_or_deleted_is_noticed() {
+    let dir = tempfile::tempdir().unwrap();
+    // Cut by its last line (the head, left as it was, would tell too).
+    let path = dir.path().join("cut.jsonl");
+    let (gate, runs) = counting_gate(&path);
+    for _ in 0..2 {
+        gate.call(req("t", json!({}), script("a"))).await.unwrap();
+    }
+    let kept: Vec<String> = lines(&path).into_iter().take(1).collect();
+    write_lines(&path, &kept);
+    let err = gate
+        .call(req("t", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("cut, truncated or replaced"),
+        "{}",
+        err.message
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // Deleted while open: later lines would go to a file nobody can see.
+    let path = dir.path().join("deleted.jsonl");
+    let (gate, runs) = counting_gate(&path);
+    gate.call(req("t", json!({}), script("a"))).await.unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let err = gate
+        .call(req("t", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("deleted, moved or replaced"),
+        "{}",
+        err.message
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// Another process appending to the same log is not tampering: lines after ours are fine.
+#[tokio::test]
+async fn lines_another_writer_adds_after_ours_are_not_mistaken_for_tampering() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (a, _) = counting_gate(&path);
+    let (b, _) = counting_gate(&path);
+    for _ in 0..3 {
+        a.call(req("t", json!({}), script("a"))).await.unwrap();
+        b.call(req("t", json!({}), script("b"))).await.unwrap();
+    }
+    assert_eq!(verify(&path, Some(&test_key())).unwrap().lines, 6);
+}

@@ -122,6 +122,14 @@ impl Head {
 struct Files {
     log: File,
     head: File,
+    /// Where this process's last line ended, and its hash: a log found shorter, or different
+    /// there, was cut or replaced behind the gate's back (a `bash` command can do that).
+    written: Option<Written>,
+}
+
+struct Written {
+    end: u64,
+    hash: String,
 }
 
 struct Inner {
@@ -208,6 +216,21 @@ impl AuditLog {
         }
     }
 
+    /// Checks, before a call runs, that the log file is still the one this process writes and
+    /// still holds its last line, so a call never runs onto a log that was cut behind the
+    /// gate's back. A stream has nothing to check here (the store keeps its head).
+    pub(crate) fn check_intact(&self) -> Result<(), AuditError> {
+        let Some(inner) = &self.inner else {
+            return Ok(());
+        };
+        let files = inner.lock();
+        same_file(&inner.path, &files.log)?;
+        match &files.written {
+            Some(w) => still_there(&inner.path, &files.log, w),
+            None => Ok(()),
+        }
+    }
+
     /// Whether calls are journalled before they run (a log or stream is set).
     pub(crate) fn has_journal(&self) -> bool {
         self.journal.is_some()
@@ -286,7 +309,11 @@ impl AuditLog {
         let inner = Inner {
             path,
             key,
-            files: Mutex::new(Files { log, head }),
+            files: Mutex::new(Files {
+                log,
+                head,
+                written: None,
+            }),
         };
         {
             let files = inner.lock();
@@ -332,8 +359,13 @@ impl AuditLog {
             path: inner.path.display().to_string(),
             message,
         };
-        let files = inner.lock();
+        let mut guard = inner.lock();
+        let files = &mut *guard;
         let _lock = Flock::exclusive(&files.log).map_err(|e| write_err(e.to_string()))?;
+        same_file(&inner.path, &files.log)?;
+        if let Some(w) = &files.written {
+            still_there(&inner.path, &files.log, w)?;
+        }
         // Another process may have appended since our last line: the end is read from the file.
         let end = chain_end(&inner.path, &files.log, &files.head, &inner.key)?;
         let mut record = record;
@@ -349,15 +381,25 @@ impl AuditLog {
         (&files.log)
             .write_all(line.as_bytes())
             .map_err(|e| write_err(e.to_string()))?;
+        let written_end = files
+            .log
+            .metadata()
+            .map_err(|e| write_err(e.to_string()))?
+            .len();
         write_head(
             &files.head,
             &Head {
                 lines: end.lines + 1,
-                hash,
+                hash: hash.clone(),
             },
             &inner.key,
         )
-        .map_err(|e| write_err(format!("the head file could not be updated: {e}")))
+        .map_err(|e| write_err(format!("the head file could not be updated: {e}")))?;
+        files.written = Some(Written {
+            end: written_end,
+            hash,
+        });
+        Ok(())
     }
 }
 
@@ -422,6 +464,59 @@ fn chain_end(path: &Path, log: &File, head: &File, key: &AuditKey) -> Result<Hea
         lines: report.lines,
         hash: report.last_hash,
     })
+}
+
+/// Checks that the path still names the file this process appends to: a log deleted or moved
+/// away (and maybe replaced) would take every later line with it, out of sight.
+fn same_file(path: &Path, log: &File) -> Result<(), AuditError> {
+    use std::os::unix::fs::MetadataExt;
+    let open = log.metadata();
+    let named = std::fs::metadata(path);
+    match (open, named) {
+        (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino() => Ok(()),
+        _ => Err(AuditError::Head {
+            path: path.display().to_string(),
+            problem: "it was deleted, moved or replaced while this process wrote to it, so its lines are out of sight; no more are added. Find the old file as evidence, and start a new log".into(),
+        }),
+    }
+}
+
+/// Checks that the line this process wrote last is still where it put it. Other writers only
+/// ever add lines after it; a log that is shorter, or holds another line there, was cut,
+/// truncated or replaced, and chaining onto it would hide that.
+fn still_there(path: &Path, log: &File, w: &Written) -> Result<(), AuditError> {
+    let broken = |problem: String| AuditError::Head {
+        path: path.display().to_string(),
+        problem,
+    };
+    let len = log
+        .metadata()
+        .map_err(|e| broken(format!("cannot read its size: {e}")))?
+        .len();
+    let cut = || {
+        broken(format!(
+            "it was cut, truncated or replaced since this process wrote its last line (which ended at byte {}; the file has {len} bytes now, not ending in that line): lines are missing, so no more are added to it. Keep this file as evidence and start a new log",
+            w.end
+        ))
+    };
+    if len < w.end {
+        return Err(cut());
+    }
+    let start = w.end.saturating_sub(64 * 1024);
+    let mut buf = vec![0u8; (w.end - start) as usize];
+    log.read_exact_at(&mut buf, start)
+        .map_err(|e| broken(format!("cannot read it back: {e}")))?;
+    let body = buf.strip_suffix(b"\n").ok_or_else(cut)?;
+    let line = match body.iter().rposition(|b| *b == b'\n') {
+        Some(at) => &body[at + 1..],
+        None => body,
+    };
+    let expected = format!("\"hash\":\"{}\"}}", w.hash);
+    if line.ends_with(expected.as_bytes()) {
+        Ok(())
+    } else {
+        Err(cut())
+    }
 }
 
 /// The last complete line of the file, without its newline.

@@ -458,12 +458,16 @@ impl Admission {
         };
         // A read-only call killed with its process leaves nothing to account for: its result
         // dies with the process. Every other call is journalled before it runs.
-        if self.spec.annotations.read_only_hint != Some(true)
-            && let Err(e) = self.pending.journal_start().await
-        {
+        let recorded = match self.pending.gate.audit.check_intact() {
+            Ok(()) if self.spec.annotations.read_only_hint != Some(true) => {
+                self.pending.journal_start().await
+            }
+            other => other,
+        };
+        if let Err(e) = recorded {
             audit_failed(&self.pending.gate, &e);
             return Err(ToolError::failed(format!(
-                "`{}` was not run: its start could not be recorded in the audit log ({e}), so every later call is refused too. No person was asked. Tell the user: the audit log must be fixed and codemode restarted",
+                "`{}` was not run: the audit log cannot record it ({e}), so every later call is refused too. No person was asked. Tell the user: the audit log must be fixed and codemode restarted",
                 self.spec.name
             ))
             .with_effect(Effect::None));
