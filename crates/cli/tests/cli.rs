@@ -192,6 +192,35 @@ fn policy_check_reports_syntax_errors_and_accepts_the_default() {
             && warning.contains("did you mean Tool::\"bash\"?"),
         "{warning}"
     );
+    // The same mistake written as a comparison of the tool's name, in any of its forms.
+    let typo = dir.path().join("typo-name.cedar");
+    std::fs::write(
+        &typo,
+        concat!(
+            "@id(\"eq\") forbid (principal, action, resource is Tool) when { resource.name == \"Write\" };\n",
+            "@id(\"eq-left\") forbid (principal, action, resource is Tool) when { resource.read_only && \"Edit\" == resource.name };\n",
+            "@id(\"set\") forbid (principal, action, resource is Tool) unless { ![\"ls\", \"Bash\"].contains(resource.name) };\n",
+        ),
+    )
+    .unwrap();
+    let out = plain(&["policy", "check", typo.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let warning = text(&out.stderr);
+    for (id, name, close) in [
+        ("eq", "Write", "write"),
+        ("eq-left", "Edit", "edit"),
+        ("set", "Bash", "bash"),
+    ] {
+        assert!(
+            warning.contains(&format!("(policy `{id}`) names resource.name \"{name}\""))
+                && warning.contains(&format!("did you mean \"{close}\"?")),
+            "{id}: {warning}"
+        );
+    }
+    assert!(
+        !warning.contains("\"ls\""),
+        "a name that exists is not warned about: {warning}"
+    );
 }
 
 #[test]

@@ -37,7 +37,8 @@ pub use model_rules::ModelRules;
 pub use observe::CallObserver;
 pub use outcome::{CallOutcome, CallRecord, Status};
 pub use policy::{
-    Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, check, explain,
+    Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, ToolLiteral, check,
+    explain,
 };
 pub use registry::{CODEMODE_TOOL, Registry};
 

@@ -157,14 +157,15 @@ impl Wiring {
             .filter_map(|s| s.namespace)
             .collect();
         let mut out = Vec::new();
-        for (at, name) in self.policy.tool_literals() {
+        for lit in self.policy.tool_literals() {
+            let (at, name) = (&lit.at, &lit.name);
             if let Some(rest) = name.strip_prefix("mcp__") {
                 let server = rest.split("__").next().unwrap_or_default();
                 if !namespaces.contains(&codemode_mcp::mcp_namespace(server)) {
                     continue;
                 }
             }
-            let Some(close) = registry.closest_if_unknown(&name) else {
+            let Some(close) = registry.closest_if_unknown(name) else {
                 continue;
             };
             let hint = match close.as_slice() {
@@ -173,16 +174,17 @@ impl Wiring {
                     " (did you mean {}?)",
                     names
                         .iter()
-                        .map(|n| format!("Tool::\"{n}\""))
+                        .map(|n| hint_name(&lit.written, n))
                         .collect::<Vec<_>>()
                         .join(" or ")
                 ),
             };
             out.push(format!(
-                "{at} names Tool::\"{name}\", which is no registered tool, so the policy never \
+                "{at} names {}, which is no registered tool, so the policy never \
                  applies{hint}; an MCP tool is registered as mcp__<server>__<tool> with every \
                  character other than letters, digits and _ replaced by _ (`codemode tools` lists \
-                 the names)"
+                 the names)",
+                lit.written
             ));
         }
         out
@@ -196,5 +198,14 @@ impl Wiring {
     /// The reason the policies are not in force, if they are not.
     pub fn policy_error(&self) -> Option<PolicyError> {
         lock(&self.policy_error).clone()
+    }
+}
+
+/// A suggested name written the way the policy wrote the unknown one.
+fn hint_name(written: &str, name: &str) -> String {
+    if written.starts_with("Tool::") {
+        format!("Tool::{name:?}")
+    } else {
+        format!("{name:?}")
     }
 }

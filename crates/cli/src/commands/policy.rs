@@ -127,15 +127,16 @@ fn unknown_tools(name: &str, text: &str, registry: &Registry) -> Vec<String> {
     }
     set.tool_literals()
         .into_iter()
-        .filter_map(|(at, tool)| {
-            let close = registry.closest_if_unknown(&tool)?;
+        .filter_map(|lit| {
+            let close = registry.closest_if_unknown(&lit.name)?;
             let hint = close
                 .first()
-                .map(|c| format!(" (did you mean Tool::\"{c}\"?)"))
+                .map(|c| format!(" (did you mean {}?)", hint_name(&lit.written, c)))
                 .unwrap_or_default();
             Some(format!(
-                "{at} names Tool::\"{tool}\", which no tool of the current set-up has, so the \
-                 policy never applies{hint}; `codemode tools` lists the names"
+                "{} names {}, which no tool of the current set-up has, so the policy never \
+                 applies{hint}; `codemode tools` lists the names",
+                lit.at, lit.written
             ))
         })
         .collect()
@@ -165,4 +166,13 @@ fn builtin_registry() -> Registry {
         let _ = registry.register(tool);
     }
     registry
+}
+
+/// A suggested name written the way the policy wrote the unknown one.
+fn hint_name(written: &str, name: &str) -> String {
+    if written.starts_with("Tool::") {
+        format!("Tool::{name:?}")
+    } else {
+        format!("{name:?}")
+    }
 }

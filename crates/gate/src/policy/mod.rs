@@ -244,20 +244,37 @@ impl PolicySet {
         self.infos.iter().map(|i| i.id.clone()).collect()
     }
 
-    /// Every `Tool::"…"` the policies name, as (where: `file:line` and policy id, tool name), in
-    /// load order. Cedar accepts any name there; a name no tool has never matches, so a
-    /// `forbid` written with an MCP tool's name as its server spells it (`delete-all` for the
-    /// registered `delete_all`) would silently forbid nothing. Callers warn about those.
-    pub fn tool_literals(&self) -> Vec<(String, String)> {
+    /// Every tool name the policies write out, as `Tool::"…"` or as a string compared with
+    /// `resource.name` (`==`, or a set's `.contains`), in load order. Cedar accepts any name
+    /// there; a name no tool has never matches, so a `forbid` written with an MCP tool's name as
+    /// its server spells it (`delete-all` for the registered `delete_all`) would silently forbid
+    /// nothing. Callers warn about those.
+    pub fn tool_literals(&self) -> Vec<ToolLiteral> {
         let mut out = Vec::new();
         for info in &self.infos {
             let Some(policy) = self.cedar.policy(&PolicyId::new(&info.id)) else {
                 continue;
             };
+            let at = format!("{}:{} (policy `{}`)", info.file, info.line, info.id);
             for uid in policy.entity_literals() {
                 if uid.type_name().to_string() == "Tool" {
-                    let at = format!("{}:{} (policy `{}`)", info.file, info.line, info.id);
-                    out.push((at, uid.id().unescaped().to_string()));
+                    let name = uid.id().unescaped().to_string();
+                    out.push(ToolLiteral {
+                        at: at.clone(),
+                        written: format!("Tool::{:?}", name),
+                        name,
+                    });
+                }
+            }
+            if let Ok(est) = policy.to_json() {
+                let mut names = Vec::new();
+                resource_name_literals(&est, &mut names);
+                for name in names {
+                    out.push(ToolLiteral {
+                        at: at.clone(),
+                        written: format!("resource.name {:?}", name),
+                        name,
+                    });
                 }
             }
         }
@@ -399,4 +416,56 @@ fn policy_starts(text: &str) -> Vec<usize> {
         }
     }
     starts
+}
+
+/// A tool name written in a policy: where, the name, and how it is written there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolLiteral {
+    /// `file:line (policy `id`)`.
+    pub at: String,
+    pub name: String,
+    /// `Tool::"x"` or `resource.name "x"`, for messages.
+    pub written: String,
+}
+
+/// Strings a policy compares with `resource.name`, read from its JSON form: `resource.name ==
+/// "x"` (either side) and `["x", "y"].contains(resource.name)`.
+fn resource_name_literals(v: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    let is_name = |v: &Value| {
+        v.get(".").is_some_and(|dot| {
+            dot.get("attr").and_then(Value::as_str) == Some("name")
+                && dot.pointer("/left/Var").and_then(Value::as_str) == Some("resource")
+        })
+    };
+    let string = |v: &Value| v.get("Value").and_then(Value::as_str).map(str::to_string);
+    match v {
+        Value::Object(map) => {
+            if let Some(eq) = map.get("==")
+                && let (Some(l), Some(r)) = (eq.get("left"), eq.get("right"))
+            {
+                if is_name(l) {
+                    out.extend(string(r));
+                } else if is_name(r) {
+                    out.extend(string(l));
+                }
+            }
+            if let Some(c) = map.get("contains")
+                && let (Some(set), Some(r)) = (c.get("left"), c.get("right"))
+                && is_name(r)
+                && let Some(items) = set.get("Set").and_then(Value::as_array)
+            {
+                out.extend(items.iter().filter_map(string));
+            }
+            for child in map.values() {
+                resource_name_literals(child, out);
+            }
+        }
+        Value::Array(items) => {
+            for child in items {
+                resource_name_literals(child, out);
+            }
+        }
+        _ => {}
+    }
 }
