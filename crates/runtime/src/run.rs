@@ -261,7 +261,13 @@ impl Codemode {
             .and_then(Value::as_str)
             .unwrap_or(&req.source)
             .to_string();
-        admission.begin();
+        if let Err(e) = admission.begin().await {
+            let message = match admission.finish(Err(e)).await {
+                Err(refused) => refused.message,
+                Ok(_) => "the script was not run: the audit log cannot record it".to_string(),
+            };
+            return Err(ScriptRun::refused(self.next_call_id("script"), message));
+        }
         Ok((admission, source, call_id))
     }
 

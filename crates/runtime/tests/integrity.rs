@@ -206,3 +206,37 @@ async fn a_script_cannot_write_the_gates_configuration_even_when_permitted() {
     );
     assert!(!root.join(".codemode/new-policy.cedar").exists());
 }
+
+/// A script is journalled before it starts, like a call: once the log was emptied behind the
+/// gate, the next script does not start at all (its first call would have written a file).
+#[tokio::test]
+async fn a_script_does_not_start_onto_an_audit_log_emptied_behind_the_gate() {
+    let inst = install("permit (principal, action, resource);");
+    let first = inst
+        .codemode
+        .run_script(ScriptRequest::new("return 1", "s"))
+        .await;
+    assert!(!first.is_error, "{}", first.text);
+    let journal = codemode_gate::started_path(&inst.audit);
+    let started = std::fs::read_to_string(&journal).unwrap();
+    assert!(
+        started.contains("\"tool\":\"codemode\"") && started.contains("return 1"),
+        "the script's start and first lines are journalled: {started}"
+    );
+
+    std::fs::write(&inst.audit, "").unwrap();
+    std::fs::write(codemode_gate::head_path(&inst.audit), "").unwrap();
+    let second = inst
+        .codemode
+        .run_script(ScriptRequest::new(
+            "await tools.write({path: 'x.txt', content: 'x'}); return 2",
+            "s",
+        ))
+        .await;
+    assert!(second.is_error, "{}", second.text);
+    assert!(second.text.contains("was not run"), "{}", second.text);
+    assert!(
+        !inst.root.join("x.txt").exists(),
+        "the script never started"
+    );
+}

@@ -445,19 +445,18 @@ impl Admission {
     }
 
     /// Marks the call as started, for work done by the caller instead of the prepared tool
-    /// (the runtime runs the `codemode` call's script itself).
-    pub fn begin(&mut self) {
+    /// (the runtime runs the `codemode` call's script itself). Like [`Admission::execute`], it
+    /// journals the call first, so a script whose process is killed leaves its own start (its
+    /// hash and first lines) beside its calls'. An error means the work must not start; the
+    /// call's outcome line is written when the error is passed to [`Admission::finish`].
+    pub async fn begin(&mut self) -> Result<(), ToolError> {
+        self.record_start().await?;
         self.pending.ran = true;
+        Ok(())
     }
 
-    /// Runs the prepared call: exactly what was decided on. Cancellation is cooperative: the
-    /// tool sees the call's token and says in its error whether its effect happened.
-    pub async fn execute(&mut self) -> Result<ToolOutput, ToolError> {
-        let Some(prepared) = self.prepared.take() else {
-            return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
-        };
-        // A read-only call killed with its process leaves nothing to account for: its result
-        // dies with the process. Every other call is journalled before it runs.
+    /// Checks the log and journals the call (unless the tool is read-only).
+    async fn record_start(&mut self) -> Result<(), ToolError> {
         let recorded = match self.pending.gate.audit.check_intact() {
             Ok(()) if self.spec.annotations.read_only_hint != Some(true) => {
                 self.pending.journal_start().await
@@ -472,6 +471,18 @@ impl Admission {
             ))
             .with_effect(Effect::None));
         }
+        Ok(())
+    }
+
+    /// Runs the prepared call: exactly what was decided on. Cancellation is cooperative: the
+    /// tool sees the call's token and says in its error whether its effect happened.
+    pub async fn execute(&mut self) -> Result<ToolOutput, ToolError> {
+        let Some(prepared) = self.prepared.take() else {
+            return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
+        };
+        // A read-only call killed with its process leaves nothing to account for: its result
+        // dies with the process. Every other call is journalled before it runs.
+        self.record_start().await?;
         self.pending.ran = true;
         let result = tracing::Instrument::instrument(
             prepared.run(RunContext {
