@@ -366,4 +366,22 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     assert!(text.contains("UNFINISHED: 3 call(s)"), "{text}");
     assert!(text.contains("echo first"), "{text}");
     assert!(text.contains(": > "), "{text}");
+
+    // Had the command removed the journal too, verify could not name them, and says so.
+    std::fs::write(s.path("s.js"), "return 1").unwrap();
+    std::fs::remove_file(s.path("audit.jsonl")).unwrap();
+    std::fs::remove_file(s.path("audit.jsonl.head")).unwrap();
+    let out = s.command(&["run"]).arg(s.path("s.js")).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    std::fs::remove_file(s.path("audit.jsonl.started")).unwrap();
+    let out = common::codemode()
+        .args(["audit", "verify"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("there is no journal beside the log"),
+        "{text}"
+    );
 }

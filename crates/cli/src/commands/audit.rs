@@ -120,6 +120,14 @@ fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
                 report.cannot_prove(),
             );
             let journal = codemode_gate::started_path(file);
+            if !journal.exists() && report.lines > 0 {
+                println!(
+                    "  not proven: there is no journal beside the log ({}), so a call whose \
+                     process was killed while it ran would leave no trace (logs written before \
+                     journals existed have none)",
+                    journal.display()
+                );
+            }
             Ok(print_unfinished(
                 &journal.display().to_string(),
                 codemode_gate::unfinished_calls(file, key),
