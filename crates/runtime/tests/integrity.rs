@@ -240,3 +240,38 @@ async fn a_script_does_not_start_onto_an_audit_log_emptied_behind_the_gate() {
         "the script never started"
     );
 }
+
+/// The journal and its head are the gate's, like the log: no tool that reports its paths may
+/// write them (a script that could empty the journal could hide what a killed call did).
+#[tokio::test]
+async fn the_audit_journal_and_its_head_are_protected_like_the_log() {
+    let inst = install("permit (principal, action, resource);");
+    let journal = codemode_gate::started_path(&inst.audit);
+    let journal_head = codemode_gate::head_path(&journal);
+    let script = format!(
+        r#"const out = [];
+        for (const path of [{journal:?}, {journal_head:?}, {log:?}]) {{
+          try {{ await tools.write({{ path, content: "" }}); out.push("written"); }}
+          catch (e) {{ out.push(e.stage); }}
+        }}
+        return out;"#,
+        journal = journal.display().to_string(),
+        journal_head = journal_head.display().to_string(),
+        log = inst.audit.display().to_string(),
+    );
+    let run = inst
+        .codemode
+        .run_script(ScriptRequest::new(script, "s"))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    assert_eq!(
+        run.result.unwrap().value.unwrap(),
+        serde_json::json!(["protected", "protected", "protected"])
+    );
+    assert!(
+        std::fs::read_to_string(&journal)
+            .unwrap()
+            .contains("\"tool\":\"codemode\""),
+        "the journal is untouched"
+    );
+}
