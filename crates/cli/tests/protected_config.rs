@@ -225,6 +225,10 @@ fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
         text.contains("intact, 7 lines"),
         "both runs' codemode calls and the five refused changes are there: {text}"
     );
+    assert!(
+        !text.contains("UNFINISHED"),
+        "every script journalled before it ran has its outcome line: {text}"
+    );
 }
 
 #[test]

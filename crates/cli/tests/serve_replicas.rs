@@ -266,6 +266,8 @@ fn two_replicas_share_one_budget_one_session_table_and_one_audit_chain() {
         String::from_utf8_lossy(&verify.stderr)
     );
     assert!(said.contains("intact, 1000 lines"), "{said}");
+    // Every call journalled before it ran has its outcome line.
+    assert!(!said.contains("UNFINISHED"), "{said}");
 
     // Traces from both replicas reached the receiver, without arguments or tokens.
     let spans = spans.lock().unwrap();
