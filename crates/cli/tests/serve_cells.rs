@@ -270,6 +270,17 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
         "{}",
         String::from_utf8_lossy(&verify.stdout)
     );
+    // The script was journalled by the killed server; the one that finished it closes it.
+    let said = String::from_utf8_lossy(&verify.stdout);
+    assert!(!said.contains("UNFINISHED"), "{said}");
+    let end: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["event"] == "taken_over_script_end")
+        .collect();
+    assert_eq!(end.len(), 1, "{audit}");
+    assert_eq!(end[0]["status"], "ok");
+    assert_eq!(end[0]["cell_status"], "finished");
 }
 
 #[test]

@@ -413,8 +413,15 @@ async fn drive(
     let live = link.cell.clone();
     let cell_id = live.id.clone();
     let run = codemode
-        .execute(&req, source, cell_id.clone(), call_id, Some(link.clone()))
+        .execute(
+            &req,
+            source,
+            cell_id.clone(),
+            call_id.clone(),
+            Some(link.clone()),
+        )
         .await;
+    let resumed = admission.is_none();
     let mut run = match admission {
         Some(a) => codemode.finish_admission(a, run).await,
         None => run,
@@ -436,6 +443,9 @@ async fn drive(
     };
     let config = cells.config();
     let store = cells.store();
+    if resumed {
+        write_resumed_end(&config.audit, &req, &call_id, &cell_id, status, &run).await;
+    }
     let written = store
         .update_cell(
             &cell_id,
@@ -525,6 +535,40 @@ pub async fn answer_approval(
         .await?;
     write_audit(audit, &answered).await;
     Ok(answered)
+}
+
+/// The outcome line of a taken-over cell's script. The `codemode` call was admitted, and
+/// journalled, by the process that stopped, which could not write how it ended; this closes
+/// that call (same call id) on the replica that finished it.
+async fn write_resumed_end(
+    audit: &AuditLog,
+    req: &ScriptRequest,
+    call_id: &str,
+    cell_id: &str,
+    status: CellStatus,
+    run: &ScriptRun,
+) {
+    let mut line = Map::new();
+    line.insert("time".into(), json!(format_ms(now_ms())));
+    line.insert("event".into(), json!("taken_over_script_end"));
+    line.insert(
+        "provenance".into(),
+        json!({"call_id": call_id, "session_id": req.session_id, "client": req.client}),
+    );
+    line.insert("tool".into(), json!(codemode_gate::CODEMODE_TOOL));
+    line.insert("cell_id".into(), json!(cell_id));
+    line.insert(
+        "status".into(),
+        json!(if run.is_error { "error" } else { "ok" }),
+    );
+    line.insert("cell_status".into(), json!(status.as_str()));
+    line.insert(
+        "message".into(),
+        json!("the script was taken over by replay after the process that started it stopped, and ended here"),
+    );
+    if let Err(e) = audit.append_async(line).await {
+        tracing::error!(cell = %cell_id, "the taken-over script's audit line could not be written: {e}");
+    }
 }
 
 /// Expires every approval past its time; one audit line each.
