@@ -150,6 +150,36 @@ fn a_long_script_yields_and_wait_returns_the_rest() {
     assert_eq!(r["stopped"]["status"], "terminated", "{}", r["stopped"]);
 }
 
+/// Runs a server (which takes over cells left by a stopped one) until `done`.
+fn hold_a_server_until(env: &Env, what: &str, done: impl FnMut() -> bool) {
+    let stop = env.root.join("stop");
+    let _ = std::fs::remove_file(&stop);
+    let holder = {
+        let args = env.serve_args();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            Command::new("node")
+                .env("CODEMODE_CELL_LEASE_MS", "1000")
+                .arg(CLIENT)
+                .arg(testbed())
+                .arg(env!("CARGO_BIN_EXE_codemode"))
+                .arg(json!(args).to_string())
+                .arg("hold")
+                .arg(stop.display().to_string())
+                .output()
+                .unwrap()
+        })
+    };
+    wait_until(what, Duration::from_secs(60), done);
+    std::fs::write(&stop, "").unwrap();
+    let out = holder.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn approval_json(env: &Env, id: &str) -> Value {
     let out = env.approvals(&["show", id, "--json"]);
     assert!(
@@ -213,36 +243,9 @@ fn a_paused_cell_survives_sigkill_and_resumes_without_repeating_a_call() {
     assert!(String::from_utf8_lossy(&twice.stderr).contains("already answered"));
 
     // A new server takes the cell over, replays the first call and runs the second.
-    let stop = env.root.join("stop");
-    let holder = {
-        let env_root = env.root.clone();
-        let args = env.serve_args();
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let out = Command::new("node")
-                .env("CODEMODE_CELL_LEASE_MS", "1000")
-                .arg(CLIENT)
-                .arg(testbed())
-                .arg(env!("CARGO_BIN_EXE_codemode"))
-                .arg(json!(args).to_string())
-                .arg("hold")
-                .arg(stop.display().to_string())
-                .output()
-                .unwrap();
-            let _ = env_root;
-            out
-        })
-    };
-    wait_until("the cell finished", Duration::from_secs(60), || {
+    hold_a_server_until(&env, "the cell finished", || {
         approval_json(&env, &id)["cell"]["status"] == "finished"
     });
-    std::fs::write(&stop, "").unwrap();
-    let out = holder.join().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(env.count(), "first\nsecond\n", "no call ran twice");
 
     let audit = std::fs::read_to_string(env.root.join("state/audit.jsonl")).unwrap();
@@ -373,4 +376,58 @@ catch (e) { return e.stage; }"#;
         "{stderr}"
     );
     assert_eq!(env.count(), "first\n", "the denied call never ran");
+}
+
+const MCP_FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../mcp/tests/fixtures/misbehaving-server.cjs"
+);
+
+/// A cell whose script goes on to an MCP tool after its approval: the server that takes it
+/// over must wait for that MCP server to connect before replaying, or the script would fail on
+/// a tool name not known yet. The MCP server here starts slowly from its second start on.
+#[test]
+fn a_cell_taken_over_waits_for_the_mcp_servers_its_script_calls() {
+    let env = Env::new();
+    let once = env.root.join("started-once");
+    let launcher = format!(
+        "if [ -f {once} ]; then sleep 4; fi; touch {once}; exec node {MCP_FIXTURE} {}",
+        testbed().display(),
+        once = once.display()
+    );
+    std::fs::write(
+        env.root.join("config/mcp.json"),
+        json!({"mcpServers": {"slow": {"command": "sh", "args": ["-c", launcher]}}}).to_string(),
+    )
+    .unwrap();
+    let mut policy = std::fs::read_to_string(env.root.join("policy.cedar")).unwrap();
+    policy.push_str(
+        "@id(\"slow\") permit (principal, action == Action::\"tool_call\", resource is Tool) when { resource.namespace == \"mcp__slow\" };\n",
+    );
+    std::fs::write(env.root.join("policy.cedar"), policy).unwrap();
+
+    let script = r#"await tools.bash({ command: "echo first >> count.txt" });
+await tools.bash({ command: "echo second >> count.txt" });
+const r = await tools.mcp__slow__echo({ text: "after the take-over" });
+return r.content[0].text;"#;
+    let r = env.client("pause_and_kill", script);
+    assert_eq!(r["status"], "waiting_for_approval", "{r}");
+    let id = r["structured"]["pending"][0]["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ok = env.approvals(&["approve", &id, "--by", "alice"]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    hold_a_server_until(&env, "the cell ended", || {
+        let status = approval_json(&env, &id)["cell"]["status"].clone();
+        status == "finished" || status == "failed"
+    });
+    let cell = approval_json(&env, &id)["cell"].clone();
+    assert_eq!(cell["status"], "finished", "{cell}");
+    assert_eq!(env.count(), "first\nsecond\n", "no call ran twice");
 }
