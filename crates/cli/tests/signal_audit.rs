@@ -306,13 +306,7 @@ fn a_command_that_kills_codemode_in_its_own_call_is_named_by_audit_verify() {
         "no outcome line could be written: {log}"
     );
 
-    let out = common::codemode()
-        .args(["audit", "verify"])
-        .arg(s.path("audit.jsonl"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{out:?}");
+    let text = verify_output(&s.path("audit.jsonl"));
     // The bash call, and the script it ran in, with its first lines.
     assert!(text.contains("UNFINISHED: 2 call(s)"), "{text}");
     let script = text
@@ -356,12 +350,7 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     // The script's own line cannot be written either: its result is withheld, not returned.
     assert!(stdout.contains("result is withheld"), "{stdout}");
 
-    let out = common::codemode()
-        .args(["audit", "verify"])
-        .arg(&log)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = verify_output(&log);
     // The script and its first two calls, whose outcome lines were wiped or never written.
     assert!(text.contains("UNFINISHED: 3 call(s)"), "{text}");
     assert!(text.contains("echo first"), "{text}");
@@ -374,14 +363,20 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     let out = s.command(&["run"]).arg(s.path("s.js")).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     std::fs::remove_file(s.path("audit.jsonl.started")).unwrap();
-    let out = common::codemode()
-        .args(["audit", "verify"])
-        .arg(&log)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = verify_output(&log);
     assert!(
         text.contains("there is no journal beside the log"),
         "{text}"
     );
+}
+
+/// What `codemode audit verify` prints for `log`, which must verify.
+fn verify_output(log: &std::path::Path) -> String {
+    let out = common::codemode()
+        .args(["audit", "verify"])
+        .arg(log)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

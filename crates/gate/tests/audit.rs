@@ -410,6 +410,16 @@ async fn a_call_whose_line_cannot_be_written_does_not_return_as_if_audited() {
     );
 }
 
+/// Calls `t` and expects a refusal whose message says `why`; returns the message.
+async fn refused_because(gate: &codemode_gate::Gate, why: &str) -> String {
+    let err = gate
+        .call(req("t", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains(why), "{}", err.message);
+    err.message
+}
+
 /// A gate on a log at `path` whose tool `t` counts its runs.
 fn counting_gate(path: &Path) -> (codemode_gate::Gate, Arc<std::sync::atomic::AtomicUsize>) {
     let reg = Registry::new();
@@ -439,16 +449,8 @@ async fn a_log_emptied_behind_the_gate_is_noticed_and_nothing_more_runs() {
     // On its own the emptied log looks fine: that is why the gate must notice.
     assert_eq!(verify(&path, Some(&test_key())).unwrap().lines, 0);
 
-    let err = gate
-        .call(req("t", json!({}), script("a")))
-        .await
-        .unwrap_err();
-    assert!(
-        err.message.contains("cut, truncated or replaced"),
-        "{}",
-        err.message
-    );
-    assert!(err.message.contains("was not run"), "{}", err.message);
+    let message = refused_because(&gate, "cut, truncated or replaced").await;
+    assert!(message.contains("was not run"), "{message}");
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3);
     // The journal still names the three calls the emptied log lost.
     let lost = codemode_gate::unfinished_calls(&path, Some(&test_key())).unwrap();
@@ -466,15 +468,7 @@ async fn a_log_cut_by_its_last_line_or_deleted_is_noticed() {
     }
     let kept: Vec<String> = lines(&path).into_iter().take(1).collect();
     write_lines(&path, &kept);
-    let err = gate
-        .call(req("t", json!({}), script("a")))
-        .await
-        .unwrap_err();
-    assert!(
-        err.message.contains("cut, truncated or replaced"),
-        "{}",
-        err.message
-    );
+    refused_because(&gate, "cut, truncated or replaced").await;
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
 
     // Deleted while open: later lines would go to a file nobody can see.
@@ -482,15 +476,7 @@ async fn a_log_cut_by_its_last_line_or_deleted_is_noticed() {
     let (gate, runs) = counting_gate(&path);
     gate.call(req("t", json!({}), script("a"))).await.unwrap();
     std::fs::remove_file(&path).unwrap();
-    let err = gate
-        .call(req("t", json!({}), script("a")))
-        .await
-        .unwrap_err();
-    assert!(
-        err.message.contains("deleted, moved or replaced"),
-        "{}",
-        err.message
-    );
+    refused_because(&gate, "deleted, moved or replaced").await;
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
