@@ -356,18 +356,27 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     assert!(text.contains("echo first"), "{text}");
     assert!(text.contains(": > "), "{text}");
 
-    // Had the command removed the journal too, verify could not name them, and says so.
+    // Had the command removed the journal too, verify could not name them; the log's lines
+    // say they were journalled, so verify fails and says the journal was deleted.
     std::fs::write(s.path("s.js"), "return 1").unwrap();
     std::fs::remove_file(s.path("audit.jsonl")).unwrap();
     std::fs::remove_file(s.path("audit.jsonl.head")).unwrap();
     let out = s.command(&["run"]).arg(s.path("s.js")).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     std::fs::remove_file(s.path("audit.jsonl.started")).unwrap();
-    let text = verify_output(&log);
+    let out = common::codemode()
+        .args(["audit", "verify"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
     assert!(
-        text.contains("there is no journal beside the log"),
-        "{text}"
+        said.contains("there is no journal beside the log"),
+        "{said}"
     );
+    assert!(said.contains("it was deleted"), "{said}");
 }
 
 /// What `codemode audit verify` prints for `log`, which must verify.

@@ -68,6 +68,10 @@ pub struct CallOutcome {
     pub usage: Option<Usage>,
     /// JSON size of the result returned.
     pub bytes: u64,
+    /// A "started" line went to the journal before the call ran: a log whose lines say so and
+    /// whose journal is gone lost its journal.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub journalled: bool,
 }
 
 /// The ledger's record of a call is its outcome.

@@ -196,3 +196,126 @@ fn a_stream_cannot_be_named_like_another_streams_journal() {
         .expect("refused");
     assert!(err.to_string().contains("journals"), "{err}");
 }
+
+/// The attack a red team found: a command cuts its own start (and its script's) from the end
+/// of the journal, deletes the journal's head so the cut cannot show, and kills codemode. The
+/// journal's head is checked like the log's: missing, `verify` fails; deleted while a process
+/// writes, the next call is refused.
+#[tokio::test]
+async fn a_journal_whose_head_was_deleted_fails_and_stops_later_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, w_runs, _) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    for _ in 0..3 {
+        gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    }
+    let journal = started_path(&path);
+    let kept: String = std::fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .take(1)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&journal, kept).unwrap();
+    std::fs::remove_file(codemode_gate::head_path(&journal)).unwrap();
+
+    let err = unfinished_calls(&path, Some(&test_key())).unwrap_err();
+    assert!(err.to_string().contains("head file"), "{err}");
+    let err = gate
+        .call(req("w", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("was not run"), "{}", err.message);
+    assert_eq!(w_runs.load(Ordering::SeqCst), 3);
+}
+
+/// An MCP server's read-only hint is its own claim: its calls are journalled anyway.
+#[tokio::test]
+async fn an_mcp_tool_that_says_it_is_read_only_is_journalled_anyway() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let reg = Registry::new();
+    let mut tool = TestTool::new("mcp__srv__lookup", object_schema()).read_only();
+    tool.spec.namespace = Some("mcp__srv".into());
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
+        .build()
+        .unwrap();
+    gate.call(req("mcp__srv__lookup", json!({}), script("a")))
+        .await
+        .unwrap();
+    let journal = std::fs::read_to_string(started_path(&path)).unwrap();
+    assert!(journal.contains("mcp__srv__lookup"), "{journal}");
+    let line = &common::audit_lines(&path)[0];
+    assert_eq!(line["journalled"], true, "{line}");
+}
+
+/// The preview is 200 characters, so padding can make a command look harmless there; the
+/// journal keeps the arguments whole (or both ends of very large ones).
+#[tokio::test]
+async fn the_journal_keeps_the_whole_arguments_a_padded_preview_hides() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _, _) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    let padded = format!("echo hello{}; echo PAYLOAD > pwn.txt", " ".repeat(3000));
+    gate.call(req("w", json!({"path": padded}), script("a")))
+        .await
+        .unwrap();
+    let huge = format!("start{}end-of-it", "x".repeat(600 * 1024));
+    gate.call(req("w", json!({"path": huge}), script("a")))
+        .await
+        .unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(started_path(&path))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        !lines[0]["args_preview"]
+            .as_str()
+            .unwrap()
+            .contains("PAYLOAD")
+    );
+    let whole: serde_json::Value =
+        serde_json::from_str(lines[0]["args_text"].as_str().unwrap()).unwrap();
+    assert_eq!(whole["path"], padded);
+    assert!(lines[1]["args_text"].is_null());
+    assert!(
+        lines[1]["args_text_start"]
+            .as_str()
+            .unwrap()
+            .contains("start")
+    );
+    assert!(
+        lines[1]["args_text_end"]
+            .as_str()
+            .unwrap()
+            .ends_with("end-of-it\"}")
+    );
+    assert!(lines[1]["args_bytes"].as_u64().unwrap() > 600 * 1024);
+}
+
+/// Given a symlink to the log, the head and the journal go beside the real file (so they are
+/// the ones protected, and the ones every other process and `verify` use).
+#[tokio::test]
+async fn a_log_named_through_a_symlink_keeps_head_and_journal_beside_the_real_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("log.jsonl");
+    std::fs::write(&real, "").unwrap();
+    let alias = dir.path().join("alias.jsonl");
+    std::os::unix::fs::symlink(&real, &alias).unwrap();
+    let log = AuditLog::open_with_key(&alias, test_key()).unwrap();
+    assert_eq!(log.path().unwrap(), real.canonicalize().unwrap());
+    let (gate, _, _) = gate(log);
+    gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    assert!(codemode_gate::head_path(&real).exists());
+    assert!(started_path(&real).exists());
+    assert!(!codemode_gate::head_path(&alias).exists());
+    assert!(!started_path(&alias).exists());
+    assert!(
+        unfinished_calls(&real, Some(&test_key()))
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -44,7 +44,10 @@ pub async fn run(cmd: AuditCommand) -> Result<ExitCode> {
                 None => None,
             };
             match (file, state, stream) {
-                (Some(file), None, None) => verify(&file, key.as_ref()),
+                // Head and journal sit beside the real file, whatever name was given.
+                (Some(file), None, None) => {
+                    verify(&std::fs::canonicalize(&file).unwrap_or(file), key.as_ref())
+                }
                 (None, Some(url), Some(stream)) => verify_stream(&url, &stream, key.as_ref()).await,
                 _ => bail!("give an audit log FILE, or --state URL and --stream NAME"),
             }

@@ -53,6 +53,18 @@ impl UnfinishedCall {
     }
 }
 
+fn said_journalled(record: &Value) -> bool {
+    record.get("journalled") == Some(&Value::Bool(true))
+}
+
+/// The error for a journal that the log's own lines say existed.
+fn gone(journal: &str) -> AuditError {
+    AuditError::Head {
+        path: journal.to_string(),
+        problem: "it is missing, but lines of the log say calls were journalled there: it was deleted, so calls whose process was killed cannot be named".into(),
+    }
+}
+
 fn call_id(record: &Value) -> Option<&str> {
     record
         .pointer("/provenance/call_id")
@@ -91,9 +103,23 @@ pub fn unfinished_calls(
 ) -> Result<Vec<UnfinishedCall>, AuditError> {
     let journal = started_path(log);
     if !journal.exists() {
-        return Ok(Vec::new());
+        return match records(log)?.iter().any(said_journalled) {
+            true => Err(gone(&journal.display().to_string())),
+            false => Ok(Vec::new()),
+        };
     }
-    verify(&journal, key)?;
+    let report = verify(&journal, key)?;
+    if report.head == super::HeadCheck::Missing && report.lines > 0 {
+        // As for the log: without its head, lines cut from the journal's end (a command
+        // removing its own start) cannot be ruled out.
+        return Err(AuditError::Head {
+            path: journal.display().to_string(),
+            problem: format!(
+                "its head file {} is missing or empty, so starts cut from its end cannot be ruled out",
+                super::head_path(&journal).display()
+            ),
+        });
+    }
     let started = records(&journal)?;
     if started.is_empty() {
         return Ok(Vec::new());
@@ -118,7 +144,14 @@ pub async fn unfinished_stream_calls(
         .map_err(read_err)?
         .contains(&journal)
     {
-        return Ok(Vec::new());
+        let outcomes = read_stream(store, stream).await.map_err(read_err)?;
+        return match outcomes.iter().any(said_journalled) {
+            true => Err(gone(&format!(
+                "audit stream `{journal}` in {}",
+                store.describe()
+            ))),
+            false => Ok(Vec::new()),
+        };
     }
     verify_stream(store, &journal, key).await?;
     let started = read_stream(store, &journal).await.map_err(read_err)?;

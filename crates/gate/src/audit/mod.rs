@@ -220,13 +220,19 @@ impl AuditLog {
     /// still holds its last line, so a call never runs onto a log that was cut behind the
     /// gate's back. A stream has nothing to check here (the store keeps its head).
     pub(crate) fn check_intact(&self) -> Result<(), AuditError> {
+        if let Some(journal) = &self.journal {
+            journal.check_intact()?;
+        }
         let Some(inner) = &self.inner else {
             return Ok(());
         };
         let files = inner.lock();
         same_file(&inner.path, &files.log)?;
         match &files.written {
-            Some(w) => still_there(&inner.path, &files.log, w),
+            Some(w) => {
+                same_file(&head_path(&inner.path), &files.head)?;
+                still_there(&inner.path, &files.log, w)
+            }
             None => Ok(()),
         }
     }
@@ -276,9 +282,11 @@ impl AuditLog {
     /// key and its head first; a log that does not verify is refused, so new lines are never
     /// chained onto a broken or forged one.
     pub fn open_with_key(path: impl AsRef<Path>, key: AuditKey) -> Result<Self, AuditError> {
-        let journal = Self::open_chain(started_path(path.as_ref()), key.clone())?;
-        let mut log = Self::open_chain(path.as_ref().to_path_buf(), key)?;
-        log.journal = Some(Arc::new(journal));
+        let mut log = Self::open_chain(path.as_ref().to_path_buf(), key.clone())?;
+        // Beside the real file, not beside a symlink to it: head, journal and the protected
+        // paths must be the same whichever name a process was given.
+        let real = log.path().map(started_path).unwrap_or_default();
+        log.journal = Some(Arc::new(Self::open_chain(real, key)?));
         Ok(log)
     }
 
@@ -305,6 +313,7 @@ impl AuditLog {
             o
         };
         let log = options(true).open(&path).map_err(open_err)?;
+        let path = std::fs::canonicalize(&path).map_err(open_err)?;
         let head = options(false).open(head_path(&path)).map_err(open_err)?;
         let inner = Inner {
             path,
@@ -364,6 +373,7 @@ impl AuditLog {
         let _lock = Flock::exclusive(&files.log).map_err(|e| write_err(e.to_string()))?;
         same_file(&inner.path, &files.log)?;
         if let Some(w) = &files.written {
+            same_file(&head_path(&inner.path), &files.head)?;
             still_there(&inner.path, &files.log, w)?;
         }
         // Another process may have appended since our last line: the end is read from the file.

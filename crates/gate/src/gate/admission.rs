@@ -40,6 +40,8 @@ pub(crate) struct Pending {
     ran: bool,
     effect: Option<Effect>,
     usage: Option<Usage>,
+    /// Its start is in the journal.
+    journalled: bool,
     written: bool,
     /// The call's span (disabled unless a subscriber wants `codemode::call`).
     pub span: tracing::Span,
@@ -117,6 +119,7 @@ impl Pending {
             ran: false,
             effect: None,
             usage: None,
+            journalled: false,
             written: false,
         }
     }
@@ -189,12 +192,12 @@ impl Pending {
 
     /// Records in the journal that the call is about to run, before it can change anything, so
     /// a process killed while it runs still leaves a trace. An error means it must not run.
-    async fn journal_start(&self) -> Result<(), crate::audit::AuditError> {
+    async fn journal_start(&mut self) -> Result<(), crate::audit::AuditError> {
         if !self.gate.audit.has_journal() {
             return Ok(());
         }
         let args_text = serde_json::to_string(&self.args).unwrap_or_default();
-        let record = serde_json::json!({
+        let mut record = serde_json::json!({
             "time": utc_now(),
             "event": "started",
             "provenance": &self.provenance,
@@ -207,13 +210,18 @@ impl Pending {
             "decision": self.decision,
             "policy_ids": &self.policy_ids,
         });
+        // The preview can be padded to look harmless; the journal keeps what will run.
+        if let Value::Object(map) = &mut record {
+            map.extend(whole_arguments(&args_text));
+        }
         let Value::Object(record) = record else {
             return Ok(());
         };
-        match self.gate.audit.submit_started(record)? {
-            Some(line) => line.await,
-            None => Ok(()),
+        if let Some(line) = self.gate.audit.submit_started(record)? {
+            line.await?;
         }
+        self.journalled = true;
+        Ok(())
     }
 
     /// Waits for a stream's line; a line that cannot be stored refuses every later call.
@@ -260,6 +268,7 @@ impl Pending {
             duration_ms: self.started.elapsed().as_millis() as u64,
             usage: self.usage.clone(),
             bytes,
+            journalled: self.journalled,
         };
         self.trace(&outcome, &args_text);
         if let Some(observer) = &self.gate.observer {
@@ -457,10 +466,12 @@ impl Admission {
 
     /// Checks the log and journals the call (unless the tool is read-only).
     async fn record_start(&mut self) -> Result<(), ToolError> {
+        // A server's read-only hint is its own claim about a program codemode does not run:
+        // only tools registered in this process (no namespace) are taken at their word.
+        let trusted_read_only =
+            self.spec.annotations.read_only_hint == Some(true) && self.spec.namespace.is_none();
         let recorded = match self.pending.gate.audit.check_intact() {
-            Ok(()) if self.spec.annotations.read_only_hint != Some(true) => {
-                self.pending.journal_start().await
-            }
+            Ok(()) if !trusted_read_only => self.pending.journal_start().await,
             other => other,
         };
         if let Err(e) = recorded {
@@ -481,7 +492,8 @@ impl Admission {
             return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
         };
         // A read-only call killed with its process leaves nothing to account for: its result
-        // dies with the process. Every other call is journalled before it runs.
+        // dies with the process. Every other call is journalled before it runs, and so is every
+        // MCP call, whatever its server says.
         self.record_start().await?;
         self.pending.ran = true;
         let result = tracing::Instrument::instrument(
@@ -615,6 +627,39 @@ impl Admission {
         }
         Ok(output)
     }
+}
+
+/// Arguments up to this size are journalled whole (a `bash` command cannot be longer: Linux
+/// refuses a single argument over 128 KiB).
+const WHOLE_ARGUMENTS: usize = 256 * 1024;
+
+/// The arguments' JSON text for the journal: whole when it fits, else its first and last
+/// 128 KiB with its size, so padding in the middle cannot hide both ends.
+fn whole_arguments(text: &str) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    if text.len() <= WHOLE_ARGUMENTS {
+        out.insert("args_text".into(), Value::String(text.to_string()));
+        return out;
+    }
+    let half = WHOLE_ARGUMENTS / 2;
+    let mut start = half;
+    while !text.is_char_boundary(start) {
+        start -= 1;
+    }
+    let mut end = text.len() - half;
+    while !text.is_char_boundary(end) {
+        end += 1;
+    }
+    out.insert("args_bytes".into(), Value::from(text.len()));
+    out.insert(
+        "args_text_start".into(),
+        Value::String(text[..start].to_string()),
+    );
+    out.insert(
+        "args_text_end".into(),
+        Value::String(text[end..].to_string()),
+    );
+    out
 }
 
 /// Current UTC time as RFC 3339 with milliseconds.
