@@ -67,7 +67,7 @@ fn ask(question: &str) -> ApprovalAnswer {
 /// could move the cursor, recolour or reorder the terminal's text are escaped, so what is shown
 /// is what runs.
 fn question(req: &ApprovalRequest) -> String {
-    let args = shown_arguments(&req.args);
+    let args = req.shown_arguments();
     let policies = if req
         .policy_ids
         .iter()
@@ -83,48 +83,4 @@ fn question(req: &ApprovalRequest) -> String {
         args.chars().count(),
         req.reason
     )
-}
-
-/// `args` as JSON (which escapes the C0 controls, ESC and CR among them), with the controls
-/// JSON leaves as they are escaped too: DEL, the C1 range (a lone U+009B starts an escape
-/// sequence on many terminals) and the bidirectional overrides and isolates that reorder text.
-fn shown_arguments(args: &serde_json::Value) -> String {
-    let json = serde_json::to_string(args).unwrap_or_default();
-    let mut out = String::with_capacity(json.len());
-    for c in json.chars() {
-        let reorders = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || reorders {
-            out.push_str(&format!("\\u{:04x}", c as u32));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn long_arguments_are_shown_whole() {
-        let command = format!("ls{}; echo pwned > /tmp/x", " ".repeat(3000));
-        let shown = shown_arguments(&json!({ "command": command }));
-        assert!(shown.ends_with("; echo pwned > /tmp/x\"}"), "{shown}");
-    }
-
-    #[test]
-    fn terminal_controls_are_escaped() {
-        let shown = shown_arguments(&json!({
-            "command": "rm -rf ~\u{1b}[2K\r\u{9b}2Kls\u{7f}\u{202e}txt.exe"
-        }));
-        for raw in ['\u{1b}', '\r', '\u{9b}', '\u{7f}', '\u{202e}'] {
-            assert!(!shown.contains(raw), "{raw:?} in {shown}");
-        }
-        assert!(
-            shown.contains("\\u001b[2K\\r\\u009b2Kls\\u007f\\u202etxt.exe"),
-            "{shown}"
-        );
-    }
 }

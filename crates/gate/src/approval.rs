@@ -18,6 +18,49 @@ pub struct ApprovalRequest {
     pub policy_ids: Vec<String>,
 }
 
+impl ApprovalRequest {
+    /// The arguments as a person must see them to approve them: whole (a cut after N
+    /// characters let padding hide the end of a command), as JSON (which escapes the C0
+    /// controls), with the controls JSON leaves alone escaped too (DEL, the C1 range, where a
+    /// lone U+009B starts a terminal escape, and the bidirectional marks, overrides and
+    /// isolates that reorder text), and runs of 32 or more spaces or tabs shown as a count, so
+    /// padding cannot push the end out of sight either.
+    pub fn shown_arguments(&self) -> String {
+        shown_arguments(&self.args)
+    }
+}
+
+const LONG_RUN: usize = 32;
+
+fn shown_arguments(args: &Value) -> String {
+    let json = serde_json::to_string(args).unwrap_or_default();
+    let mut out = String::with_capacity(json.len());
+    let mut chars = json.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ' ' || c == '\t' {
+            let mut run = 1;
+            while chars.peek() == Some(&c) {
+                chars.next();
+                run += 1;
+            }
+            if run >= LONG_RUN {
+                let what = if c == ' ' { "spaces" } else { "tabs" };
+                out.push_str(&format!("⟨{run} {what}⟩"));
+            } else {
+                out.extend(std::iter::repeat_n(c, run));
+            }
+            continue;
+        }
+        let reorders = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || reorders {
+            out.push_str(&format!("\\u{:04x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ApprovalAnswer {
@@ -35,4 +78,36 @@ pub enum ApprovalAnswer {
 /// The gate pauses the script's deadline clock while `approve` runs.
 pub trait Approver: Send + Sync {
     fn approve<'a>(&'a self, req: &'a ApprovalRequest) -> BoxFuture<'a, ApprovalAnswer>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shown_arguments;
+    use serde_json::json;
+
+    #[test]
+    fn long_arguments_are_shown_whole_and_padding_as_a_count() {
+        let command = format!("ls{}; echo pwned > /tmp/x", " ".repeat(3000));
+        let shown = shown_arguments(&json!({ "command": command }));
+        assert!(
+            shown.ends_with("⟨3000 spaces⟩; echo pwned > /tmp/x\"}"),
+            "{shown}"
+        );
+        let short = shown_arguments(&json!({ "command": "a    b" }));
+        assert_eq!(short, r#"{"command":"a    b"}"#);
+    }
+
+    #[test]
+    fn terminal_controls_and_reordering_marks_are_escaped() {
+        let shown = shown_arguments(&json!({
+            "command": "rm -rf ~\u{1b}[2K\r\u{9b}2Kls\u{7f}\u{202e}txt.exe\u{2066}"
+        }));
+        for raw in ['\u{1b}', '\r', '\u{9b}', '\u{7f}', '\u{202e}', '\u{2066}'] {
+            assert!(!shown.contains(raw), "{raw:?} in {shown}");
+        }
+        assert!(
+            shown.contains("\\u001b[2K\\r\\u009b2Kls\\u007f\\u202etxt.exe\\u2066"),
+            "{shown}"
+        );
+    }
 }

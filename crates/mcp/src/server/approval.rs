@@ -223,18 +223,13 @@ impl Approver for ElicitationApprover {
 }
 
 fn question(req: &ApprovalRequest) -> Value {
-    let mut args = req.args.to_string();
-    if args.len() > 2000 {
-        let cut = (0..=2000)
-            .rev()
-            .find(|i| args.is_char_boundary(*i))
-            .unwrap_or(0);
-        args.truncate(cut);
-        args.push('…');
-    }
+    // Whole, as the terminal shows them: a person cannot approve what was cut from sight.
+    let args = req.shown_arguments();
     let mut message = format!(
-        "codemode wants to call `{}`.\n\nWhy approval is needed: {}\n\nArguments: {args}",
-        req.tool_name, req.reason
+        "codemode wants to call `{}`.\n\nWhy approval is needed: {}\n\nArguments ({} characters): {args}",
+        req.tool_name,
+        req.reason,
+        args.chars().count()
     );
     if !req.paths.is_empty() {
         message.push_str(&format!("\nPaths: {}", req.paths.join(", ")));
@@ -255,4 +250,35 @@ fn question(req: &ApprovalRequest) -> Value {
             "required": ["decision"]
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use codemode_spec::{CallKind, Provenance};
+
+    /// A red team padded a command with 20,000 spaces: the prompt cut it at 2,000 characters,
+    /// so the person approved `; touch PWNED` without seeing it.
+    #[test]
+    fn the_question_shows_a_padded_command_to_its_end_with_reordering_marks_escaped() {
+        let command = format!(
+            "echo hi{}; touch PWNED\u{202e}\u{2066} x",
+            " ".repeat(20_000)
+        );
+        let req = ApprovalRequest {
+            tool_name: "bash".into(),
+            kind: CallKind::Tool,
+            args: json!({ "command": command }),
+            paths: Vec::new(),
+            provenance: Provenance::model("c1", "s"),
+            reason: "bash may change anything".into(),
+            policy_ids: Vec::new(),
+        };
+        let message = question(&req)["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("echo hi⟨20000 spaces⟩; touch PWNED\\u202e\\u2066 x"),
+            "{message}"
+        );
+        assert!(!message.contains('\u{202e}') && !message.contains('\u{2066}'));
+    }
 }
