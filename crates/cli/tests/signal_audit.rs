@@ -287,6 +287,16 @@ fn ending_an_http_session_terminates_its_cells_and_audits_their_calls() {
 #[test]
 fn a_command_that_kills_codemode_in_its_own_call_is_named_by_audit_verify() {
     let s = Setup::new();
+    // A run that ends well first: its calls have the same ids (`codemode_1`, `codemode_1/1`)
+    // as the killed run's, since call ids start again in every process. Paired by call id,
+    // its outcome lines hid the killed calls (found by a red team).
+    std::fs::write(
+        s.path("warm.js"),
+        "await tools.bash({command: \"true\"}); return 1",
+    )
+    .unwrap();
+    let warm = s.command(&["run"]).arg(s.path("warm.js")).output().unwrap();
+    assert!(warm.status.success(), "{warm:?}");
     std::fs::write(
         s.path("s.js"),
         format!(
@@ -301,9 +311,10 @@ fn a_command_that_kills_codemode_in_its_own_call_is_named_by_audit_verify() {
     assert_eq!(status.signal(), Some(9), "codemode was killed: {status:?}");
     assert!(s.path("done").exists(), "the command's effect happened");
     let log = std::fs::read_to_string(s.path("audit.jsonl")).unwrap();
-    assert!(
-        !log.contains("\"bash\""),
-        "no outcome line could be written: {log}"
+    assert_eq!(
+        log.matches("\"tool\":\"bash\"").count(),
+        1,
+        "only the first run's bash call has an outcome line: {log}"
     );
 
     let text = verify_output(&s.path("audit.jsonl"));

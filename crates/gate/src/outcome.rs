@@ -68,10 +68,11 @@ pub struct CallOutcome {
     pub usage: Option<Usage>,
     /// JSON size of the result returned.
     pub bytes: u64,
-    /// A "started" line went to the journal before the call ran: a log whose lines say so and
-    /// whose journal is gone lost its journal.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub journalled: bool,
+    /// The id of the call's "started" line in the journal, written before it ran (unique, where
+    /// call ids start again in every process): it pairs the two lines, and a log whose lines
+    /// name journal lines while its journal is gone lost its journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_id: Option<String>,
 }
 
 /// The ledger's record of a call is its outcome.

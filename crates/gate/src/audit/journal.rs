@@ -54,7 +54,11 @@ impl UnfinishedCall {
 }
 
 fn said_journalled(record: &Value) -> bool {
-    record.get("journalled") == Some(&Value::Bool(true))
+    journal_id(record).is_some()
+}
+
+fn journal_id(record: &Value) -> Option<&str> {
+    record.get("journal_id").and_then(Value::as_str)
 }
 
 /// The error for a journal that the log's own lines say existed.
@@ -71,14 +75,16 @@ fn call_id(record: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
-/// Started calls in `started` without a line in `outcomes`, in journal order.
+/// Started calls in `started` without a line in `outcomes`, in journal order. They pair by the
+/// journal line's id, which is unique: call ids start again in every process, so a call id
+/// alone would let an earlier run's outcome close a later run's killed call.
 fn unmatched(started: Vec<Value>, outcomes: impl Iterator<Item = Value>) -> Vec<UnfinishedCall> {
     let ended: HashSet<String> = outcomes
-        .filter_map(|v| call_id(&v).map(str::to_string))
+        .filter_map(|v| journal_id(&v).map(str::to_string))
         .collect();
     started
         .into_iter()
-        .filter(|v| call_id(v).is_some_and(|id| !ended.contains(id)))
+        .filter(|v| !journal_id(v).is_some_and(|id| ended.contains(id)))
         .map(|record| UnfinishedCall { record })
         .collect()
 }

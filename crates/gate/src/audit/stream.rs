@@ -104,7 +104,7 @@ impl StreamReport {
         if !self.authenticated {
             out.push("without the key, authenticity is unproven: whoever can write the database could rewrite the whole stream".into());
         }
-        out.push("the head is a database row, not keyed: someone who can write the database can cut lines from the end and move the head back with them; keep the last hash elsewhere (or ship lines to another system) to notice that".into());
+        out.push("the head is a database row, not keyed: someone who can write the database can cut lines from the end and move the head back with them (from its journal of started calls too, hiding a call whose process was killed); keep the last hash elsewhere (or ship lines to another system) to notice that".into());
         out
     }
 }

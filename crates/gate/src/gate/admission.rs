@@ -40,8 +40,8 @@ pub(crate) struct Pending {
     ran: bool,
     effect: Option<Effect>,
     usage: Option<Usage>,
-    /// Its start is in the journal.
-    journalled: bool,
+    /// Its start's id in the journal.
+    journal_id: Option<String>,
     written: bool,
     /// The call's span (disabled unless a subscriber wants `codemode::call`).
     pub span: tracing::Span,
@@ -119,7 +119,7 @@ impl Pending {
             ran: false,
             effect: None,
             usage: None,
-            journalled: false,
+            journal_id: None,
             written: false,
         }
     }
@@ -197,9 +197,11 @@ impl Pending {
             return Ok(());
         }
         let args_text = serde_json::to_string(&self.args).unwrap_or_default();
+        let journal_id = uuid::Uuid::new_v4().simple().to_string();
         let mut record = serde_json::json!({
             "time": utc_now(),
             "event": "started",
+            "journal_id": &journal_id,
             "provenance": &self.provenance,
             "tool": &self.tool,
             "namespace": &self.namespace,
@@ -220,7 +222,7 @@ impl Pending {
         if let Some(line) = self.gate.audit.submit_started(record)? {
             line.await?;
         }
-        self.journalled = true;
+        self.journal_id = Some(journal_id);
         Ok(())
     }
 
@@ -268,7 +270,7 @@ impl Pending {
             duration_ms: self.started.elapsed().as_millis() as u64,
             usage: self.usage.clone(),
             bytes,
-            journalled: self.journalled,
+            journal_id: self.journal_id.clone(),
         };
         self.trace(&outcome, &args_text);
         if let Some(observer) = &self.gate.observer {
@@ -437,6 +439,13 @@ impl Admission {
     /// The call's id: what nested calls name as their parent.
     pub fn call_id(&self) -> &str {
         &self.provenance.call_id
+    }
+
+    /// The id of the call's "started" line in the journal, once [`Admission::begin`] or
+    /// [`Admission::execute`] wrote it: whoever writes the call's outcome line elsewhere (a
+    /// replica finishing a taken-over cell) names it there.
+    pub fn journal_id(&self) -> Option<&str> {
+        self.pending.journal_id.as_deref()
     }
 
     pub fn spec(&self) -> &ToolSpec {

@@ -27,6 +27,10 @@ struct CellOptions {
     yield_after_ms: u64,
     #[serde(default)]
     scope: String,
+    /// The journal line of the cell's `codemode` call: the replica that finishes the cell
+    /// names it on the call's outcome line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    journal_id: Option<String>,
 }
 
 /// How long `wait` with `terminate` waits for the script and its calls to stop.
@@ -82,6 +86,7 @@ impl Codemode {
             start_ms: determinism.start_ms,
             yield_after_ms: yield_after.as_millis() as u64,
             scope: config.scope.clone(),
+            journal_id: admission.journal_id().map(str::to_string),
         };
         let store = cells.store().clone();
         let created = async {
@@ -126,7 +131,7 @@ impl Codemode {
             run_req,
             source,
             call_id,
-            Some(admission),
+            ScriptCall::Admitted(Box::new(admission)),
             link,
         ));
         // Until the first report the caller is waiting: cancelling its call (or shutting down,
@@ -267,7 +272,9 @@ impl Codemode {
                 req,
                 claimed.source.clone(),
                 options.call_id,
-                None,
+                ScriptCall::TakenOver {
+                    journal_id: options.journal_id,
+                },
                 link,
             ));
             resumed.push(claimed.id);
@@ -400,6 +407,15 @@ impl Drop for Unreported {
     }
 }
 
+/// Who writes the outcome line of the cell's `codemode` call.
+enum ScriptCall {
+    /// This process admitted it: its admission does.
+    Admitted(Box<Admission>),
+    /// Another process admitted (and journalled) it and stopped: this one writes the line,
+    /// naming that journal line.
+    TakenOver { journal_id: Option<String> },
+}
+
 /// Runs the cell's script to its end and records how it ended.
 async fn drive(
     codemode: Codemode,
@@ -407,7 +423,7 @@ async fn drive(
     req: ScriptRequest,
     source: String,
     call_id: String,
-    admission: Option<Admission>,
+    script: ScriptCall,
     link: Arc<CellLink>,
 ) {
     let live = link.cell.clone();
@@ -421,10 +437,9 @@ async fn drive(
             Some(link.clone()),
         )
         .await;
-    let resumed = admission.is_none();
-    let mut run = match admission {
-        Some(a) => codemode.finish_admission(a, run).await,
-        None => run,
+    let (mut run, resumed) = match script {
+        ScriptCall::Admitted(a) => (codemode.finish_admission(*a, run).await, None),
+        ScriptCall::TakenOver { journal_id } => (run, Some(journal_id)),
     };
     if live.is_abandoned() {
         cells.lock().remove(&cell_id);
@@ -443,8 +458,9 @@ async fn drive(
     };
     let config = cells.config();
     let store = cells.store();
-    if resumed {
-        write_resumed_end(&config.audit, &req, &call_id, &cell_id, status, &run).await;
+    if let Some(journal_id) = resumed {
+        let ids = (call_id.as_str(), journal_id.as_deref(), cell_id.as_str());
+        write_resumed_end(&config.audit, &req, ids, status, &run).await;
     }
     let written = store
         .update_cell(
@@ -543,8 +559,7 @@ pub async fn answer_approval(
 async fn write_resumed_end(
     audit: &AuditLog,
     req: &ScriptRequest,
-    call_id: &str,
-    cell_id: &str,
+    (call_id, journal_id, cell_id): (&str, Option<&str>, &str),
     status: CellStatus,
     run: &ScriptRun,
 ) {
@@ -556,6 +571,9 @@ async fn write_resumed_end(
         json!({"call_id": call_id, "session_id": req.session_id, "client": req.client}),
     );
     line.insert("tool".into(), json!(codemode_gate::CODEMODE_TOOL));
+    if let Some(id) = journal_id {
+        line.insert("journal_id".into(), json!(id));
+    }
     line.insert("cell_id".into(), json!(cell_id));
     line.insert(
         "status".into(),
