@@ -132,19 +132,12 @@ fn serve_follows_an_upstream_tool_list_change_and_tells_the_client() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/list-changed-client.cjs"
     );
-    let out = Command::new("node")
-        .arg(client)
+    let mut node = Command::new("node");
+    node.arg(client)
         .arg(&tb)
         .arg(env!("CARGO_BIN_EXE_codemode"))
-        .arg(args.to_string())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+        .arg(args.to_string());
+    let v = common::client_json(node);
     assert_eq!(v["added"], "added", "{v}");
     assert_eq!(
         v["notified"], true,

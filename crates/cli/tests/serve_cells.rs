@@ -77,24 +77,15 @@ impl Env {
     }
 
     fn client(&self, scenario: &str, arg: &str) -> Value {
-        let out = Command::new("node")
-            .env("CODEMODE_CELL_LEASE_MS", "1000")
+        let mut node = Command::new("node");
+        node.env("CODEMODE_CELL_LEASE_MS", "1000")
             .arg(CLIENT)
             .arg(testbed())
             .arg(env!("CARGO_BIN_EXE_codemode"))
             .arg(json!(self.serve_args()).to_string())
             .arg(scenario)
-            .arg(arg)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "the client failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        serde_json::from_str(stdout.lines().last().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{e}: {stdout}"))
+            .arg(arg);
+        common::client_json(node)
     }
 
     fn approvals(&self, args: &[&str]) -> std::process::Output {

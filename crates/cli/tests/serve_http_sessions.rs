@@ -222,16 +222,9 @@ fn a_principal_opening_many_sessions_evicts_their_own_not_anothers() {
         "--tokens-file",
         file.to_str().unwrap(),
     ]);
-    let out = Command::new("node")
-        .args(["-e", PRINCIPALS_PROBE, &server.url, alice, bob])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut probe = Command::new("node");
+    probe.args(["-e", PRINCIPALS_PROBE, &server.url, alice, bob]);
+    let v = common::client_json(probe);
     assert_eq!(v["alice"], 200, "alice's session stays: {v}");
     assert_eq!(v["bobLast"], 200, "{v}");
     assert_eq!(

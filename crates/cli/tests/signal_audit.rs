@@ -261,18 +261,12 @@ fn ending_an_http_session_terminates_its_cells_and_audits_their_calls() {
     let url = common::serving_url(&mut lines);
     std::thread::spawn(move || for _ in lines {});
     let code = format!("// @options: {{\"yield_after_ms\": 200}}\n{}", s.script());
-    let out = Command::new("node")
+    let mut client = Command::new("node");
+    client
         .args(["-e", DELETE_CLIENT])
         .arg(common::testbed())
-        .args([&url, "t0k", &code])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let first: Value = serde_json::from_slice(&out.stdout).unwrap();
+        .args([&url, "t0k", &code]);
+    let first = common::client_json(client);
     assert_eq!(first["status"], "running", "{first}");
     let lines = s.lines_after_the_command_would_have_ended();
     signal(&child, "TERM");

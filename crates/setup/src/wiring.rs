@@ -174,7 +174,7 @@ impl Wiring {
                     " (did you mean {}?)",
                     names
                         .iter()
-                        .map(|n| hint_name(&lit.written, n))
+                        .map(|n| lit.written_like(n))
                         .collect::<Vec<_>>()
                         .join(" or ")
                 ),
@@ -198,14 +198,5 @@ impl Wiring {
     /// The reason the policies are not in force, if they are not.
     pub fn policy_error(&self) -> Option<PolicyError> {
         lock(&self.policy_error).clone()
-    }
-}
-
-/// A suggested name written the way the policy wrote the unknown one.
-fn hint_name(written: &str, name: &str) -> String {
-    if written.starts_with("Tool::") {
-        format!("Tool::{name:?}")
-    } else {
-        format!("{name:?}")
     }
 }

@@ -131,7 +131,7 @@ fn unknown_tools(name: &str, text: &str, registry: &Registry) -> Vec<String> {
             let close = registry.closest_if_unknown(&lit.name)?;
             let hint = close
                 .first()
-                .map(|c| format!(" (did you mean {}?)", hint_name(&lit.written, c)))
+                .map(|c| format!(" (did you mean {}?)", lit.written_like(c)))
                 .unwrap_or_default();
             Some(format!(
                 "{} names {}, which no tool of the current set-up has, so the policy never \
@@ -166,13 +166,4 @@ fn builtin_registry() -> Registry {
         let _ = registry.register(tool);
     }
     registry
-}
-
-/// A suggested name written the way the policy wrote the unknown one.
-fn hint_name(written: &str, name: &str) -> String {
-    if written.starts_with("Tool::") {
-        format!("Tool::{name:?}")
-    } else {
-        format!("{name:?}")
-    }
 }

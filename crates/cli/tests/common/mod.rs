@@ -85,3 +85,16 @@ pub fn serving_url(
         }
     }
 }
+
+/// Runs a client program that must succeed and print one JSON value (its last line).
+pub fn client_json(mut cmd: Command) -> Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim().lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}

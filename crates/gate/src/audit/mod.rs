@@ -226,15 +226,7 @@ impl AuditLog {
         let Some(inner) = &self.inner else {
             return Ok(());
         };
-        let files = inner.lock();
-        same_file(&inner.path, &files.log)?;
-        match &files.written {
-            Some(w) => {
-                same_file(&head_path(&inner.path), &files.head)?;
-                still_there(&inner.path, &files.log, w)
-            }
-            None => Ok(()),
-        }
+        inner.lock().still_ours(&inner.path)
     }
 
     /// Whether calls are journalled before they run (a log or stream is set).
@@ -371,11 +363,7 @@ impl AuditLog {
         let mut guard = inner.lock();
         let files = &mut *guard;
         let _lock = Flock::exclusive(&files.log).map_err(|e| write_err(e.to_string()))?;
-        same_file(&inner.path, &files.log)?;
-        if let Some(w) = &files.written {
-            same_file(&head_path(&inner.path), &files.head)?;
-            still_there(&inner.path, &files.log, w)?;
-        }
+        files.still_ours(&inner.path)?;
         // Another process may have appended since our last line: the end is read from the file.
         let end = chain_end(&inner.path, &files.log, &files.head, &inner.key)?;
         let mut record = record;
@@ -409,6 +397,19 @@ impl AuditLog {
             end: written_end,
             hash,
         });
+        Ok(())
+    }
+}
+
+impl Files {
+    /// The path still names the files this process writes, and the log still ends its last
+    /// line where this process put it.
+    fn still_ours(&self, path: &Path) -> Result<(), AuditError> {
+        same_file(path, &self.log)?;
+        if let Some(w) = &self.written {
+            same_file(&head_path(path), &self.head)?;
+            still_there(path, &self.log, w)?;
+        }
         Ok(())
     }
 }

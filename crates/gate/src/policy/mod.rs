@@ -428,6 +428,17 @@ pub struct ToolLiteral {
     pub written: String,
 }
 
+impl ToolLiteral {
+    /// `name` written the way this literal is, for a "did you mean" hint.
+    pub fn written_like(&self, name: &str) -> String {
+        if self.written.starts_with("Tool::") {
+            format!("Tool::{name:?}")
+        } else {
+            format!("{name:?}")
+        }
+    }
+}
+
 /// Strings a policy compares with `resource.name`, read from its JSON form: `resource.name ==
 /// "x"` (either side) and `["x", "y"].contains(resource.name)`.
 fn resource_name_literals(v: &serde_json::Value, out: &mut Vec<String>) {
