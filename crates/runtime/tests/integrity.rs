@@ -86,6 +86,18 @@ async fn two_hundred_unawaited_writes_each_leave_exactly_one_truthful_line() {
         );
     }
     codemode_gate::verify(&inst.audit, Some(&test_key())).unwrap();
+    // A burst of cancelled calls on two threads: the journal chain stays whole, every write
+    // that ran was journalled first, and every journal line has its outcome line.
+    let unfinished = codemode_gate::unfinished_calls(&inst.audit, Some(&test_key())).unwrap();
+    assert!(unfinished.is_empty(), "{unfinished:?}");
+    let journalled = writes
+        .iter()
+        .filter(|l| l["journal_id"].is_string())
+        .count();
+    assert!(
+        journalled >= applied,
+        "{journalled} journalled, {applied} applied"
+    );
     eprintln!("{written} of 200 writes ran before the script ended");
 }
 
