@@ -207,7 +207,7 @@ fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
     refused(&v, "st/state.db", "codemode's state database");
     refused(&v, "st/state.db-wal", "codemode's state database");
     refused(&v, &default_db, "codemode's state");
-    refused(&v, &key, "codemode's state");
+    refused(&v, &key, "the audit log's key");
     assert!(!std::fs::read(&db).unwrap().is_empty());
 
     // The history is whole: every run so far verifies as one chain with more than one line.
@@ -229,6 +229,68 @@ fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
         !text.contains("UNFINISHED"),
         "every script journalled before it ran has its outcome line: {text}"
     );
+}
+
+/// Whoever holds the audit key can forge the log, so not even a policy that permits every read
+/// lets a script read it: not by its path, a symlink or a hard link in the project, nor by
+/// searching the state directory byte by byte.
+#[test]
+fn no_script_can_read_the_audit_key_whatever_the_policy() {
+    let d = Dirs::new();
+    let log = d.project.path().join("audit.jsonl");
+    d.settings(&serde_json::json!({"audit": {"path": log}}));
+    let allow = d.in_project("allow.cedar", "permit (principal, action, resource);");
+    let allow = allow.to_str().unwrap();
+    let (code, _, stderr) = d.run("return 1", &["--policy", allow]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let key_path = d.state.path().join("audit.key");
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    let hex = key.trim();
+    assert_eq!(hex.len(), 64, "the key is kept as hex text: {key:?}");
+    std::os::unix::fs::symlink(&key_path, d.project.path().join("k-sym")).unwrap();
+    std::fs::hard_link(&key_path, d.project.path().join("k-hard")).unwrap();
+    let state = d.state.path().display().to_string();
+    let key_shown = key_path.display().to_string();
+    let script = format!(
+        "const out = {{}};
+const attempt = async (label, f) => {{
+  try {{ out[label] = JSON.stringify(await f()) }} catch (e) {{ out[label] = e.stage + ': ' + e.message }}
+}};
+for (const path of [{key:?}, 'k-sym', 'k-hard']) {{
+  await attempt('read ' + path, () => tools.read({{ path }}));
+  await attempt('grep ' + path, () => tools.grep({{ pattern: '^[0-9a-f]', path }}));
+}}
+await attempt('grep state', () => tools.grep({{ pattern: '[0-9a-f]{{16}}', path: {state:?} }}));
+await attempt('grep project', () => tools.grep({{ pattern: '[0-9a-f]{{16}}', glob: 'k-*' }}));
+return out;",
+        key = key_shown,
+        state = state,
+    );
+    let (code, v, stderr) = d.run(&script, &["--policy", allow]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let out = &v["value"];
+    for label in [format!("read {key_shown}"), format!("grep {key_shown}")] {
+        refused(&v, &label, "the audit log's key");
+    }
+    for label in ["read k-sym", "grep k-sym"] {
+        refused(&v, label, "the audit log's key");
+    }
+    for label in ["read k-hard", "grep k-hard"] {
+        let got = out[label].as_str().unwrap_or_default();
+        assert!(got.contains("audit key"), "{label} must be refused: {v}");
+    }
+    for label in ["grep state", "grep project"] {
+        let got = out[label].as_str().unwrap_or_default();
+        assert!(
+            got.starts_with('{') && !got.contains("audit.key") && !got.contains("k-hard"),
+            "{label} must run and skip the key: {v}"
+        );
+    }
+    assert!(
+        !v.to_string().contains(&hex[..16]),
+        "no part of the key came back: {v}"
+    );
+    assert_eq!(std::fs::read_to_string(&key_path).unwrap(), key);
 }
 
 #[test]

@@ -333,6 +333,56 @@ async fn protected_paths_cannot_be_written_whatever_the_policy_permits() {
 }
 
 #[tokio::test]
+async fn a_secret_path_is_refused_even_to_read_only_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir_all(root.join("state")).unwrap();
+    std::fs::write(root.join("state/audit.key"), [7u8; 32]).unwrap();
+    std::fs::write(root.join("state/cells.db"), "x").unwrap();
+    std::os::unix::fs::symlink(root.join("state/audit.key"), root.join("k")).unwrap();
+    let (log, log_path) = audit_in(&root);
+    let gate = builder(&writer_and_reader(&root))
+        .audit(log)
+        .protect(ProtectedPath::new(root.join("state"), "codemode's state"))
+        .protect(ProtectedPath::secret(
+            root.join("state/audit.key"),
+            "the audit log's key",
+        ))
+        .build()
+        .unwrap();
+    for path in ["state/audit.key", "k", "state/../state/audit.key"] {
+        for tool in ["read", "write"] {
+            let err = gate
+                .call(req(tool, json!({"path": path}), script("p")))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err.stage,
+                Stage::Protected,
+                "{tool} {path}: {}",
+                err.message
+            );
+            assert!(err.message.contains("read or change"), "{}", err.message);
+        }
+    }
+    // The state directory's other files stay readable, not writable.
+    gate.call(req("read", json!({"path": "state/cells.db"}), script("p")))
+        .await
+        .unwrap();
+    let err = gate
+        .call(req("write", json!({"path": "state/cells.db"}), script("p")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Protected);
+    let lines = audit_lines(&log_path);
+    assert_eq!(
+        lines.iter().filter(|l| l["stage"] == "protected").count(),
+        7,
+        "every refusal is in the log"
+    );
+}
+
+#[tokio::test]
 async fn the_default_policy_reads_inside_the_workspace_and_asks_outside() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap().join("project");

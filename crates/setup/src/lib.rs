@@ -240,9 +240,15 @@ impl InstallationBuilder {
         let mut warnings = config.warnings.clone();
         let settings = &config.settings;
 
+        // Whoever reads the audit key can forge the log: no tool reads it, by any path.
+        let audit_key_path = sources.paths.state_dir.join("audit.key");
         let registry = Registry::new();
         if self.builtins {
-            for tool in builtin_tools(&ToolsConfig::new(&workdir)) {
+            let tools = ToolsConfig {
+                secret_files: vec![audit_key_path.clone()],
+                ..ToolsConfig::new(&workdir)
+            };
+            for tool in builtin_tools(&tools) {
                 registry.register(tool)?;
             }
         }
@@ -286,6 +292,10 @@ impl InstallationBuilder {
         for path in protected::configuration_paths(&config, &sources, &workdir) {
             gate = gate.protect(path);
         }
+        gate = gate.protect(ProtectedPath::secret(
+            &audit_key_path,
+            "the audit log's key",
+        ));
         let state = match self.state_store {
             Some(store) => Some(store),
             None => shared_state::open_store(settings).await?,
@@ -294,7 +304,7 @@ impl InstallationBuilder {
             gate,
             state.as_ref(),
             settings,
-            &sources.paths.state_dir.join("audit.key"),
+            &audit_key_path,
             self.gate_extras,
             &mut warnings,
         )?;
@@ -306,13 +316,11 @@ impl InstallationBuilder {
             .filter(|_| stream_audit.is_none())
         {
             // The chain is keyed with a key of the user's, never the project's.
-            let key_path = sources.paths.state_dir.join("audit.key");
             let audit_error = |e: codemode_gate::AuditError| SetupError::Audit {
                 path: path.clone(),
                 message: e.to_string(),
             };
-            let key = AuditKey::load_or_create(&key_path).map_err(audit_error)?;
-            gate = gate.protect(ProtectedPath::new(&key_path, "the audit log's key"));
+            let key = AuditKey::load_or_create(&audit_key_path).map_err(audit_error)?;
             let log = AuditLog::open_with_key(path, key).map_err(audit_error)?;
             gate = gate.audit(log.clone());
             audit = log;

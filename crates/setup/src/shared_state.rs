@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use codemode_config::settings::Settings;
-use codemode_gate::{AuditKey, AuditLog, CallObserver, GateBuilder, Principal, ProtectedPath};
+use codemode_gate::{AuditKey, AuditLog, CallObserver, GateBuilder, Principal};
 use codemode_state::StateStore;
 
 use crate::SetupError;
@@ -80,8 +80,7 @@ pub(crate) fn wire(
     };
     let key = AuditKey::load_or_create(key_path).map_err(audit_error)?;
     let log = AuditLog::stream(store.clone(), stream.clone(), key).map_err(audit_error)?;
-    gate = gate
-        .protect(ProtectedPath::new(key_path, "the audit log's key"))
-        .audit(log.clone());
+    // The key path is protected as a secret by the caller, log or not.
+    gate = gate.audit(log.clone());
     Ok((gate, Some(log)))
 }

@@ -18,6 +18,11 @@ pub struct ToolsConfig {
     pub max_output_bytes: usize,
     /// Who sees the built-in tools (see [`Exposure`]).
     pub exposure: Exposure,
+    /// Files no built-in tool reads, whatever the policy permits: by any path, through a hard
+    /// link, or while searching a directory that holds them (`grep` skips them). Compared by
+    /// identity (device and inode), taken when each call runs. For codemode's audit key, whose
+    /// holder could forge the audit log.
+    pub secret_files: Vec<PathBuf>,
 }
 
 impl ToolsConfig {
@@ -37,6 +42,7 @@ impl Default for ToolsConfig {
             bash_timeout_ms: 120_000,
             max_output_bytes: 50 * 1024,
             exposure: Exposure::Direct,
+            secret_files: Vec::new(),
         }
     }
 }

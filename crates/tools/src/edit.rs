@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::fs::{Leaf, Resolved, write_atomic};
+use crate::fs::{Leaf, Resolved, SecretFiles, write_atomic};
 use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_change, text_output};
 
@@ -76,15 +76,21 @@ impl Tool for EditTool {
         let target = self.ctx.resolve(&args.path)?;
         let facts = path_facts(&target.path)?;
         let shown = self.ctx.display(&target.path);
+        let tools = self.ctx.clone();
         Ok(prepared(facts, move |ctx| {
             Box::pin(run_change(ctx.cancel, move || {
-                edit_file(&target, &shown, &args)
+                edit_file(&target, &tools.secrets(), &shown, &args)
             }))
         }))
     }
 }
 
-fn edit_file(target: &Resolved, shown: &str, args: &EditArgs) -> Result<ToolOutput, ToolError> {
+fn edit_file(
+    target: &Resolved,
+    secrets: &SecretFiles,
+    shown: &str,
+    args: &EditArgs,
+) -> Result<ToolOutput, ToolError> {
     let path = &target.path;
     if let Leaf::Missing(_) = target.leaf {
         return Err(ToolError::failed(format!(
@@ -96,6 +102,7 @@ fn edit_file(target: &Resolved, shown: &str, args: &EditArgs) -> Result<ToolOutp
     let file = target
         .open_file()
         .map_err(|e| e.with_effect(Effect::None))?;
+    secrets.refuse(&file, path)?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     if size > MAX_EDIT_BYTES {
         return Err(ToolError::invalid(format!(

@@ -163,6 +163,7 @@ struct Hits {
 impl Search<'_> {
     fn run(&self, pattern: &str, stop: &StopFlag) -> Result<ToolOutput, ToolError> {
         let root_path = &self.root.path;
+        let secrets = self.ctx.secrets();
         let mut searcher = SearcherBuilder::new()
             .line_number(true)
             .binary_detection(BinaryDetection::quit(0))
@@ -179,6 +180,7 @@ impl Search<'_> {
         match self.root.leaf {
             Leaf::Entry { .. } => {
                 let file = self.root.open_file()?;
+                secrets.refuse(&file, root_path)?;
                 self.search_file(&mut searcher, file, root_path, &mut hits);
             }
             Leaf::Dir => {
@@ -189,7 +191,11 @@ impl Search<'_> {
                         && self.glob.is_none_or(|g| g.matches(entry.rel));
                     // Opened beneath the root, without symlinks: a file swapped for a link to
                     // somewhere else after it was listed is not read.
-                    if wanted && let Some(file) = open_file_beneath(&fd, entry.rel) {
+                    // A secret file met on the way is skipped as if it were not there.
+                    if wanted
+                        && let Some(file) = open_file_beneath(&fd, entry.rel)
+                        && !secrets.holds(&file)
+                    {
                         self.search_file(&mut searcher, file, entry.path, &mut hits);
                     }
                     !hits.full

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::fs::Resolved;
+use crate::fs::{Resolved, SecretFiles};
 use crate::paths::path_facts;
 use crate::support::{
     Behaviour, Context, StopFlag, io_error, make_spec, run_blocking, structured_output,
@@ -103,9 +103,10 @@ impl Tool for ReadTool {
         let target = self.ctx.resolve(&args.path)?;
         let facts = path_facts(&target.path)?;
         let max_bytes = self.ctx.config.max_output_bytes;
+        let tools = self.ctx.clone();
         Ok(prepared(facts, move |ctx| {
             Box::pin(run_blocking(ctx.cancel, move |stop| {
-                read_file(&target, &args, max_bytes, &stop)
+                read_file(&target, &tools.secrets(), &args, max_bytes, &stop)
             }))
         }))
     }
@@ -113,12 +114,14 @@ impl Tool for ReadTool {
 
 fn read_file(
     target: &Resolved,
+    secrets: &SecretFiles,
     args: &ReadArgs,
     max_bytes: usize,
     stop: &StopFlag,
 ) -> Result<ToolOutput, ToolError> {
     let path = &target.path;
     let mut file = target.open_file()?;
+    secrets.refuse(&file, path)?;
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     if size > MAX_TEXT_FILE_BYTES {
         return Err(ToolError::invalid(format!(

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::ToolsConfig;
-use crate::fs::Resolved;
+use crate::fs::{Resolved, SecretFiles};
 use crate::paths::{resolve_arg, resolve_workdir};
 
 /// Settings plus the working directory resolved once.
@@ -30,6 +30,11 @@ impl Context {
             config: config.clone(),
             workdir,
         }
+    }
+
+    /// The files no tool may read, identified as they are now.
+    pub fn secrets(&self) -> SecretFiles {
+        SecretFiles::now(&self.config.secret_files)
     }
 
     /// Resolves a path argument once, keeping the handles the tool will work on.

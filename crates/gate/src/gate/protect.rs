@@ -17,6 +17,8 @@ use crate::error::{GateError, Stage};
 pub struct ProtectedPath {
     path: PathBuf,
     why: String,
+    /// Not even read-only tools may read it.
+    secret: bool,
 }
 
 impl ProtectedPath {
@@ -26,7 +28,23 @@ impl ProtectedPath {
         ProtectedPath {
             path: resolved(path.as_ref()),
             why: why.into(),
+            secret: false,
         }
+    }
+
+    /// A path no tool call may read either (the audit key: its holder could forge the log).
+    /// Only a call naming the path itself, or a path beneath it, is refused here; a tool that
+    /// searches a directory holding it must skip it itself (the built-in tools do, see
+    /// `codemode_tools::ToolsConfig::secret_files`).
+    pub fn secret(path: impl AsRef<Path>, why: impl Into<String>) -> Self {
+        ProtectedPath {
+            secret: true,
+            ..ProtectedPath::new(path, why)
+        }
+    }
+
+    pub fn is_secret(&self) -> bool {
+        self.secret
     }
 
     pub fn path(&self) -> &Path {
@@ -58,15 +76,28 @@ pub(crate) fn resolved(path: &Path) -> PathBuf {
     }
 }
 
-/// Refuses a call that may change a protected path. Read-only tools may read them.
+/// Refuses a call that may change a protected path, or that names a secret one. Read-only tools
+/// may read the others.
 pub(crate) fn check(
     protected: &[ProtectedPath],
     spec: &ToolSpec,
     facts: &CallFacts,
 ) -> Result<(), GateError> {
-    if spec.annotations.read_only_hint == Some(true)
-        || facts.path_use == codemode_spec::PathUse::WorkingDirectory
-    {
+    if facts.path_use == codemode_spec::PathUse::WorkingDirectory {
+        return Ok(());
+    }
+    for path in &facts.paths {
+        if let Some(p) = protected.iter().find(|p| p.secret && p.covers(path)) {
+            return Err(GateError::new(
+                Stage::Protected,
+                format!(
+                    "`{}` was refused: {path} is {}, which no tool may read or change whatever the policy permits. No person was asked. Do not retry it",
+                    spec.name, p.why
+                ),
+            ));
+        }
+    }
+    if spec.annotations.read_only_hint == Some(true) {
         return Ok(());
     }
     for path in &facts.paths {

@@ -49,6 +49,46 @@ impl FileId {
     }
 }
 
+/// The identities of files no tool may read (see `ToolsConfig::secret_files`), as they are now.
+#[derive(Debug, Default)]
+pub(crate) struct SecretFiles {
+    ids: Vec<FileId>,
+}
+
+impl SecretFiles {
+    /// Takes the identity of each path that exists now (symlinks followed: the file they name
+    /// is the secret).
+    pub fn now(paths: &[std::path::PathBuf]) -> Self {
+        let ids = paths
+            .iter()
+            .filter_map(|p| rustix::fs::stat(p).ok())
+            .map(|st| FileId::of(&st))
+            .collect();
+        SecretFiles { ids }
+    }
+
+    /// Whether `file` is one of them, whatever path opened it.
+    pub fn holds(&self, file: impl AsFd) -> bool {
+        if self.ids.is_empty() {
+            return false;
+        }
+        // A file that cannot be inspected is treated as secret: refusing is the safe side.
+        FileId::of_fd(file).map_or(true, |id| self.ids.contains(&id))
+    }
+
+    /// Refuses `file` (opened from `path`) when it is a secret.
+    pub fn refuse(&self, file: impl AsFd, path: &Path) -> Result<(), ToolError> {
+        if self.holds(file) {
+            return Err(ToolError::failed(format!(
+                "{} is codemode's audit key (or a link to it), which no tool may read whatever the policy permits; nothing was read. Do not retry it",
+                path.display()
+            ))
+            .with_effect(codemode_spec::Effect::None));
+        }
+        Ok(())
+    }
+}
+
 pub(crate) fn file_type(st: &Stat) -> FileType {
     FileType::from_raw_mode(st.st_mode)
 }
