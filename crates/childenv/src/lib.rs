@@ -1,5 +1,7 @@
-//! The environment codemode hands to the programs it starts (the `bash` tool, command hooks,
-//! stdio MCP servers): the host's own, without the secrets codemode holds for itself.
+//! What codemode hands to the programs it starts (the `bash` tool, command hooks,
+//! stdio MCP servers): the host's environment and file system, without the secrets codemode
+//! holds for itself. The file system's part is in [`confine_children`]; the environment's
+//! follows.
 //!
 //! codemode runs with provider keys, a serve token and perhaps a state URL with a password in
 //! its environment. A program it starts on a script's or a configuration's behalf must not
@@ -18,6 +20,10 @@
 //!
 //! The sets are process-wide and only grow: the configuration is read once at startup, and
 //! hiding a variable more often than needed is safe where hiding it less is not.
+
+mod confine;
+
+pub use confine::{ConfinementUnavailable, confine, confine_children, is_confining};
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};

@@ -1,0 +1,436 @@
+//! The file-system view codemode hands to the programs it starts: the host's, with its secret
+//! files hidden and its configuration read-only.
+//!
+//! The gate refuses any tool call that names the audit key or a configuration file, but a
+//! program the policy lets run (`bash`, a hook, a stdio MCP server) opens files itself. It runs
+//! as the same user as codemode, so without more it could read the key (and then forge the
+//! audit log) or rewrite a policy file. Each such program therefore starts in a user and mount
+//! namespace of its own (Linux), prepared between `fork` and `exec`:
+//!
+//! - every path [`confine_children`] was told to keep read-only is bound onto itself read-only
+//!   (the configuration directories, the policy files, the state directory, the audit log);
+//! - every hidden file is covered by `/dev/null` on a `nodev` mount, so opening it fails with
+//!   "Permission denied" (a hidden directory by an empty read-only `tmpfs`);
+//! - `/proc/<pid>/root` of a process outside (codemode itself, the user's shell) would show the
+//!   host's file system, key included; the kernel refuses it to a process in a child user
+//!   namespace, and where Landlock is available the program also joins a domain of its own,
+//!   which restricts nothing it opens but keeps it out of processes outside the domain;
+//! - `CAP_SYS_ADMIN` leaves the bounding set, so a program running as root inside cannot
+//!   unmount what covers the key. A namespace it makes itself copies the mounts locked.
+//!
+//! Inside, the program's user is mapped to itself alone: files of other users show as
+//! `nobody`, and set-user-id programs such as `sudo` cannot raise privileges. For a process
+//! running as root this is a barrier against scripts, not a container: root can still read raw
+//! disks. Run codemode as an ordinary user where that matters.
+//!
+//! Whether the kernel allows this is probed once, by [`confine_children`]. Where it does not
+//! (unprivileged user namespaces switched off, an old kernel, another operating system) the
+//! programs start unconfined and the probe's answer says why, for a startup warning. Where the
+//! probe succeeded, a later failure to confine a program refuses to start it.
+//!
+//! The sets are process-wide and only grow, like the environment's.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Why programs cannot be confined on this system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfinementUnavailable(pub String);
+
+impl std::fmt::Display for ConfinementUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Default)]
+struct Plan {
+    read_only: BTreeSet<PathBuf>,
+    hidden: BTreeSet<PathBuf>,
+}
+
+static PLAN: Mutex<Plan> = Mutex::new(Plan {
+    read_only: BTreeSet::new(),
+    hidden: BTreeSet::new(),
+});
+
+/// The probe's answer, once asked: whether programs can be confined here.
+static PROBED: OnceLock<Result<(), ConfinementUnavailable>> = OnceLock::new();
+
+fn plan() -> std::sync::MutexGuard<'static, Plan> {
+    PLAN.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Hides `hidden` from every program codemode starts from now on and makes `read_only`
+/// unwritable for them. Paths are resolved now (symlinks followed); a path that does not exist
+/// is left out, since there is nothing to cover yet.
+///
+/// Returns why confinement is unavailable on this system, if it is (asked once per process):
+/// programs then start unconfined, and the caller should say so.
+pub fn confine_children<H, R>(hidden: H, read_only: R) -> Result<(), ConfinementUnavailable>
+where
+    H: IntoIterator<Item = PathBuf>,
+    R: IntoIterator<Item = PathBuf>,
+{
+    {
+        let mut plan = plan();
+        plan.hidden
+            .extend(hidden.into_iter().filter_map(|p| p.canonicalize().ok()));
+        plan.read_only
+            .extend(read_only.into_iter().filter_map(|p| p.canonicalize().ok()));
+    }
+    PROBED.get_or_init(imp::probe).clone()
+}
+
+/// Whether a program started now would be confined: something is to be hidden or kept
+/// read-only, and the probe said the system allows it.
+pub fn is_confining() -> bool {
+    let plan = plan();
+    let wanted = !plan.hidden.is_empty() || !plan.read_only.is_empty();
+    wanted && matches!(PROBED.get(), Some(Ok(())))
+}
+
+/// Prepares `command` to start confined (see the module docs); nothing when nothing is to be
+/// hidden or kept, or when the probe found confinement unavailable.
+pub fn confine(command: &mut std::process::Command) -> std::io::Result<()> {
+    if !is_confining() {
+        return Ok(());
+    }
+    let (hidden, read_only) = {
+        let plan = plan();
+        (
+            plan.hidden.iter().cloned().collect::<Vec<_>>(),
+            plan.read_only.iter().cloned().collect::<Vec<_>>(),
+        )
+    };
+    imp::confine(command, &hidden, &read_only)
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use std::ffi::{CStr, CString};
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::process::CommandExt;
+    use std::path::{Path, PathBuf};
+    use std::sync::OnceLock;
+
+    use super::ConfinementUnavailable;
+
+    /// Everything the child needs, made before `fork`: between `fork` and `exec` only system
+    /// calls may run (another thread may have held the allocator's lock at the fork).
+    struct Prepared {
+        uid_map: Vec<u8>,
+        gid_map: Vec<u8>,
+        read_only: Vec<CString>,
+        hidden_files: Vec<CString>,
+        hidden_dirs: Vec<CString>,
+        cwd: Option<CString>,
+        landlock: Option<RawFd>,
+    }
+
+    fn c_path(path: &Path) -> Option<CString> {
+        CString::new(path.as_os_str().as_bytes()).ok()
+    }
+
+    pub(super) fn probe() -> Result<(), ConfinementUnavailable> {
+        let mut command = std::process::Command::new("/bin/sh");
+        command
+            .args(["-c", ":"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let (hidden, read_only) = {
+            let plan = super::plan();
+            (
+                plan.hidden.iter().cloned().collect::<Vec<_>>(),
+                plan.read_only.iter().cloned().collect::<Vec<_>>(),
+            )
+        };
+        confine(&mut command, &hidden, &read_only)
+            .and_then(|()| command.status())
+            .map_err(|e| {
+                ConfinementUnavailable(format!(
+                    "the kernel refused a user and mount namespace ({e}); unprivileged user namespaces may be switched off (sysctl kernel.unprivileged_userns_clone or user.max_user_namespaces, or an AppArmor rule)"
+                ))
+            })
+            .and_then(|status| match status.success() {
+                true => Ok(()),
+                false => Err(ConfinementUnavailable(format!(
+                    "a confined test program did not run ({status})"
+                ))),
+            })
+    }
+
+    pub(super) fn confine(
+        command: &mut std::process::Command,
+        hidden: &[PathBuf],
+        read_only: &[PathBuf],
+    ) -> io::Result<()> {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let mut read_only: Vec<&PathBuf> = read_only.iter().collect();
+        // Outer directories first, so a file's own mount lands on its directory's.
+        read_only.sort_by_key(|p| p.components().count());
+        let mut hidden_files = Vec::new();
+        let mut hidden_dirs = Vec::new();
+        for path in hidden {
+            match std::fs::metadata(path) {
+                Ok(m) if m.is_dir() => hidden_dirs.extend(c_path(path)),
+                Ok(_) => hidden_files.extend(c_path(path)),
+                Err(_) => {}
+            }
+        }
+        let cwd = match command.get_current_dir() {
+            Some(dir) => Some(dir.to_path_buf()),
+            None => std::env::current_dir().ok(),
+        };
+        let prepared = Prepared {
+            uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+            gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            read_only: read_only.into_iter().filter_map(|p| c_path(p)).collect(),
+            hidden_files,
+            hidden_dirs,
+            cwd: cwd.as_deref().and_then(c_path),
+            landlock: landlock_ruleset(),
+        };
+        // SAFETY: the closure makes system calls only, on memory prepared above.
+        unsafe {
+            command.pre_exec(move || enter(&prepared));
+        }
+        Ok(())
+    }
+
+    fn last_error() -> io::Error {
+        io::Error::last_os_error()
+    }
+
+    fn check(ret: libc::c_int) -> io::Result<()> {
+        match ret {
+            -1 => Err(last_error()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes `data` to the `/proc/self` file `path` (a NUL-terminated literal).
+    fn write_proc(path: &[u8], data: &[u8]) -> io::Result<()> {
+        // SAFETY: `path` is NUL-terminated; the descriptor is closed on every path.
+        unsafe {
+            let fd = libc::open(path.as_ptr().cast(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(last_error());
+            }
+            let written = libc::write(fd, data.as_ptr().cast(), data.len());
+            let result = match written {
+                n if n == data.len() as isize => Ok(()),
+                -1 => Err(last_error()),
+                _ => Err(io::Error::from_raw_os_error(libc::EIO)),
+            };
+            libc::close(fd);
+            result
+        }
+    }
+
+    /// The flags a read-only remount must keep: a mount inherited from a more privileged
+    /// namespace has them locked, and a remount that dropped one would be refused.
+    fn kept_flags(path: &CString) -> io::Result<libc::c_ulong> {
+        // SAFETY: statvfs writes into the zeroed struct only.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        check(unsafe { libc::statvfs(path.as_ptr(), &mut st) })?;
+        let pairs = [
+            (libc::ST_NOSUID, libc::MS_NOSUID),
+            (libc::ST_NODEV, libc::MS_NODEV),
+            (libc::ST_NOEXEC, libc::MS_NOEXEC),
+            (libc::ST_NOATIME, libc::MS_NOATIME),
+            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+            (libc::ST_RELATIME, libc::MS_RELATIME),
+        ];
+        Ok(pairs
+            .iter()
+            .filter(|(st_flag, _)| st.f_flag & *st_flag != 0)
+            .fold(0, |acc, (_, ms)| acc | ms))
+    }
+
+    fn remount_read_only(path: &CString, extra: libc::c_ulong) -> io::Result<()> {
+        let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | extra | kept_flags(path)?;
+        // SAFETY: NUL-terminated path; no data argument.
+        check(unsafe {
+            libc::mount(
+                std::ptr::null(),
+                path.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        })
+    }
+
+    /// Binds `source` onto `target`; `Ok(false)` when the target has gone since it was listed.
+    fn bind(source: &CStr, target: &CStr, recursive: bool) -> io::Result<bool> {
+        let flags = libc::MS_BIND | if recursive { libc::MS_REC } else { 0 };
+        // SAFETY: NUL-terminated paths; no data argument.
+        let ret = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        match ret {
+            0 => Ok(true),
+            _ => {
+                let e = last_error();
+                match e.raw_os_error() {
+                    Some(libc::ENOENT) => Ok(false),
+                    _ => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Runs in the child between `fork` and `exec`.
+    fn enter(p: &Prepared) -> io::Result<()> {
+        // SAFETY: every call below is a system call on memory `p` owns.
+        check(unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) })?;
+        // codemode is not dumpable, which makes its `/proc/self` files root's: an ordinary user
+        // could not write its maps. Dumpable only while it writes them (exec decides anew).
+        check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) })?;
+        let maps = write_proc(b"/proc/self/setgroups\0", b"deny")
+            .and_then(|()| write_proc(b"/proc/self/uid_map\0", &p.uid_map))
+            .and_then(|()| write_proc(b"/proc/self/gid_map\0", &p.gid_map));
+        check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })?;
+        maps?;
+        // Nothing mounted here may reach the host's namespace.
+        check(unsafe {
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        })?;
+        for path in &p.read_only {
+            if bind(path, path, true)? {
+                remount_read_only(path, 0)?;
+            }
+        }
+        for path in &p.hidden_files {
+            if bind(c"/dev/null", path, false)? {
+                // `nodev`: opening the covered file fails instead of reading nothing.
+                remount_read_only(path, libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOEXEC)?;
+            }
+        }
+        for path in &p.hidden_dirs {
+            check(unsafe {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    path.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=4k,mode=000".as_ptr().cast(),
+                )
+            })?;
+        }
+        if let Some(fd) = p.landlock {
+            // Allowed without no_new_privs: the new user namespace gives CAP_SYS_ADMIN.
+            let ret = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) };
+            if ret != 0 {
+                return Err(last_error());
+            }
+        }
+        // Root inside keeps its capabilities across exec; without this one it cannot unmount.
+        check(unsafe { libc::prctl(libc::PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) })?;
+        if let Some(cwd) = &p.cwd {
+            // The working directory was entered before the mounts; enter it again through them.
+            check(unsafe { libc::chdir(cwd.as_ptr()) })?;
+        }
+        Ok(())
+    }
+
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+    }
+
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+
+    /// `linux/capability.h`; the libc crate does not carry capability numbers.
+    const CAP_SYS_ADMIN: libc::c_ulong = 21;
+    const ACCESS_FS_EXECUTE: u64 = 1;
+    const RULE_PATH_BENEATH: libc::c_int = 1;
+
+    /// A Landlock ruleset that allows everything it handles (executing files) beneath `/`: it
+    /// exists for the domain, whose ptrace scoping keeps the program out of other processes'
+    /// `/proc` entries. `None` where the kernel has no Landlock.
+    fn landlock_ruleset() -> Option<RawFd> {
+        static RULESET: OnceLock<Option<OwnedFd>> = OnceLock::new();
+        RULESET
+            .get_or_init(|| {
+                let attr = RulesetAttr {
+                    handled_access_fs: ACCESS_FS_EXECUTE,
+                };
+                // SAFETY: the attribute struct outlives the call; its size is passed.
+                let fd = unsafe {
+                    libc::syscall(
+                        libc::SYS_landlock_create_ruleset,
+                        &attr as *const RulesetAttr,
+                        std::mem::size_of::<RulesetAttr>(),
+                        0u32,
+                    )
+                };
+                if fd < 0 {
+                    return None;
+                }
+                // SAFETY: the kernel just returned this descriptor, owned by nobody else.
+                let ruleset = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+                let root = std::fs::File::open("/").ok()?;
+                let beneath = PathBeneathAttr {
+                    allowed_access: ACCESS_FS_EXECUTE,
+                    parent_fd: root.as_raw_fd(),
+                };
+                // SAFETY: both descriptors are open; the attribute outlives the call.
+                let added = unsafe {
+                    libc::syscall(
+                        libc::SYS_landlock_add_rule,
+                        ruleset.as_raw_fd(),
+                        RULE_PATH_BENEATH,
+                        &beneath as *const PathBeneathAttr,
+                        0u32,
+                    )
+                };
+                (added == 0).then_some(ruleset)
+            })
+            .as_ref()
+            .map(AsRawFd::as_raw_fd)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    use std::path::PathBuf;
+
+    use super::ConfinementUnavailable;
+
+    pub(super) fn probe() -> Result<(), ConfinementUnavailable> {
+        Err(ConfinementUnavailable(
+            "confinement needs Linux user and mount namespaces".into(),
+        ))
+    }
+
+    pub(super) fn confine(
+        _command: &mut std::process::Command,
+        _hidden: &[PathBuf],
+        _read_only: &[PathBuf],
+    ) -> std::io::Result<()> {
+        Ok(())
+    }
+}

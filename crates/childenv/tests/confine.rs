@@ -1,0 +1,197 @@
+//! Attacks on the confinement of the programs codemode starts: a command running as this
+//! process's user tries every way we know to read the hidden key or change a read-only file.
+//! The plan is process-wide, so this file is its own process and every test adds its own
+//! temporary paths.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SECRET: &str = "5ecret-key-bytes-0123456789abcdef";
+
+struct Home {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    state: PathBuf,
+    key: PathBuf,
+    config: PathBuf,
+    work: PathBuf,
+}
+
+/// A state directory with a key, a configuration file, and a working directory beside them,
+/// confined; `None` (with a line saying so) where the kernel does not allow confinement.
+fn home() -> Option<Home> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().canonicalize().expect("canonical");
+    let state = root.join("state");
+    let config = root.join("config");
+    let work = root.join("work");
+    for d in [&state, &config, &work] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    let key = state.join("audit.key");
+    std::fs::write(&key, SECRET).expect("key");
+    std::fs::write(
+        config.join("policy.cedar"),
+        "permit(principal, action, resource);",
+    )
+    .expect("policy");
+    match codemode_childenv::confine_children([key.clone()], [state.clone(), config.clone()]) {
+        Ok(()) => {}
+        Err(why) => {
+            eprintln!("SKIPPED: confinement is unavailable here: {why}");
+            return None;
+        }
+    }
+    Some(Home {
+        _dir: dir,
+        root,
+        state,
+        key,
+        config,
+        work,
+    })
+}
+
+/// Runs `script` with bash, confined, in `cwd`; returns (exit code, stdout and stderr).
+fn run(cwd: &Path, script: &str, vars: &[(&str, &Path)]) -> (Option<i32>, String) {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(script).current_dir(cwd);
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    codemode_childenv::confine(&mut cmd).expect("confine");
+    let out = cmd.output().expect("bash runs confined");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+fn vars(h: &Home) -> Vec<(&'static str, &Path)> {
+    vec![
+        ("KEY", h.key.as_path()),
+        ("STATE", h.state.as_path()),
+        ("CONFIG", h.config.as_path()),
+        ("ROOT", h.root.as_path()),
+    ]
+}
+
+#[test]
+fn the_key_cannot_be_read_by_name_copy_or_link() {
+    let Some(h) = home() else { return };
+    let (_, out) = run(
+        &h.work,
+        r#"cat "$KEY"; cp "$KEY" copy && cat copy; ln "$KEY" link && cat link;
+           ln -s "$KEY" sym && cat sym; (cd "$STATE" && cat audit.key); cat "$STATE"/*;
+           dd if="$KEY" 2>&1; head -c 100 < "$KEY"; echo done"#,
+        &vars(&h),
+    );
+    assert!(out.contains("done"), "the script ran to its end: {out}");
+    assert!(!out.contains(SECRET), "the key leaked: {out}");
+    assert!(
+        out.contains("Permission denied"),
+        "opening the key is refused: {out}"
+    );
+    // Outside the confinement the key is still there, unchanged.
+    assert_eq!(std::fs::read_to_string(&h.key).unwrap(), SECRET);
+}
+
+#[test]
+fn other_processes_proc_entries_do_not_show_the_host_files() {
+    let Some(h) = home() else { return };
+    // This test process runs as the same user, unconfined: its /proc entry is the obvious door.
+    let (_, out) = run(
+        &h.work,
+        r#"for p in /proc/[0-9]*; do cat "$p/root$KEY" 2>/dev/null; cat "$p/cwd/../state/audit.key" 2>/dev/null; done;
+           cat "/proc/$PPID/root$KEY"; ls "/proc/$PPID/fd" >/dev/null; echo done"#,
+        &vars(&h),
+    );
+    assert!(out.contains("done"), "{out}");
+    assert!(!out.contains(SECRET), "the key leaked through /proc: {out}");
+}
+
+#[test]
+fn the_cover_cannot_be_removed_or_bypassed_with_namespaces() {
+    let Some(h) = home() else { return };
+    let (_, out) = run(
+        &h.work,
+        r#"umount "$KEY"; umount -l "$KEY"; umount "$STATE"; cat "$KEY";
+           unshare -Urm bash -c 'umount "$KEY"; umount -l "$KEY"; cat "$KEY";
+             mkdir -p /tmp/cm-peek; mount --bind "$STATE" /tmp/cm-peek && cat /tmp/cm-peek/audit.key;
+             mount --bind / /tmp/cm-peek && cat "/tmp/cm-peek$KEY";
+             mount --bind "$ROOT" /tmp/cm-peek && cat /tmp/cm-peek/state/audit.key';
+           echo done"#,
+        &vars(&h),
+    );
+    assert!(out.contains("done"), "{out}");
+    assert!(!out.contains(SECRET), "the key was uncovered: {out}");
+}
+
+#[test]
+fn configuration_and_state_are_read_only_and_the_workspace_is_not() {
+    let Some(h) = home() else { return };
+    let policy = h.config.join("policy.cedar");
+    let before = std::fs::read_to_string(&policy).unwrap();
+    let (_, out) = run(
+        &h.work,
+        r#"echo 'forbid(principal, action, resource);' >> "$CONFIG/policy.cedar";
+           rm -f "$CONFIG/policy.cedar"; mv "$CONFIG/policy.cedar" "$CONFIG/old";
+           touch "$CONFIG/new.toml" "$STATE/new"; echo x > "$KEY"; rm -f "$KEY";
+           chmod 777 "$CONFIG"; echo written > notes.txt; cat notes.txt; echo done"#,
+        &vars(&h),
+    );
+    assert!(
+        out.contains("written"),
+        "the workspace stays writable: {out}"
+    );
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), before);
+    assert!(!h.config.join("new.toml").exists() && !h.config.join("old").exists());
+    assert!(!h.state.join("new").exists());
+    assert_eq!(std::fs::read_to_string(&h.key).unwrap(), SECRET);
+    assert_eq!(
+        std::fs::read_to_string(h.work.join("notes.txt")).unwrap(),
+        "written\n"
+    );
+}
+
+#[test]
+fn a_working_directory_inside_a_read_only_path_is_read_only_too() {
+    // The child entered its directory before the mounts; it must not keep a door to the
+    // writable file system beneath them.
+    let Some(h) = home() else { return };
+    let (_, out) = run(&h.state, "echo x > inside; echo done", &vars(&h));
+    assert!(out.contains("done"), "{out}");
+    assert!(
+        !h.state.join("inside").exists(),
+        "wrote beneath the mount: {out}"
+    );
+}
+
+#[test]
+fn a_burst_of_confined_programs_from_many_threads_all_hold() {
+    let Some(h) = home() else { return };
+    let work = h.work.clone();
+    let handles: Vec<_> = (0..16)
+        .map(|_| {
+            let work = work.clone();
+            let key = h.key.clone();
+            std::thread::spawn(move || {
+                (0..8)
+                    .map(|_| run(&work, r#"cat "$KEY"; echo done"#, &[("KEY", key.as_path())]).1)
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for handle in handles {
+        for out in handle.join().expect("thread") {
+            assert!(out.contains("done"), "{out}");
+            assert!(
+                !out.contains(SECRET),
+                "a confined program read the key: {out}"
+            );
+        }
+    }
+}
