@@ -120,10 +120,16 @@ fn a_users_hook_runs_its_own_program_not_the_one_the_project_placed() {
         r#"{ "hooks": { "PreToolUse": [{ "matcher": "ls", "hooks": [{ "type": "command", "command": "./check.sh" }] }] } }"#,
     )
     .unwrap();
-    // Yours records what it was told; the project's would leave a mark.
+    // Yours records what it was told (outside the configuration directory, which hooks see
+    // read-only); the project's would leave a mark.
+    let out = d.home.path().join("hook-out");
+    std::fs::create_dir(&out).unwrap();
     executable(
         &d.config.join("check.sh"),
-        "#!/bin/sh\ncat > \"$(dirname \"$0\")/input.json\"\nprintf '%s' \"$CODEMODE_PROJECT_DIR\" > \"$(dirname \"$0\")/project_dir\"\nenv > \"$(dirname \"$0\")/env\"\npwd > \"$(dirname \"$0\")/pwd\"\nexit 0\n",
+        &format!(
+            "#!/bin/sh\nO='{}'\ncat > \"$O/input.json\"\nprintf '%s' \"$CODEMODE_PROJECT_DIR\" > \"$O/project_dir\"\nenv > \"$O/env\"\npwd > \"$O/pwd\"\nexit 0\n",
+            out.display()
+        ),
     );
     let pwned = d.project.join("PWNED");
     executable(
@@ -142,22 +148,19 @@ fn a_users_hook_runs_its_own_program_not_the_one_the_project_placed() {
         "the project's ./check.sh ran as the user's hook"
     );
     let input: Value =
-        serde_json::from_str(&std::fs::read_to_string(d.config.join("input.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("input.json")).unwrap()).unwrap();
     let project = d.project.display().to_string();
     assert_eq!(input["cwd"], project, "{input}");
     assert_eq!(input["project_dir"], project, "{input}");
     assert_eq!(
-        std::fs::read_to_string(d.config.join("project_dir")).unwrap(),
+        std::fs::read_to_string(out.join("project_dir")).unwrap(),
         project
     );
     assert_eq!(
-        std::fs::read_to_string(d.config.join("pwd"))
-            .unwrap()
-            .trim(),
+        std::fs::read_to_string(out.join("pwd")).unwrap().trim(),
         d.config.canonicalize().unwrap().display().to_string()
     );
-    let env = std::fs::read_to_string(d.config.join("env")).unwrap();
+    let env = std::fs::read_to_string(out.join("env")).unwrap();
     assert!(!env.contains("sk-HOOK-SECRET"), "{env}");
 }
 
@@ -198,7 +201,8 @@ fn npx_in_your_mcp_json_does_not_run_the_projects_local_install() {
         panic!("npx is needed for this test (node is part of the test setup)");
     }
     let (d, _keep) = dirs();
-    let ours = d.config.join("USER_SERVER_RAN");
+    // Outside the configuration directory, which servers see read-only.
+    let ours = d.home.path().join("USER_SERVER_RAN");
     let theirs = d.project.join("PWNED");
     fake_filesystem_server(&d.config, &ours);
     fake_filesystem_server(&d.project, &theirs);
@@ -356,4 +360,146 @@ fn a_same_user_child_cannot_read_codemodes_environment_through_proc() {
         out.contains("host: 0"),
         "the host's /proc/<pid>/environ was read: {out}"
     );
+}
+
+/// `bash`, allowed everything by the policy, attacks the audit key and the configuration:
+/// by name, through `/proc` of other processes, by removing what covers the key, and by
+/// writing the policy, a new settings file, the state directory and the audit log.
+fn bash_attacks_the_key_and_the_configuration(unprivileged: bool) {
+    let (d, _keep) = dirs();
+    let log = d.state.path().join("audit.jsonl");
+    std::fs::write(
+        d.config.join("settings.json"),
+        serde_json::json!({ "audit": { "path": log } }).to_string(),
+    )
+    .unwrap();
+    let run = |script: &str| match unprivileged {
+        true => d.run_unprivileged(script, &[]),
+        false => d.run(script, &[]),
+    };
+    let (code, v, stderr) = run("return 1");
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let key_path = d.state.path().join("audit.key");
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    let policy = d.config.join("all.cedar");
+    let policy_text = std::fs::read_to_string(&policy).unwrap();
+    let attack = format!(
+        r#"K={key:?}; C={config:?}; S={state:?}; P={policy:?}; L={log:?}
+cat "$K"; cp "$K" stolen && cat stolen; ln "$K" linked && cat linked
+for p in /proc/[0-9]*; do cat "$p/root$K" 2>/dev/null; done
+umount "$K"; umount -l "$K"; cat "$K"
+unshare -Urm sh -c "umount -l '$K'; cat '$K'; mkdir -p /tmp/peek; mount --bind '$S' /tmp/peek && cat /tmp/peek/audit.key"
+echo 'forbid(principal, action, resource);' >> "$P"
+echo '{{}}' > "$C/settings.local.json"; echo junk > "$S/audit.key.new"; echo forged >> "$L"; rm -f "$L"
+echo attack-finished"#,
+        key = key_path.display().to_string(),
+        config = d.config.display().to_string(),
+        state = d.state.path().display().to_string(),
+        policy = policy.display().to_string(),
+        log = log.display().to_string(),
+    );
+    let script = format!(
+        "return (await tools.bash({{ command: {:?} }})).output",
+        attack
+    );
+    let (code, v, stderr) = run(&script);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default().to_string();
+    assert!(out.contains("attack-finished"), "{out}");
+    assert!(
+        !out.contains(key.trim()) && !out.contains(&key.trim()[..16]),
+        "bash read the audit key: {out}"
+    );
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), policy_text);
+    assert!(!d.config.join("settings.local.json").exists());
+    assert!(!d.state.path().join("audit.key.new").exists());
+    assert_eq!(std::fs::read_to_string(&key_path).unwrap(), key);
+    let log_text = std::fs::read_to_string(&log).expect("the audit log is still there");
+    assert!(!log_text.contains("forged"), "{log_text}");
+    // The chain still verifies, the bash call itself recorded in it.
+    // As the user the key belongs to: verify refuses another user's key.
+    let mut verify = match unprivileged && rustix::process::geteuid().is_root() {
+        true => {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_codemode"));
+            c
+        }
+        false => common::codemode(),
+    };
+    let verify = verify
+        .args(["audit", "verify", "--key"])
+        .arg(&key_path)
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(log_text.contains("\"bash\""), "{log_text}");
+}
+
+#[test]
+fn bash_run_by_an_ordinary_user_cannot_read_the_key_or_change_the_configuration() {
+    bash_attacks_the_key_and_the_configuration(true);
+}
+
+#[test]
+fn bash_run_by_root_cannot_read_the_key_or_change_the_configuration() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: the tests do not run as root here");
+        return;
+    }
+    bash_attacks_the_key_and_the_configuration(false);
+}
+
+#[test]
+fn an_mcp_filesystem_server_serving_the_state_directory_cannot_read_the_key() {
+    let (d, _keep) = dirs();
+    let log = d.state.path().join("audit.jsonl");
+    std::fs::write(
+        d.config.join("settings.json"),
+        serde_json::json!({ "audit": { "path": log } }).to_string(),
+    )
+    .unwrap();
+    let server = format!("{TESTBED}/@modelcontextprotocol/server-filesystem/dist/index.js");
+    std::fs::write(
+        d.config.join("mcp.json"),
+        serde_json::json!({ "mcpServers": { "fs": {
+            "command": "node", "args": [server, d.state.path(), d.project]
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let key_path = d.state.path().join("audit.key");
+    let script = format!(
+        r#"const out = {{}};
+for (const [name, args] of [["read", {{ path: {key:?} }}], ["write", {{ path: {key:?}, content: "0000" }}],
+                            ["write", {{ path: {log:?}, content: "{{}}" }}]]) {{
+  const tool = name === "read" ? tools.mcp__fs__read_text_file : tools.mcp__fs__write_file;
+  try {{ out[name + " " + args.path] = JSON.stringify(await tool(args)) }} catch (e) {{ out[name + " " + args.path] = e.stage + ": " + e.message }}
+}}
+return out;"#,
+        key = key_path.display().to_string(),
+        log = log.display().to_string(),
+    );
+    // First run: the key is made; the second attacks it.
+    let (code, v, stderr) = d.run("return 1", &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    let (code, v, stderr) = d.run(&script, &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let text = v.to_string();
+    assert!(
+        !text.contains(&key.trim()[..16]),
+        "the server read the key: {v}"
+    );
+    assert_eq!(std::fs::read_to_string(&key_path).unwrap(), key);
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(log_text.contains("mcp__fs__read_text_file"), "{log_text}");
+    assert!(text.contains("EACCES") || text.contains("denied"), "{v}");
 }

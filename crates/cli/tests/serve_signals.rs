@@ -51,7 +51,9 @@ fn wait_for_file(path: &Path) -> String {
 
 fn stops_cleanly_on(signal: &str, http: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let pids = dir.path().join("pids");
+    // Not in the configuration directory, which the servers see read-only.
+    let out = tempfile::tempdir().unwrap();
+    let pids = out.path().join("pids");
     // Like `npx`: a launcher whose child outlives a plain kill of the server process.
     let launcher = format!(
         "echo $$ > {p}; sleep 300 & echo $! >> {p}; exec node {FIXTURE} {TESTBED}",

@@ -326,27 +326,57 @@ fn a_command_that_kills_codemode_in_its_own_call_is_named_by_audit_verify() {
     assert!(named.contains("kill -9 $PPID"), "{named}");
 }
 
-/// A permitted command empties the log and its head (so what is left is a short, whole chain):
-/// the next call is refused before it runs, and `audit verify` still names, from the journal,
-/// the calls whose lines were wiped.
+/// A permitted command cannot empty the log and its head (it runs confined, with the log
+/// read-only); another process of the user can. When one does while a script runs (so what is
+/// left is a short, whole chain), the next call is refused before it runs, and `audit verify`
+/// still names, from the journal, the calls whose lines were wiped.
 #[test]
 fn a_command_that_empties_the_audit_log_stops_every_later_call_and_is_named_by_verify() {
     let s = Setup::new();
     let log = s.path("audit.jsonl");
     let after = s.path("after");
+    let ready = s.path("ready");
+    let emptied = s.path("emptied");
     std::fs::write(
         s.path("s.js"),
         format!(
             r#"await tools.bash({{command: "echo first"}});
-try {{ await tools.bash({{command: ": > {log}; : > {log}.head"}}); }} catch {{}}
+await tools.bash({{command: "(: > {log}; : > {log}.head; echo tried) > {tried} 2>&1"}});
+try {{ await tools.bash({{command: "touch {ready}; while [ ! -e {emptied} ]; do sleep 0.05; done"}}); }} catch {{}}
 try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
             log = log.display(),
-            after = after.display()
+            after = after.display(),
+            ready = ready.display(),
+            emptied = emptied.display(),
+            tried = s.path("tried").display(),
         ),
     )
     .unwrap();
-    let out = s.command(&["run"]).arg(s.path("s.js")).output().unwrap();
+    let child = s
+        .command(&["run"])
+        .arg(s.path("s.js"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the script never got to wait"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The user's own shell, outside codemode, empties both.
+    std::fs::write(&log, "").unwrap();
+    std::fs::write(format!("{}.head", log.display()), "").unwrap();
+    std::fs::write(&emptied, "").unwrap();
+    let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let tried = std::fs::read_to_string(s.path("tried")).unwrap();
+    assert!(
+        tried.contains("Read-only file system") && tried.contains("tried"),
+        "bash could not empty the log itself: {tried}"
+    );
     assert!(
         !after.exists(),
         "nothing runs onto an emptied log: {stdout}"
@@ -356,10 +386,11 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     assert!(stdout.contains("result is withheld"), "{stdout}");
 
     let text = verify_output(&log);
-    // The script and its first two calls, whose outcome lines were wiped or never written.
-    assert!(text.contains("UNFINISHED: 3 call(s)"), "{text}");
+    // The script and its first three calls, whose outcome lines were wiped or never written.
+    assert!(text.contains("UNFINISHED: 4 call(s)"), "{text}");
     assert!(text.contains("echo first"), "{text}");
     assert!(text.contains(": > "), "{text}");
+    assert!(text.contains("while [ !"), "{text}");
 
     // Had the command removed the journal too, verify could not name them; the log's lines
     // say they were journalled, so verify fails and says the journal was deleted.

@@ -242,6 +242,16 @@ impl InstallationBuilder {
 
         // Whoever reads the audit key can forge the log: no tool reads it, by any path.
         let audit_key_path = sources.paths.state_dir.join("audit.key");
+        // They exist from the start, so that the programs codemode starts find them read-only
+        // rather than absent: `bash` must not make a state directory with a key of its choosing,
+        // or a configuration directory that a later run would read.
+        for dir in [&sources.paths.state_dir, &sources.paths.config_dir] {
+            use std::os::unix::fs::DirBuilderExt;
+            let _ = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir);
+        }
         let registry = Registry::new();
         if self.builtins {
             let tools = ToolsConfig {
@@ -335,6 +345,7 @@ impl InstallationBuilder {
             (None, None) => {}
         }
         let gate = gate.build()?;
+        confine_children(&gate, &mut warnings);
 
         let catalog = models_catalog(&config);
         let activation = config.activation(
@@ -388,6 +399,25 @@ impl InstallationBuilder {
             servers,
             changed,
         })
+    }
+}
+
+/// Keeps what the gate protects from the programs codemode starts (`bash`, hooks, stdio MCP
+/// servers), which open files without asking the gate: secret paths hidden, the rest read-only.
+fn confine_children(gate: &codemode_gate::Gate, warnings: &mut Vec<String>) {
+    let (hidden, read_only): (Vec<_>, Vec<_>) =
+        gate.protected_paths().iter().partition(|p| p.is_secret());
+    let paths = |list: Vec<&ProtectedPath>| {
+        list.into_iter()
+            .map(|p| p.path().to_path_buf())
+            .collect::<Vec<_>>()
+    };
+    if let Err(why) = codemode_childenv::confine_children(paths(hidden), paths(read_only)) {
+        warnings.push(format!(
+            "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
+             so they can read the audit key and change codemode's configuration: {why}; allow \
+             unprivileged user namespaces, or do not let scripts run `bash`"
+        ));
     }
 }
 

@@ -166,7 +166,9 @@ async fn run(
             .stdout(Stdio::from(writer))
             .stderr(Stdio::from(writer_err))
             .process_group(0);
-        command.spawn()
+        // It cannot read the audit key or change codemode's configuration, whatever it runs
+        // (see `codemode_childenv::confine_children`).
+        codemode_childenv::confine(command.as_std_mut()).and_then(|()| command.spawn())
         // `command` drops here, closing our copies of the pipe's write end, so EOF can arrive.
     };
     let mut child = spawned.map_err(|e| {

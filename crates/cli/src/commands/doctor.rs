@@ -1,4 +1,5 @@
-//! `codemode doctor`: which isolation layers hold scripts on this machine.
+//! `codemode doctor`: which isolation layers hold scripts, and the programs codemode starts,
+//! on this machine.
 
 use std::process::ExitCode;
 
@@ -21,6 +22,16 @@ pub fn run() -> Result<ExitCode> {
         let mark = if l.active { "active " } else { "MISSING" };
         println!("  {mark}  {:<13} {}", l.name, l.detail);
     }
+    println!("Programs codemode starts (bash, hooks, stdio MCP servers):");
+    match children_confinement() {
+        Ok(()) => println!(
+            "  active   namespace     own user and mount namespace: configuration read-only, audit key covered"
+        ),
+        Err(why) => {
+            all = false;
+            println!("  MISSING  namespace     they run unconfined: {why}");
+        }
+    }
     if all {
         println!("Every layer is active.");
         Ok(ExitCode::SUCCESS)
@@ -30,4 +41,12 @@ pub fn run() -> Result<ExitCode> {
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// Tries the confinement on a throwaway directory and key, as setup does with the real ones.
+fn children_confinement() -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("cannot make a test directory: {e}"))?;
+    let key = dir.path().join("key");
+    std::fs::write(&key, "test").map_err(|e| format!("cannot write a test file: {e}"))?;
+    codemode_childenv::confine_children([key], [dir.path().to_path_buf()]).map_err(|e| e.0)
 }

@@ -362,6 +362,12 @@ impl Gate {
         &self.inner.registry
     }
 
+    /// The paths no tool call may change (or, for secret ones, read), the audit log's included:
+    /// what the programs codemode starts must be kept from too.
+    pub fn protected_paths(&self) -> &[ProtectedPath] {
+        &self.inner.protected
+    }
+
     pub fn mode(&self) -> CodemodeMode {
         self.inner.mode
     }

@@ -223,6 +223,11 @@ async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) ->
     if let Some(dir) = &cmd.start_dir {
         command.current_dir(dir);
     }
+    // Like any program codemode starts, the hook cannot read the audit key or change the
+    // configuration (see `codemode_childenv::confine_children`).
+    if let Err(e) = codemode_childenv::confine(command.as_std_mut()) {
+        return Outcome::Failed(format!("could not be confined: {e}"));
+    }
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => return Outcome::Failed(format!("could not start: {e}")),

@@ -330,6 +330,10 @@ impl Upstream {
                 if let Some(dir) = dir {
                     cmd.current_dir(dir);
                 }
+                // Whatever roots it is given, it cannot read the audit key or change codemode's
+                // configuration (see `codemode_childenv::confine_children`).
+                codemode_childenv::confine(cmd.as_std_mut())
+                    .map_err(|e| format!("cannot confine `{command}`: {e}"))?;
                 // Its own process group, so that stopping the server also stops whatever it
                 // started (`npx` runs the real server as a grandchild).
                 let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
