@@ -9,6 +9,9 @@
 //!
 //! - every path [`confine_children`] was told to keep read-only is bound onto itself read-only
 //!   (the configuration directories, the policy files, the state directory, the audit log);
+//! - every directory above those is bound onto itself, still writable, so that it is a mount
+//!   point, which cannot be renamed: `mv ~/.config ~/.old` would otherwise move the read-only
+//!   configuration aside and leave a writable one in its place;
 //! - every hidden file is covered by `/dev/null` on a `nodev` mount, so opening it fails with
 //!   "Permission denied" (a hidden directory by an empty read-only `tmpfs`);
 //! - `/proc/<pid>/root` of a process outside (codemode itself, the user's shell) would show the
@@ -122,6 +125,7 @@ mod imp {
     /// Everything the child needs, made before `fork`: between `fork` and `exec` only system
     /// calls may run (another thread may have held the allocator's lock at the fork).
     struct Prepared {
+        pinned: Vec<CString>,
         uid_map: Vec<u8>,
         gid_map: Vec<u8>,
         read_only: Vec<CString>,
@@ -187,7 +191,20 @@ mod imp {
             Some(dir) => Some(dir.to_path_buf()),
             None => std::env::current_dir().ok(),
         };
+        // Every directory above a covered path becomes a mount point too (bound onto itself,
+        // still writable): a mount point cannot be renamed, so `mv ~/.config ~/.old` cannot
+        // move the read-only configuration aside and leave a writable one in its place.
+        let mut pinned: Vec<&Path> = read_only
+            .iter()
+            .map(|p| p.as_path())
+            .chain(hidden.iter().map(PathBuf::as_path))
+            .flat_map(|p| p.ancestors().skip(1))
+            .filter(|a| a.parent().is_some() && !read_only.iter().any(|r| r.as_path() == *a))
+            .collect();
+        pinned.sort_by_key(|p| (p.components().count(), p.to_path_buf()));
+        pinned.dedup();
         let prepared = Prepared {
+            pinned: pinned.into_iter().filter_map(c_path).collect(),
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
             read_only: read_only.into_iter().filter_map(|p| c_path(p)).collect(),
@@ -314,6 +331,9 @@ mod imp {
                 std::ptr::null(),
             )
         })?;
+        for path in &p.pinned {
+            bind(path, path, true)?;
+        }
         for path in &p.read_only {
             if bind(path, path, true)? {
                 remount_read_only(path, 0)?;

@@ -195,3 +195,25 @@ fn a_burst_of_confined_programs_from_many_threads_all_hold() {
         }
     }
 }
+
+#[test]
+fn a_covered_path_cannot_be_moved_aside_with_a_directory_above_it() {
+    // Moving `~/.config` away would leave the read-only configuration under the old name and
+    // let a writable one take its place for the next run.
+    let Some(h) = home() else { return };
+    let (_, out) = run(
+        &h.work,
+        r#"mv "$CONFIG" "$ROOT/config.old"; mv "$STATE" "$ROOT/state.old";
+           mv "$ROOT" "$ROOT.moved"; mkdir -p "$CONFIG" && echo evil > "$CONFIG/policy.cedar";
+           echo done"#,
+        &vars(&h),
+    );
+    assert!(out.contains("done"), "{out}");
+    assert!(out.contains("busy"), "the moves are refused as busy: {out}");
+    assert!(h.root.exists() && !h.root.join("config.old").exists());
+    assert_eq!(
+        std::fs::read_to_string(h.config.join("policy.cedar")).unwrap(),
+        "permit(principal, action, resource);"
+    );
+    assert!(h.state.join("audit.key").exists());
+}
