@@ -7,8 +7,9 @@
 //! audit log) or rewrite a policy file. Each such program therefore starts in a user and mount
 //! namespace of its own (Linux), prepared between `fork` and `exec`:
 //!
-//! - every path [`confine_children`] was told to keep read-only is bound onto itself read-only
-//!   (the configuration directories, the policy files, the state directory, the audit log);
+//! - every path [`confine_children`] was told to keep read-only is bound onto itself read-only,
+//!   with every mount beneath it (the configuration directories, the policy files, the state
+//!   directory, the audit log);
 //! - every directory above those is bound onto itself, still writable, so that it is a mount
 //!   point, which cannot be renamed: `mv ~/.config ~/.old` would otherwise move the read-only
 //!   configuration aside and leave a writable one in its place;
@@ -199,7 +200,9 @@ mod imp {
             .map(|p| p.as_path())
             .chain(hidden.iter().map(PathBuf::as_path))
             .flat_map(|p| p.ancestors().skip(1))
-            .filter(|a| a.parent().is_some() && !read_only.iter().any(|r| r.as_path() == *a))
+            // Not "/", and nothing inside a read-only path: a writable mount there would stay
+            // writable inside the read-only one.
+            .filter(|a| a.parent().is_some() && !read_only.iter().any(|r| a.starts_with(r)))
             .collect();
         pinned.sort_by_key(|p| (p.components().count(), p.to_path_buf()));
         pinned.dedup();
@@ -284,6 +287,47 @@ mod imp {
         })
     }
 
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+    /// Makes the mount at `path` read-only with every mount beneath it (a host's mount inside
+    /// a configuration directory would otherwise stay writable). Kernels before 5.12 lack
+    /// `mount_setattr`: there only the top mount is remounted.
+    fn read_only_beneath(path: &CString) -> io::Result<()> {
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        // SAFETY: NUL-terminated path; the attribute struct outlives the call, its size passed.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::AT_RECURSIVE as libc::c_uint,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        if ret == 0 {
+            return Ok(());
+        }
+        let e = last_error();
+        match e.raw_os_error() {
+            Some(libc::ENOSYS) => remount_read_only(path, 0),
+            _ => Err(e),
+        }
+    }
+
     /// Binds `source` onto `target`; `Ok(false)` when the target has gone since it was listed.
     fn bind(source: &CStr, target: &CStr, recursive: bool) -> io::Result<bool> {
         let flags = libc::MS_BIND | if recursive { libc::MS_REC } else { 0 };
@@ -336,7 +380,7 @@ mod imp {
         }
         for path in &p.read_only {
             if bind(path, path, true)? {
-                remount_read_only(path, 0)?;
+                read_only_beneath(path)?;
             }
         }
         for path in &p.hidden_files {

@@ -217,3 +217,25 @@ fn a_covered_path_cannot_be_moved_aside_with_a_directory_above_it() {
     );
     assert!(h.state.join("audit.key").exists());
 }
+
+#[test]
+fn a_directory_between_two_read_only_paths_stays_read_only() {
+    // The directories above a read-only file are pinned with writable mounts; one inside a
+    // read-only directory must not be, or it would be a writable hole in it.
+    let Some(h) = home() else { return };
+    let nested = h.config.join("hooks");
+    std::fs::create_dir(&nested).unwrap();
+    std::fs::write(nested.join("check.sh"), "exit 0").unwrap();
+    codemode_childenv::confine_children([], [nested.join("check.sh")]).unwrap();
+    let (_, out) = run(
+        &h.work,
+        r#"touch "$CONFIG/hooks/new"; mv "$CONFIG/hooks/check.sh" "$CONFIG/hooks/x"; echo done"#,
+        &vars(&h),
+    );
+    assert!(out.contains("done"), "{out}");
+    assert!(
+        !nested.join("new").exists(),
+        "wrote inside the read-only directory: {out}"
+    );
+    assert!(nested.join("check.sh").exists());
+}
