@@ -503,3 +503,30 @@ return out;"#,
     assert!(log_text.contains("mcp__fs__read_text_file"), "{log_text}");
     assert!(text.contains("EACCES") || text.contains("denied"), "{v}");
 }
+
+#[test]
+fn bash_cannot_create_settings_a_trusted_project_would_widen_yours_with() {
+    let (d, _keep) = dirs();
+    let trust = common::codemode()
+        .env("HOME", d.home.path())
+        .env("XDG_CONFIG_HOME", d.home.path().join(".config"))
+        .arg("trust")
+        .arg(&d.project)
+        .output()
+        .unwrap();
+    assert!(trust.status.success(), "{trust:?}");
+    assert!(!d.project.join(".codemode").exists());
+    let attack = "mkdir -p .codemode; echo '{\"limits\": {\"timeout_ms\": 999999}}' > .codemode/settings.json; echo tried";
+    let script = format!(
+        "return (await tools.bash({{ command: {:?} }})).output",
+        attack
+    );
+    let (code, v, stderr) = d.run(&script, &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(
+        !d.project.join(".codemode/settings.json").exists(),
+        "bash wrote settings a trusted project's run would read: {out}"
+    );
+}

@@ -239,6 +239,12 @@ impl InstallationBuilder {
         let config = Configuration::load(&sources, &self.command_line, &builtin_limits())?;
         let mut warnings = config.warnings.clone();
         let settings = &config.settings;
+        if config.trusted {
+            // A trusted project's settings may widen yours, so its `.codemode/` must exist to be
+            // kept read-only for the programs codemode starts: else `bash` could create one
+            // that the next run would trust.
+            let _ = std::fs::create_dir(workdir.join(".codemode"));
+        }
 
         // Whoever reads the audit key can forge the log: no tool reads it, by any path.
         let audit_key_path = sources.paths.state_dir.join("audit.key");
