@@ -237,12 +237,16 @@ pub struct AuditSettings {
 
 /// The `environment` object: what the programs codemode starts (`bash`, command hooks, stdio
 /// MCP servers) inherit. They get codemode's environment without its secrets (see
-/// `codemode_childenv`); `pass` names variables they get anyway.
+/// `codemode_childenv`); `pass` names variables they get anyway. `confine: false` starts them
+/// without the confinement that keeps codemode's configuration read-only and its audit key
+/// hidden from them (for programs that need `sudo`); a project may only turn it on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvironmentSettings {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pass: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confine: Option<bool>,
 }
 
 /// One settings file as written.
@@ -625,6 +629,8 @@ pub struct Settings {
     /// Variables the programs codemode starts get although they look like secrets: yours, and a
     /// trusted project's.
     pub pass_env: Vec<String>,
+    /// Whether the programs codemode starts are confined (`environment.confine`, default on).
+    pub confine_children: bool,
 }
 
 /// Where each file is, for the merge.
@@ -756,6 +762,15 @@ impl Settings {
             pass_env.extend(p.environment.pass.iter().cloned());
         }
 
+        let confine_children = n
+            .narrow(
+                "environment.confine",
+                u.environment.confine,
+                p.environment.confine,
+                |p, _| *p,
+            )
+            .unwrap_or(true);
+
         let models = ModelRules {
             enabled: n.switch_off("models.enabled", u.models.enabled, p.models.enabled, true),
             allow: n.allowlist(
@@ -807,6 +822,7 @@ impl Settings {
             audit_stream,
             telemetry,
             pass_env,
+            confine_children,
         }
     }
 }

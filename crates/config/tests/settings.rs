@@ -520,3 +520,33 @@ fn hooks_start_where_their_author_is_and_only_you_pass_secrets_on() {
     );
     assert_eq!(c.settings.pass_env, vec!["MY_TOKEN", "OPENAI_API_KEY"]);
 }
+
+#[test]
+fn only_you_may_start_programs_unconfined_and_a_project_may_only_confine_them() {
+    let c = load(&dirs(None, None));
+    assert!(c.settings.confine_children, "confined by default");
+
+    let d = dirs(None, Some(json!({"environment": {"confine": false}})));
+    let c = load(&d);
+    assert!(
+        c.settings.confine_children,
+        "an untrusted project cannot turn it off"
+    );
+    assert!(
+        c.warnings.iter().any(|w| w.contains("environment.confine")),
+        "{:?}",
+        c.warnings
+    );
+
+    let d = dirs(
+        Some(json!({"environment": {"confine": false}})),
+        Some(json!({"environment": {"confine": true}})),
+    );
+    assert!(
+        load(&d).settings.confine_children,
+        "a project may turn it on"
+    );
+
+    let d = dirs(Some(json!({"environment": {"confine": false}})), None);
+    assert!(!load(&d).settings.confine_children, "you may turn it off");
+}

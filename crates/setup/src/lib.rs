@@ -351,7 +351,15 @@ impl InstallationBuilder {
             (None, None) => {}
         }
         let gate = gate.build()?;
-        confine_children(&gate, &mut warnings);
+        match settings.confine_children {
+            true => confine_children(&gate, &mut warnings),
+            false => warnings.push(
+                "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
+                 as your setting `environment.confine: false` asks: they can read the audit key \
+                 and change codemode's configuration"
+                    .into(),
+            ),
+        }
 
         let catalog = models_catalog(&config);
         let activation = config.activation(
