@@ -530,3 +530,25 @@ fn bash_cannot_create_settings_a_trusted_project_would_widen_yours_with() {
         "bash wrote settings a trusted project's run would read: {out}"
     );
 }
+
+#[test]
+fn your_setting_can_start_programs_unconfined_and_every_start_says_so() {
+    let (d, _keep) = dirs();
+    std::fs::write(
+        d.config.join("settings.json"),
+        r#"{ "environment": { "confine": false } }"#,
+    )
+    .unwrap();
+    let marker = d.config.join("written-by-bash");
+    let script = format!(
+        "return (await tools.bash({{ command: {:?} }})).output",
+        format!("echo x > '{}' && echo wrote", marker.display())
+    );
+    let (code, v, stderr) = d.run(&script, &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    assert!(marker.exists(), "{v}");
+    assert!(
+        stderr.contains("unconfined") && stderr.contains("environment.confine"),
+        "{stderr}"
+    );
+}
