@@ -87,6 +87,17 @@ where
     PROBED.get_or_init(imp::probe).clone()
 }
 
+/// A sentence to add to the error of a program that did not start while confinement is on:
+/// entering it may be what failed, and the user can turn it off.
+pub fn start_failure_hint() -> &'static str {
+    match is_confining() {
+        true => {
+            " (it starts confined in a user and mount namespace of its own; if that is what failed, `\"environment\": {\"confine\": false}` in your settings starts it unconfined)"
+        }
+        false => "",
+    }
+}
+
 /// Whether a program started now would be confined: something is to be hidden or kept
 /// read-only, and the probe said the system allows it.
 pub fn is_confining() -> bool {
@@ -147,14 +158,9 @@ mod imp {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        let (hidden, read_only) = {
-            let plan = super::plan();
-            (
-                plan.hidden.iter().cloned().collect::<Vec<_>>(),
-                plan.read_only.iter().cloned().collect::<Vec<_>>(),
-            )
-        };
-        confine(&mut command, &hidden, &read_only)
+        // Only whether the kernel allows the namespaces: a path that cannot be covered later
+        // refuses the start of that program rather than turning confinement off.
+        confine(&mut command, &[], &[])
             .and_then(|()| command.status())
             .map_err(|e| {
                 ConfinementUnavailable(format!(

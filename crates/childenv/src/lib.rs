@@ -23,7 +23,9 @@
 
 mod confine;
 
-pub use confine::{ConfinementUnavailable, confine, confine_children, is_confining};
+pub use confine::{
+    ConfinementUnavailable, confine, confine_children, is_confining, start_failure_hint,
+};
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};

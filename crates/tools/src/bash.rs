@@ -173,8 +173,9 @@ async fn run(
     };
     let mut child = spawned.map_err(|e| {
         ToolError::failed(format!(
-            "cannot start bash in {}: {e}; check that bash is installed and the working directory exists",
-            ctx.workdir.display()
+            "cannot start bash in {}: {e}; check that bash is installed and the working directory exists{}",
+            ctx.workdir.display(),
+            codemode_childenv::start_failure_hint()
         ))
     })?;
     let pid = child

@@ -230,7 +230,12 @@ async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) ->
     }
     let mut child = match command.spawn() {
         Ok(c) => c,
-        Err(e) => return Outcome::Failed(format!("could not start: {e}")),
+        Err(e) => {
+            return Outcome::Failed(format!(
+                "could not start: {e}{}",
+                codemode_childenv::start_failure_hint()
+            ));
+        }
     };
     let _group = GroupGuard(child.id().and_then(|id| i32::try_from(id).ok()));
     if let Some(mut stdin) = child.stdin.take() {

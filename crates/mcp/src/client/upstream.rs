@@ -339,7 +339,12 @@ impl Upstream {
                 let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
                 wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
                 let (transport, stderr) = ChildTransport::spawn(wrapped, Arc::from(self.name()))
-                    .map_err(|e| format!("cannot start `{command}`: {e}"))?;
+                    .map_err(|e| {
+                        format!(
+                            "cannot start `{command}`: {e}{}",
+                            codemode_childenv::start_failure_hint()
+                        )
+                    })?;
                 group = transport
                     .id()
                     .and_then(|id| libc::pid_t::try_from(id).ok())
