@@ -45,6 +45,11 @@ fn dirs() -> (Dirs, tempfile::TempDir) {
     (d, project_dir)
 }
 
+/// A script that runs `command` with `bash` and returns its output.
+fn bash_script(command: &str) -> String {
+    format!("return (await tools.bash({{ command: {command:?} }})).output")
+}
+
 fn executable(path: &Path, text: &str) {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).unwrap();
@@ -287,10 +292,7 @@ fn bash_sees_no_secret_of_codemode_in_its_environment_or_in_proc() {
     )
     .unwrap();
     let path = format!(".::{}", std::env::var("PATH").unwrap());
-    let script = format!(
-        "return (await tools.bash({{ command: {:?} }})).output",
-        read_parent_environ()
-    );
+    let script = bash_script(read_parent_environ());
     let (code, v, stderr) = d.run_unprivileged(
         &script,
         &[
@@ -347,10 +349,7 @@ fn a_stdio_server_gets_no_secret_it_was_not_given() {
 #[test]
 fn a_same_user_child_cannot_read_codemodes_environment_through_proc() {
     let (d, _keep) = dirs();
-    let script = format!(
-        "return (await tools.bash({{ command: {:?} }})).output",
-        read_parent_environ()
-    );
+    let script = bash_script(read_parent_environ());
     let (code, v, stderr) = d.run_unprivileged(&script, &[("OPENAI_API_KEY", "sk-SECRET-1")]);
     assert_eq!(code, Some(0), "{v} {stderr}");
     let out = v["value"].as_str().unwrap_or_default().to_string();
@@ -398,10 +397,7 @@ echo attack-finished"#,
         policy = policy.display().to_string(),
         log = log.display().to_string(),
     );
-    let script = format!(
-        "return (await tools.bash({{ command: {:?} }})).output",
-        attack
-    );
+    let script = bash_script(&attack);
     let (code, v, stderr) = run(&script);
     assert_eq!(code, Some(0), "{v} {stderr}");
     let out = v["value"].as_str().unwrap_or_default().to_string();
@@ -517,10 +513,7 @@ fn bash_cannot_create_settings_a_trusted_project_would_widen_yours_with() {
     assert!(trust.status.success(), "{trust:?}");
     assert!(!d.project.join(".codemode").exists());
     let attack = "mkdir -p .codemode; echo '{\"limits\": {\"timeout_ms\": 999999}}' > .codemode/settings.json; echo tried";
-    let script = format!(
-        "return (await tools.bash({{ command: {:?} }})).output",
-        attack
-    );
+    let script = bash_script(attack);
     let (code, v, stderr) = d.run(&script, &[]);
     assert_eq!(code, Some(0), "{v} {stderr}");
     let out = v["value"].as_str().unwrap_or_default();
@@ -540,10 +533,7 @@ fn your_setting_can_start_programs_unconfined_and_every_start_says_so() {
     )
     .unwrap();
     let marker = d.config.join("written-by-bash");
-    let script = format!(
-        "return (await tools.bash({{ command: {:?} }})).output",
-        format!("echo x > '{}' && echo wrote", marker.display())
-    );
+    let script = bash_script(&format!("echo x > '{}' && echo wrote", marker.display()));
     let (code, v, stderr) = d.run(&script, &[]);
     assert_eq!(code, Some(0), "{v} {stderr}");
     assert!(marker.exists(), "{v}");
