@@ -511,7 +511,8 @@ fn bash_cannot_create_settings_a_trusted_project_would_widen_yours_with() {
         .output()
         .unwrap();
     assert!(trust.status.success(), "{trust:?}");
-    assert!(!d.project.join(".codemode").exists());
+    // `trust` makes `.codemode/`; removed since, the next start makes it again.
+    std::fs::remove_dir(d.project.join(".codemode")).unwrap();
     let attack = "mkdir -p .codemode; echo '{\"limits\": {\"timeout_ms\": 999999}}' > .codemode/settings.json; echo tried";
     let script = bash_script(attack);
     let (code, v, stderr) = d.run(&script, &[]);
@@ -540,5 +541,33 @@ fn your_setting_can_start_programs_unconfined_and_every_start_says_so() {
     assert!(
         stderr.contains("unconfined") && stderr.contains("environment.confine"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn bash_in_one_project_cannot_change_another_trusted_projects_settings() {
+    let (d, _keep) = dirs();
+    let other = tempfile::tempdir().unwrap();
+    let trust = common::codemode()
+        .env("HOME", d.home.path())
+        .env("XDG_CONFIG_HOME", d.home.path().join(".config"))
+        .arg("trust")
+        .arg(other.path())
+        .output()
+        .unwrap();
+    assert!(trust.status.success(), "{trust:?}");
+    let settings = other.path().join(".codemode/settings.json");
+    assert!(other.path().join(".codemode").is_dir(), "trust makes it");
+    let script = bash_script(&format!(
+        "echo '{{\"tools\": {{\"write\": {{\"disabled\": false}}}}}}' > '{}'; echo tried",
+        settings.display()
+    ));
+    let (code, v, stderr) = d.run(&script, &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(
+        !settings.exists(),
+        "bash wrote another trusted project's settings: {out}"
     );
 }

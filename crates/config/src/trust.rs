@@ -40,6 +40,11 @@ pub fn is_trusted(paths: &ConfigPaths, project_dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Every project the user trusts, as recorded (an unreadable trust file lists none).
+pub fn trusted_projects(paths: &ConfigPaths) -> Vec<PathBuf> {
+    read(paths).map(|t| t.projects).unwrap_or_default()
+}
+
 /// Records that the user trusts `project_dir`. The file is replaced atomically.
 pub fn trust(paths: &ConfigPaths, project_dir: &Path) -> Result<(), Problem> {
     let dir = canonical(project_dir);

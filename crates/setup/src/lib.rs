@@ -352,7 +352,7 @@ impl InstallationBuilder {
         }
         let gate = gate.build()?;
         match settings.confine_children {
-            true => confine_children(&gate, &mut warnings),
+            true => confine_children(&gate, &sources.paths, &mut warnings),
             false => warnings.push(
                 "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
                  as your setting `environment.confine: false` asks: they can read the audit key \
@@ -418,7 +418,13 @@ impl InstallationBuilder {
 
 /// Keeps what the gate protects from the programs codemode starts (`bash`, hooks, stdio MCP
 /// servers), which open files without asking the gate: secret paths hidden, the rest read-only.
-fn confine_children(gate: &codemode_gate::Gate, warnings: &mut Vec<String>) {
+/// Every trusted project's `.codemode/` is kept too, not only this one's: its settings may
+/// widen yours in the next run there.
+fn confine_children(
+    gate: &codemode_gate::Gate,
+    config_paths: &codemode_config::ConfigPaths,
+    warnings: &mut Vec<String>,
+) {
     let (hidden, read_only): (Vec<_>, Vec<_>) =
         gate.protected_paths().iter().partition(|p| p.is_secret());
     let paths = |list: Vec<&ProtectedPath>| {
@@ -426,7 +432,11 @@ fn confine_children(gate: &codemode_gate::Gate, warnings: &mut Vec<String>) {
             .map(|p| p.path().to_path_buf())
             .collect::<Vec<_>>()
     };
-    if let Err(why) = codemode_childenv::confine_children(paths(hidden), paths(read_only)) {
+    let trusted = codemode_config::trust::trusted_projects(config_paths)
+        .into_iter()
+        .map(|project| project.join(".codemode"));
+    let read_only = paths(read_only).into_iter().chain(trusted);
+    if let Err(why) = codemode_childenv::confine_children(paths(hidden), read_only) {
         warnings.push(format!(
             "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
              so they can read the audit key and change codemode's configuration: {why}; allow \

@@ -43,6 +43,11 @@ pub fn run(args: TrustArgs) -> Result<ExitCode> {
         );
     } else {
         trust::trust(&paths, &dir)?;
+        // It exists from now on, so codemode can keep it read-only for the programs it starts
+        // in any project: settings they created here could widen yours.
+        let settings_dir = dir.join(".codemode");
+        std::fs::create_dir_all(&settings_dir)
+            .with_context(|| format!("could not create {}", settings_dir.display()))?;
         println!(
             "{} is trusted: its settings may now widen yours.",
             dir.display()
