@@ -484,6 +484,72 @@ mod imp {
     }
 }
 
+/// Finding and stopping what confined programs left running (Linux `/proc` and nsfs; elsewhere
+/// nothing is found).
+mod survivors {
+    use std::collections::BTreeSet;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+
+    /// `NS_GET_PARENT` from `linux/nsfs.h`: `_IO(0xb7, 0x2)`.
+    const NS_GET_PARENT: libc::c_ulong = 0xb702;
+
+    /// The `(device, inode)` of the user namespace at `path`.
+    pub(crate) fn user_namespace(path: &str) -> Option<(u64, u64)> {
+        let meta = std::fs::metadata(path).ok()?;
+        Some((meta.dev(), meta.ino()))
+    }
+
+    /// Whether the namespace at `path`, or one of its ancestors, is in `started`.
+    fn within(path: &str, started: &BTreeSet<(u64, u64)>) -> bool {
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return false;
+        };
+        // Namespaces nest at most 32 deep.
+        for _ in 0..33 {
+            let Ok(meta) = file.metadata() else {
+                return false;
+            };
+            if started.contains(&(meta.dev(), meta.ino())) {
+                return true;
+            }
+            // SAFETY: an ioctl on a descriptor we own; it returns a new descriptor or -1.
+            let parent = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_PARENT) };
+            if parent < 0 {
+                return false;
+            }
+            // SAFETY: the kernel just returned this descriptor, owned by nobody else.
+            file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(parent) };
+        }
+        false
+    }
+
+    pub(crate) fn kill_in_namespaces(started: &BTreeSet<(u64, u64)>) -> usize {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return 0;
+        };
+        let own = std::process::id();
+        let mut killed = 0;
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == own || !within(&format!("/proc/{pid}/ns/user"), started) {
+                continue;
+            }
+            // SAFETY: kill only sends a signal.
+            if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } == 0 {
+                killed += 1;
+            }
+        }
+        killed
+    }
+}
+
 #[cfg(not(target_os = "linux"))]
 mod imp {
     use std::path::PathBuf;
@@ -503,4 +569,46 @@ mod imp {
     ) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// The user namespaces of the programs started confined: `(device, inode)` of each.
+static STARTED: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());
+
+/// Notes that the program with process id `pid` was started confined, so that
+/// [`stop_confined_survivors`] can find what it leaves behind. Call it right after the start.
+pub fn started_confined(pid: u32) {
+    if !is_confining() {
+        return;
+    }
+    if let Some(id) = survivors::user_namespace(&format!("/proc/{pid}/ns/user")) {
+        STARTED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id);
+    }
+}
+
+/// Kills every process still running in a namespace of a program codemode started confined,
+/// or in one made inside it, and returns how many. Call it when codemode stops: a background
+/// process a command left running (`setsid cmd &`) keeps its view of the file system, and
+/// once codemode is gone a file replaced by rename (an edited policy) or deleted (SQLite's
+/// `-wal`) is no longer covered there.
+pub fn stop_confined_survivors() -> usize {
+    let started = STARTED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    if started.is_empty() {
+        return 0;
+    }
+    let mut killed = 0;
+    // A process may fork while the list is read: read it again until nothing is left.
+    for _ in 0..5 {
+        let now = survivors::kill_in_namespaces(&started);
+        killed += now;
+        if now == 0 {
+            break;
+        }
+    }
+    killed
 }

@@ -25,6 +25,7 @@ mod confine;
 
 pub use confine::{
     ConfinementUnavailable, confine, confine_children, is_confining, start_failure_hint,
+    started_confined, stop_confined_survivors,
 };
 
 use std::collections::BTreeSet;

@@ -145,6 +145,12 @@ async fn main() -> ExitCode {
         Command::Approvals(cmd) => commands::approvals::run(cmd).await,
         Command::Doctor => commands::doctor::run(),
     };
+    // What a command left running in the background keeps its confined view of the files only
+    // while codemode runs (see `codemode_childenv::stop_confined_survivors`).
+    let stopped = codemode_childenv::stop_confined_survivors();
+    if stopped > 0 {
+        tracing::info!("stopped {stopped} process(es) that programs codemode started left running");
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

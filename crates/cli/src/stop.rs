@@ -63,6 +63,7 @@ impl Stop {
                     );
                     abort.cancel();
                 } else {
+                    codemode_childenv::stop_confined_survivors();
                     std::process::exit(128 + number);
                 }
             }

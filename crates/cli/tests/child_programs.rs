@@ -571,3 +571,35 @@ fn bash_in_one_project_cannot_change_another_trusted_projects_settings() {
         "bash wrote another trusted project's settings: {out}"
     );
 }
+
+#[test]
+fn what_a_command_leaves_running_is_stopped_when_codemode_stops() {
+    let (d, _keep) = dirs();
+    let pids = d.home.path().join("pids");
+    // Detached in every way a command can: its own session, output redirected, and one more
+    // level inside a namespace of its own.
+    let script = bash_script(&format!(
+        "setsid sleep 600 > /dev/null 2>&1 < /dev/null & echo $! >> '{p}'; \
+         (unshare -Ur sleep 601 > /dev/null 2>&1 < /dev/null & echo $! >> '{p}'); echo started",
+        p = pids.display()
+    ));
+    let (code, v, stderr) = d.run_unprivileged(&script, &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let listed = std::fs::read_to_string(&pids).unwrap();
+    let pids: Vec<u32> = listed
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2, "{listed}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    };
+    while pids.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for pid in pids {
+        assert!(!alive(pid), "process {pid} outlived codemode");
+    }
+}

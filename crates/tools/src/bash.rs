@@ -46,7 +46,7 @@ impl BashTool {
             "bash",
             "Run shell command",
             &format!(
-                "Run a command with `bash -c` in the working directory, with no standard input. Returns {{output, exit_code, truncated, wall_time_seconds}}: stdout and stderr merged in the order written; output beyond {} bytes keeps its beginning and end with a marker of what was cut. A non-zero exit is a result, not a failure. The command is stopped after `timeout_ms` (default and maximum {max} ms); then exit_code is null and `note` says why, and every process it started is killed. Background processes that still hold the output open shortly after the command ends are killed too; redirect their output (`cmd > log 2>&1 &`) to keep them running.",
+                "Run a command with `bash -c` in the working directory, with no standard input. Returns {{output, exit_code, truncated, wall_time_seconds}}: stdout and stderr merged in the order written; output beyond {} bytes keeps its beginning and end with a marker of what was cut. A non-zero exit is a result, not a failure. The command is stopped after `timeout_ms` (default and maximum {max} ms); then exit_code is null and `note` says why, and every process it started is killed. Background processes that still hold the output open shortly after the command ends are killed too; redirect their output (`cmd > log 2>&1 &`) to keep them running (until codemode stops).",
                 ctx.config.max_output_bytes
             ),
             json!({
@@ -181,6 +181,7 @@ async fn run(
     let pid = child
         .id()
         .ok_or_else(|| ToolError::failed("bash exited before its process id could be read"))?;
+    codemode_childenv::started_confined(pid);
     let mut group = ProcessGroup {
         pgid: pid as libc::pid_t,
         armed: true,

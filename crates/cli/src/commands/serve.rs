@@ -204,6 +204,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
             tracing::info!("stopped by a signal: {e}");
         }
         // Everything is stopped and written; do not wait for a read of stdin that will never end.
+        codemode_childenv::stop_confined_survivors();
         std::process::exit(0);
     }
     served?;

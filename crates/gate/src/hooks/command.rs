@@ -237,6 +237,9 @@ async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) ->
             ));
         }
     };
+    if let Some(pid) = child.id() {
+        codemode_childenv::started_confined(pid);
+    }
     let _group = GroupGuard(child.id().and_then(|id| i32::try_from(id).ok()));
     if let Some(mut stdin) = child.stdin.take() {
         let bytes = serde_json::to_vec(input).unwrap_or_default();

@@ -345,6 +345,9 @@ impl Upstream {
                             codemode_childenv::start_failure_hint()
                         )
                     })?;
+                if let Some(pid) = transport.id() {
+                    codemode_childenv::started_confined(pid);
+                }
                 group = transport
                     .id()
                     .and_then(|id| libc::pid_t::try_from(id).ok())
