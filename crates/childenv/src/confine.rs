@@ -494,59 +494,75 @@ mod survivors {
     /// `NS_GET_PARENT` from `linux/nsfs.h`: `_IO(0xb7, 0x2)`.
     const NS_GET_PARENT: libc::c_ulong = 0xb702;
 
-    /// The `(device, inode)` of the user namespace at `path`.
-    pub(crate) fn user_namespace(path: &str) -> Option<(u64, u64)> {
-        let meta = std::fs::metadata(path).ok()?;
-        Some((meta.dev(), meta.ino()))
+    /// The user namespace at `path`, opened, with its `(device, inode)`. Holding the descriptor
+    /// keeps the namespace, and so its inode number, from being reused by another.
+    pub(crate) fn open_user_namespace(path: &str) -> Option<((u64, u64), std::fs::File)> {
+        let file = std::fs::File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        Some(((meta.dev(), meta.ino()), file))
     }
 
-    /// Whether the namespace at `path`, or one of its ancestors, is in `started`.
-    fn within(path: &str, started: &BTreeSet<(u64, u64)>) -> bool {
-        let Ok(mut file) = std::fs::File::open(path) else {
-            return false;
-        };
+    /// The first of `started` that the namespace at `path` is, or is nested in.
+    fn started_above(path: &str, started: &BTreeSet<(u64, u64)>) -> Option<(u64, u64)> {
+        let mut file = std::fs::File::open(path).ok()?;
         // Namespaces nest at most 32 deep.
         for _ in 0..33 {
-            let Ok(meta) = file.metadata() else {
-                return false;
-            };
-            if started.contains(&(meta.dev(), meta.ino())) {
-                return true;
+            let meta = file.metadata().ok()?;
+            let id = (meta.dev(), meta.ino());
+            if started.contains(&id) {
+                return Some(id);
             }
             // SAFETY: an ioctl on a descriptor we own; it returns a new descriptor or -1.
             let parent = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_PARENT) };
             if parent < 0 {
-                return false;
+                return None;
             }
             // SAFETY: the kernel just returned this descriptor, owned by nobody else.
             file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(parent) };
         }
-        false
+        None
     }
 
-    pub(crate) fn kill_in_namespaces(started: &BTreeSet<(u64, u64)>) -> usize {
+    /// Each running process (not this one) with the one of `started` it runs under.
+    fn processes_under(started: &BTreeSet<(u64, u64)>) -> Vec<(u32, (u64, u64))> {
         let Ok(entries) = std::fs::read_dir("/proc") else {
-            return 0;
+            return Vec::new();
         };
         let own = std::process::id();
-        let mut killed = 0;
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if pid == own || !within(&format!("/proc/{pid}/ns/user"), started) {
-                continue;
-            }
+        entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| *pid != own)
+            .filter_map(|pid| {
+                started_above(&format!("/proc/{pid}/ns/user"), started).map(|id| (pid, id))
+            })
+            .collect()
+    }
+
+    /// Which of `started` still have a process running under them.
+    pub(crate) fn in_use(started: &BTreeSet<(u64, u64)>) -> BTreeSet<(u64, u64)> {
+        processes_under(started)
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect()
+    }
+
+    /// Sends SIGKILL to every process under `started` not in `killed` yet, and adds it there.
+    pub(crate) fn kill_in_namespaces(
+        started: &BTreeSet<(u64, u64)>,
+        killed: &mut BTreeSet<u32>,
+    ) -> usize {
+        let mut now = 0;
+        for (pid, _) in processes_under(started) {
             // SAFETY: kill only sends a signal.
-            if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } == 0 {
-                killed += 1;
+            if !killed.contains(&pid)
+                && unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } == 0
+            {
+                killed.insert(pid);
+                now += 1;
             }
         }
-        killed
+        now
     }
 }
 
@@ -571,44 +587,62 @@ mod imp {
     }
 }
 
-/// The user namespaces of the programs started confined: `(device, inode)` of each.
-static STARTED: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());
+/// The user namespaces of the programs started confined, by `(device, inode)`, each held open:
+/// a namespace's inode number is reused once it is gone, and a stale number could name an
+/// unrelated program's namespace. Namespaces nothing runs under any more are let go once the
+/// list doubles.
+struct Started {
+    held: std::collections::BTreeMap<(u64, u64), std::fs::File>,
+    prune_at: usize,
+}
+
+static STARTED: Mutex<Started> = Mutex::new(Started {
+    held: std::collections::BTreeMap::new(),
+    prune_at: 64,
+});
+
+fn started() -> std::sync::MutexGuard<'static, Started> {
+    STARTED.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Notes that the program with process id `pid` was started confined, so that
-/// [`stop_confined_survivors`] can find what it leaves behind. Call it right after the start.
+/// [`stop_confined_survivors`] can find what it leaves behind. Call it right after the start,
+/// before the program is waited for.
 pub fn started_confined(pid: u32) {
     if !is_confining() {
         return;
     }
-    if let Some(id) = survivors::user_namespace(&format!("/proc/{pid}/ns/user")) {
-        STARTED
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id);
+    let Some((id, file)) = survivors::open_user_namespace(&format!("/proc/{pid}/ns/user")) else {
+        return;
+    };
+    let mut started = started();
+    started.held.insert(id, file);
+    if started.held.len() >= started.prune_at {
+        let ids: BTreeSet<_> = started.held.keys().copied().collect();
+        let live = survivors::in_use(&ids);
+        started.held.retain(|id, _| live.contains(id));
+        started.prune_at = (2 * started.held.len()).max(64);
     }
 }
 
 /// Kills every process still running in a namespace of a program codemode started confined,
-/// or in one made inside it, and returns how many. Call it when codemode stops: a background
+/// or in one made inside it, and returns how many it signalled. Call it when codemode stops: a background
 /// process a command left running (`setsid cmd &`) keeps its view of the file system, and
 /// once codemode is gone a file replaced by rename (an edited policy) or deleted (SQLite's
 /// `-wal`) is no longer covered there.
 pub fn stop_confined_survivors() -> usize {
-    let started = STARTED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
+    // The lock is held throughout, so every namespace named stays held open.
+    let guard = started();
+    let started: BTreeSet<_> = guard.held.keys().copied().collect();
     if started.is_empty() {
         return 0;
     }
-    let mut killed = 0;
-    // A process may fork while the list is read: read it again until nothing is left.
+    let mut killed = BTreeSet::new();
+    // A process may fork while the list is read: read it again until nothing new is found.
     for _ in 0..5 {
-        let now = survivors::kill_in_namespaces(&started);
-        killed += now;
-        if now == 0 {
+        if survivors::kill_in_namespaces(&started, &mut killed) == 0 {
             break;
         }
     }
-    killed
+    killed.len()
 }
