@@ -52,11 +52,14 @@ impl std::fmt::Display for ConfinementUnavailable {
 struct Plan {
     read_only: BTreeSet<PathBuf>,
     hidden: BTreeSet<PathBuf>,
+    /// Symlinks met on the way to those paths, each named through its resolved directory.
+    links: BTreeSet<PathBuf>,
 }
 
 static PLAN: Mutex<Plan> = Mutex::new(Plan {
     read_only: BTreeSet::new(),
     hidden: BTreeSet::new(),
+    links: BTreeSet::new(),
 });
 
 /// The probe's answer, once asked: whether programs can be confined here.
@@ -68,7 +71,8 @@ fn plan() -> std::sync::MutexGuard<'static, Plan> {
 
 /// Hides `hidden` from every program codemode starts from now on and makes `read_only`
 /// unwritable for them. Paths are resolved now (symlinks followed); a path that does not exist
-/// is left out, since there is nothing to cover yet.
+/// is left out, since there is nothing to cover yet. Every symlink on the way is kept as it is
+/// too: repointed, it would choose what codemode reads there in its next run.
 ///
 /// Returns why confinement is unavailable on this system, if it is (asked once per process):
 /// programs then start unconfined, and the caller should say so.
@@ -79,10 +83,18 @@ where
 {
     {
         let mut plan = plan();
+        let hidden: Vec<PathBuf> = hidden.into_iter().collect();
+        let read_only: Vec<PathBuf> = read_only.into_iter().collect();
+        let links: Vec<PathBuf> = hidden
+            .iter()
+            .chain(&read_only)
+            .flat_map(|p| links_on_the_way(p))
+            .collect();
+        plan.links.extend(links);
         plan.hidden
-            .extend(hidden.into_iter().filter_map(|p| p.canonicalize().ok()));
+            .extend(hidden.iter().filter_map(|p| p.canonicalize().ok()));
         plan.read_only
-            .extend(read_only.into_iter().filter_map(|p| p.canonicalize().ok()));
+            .extend(read_only.iter().filter_map(|p| p.canonicalize().ok()));
     }
     PROBED.get_or_init(imp::probe).clone()
 }
@@ -112,14 +124,71 @@ pub fn confine(command: &mut std::process::Command) -> std::io::Result<()> {
     if !is_confining() {
         return Ok(());
     }
-    let (hidden, read_only) = {
+    let (hidden, read_only, links) = {
         let plan = plan();
         (
             plan.hidden.iter().cloned().collect::<Vec<_>>(),
             plan.read_only.iter().cloned().collect::<Vec<_>>(),
+            plan.links.iter().cloned().collect::<Vec<_>>(),
         )
     };
-    imp::confine(command, &hidden, &read_only)
+    imp::confine(command, &hidden, &read_only, &links)
+}
+
+/// The symlinks resolving `path` passes through, each named through its resolved directory
+/// (so `~/.config` for `~/.config/codemode` when `~/.config` is a link, and the links inside
+/// its target's path too). Stops where the path stops existing.
+pub(crate) fn links_on_the_way(path: &std::path::Path) -> Vec<PathBuf> {
+    use std::path::Component;
+    // The kernel's own limit on links followed in one lookup.
+    const MAX_LINKS: usize = 40;
+    let start = match path.is_absolute() {
+        true => PathBuf::from("/"),
+        false => match std::env::current_dir().and_then(|d| d.canonicalize()) {
+            Ok(dir) => dir,
+            Err(_) => return Vec::new(),
+        },
+    };
+    let mut current = start;
+    // Components still to walk, the next one last.
+    let mut pending: Vec<std::ffi::OsString> = Vec::new();
+    let push = |pending: &mut Vec<std::ffi::OsString>, p: &std::path::Path| {
+        for c in p.components().rev() {
+            match c {
+                Component::Normal(name) => pending.push(name.to_os_string()),
+                Component::ParentDir => pending.push("..".into()),
+                Component::CurDir | Component::RootDir | Component::Prefix(_) => {}
+            }
+        }
+    };
+    push(&mut pending, path);
+    let mut links = Vec::new();
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            current.pop();
+            continue;
+        }
+        let next = current.join(&name);
+        let Ok(meta) = std::fs::symlink_metadata(&next) else {
+            break;
+        };
+        if !meta.file_type().is_symlink() {
+            current = next;
+            continue;
+        }
+        if links.len() == MAX_LINKS {
+            break;
+        }
+        let Ok(target) = std::fs::read_link(&next) else {
+            break;
+        };
+        links.push(next);
+        if target.is_absolute() {
+            current = PathBuf::from("/");
+        }
+        push(&mut pending, &target);
+    }
+    links
 }
 
 #[cfg(target_os = "linux")]
@@ -138,6 +207,7 @@ mod imp {
     /// calls may run (another thread may have held the allocator's lock at the fork).
     struct Prepared {
         pinned: Vec<CString>,
+        links: Vec<CString>,
         uid_map: Vec<u8>,
         gid_map: Vec<u8>,
         read_only: Vec<CString>,
@@ -160,7 +230,7 @@ mod imp {
             .stderr(std::process::Stdio::null());
         // Only whether the kernel allows the namespaces: a path that cannot be covered later
         // refuses the start of that program rather than turning confinement off.
-        confine(&mut command, &[], &[])
+        confine(&mut command, &[], &[], &[])
             .and_then(|()| command.status())
             .map_err(|e| {
                 ConfinementUnavailable(format!(
@@ -179,6 +249,7 @@ mod imp {
         command: &mut std::process::Command,
         hidden: &[PathBuf],
         read_only: &[PathBuf],
+        links: &[PathBuf],
     ) -> io::Result<()> {
         // SAFETY: getuid and getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
@@ -201,10 +272,16 @@ mod imp {
         // Every directory above a covered path becomes a mount point too (bound onto itself,
         // still writable): a mount point cannot be renamed, so `mv ~/.config ~/.old` cannot
         // move the read-only configuration aside and leave a writable one in its place.
+        // A link inside a read-only path cannot be changed anyway.
+        let links: Vec<&PathBuf> = links
+            .iter()
+            .filter(|l| !read_only.iter().any(|r| l.starts_with(r)))
+            .collect();
         let mut pinned: Vec<&Path> = read_only
             .iter()
             .map(|p| p.as_path())
             .chain(hidden.iter().map(PathBuf::as_path))
+            .chain(links.iter().map(|l| l.as_path()))
             .flat_map(|p| p.ancestors().skip(1))
             // Not "/", and nothing inside a read-only path: a writable mount there would stay
             // writable inside the read-only one.
@@ -214,6 +291,7 @@ mod imp {
         pinned.dedup();
         let prepared = Prepared {
             pinned: pinned.into_iter().filter_map(c_path).collect(),
+            links: links.into_iter().filter_map(|l| c_path(l)).collect(),
             uid_map: format!("{uid} {uid} 1\n").into_bytes(),
             gid_map: format!("{gid} {gid} 1\n").into_bytes(),
             read_only: read_only.into_iter().filter_map(|p| c_path(p)).collect(),
@@ -349,13 +427,71 @@ mod imp {
         };
         match ret {
             0 => Ok(true),
-            _ => {
-                let e = last_error();
-                match e.raw_os_error() {
-                    Some(libc::ENOENT) => Ok(false),
-                    _ => Err(e),
-                }
-            }
+            _ => gone_or(target, last_error()).map(|()| false),
+        }
+    }
+
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+    /// Mounts the symlink `link` onto itself, so that it cannot be removed, replaced or renamed
+    /// (a mount point is busy). Only the new mount API can: `mount(2)` follows the link. Fine
+    /// when the link has gone since it was listed: then there is nothing to repoint.
+    fn mount_on_link(link: &CStr) -> io::Result<()> {
+        // SAFETY: NUL-terminated path; the returned descriptor is closed below.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                link.as_ptr(),
+                OPEN_TREE_CLONE
+                    | libc::O_CLOEXEC as libc::c_uint
+                    | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return gone_or(link, last_error());
+        }
+        let fd = fd as libc::c_int;
+        // Without MOVE_MOUNT_T_SYMLINKS the target's last component is not followed: the
+        // mount lands on the link itself.
+        // SAFETY: `fd` is the tree opened above; empty and NUL-terminated paths.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                fd,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                link.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            )
+        };
+        let result = match ret {
+            0 => Ok(()),
+            _ => gone_or(link, last_error()),
+        };
+        // SAFETY: `fd` is ours and closed once.
+        unsafe { libc::close(fd) };
+        result
+    }
+
+    /// Runs `cover` for `path` once more if it failed while `path` still exists. A path removed
+    /// on the host while this program starts has what was just mounted on it detached, and the
+    /// next step on it fails; once the path is gone there is nothing to cover.
+    fn covered(path: &CStr, cover: impl Fn() -> io::Result<()>) -> io::Result<()> {
+        cover()
+            .or_else(|e| gone_or(path, e))
+            .or_else(|_| cover().or_else(|e| gone_or(path, e)))
+    }
+
+    /// `Ok` when `path` no longer exists, so there is nothing to cover: it was removed since it
+    /// was listed, which also detaches what was mounted on it or above it here. Else `error`.
+    fn gone_or(path: &CStr, error: io::Error) -> io::Result<()> {
+        // SAFETY: lstat writes into the zeroed struct only.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        match unsafe { libc::lstat(path.as_ptr(), &mut st) } {
+            -1 if last_error().raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            _ => Err(error),
         }
     }
 
@@ -384,16 +520,21 @@ mod imp {
         for path in &p.pinned {
             bind(path, path, true)?;
         }
+        for link in &p.links {
+            mount_on_link(link)?;
+        }
         for path in &p.read_only {
-            if bind(path, path, true)? {
-                read_only_beneath(path)?;
-            }
+            covered(path, || match bind(path, path, true)? {
+                true => read_only_beneath(path),
+                false => Ok(()),
+            })?;
         }
         for path in &p.hidden_files {
-            if bind(c"/dev/null", path, false)? {
+            covered(path, || match bind(c"/dev/null", path, false)? {
                 // `nodev`: opening the covered file fails instead of reading nothing.
-                remount_read_only(path, libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOEXEC)?;
-            }
+                true => remount_read_only(path, libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOEXEC),
+                false => Ok(()),
+            })?;
         }
         for path in &p.hidden_dirs {
             check(unsafe {
@@ -404,7 +545,8 @@ mod imp {
                     libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                     c"size=4k,mode=000".as_ptr().cast(),
                 )
-            })?;
+            })
+            .or_else(|e| gone_or(path, e))?;
         }
         if let Some(fd) = p.landlock {
             // Allowed without no_new_privs: the new user namespace gives CAP_SYS_ADMIN.
@@ -582,6 +724,7 @@ mod imp {
         _command: &mut std::process::Command,
         _hidden: &[PathBuf],
         _read_only: &[PathBuf],
+        _links: &[PathBuf],
     ) -> std::io::Result<()> {
         Ok(())
     }

@@ -239,3 +239,55 @@ fn a_directory_between_two_read_only_paths_stays_read_only() {
     );
     assert!(nested.join("check.sh").exists());
 }
+
+#[test]
+fn a_symlink_on_the_way_to_a_covered_path_cannot_be_repointed() {
+    // `~/.config -> dotfiles/config`, and `dotfiles` a link too: repointing either would let a
+    // command choose the configuration (or the key) codemode reads in its next run.
+    let Some(h) = home() else { return };
+    let user = h.root.join("user");
+    let real = h.root.join("elsewhere/config");
+    std::fs::create_dir_all(real.join("codemode")).unwrap();
+    std::fs::write(real.join("codemode/settings.json"), "{}").unwrap();
+    std::fs::create_dir_all(&user).unwrap();
+    std::os::unix::fs::symlink("../elsewhere", user.join("dotfiles")).unwrap();
+    std::os::unix::fs::symlink("dotfiles/config", user.join(".config")).unwrap();
+    let named = user.join(".config/codemode");
+    codemode_childenv::confine_children([], [named.clone()]).unwrap();
+    let evil = h.root.join("evil");
+    std::fs::create_dir_all(evil.join("config/codemode")).unwrap();
+    std::fs::write(evil.join("config/codemode/settings.json"), "evil").unwrap();
+    let (_, out) = run(
+        &h.work,
+        r#"cd "$USERDIR";
+           ln -sfn "$EVIL/config" .config; rm -f .config; mv .config .config.old;
+           ln -sfn "$EVIL" dotfiles; rm -f dotfiles; mv dotfiles dotfiles.old;
+           mv "$USERDIR" "$USERDIR.moved";
+           echo evil > .config/codemode/settings.json;
+           touch .config/new-file; echo done"#,
+        &[("USERDIR", user.as_path()), ("EVIL", evil.as_path())],
+    );
+    assert!(out.contains("done"), "{out}");
+    assert!(out.contains("busy"), "the links are busy: {out}");
+    assert_eq!(
+        std::fs::read_link(user.join(".config")).ok(),
+        Some(PathBuf::from("dotfiles/config")),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_link(user.join("dotfiles")).ok(),
+        Some(PathBuf::from("../elsewhere")),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(named.join("settings.json")).unwrap(),
+        "{}"
+    );
+    // The directory holding the links stays usable: only the links are kept.
+    let (_, out) = run(
+        &h.work,
+        r#"cd "$USERDIR" && echo mine > notes && ln -s notes notes.link && rm notes.link && cat notes"#,
+        &[("USERDIR", user.as_path())],
+    );
+    assert!(out.contains("mine"), "{out}");
+}

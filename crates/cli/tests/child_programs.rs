@@ -603,3 +603,30 @@ fn what_a_command_leaves_running_is_stopped_when_codemode_stops() {
         assert!(!alive(pid), "process {pid} outlived codemode");
     }
 }
+
+#[test]
+fn bash_cannot_repoint_a_symlink_your_configuration_is_reached_through() {
+    // `~/.config -> dotfiles/config`: pointed elsewhere, the next run would read the settings
+    // and policies a command chose.
+    let (d, _keep) = dirs();
+    let dotfiles = d.home.path().join("dotfiles");
+    std::fs::create_dir_all(&dotfiles).unwrap();
+    std::fs::rename(d.home.path().join(".config"), dotfiles.join("config")).unwrap();
+    std::os::unix::fs::symlink("dotfiles/config", d.home.path().join(".config")).unwrap();
+    let evil = d.home.path().join("evil");
+    std::fs::create_dir_all(evil.join("codemode")).unwrap();
+    let attack = format!(
+        "cd ~ && ln -sfn '{evil}' .config; rm -f .config; mv .config .config.old; \
+         mv ~ ~.moved; echo tried",
+        evil = evil.display()
+    );
+    let (code, v, stderr) = d.run_unprivileged(&bash_script(&attack), &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    assert!(out.contains("tried") && out.contains("busy"), "{out}");
+    assert_eq!(
+        std::fs::read_link(d.home.path().join(".config")).ok(),
+        Some(PathBuf::from("dotfiles/config")),
+        "bash repointed the link: {out}"
+    );
+}

@@ -429,7 +429,7 @@ fn confine_children(
         gate.protected_paths().iter().partition(|p| p.is_secret());
     let paths = |list: Vec<&ProtectedPath>| {
         list.into_iter()
-            .map(|p| p.path().to_path_buf())
+            .map(|p| p.named().to_path_buf())
             .collect::<Vec<_>>()
     };
     let trusted = codemode_config::trust::trusted_projects(config_paths)

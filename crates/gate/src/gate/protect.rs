@@ -16,6 +16,8 @@ use crate::error::{GateError, Stage};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProtectedPath {
     path: PathBuf,
+    /// As given, before symlinks were followed.
+    named: PathBuf,
     why: String,
     /// Not even read-only tools may read it.
     secret: bool,
@@ -27,6 +29,7 @@ impl ProtectedPath {
     pub fn new(path: impl AsRef<Path>, why: impl Into<String>) -> Self {
         ProtectedPath {
             path: resolved(path.as_ref()),
+            named: path.as_ref().to_path_buf(),
             why: why.into(),
             secret: false,
         }
@@ -49,6 +52,13 @@ impl ProtectedPath {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The path as it was given, symlinks and all. Whoever keeps the path from programs that
+    /// run outside the gate must keep the links on the way too: a program that repointed one
+    /// would choose what the next run reads there.
+    pub fn named(&self) -> &Path {
+        &self.named
     }
 
     fn covers(&self, path: &str) -> bool {
