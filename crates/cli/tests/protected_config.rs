@@ -200,12 +200,20 @@ fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
     let default_db = d.state.path().join("state.db").display().to_string();
     let key = d.state.path().join("audit.key").display().to_string();
     let (code, v, stderr) = d.run(
-        &try_writes(&["st/state.db", "st/state.db-wal", &default_db, &key]),
+        &try_writes(&[
+            "st/state.db",
+            "st/state.db-wal",
+            "st/state.db-journal",
+            &default_db,
+            &key,
+        ]),
         &["--policy", allow],
     );
     assert_eq!(code, Some(0), "{stderr}");
     refused(&v, "st/state.db", "codemode's state database");
     refused(&v, "st/state.db-wal", "codemode's state database");
+    // Not there yet, so only the directory can keep it: SQLite would play it back.
+    refused(&v, "st/state.db-journal", "codemode's state database");
     refused(&v, &default_db, "codemode's state");
     refused(&v, &key, "the audit log's key");
     assert!(!std::fs::read(&db).unwrap().is_empty());
@@ -222,8 +230,8 @@ fn the_state_database_and_state_directory_are_protected_whatever_the_policy() {
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("intact, 7 lines"),
-        "both runs' codemode calls and the five refused changes are there: {text}"
+        text.contains("intact, 8 lines"),
+        "both runs' codemode calls and the six refused changes are there: {text}"
     );
     assert!(
         !text.contains("UNFINISHED"),
@@ -326,4 +334,39 @@ fn an_mcp_config_file_and_a_servers_program_are_protected() {
     );
     refused(&v, "mcp.json", "a configuration file codemode reads");
     unchanged(&server, &std::fs::read_to_string(FIXTURE).unwrap());
+}
+
+/// SQLite plays back a `-journal` it finds beside a database, WAL mode or not: a program able
+/// to create that name could write the database. So the database's whole directory is kept,
+/// from `bash` too, and a database whose directory holds the project is refused at start.
+#[test]
+fn nothing_can_plant_a_journal_beside_the_state_database() {
+    let d = Dirs::new();
+    let db = d.project.path().join("st").join("state.db");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    d.settings(&serde_json::json!({"state": {"url": format!("sqlite://{}", db.display())}}));
+    let allow = d.in_project("allow.cedar", "permit (principal, action, resource);");
+    let allow = allow.to_str().unwrap();
+    let script = format!(
+        "return (await tools.bash({{ command: {:?} }})).output",
+        "echo planted > st/state.db-journal; echo planted > st/other; echo tried"
+    );
+    let (code, v, stderr) = d.run(&script, &["--policy", allow]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    if !stderr.contains("unconfined") {
+        assert!(out.contains("Read-only file system"), "{out}");
+        assert!(!db.with_extension("db-journal").exists(), "{out}");
+        assert!(!db.with_file_name("other").exists(), "{out}");
+    }
+
+    d.settings(&serde_json::json!({
+        "state": {"url": format!("sqlite://{}", d.project.path().join("state.db").display())}
+    }));
+    let (code, v, stderr) = d.run("return 1", &["--policy", allow]);
+    assert_ne!(code, Some(0), "{v}");
+    assert!(
+        stderr.contains("holds the project") && stderr.contains("directory of its own"),
+        "{stderr}"
+    );
 }

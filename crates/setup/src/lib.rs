@@ -80,6 +80,14 @@ pub enum SetupError {
     Runtime(#[from] RuntimeError),
     #[error("the state store cannot be used: {0}")]
     State(#[from] codemode_state::StateError),
+    #[error(
+        "the SQLite state database {db} is in {dir}, which holds the project {workdir}. Every file in a state database's directory is kept from tool calls and from the programs codemode starts (one that could create a file there could plant a `-journal`, which SQLite plays back into the database), so nothing in the project could be written. Keep the database in a directory of its own (`state.url`), or leave `state.url` out to use the one in your state directory"
+    )]
+    StateDatabaseDir {
+        db: PathBuf,
+        dir: PathBuf,
+        workdir: PathBuf,
+    },
 }
 
 impl From<PolicyError> for SetupError {
@@ -305,7 +313,7 @@ impl InstallationBuilder {
                 workdir.display()
             )),
         }
-        for path in protected::configuration_paths(&config, &sources, &workdir) {
+        for path in protected::configuration_paths(&config, &sources, &workdir)? {
             gate = gate.protect(path);
         }
         gate = gate.protect(ProtectedPath::secret(

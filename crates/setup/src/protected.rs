@@ -10,13 +10,15 @@ use codemode_config::{Configuration, Sources};
 use codemode_gate::ProtectedPath;
 use codemode_state::StateUrl;
 
+use crate::SetupError;
+
 /// Every path to protect for `config`, read from `sources`, with hooks and servers resolving
 /// relative programs against the directory each starts in (`workdir` when none is recorded).
 pub(crate) fn configuration_paths(
     config: &Configuration,
     sources: &Sources,
     workdir: &Path,
-) -> Vec<ProtectedPath> {
+) -> Result<Vec<ProtectedPath>, SetupError> {
     let mut out = vec![
         ProtectedPath::new(
             workdir.join(".codemode"),
@@ -45,9 +47,20 @@ pub(crate) fn configuration_paths(
     .flatten()
     {
         if let Ok(StateUrl::Sqlite(db)) = StateUrl::parse(url) {
-            out.extend(sqlite_files(&db).into_iter().map(|f| {
-                ProtectedPath::new(f, "codemode's state database (audit, budgets, cells)")
-            }));
+            let dir = ProtectedPath::new(
+                database_dir(&db),
+                "the directory of codemode's state database (audit, budgets, cells)",
+            );
+            let workdir = ProtectedPath::new(workdir, "").path().to_path_buf();
+            let state_dir = ProtectedPath::new(&sources.paths.state_dir, "");
+            if workdir.starts_with(dir.path()) && !dir.path().starts_with(state_dir.path()) {
+                return Err(SetupError::StateDatabaseDir {
+                    db,
+                    dir: dir.path().to_path_buf(),
+                    workdir,
+                });
+            }
+            out.push(dir);
         }
     }
     let hooks = &settings.hooks;
@@ -92,18 +105,18 @@ pub(crate) fn configuration_paths(
             ));
         }
     }
-    out
+    Ok(out)
 }
 
-/// The database file and the companions SQLite writes beside it.
-fn sqlite_files(db: &Path) -> Vec<PathBuf> {
-    let mut out = vec![db.to_path_buf()];
-    for suffix in ["-wal", "-shm", "-journal"] {
-        let mut name = db.as_os_str().to_owned();
-        name.push(suffix);
-        out.push(PathBuf::from(name));
+/// The directory holding an SQLite database, all of which is kept. Its companions alone would
+/// not do: a `-journal` that does not exist yet cannot be covered, and SQLite plays back a hot
+/// `-journal` it finds beside the database when it opens it, WAL mode or not, so whoever could
+/// create that name could write the database's pages.
+fn database_dir(db: &Path) -> PathBuf {
+    match db.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
     }
-    out
 }
 
 /// The existing regular files a command line names, relative ones against `base` (or against a
@@ -320,17 +333,9 @@ mod tests {
     }
 
     #[test]
-    fn sqlite_companions_are_listed() {
-        let files = sqlite_files(Path::new("/s/state.db"));
-        let names: Vec<_> = files.iter().map(|p| p.display().to_string()).collect();
-        assert_eq!(
-            names,
-            [
-                "/s/state.db",
-                "/s/state.db-wal",
-                "/s/state.db-shm",
-                "/s/state.db-journal"
-            ]
-        );
+    fn a_databases_whole_directory_is_kept() {
+        assert_eq!(database_dir(Path::new("/s/state.db")), Path::new("/s"));
+        assert_eq!(database_dir(Path::new("state.db")), Path::new("."));
+        assert_eq!(database_dir(Path::new("data/state.db")), Path::new("data"));
     }
 }
