@@ -109,8 +109,32 @@ fn cpu_ms_from_a_project_stops_the_script() {
 
 #[test]
 fn max_output_tokens_from_a_project_cuts_the_text() {
-    let script = "text('word '.repeat(5000)); return 1";
-    let plain = |d: &Dirs| {
+    let plain = |d: &Dirs| plain_text(d, "text('word '.repeat(5000)); return 1");
+    let full = plain(&dirs(None, None));
+    let cut = plain(&dirs(None, project_limit("max_output_tokens", 100)));
+    assert!(full.len() > 20_000, "{}", full.len());
+    assert!(
+        cut.len() < 2_000,
+        "cut to about 100 tokens: {} bytes",
+        cut.len()
+    );
+    // The script's options line may lower the budget, never raise it.
+    let asks_more =
+        "// @options: {\"max_output_tokens\": 99999999}\ntext('word '.repeat(5000)); return 1";
+    let cut = plain_text(
+        &dirs(None, project_limit("max_output_tokens", 100)),
+        asks_more,
+    );
+    assert!(
+        cut.len() < 2_000,
+        "the options line raised the budget: {} bytes",
+        cut.len()
+    );
+}
+
+/// What `codemode run` prints for the model (not `--json`).
+fn plain_text(d: &Dirs, script: &str) -> String {
+    {
         let mut cmd = common::codemode();
         cmd.args(["run", "--config-dir"])
             .arg(d.config.path())
@@ -120,15 +144,7 @@ fn max_output_tokens_from_a_project_cuts_the_text() {
             .arg(d.project.path())
             .arg("-");
         String::from_utf8_lossy(&common::pipe(cmd, Some(script)).stdout).into_owned()
-    };
-    let full = plain(&dirs(None, None));
-    let cut = plain(&dirs(None, project_limit("max_output_tokens", 100)));
-    assert!(full.len() > 20_000, "{}", full.len());
-    assert!(
-        cut.len() < 2_000,
-        "cut to about 100 tokens: {} bytes",
-        cut.len()
-    );
+    }
 }
 
 #[test]

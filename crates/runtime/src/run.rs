@@ -418,13 +418,9 @@ impl Codemode {
                 }
             }
         }
-        let rendered = codemode_sandbox::render_model_text(
-            &result,
-            result
-                .options
-                .max_output_tokens
-                .unwrap_or(result.limits.max_output_tokens as u64),
-        );
+        // The limits already hold what the options line lowered; the line cannot raise them.
+        let rendered =
+            codemode_sandbox::render_model_text(&result, result.limits.max_output_tokens);
         let mut text = rendered.text;
         let usage = ledger.usage.clone();
         if !usage.is_empty() {

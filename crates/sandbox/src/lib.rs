@@ -323,7 +323,12 @@ impl Sandbox {
                 return fail("No sandbox worker could be started for this script.");
             }
             match rx.await {
-                Ok(r) => r,
+                Ok(mut r) => {
+                    // The host's word on what the script ran with, not the worker's.
+                    r.options = options;
+                    r.limits = limits;
+                    r
+                }
                 Err(_) => fail("The sandbox worker stopped before the script finished."),
             }
         }

@@ -142,11 +142,7 @@ fn finished(
     {
         let mut rest = result.clone();
         rest.output = result.output.iter().skip(reported).cloned().collect();
-        let budget = rest
-            .options
-            .max_output_tokens
-            .unwrap_or(rest.limits.max_output_tokens);
-        text = render_model_text(&rest, budget).text;
+        text = render_model_text(&rest, rest.limits.max_output_tokens).text;
         media.retain(|m| {
             !result.output[..reported.min(result.output.len())]
                 .iter()
