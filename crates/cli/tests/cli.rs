@@ -115,6 +115,79 @@ fn a_failed_script_exits_one_and_names_its_calls() {
     );
 }
 
+/// A call the script did not await may still run to its end: the run's record must say what
+/// happened, as the audit log does, or a model told "cancelled" retries a write that was made.
+#[test]
+fn calls_not_awaited_are_reported_as_they_ended_not_as_cancelled() {
+    let (work, config) = project();
+    let w = work.path().to_str().unwrap();
+    let allow = config.path().join("all.cedar");
+    std::fs::write(&allow, "permit(principal, action, resource);").unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let script = "for (let i = 0; i < 20; i++) tools.write({path: 'ff' + i + '.txt', content: 'x'});\nthrow new Error('bail')";
+    let out = codemode(
+        &[
+            "run",
+            "--workdir",
+            w,
+            "--json",
+            "--policy",
+            allow.to_str().unwrap(),
+            "--state-dir",
+            state.path().to_str().unwrap(),
+            "-",
+        ],
+        config.path(),
+        Some(script),
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let calls = v["calls"].as_array().cloned().unwrap_or_default();
+    assert_eq!(calls.len(), 20, "{v}");
+    let mut ran = 0;
+    for call in &calls {
+        let path = serde_json::from_str::<Value>(call["args"].as_str().unwrap_or("{}"))
+            .ok()
+            .and_then(|a| a["path"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        let written = work.path().join(&path).exists();
+        assert_eq!(call["awaited"], Value::Bool(false), "{call}");
+        if written {
+            ran += 1;
+            assert_eq!(call["status"], "ok", "{path} was written: {call}");
+        } else {
+            assert_ne!(call["status"], "ok", "{path} was not written: {call}");
+        }
+    }
+    assert!(ran > 0, "some calls ran in their first poll: {v}");
+    // What the model reads says so too.
+    let out = codemode(
+        &[
+            "run",
+            "--workdir",
+            w,
+            "--policy",
+            allow.to_str().unwrap(),
+            "--state-dir",
+            state.path().to_str().unwrap(),
+            "-",
+        ],
+        config.path(),
+        Some("tools.write({path: 'one.txt', content: 'x'}); throw new Error('bail')"),
+    );
+    let model_text = text(&out.stdout);
+    if work.path().join("one.txt").exists() {
+        assert!(
+            model_text.contains("write (ok, not awaited: it ran to its end)"),
+            "{model_text}"
+        );
+    } else {
+        assert!(
+            model_text.contains("write (cancelled, not awaited"),
+            "{model_text}"
+        );
+    }
+}
+
 #[test]
 fn record_then_replay_gives_the_same_run_without_calling_tools() {
     let (work, config) = project();

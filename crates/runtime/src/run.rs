@@ -388,6 +388,7 @@ impl Codemode {
             );
         }
         let ledger = self.gate().end_script(&script_id);
+        settle_unawaited(&mut result.calls, &ledger.records);
         let mut media: Vec<Value> = result
             .output
             .iter()
@@ -490,4 +491,35 @@ fn unshown_images(result: &ScriptResult, generated: &[String]) -> usize {
         .iter()
         .filter(|d| !shown.contains(d.as_str()))
         .count()
+}
+
+/// Calls still out when the script ended were cancelled from the script's side, but a call may
+/// have run to its end anyway (most finish in their first poll). The record says what the gate
+/// saw, so the model is not told "cancelled" of a write that happened and retries it.
+fn settle_unawaited(
+    calls: &mut [codemode_sandbox::CallRecord],
+    seen: &[codemode_gate::CallOutcome],
+) {
+    use codemode_gate::Status;
+    use codemode_sandbox::CallStatus;
+    use codemode_spec::Effect;
+    for call in calls.iter_mut().filter(|c| !c.awaited) {
+        let Some(outcome) = seen.iter().find(|o| o.provenance.seq == Some(call.id)) else {
+            continue;
+        };
+        let (status, note) = match (outcome.status, outcome.effect) {
+            (Status::Ok, _) => (CallStatus::Ok, "it ran to its end"),
+            (Status::Error, _) => (CallStatus::Error, "it failed"),
+            (Status::Denied, _) => (CallStatus::Error, "the gate refused it"),
+            (Status::Cancelled, Effect::Applied) => {
+                (CallStatus::Cancelled, "its effect took place")
+            }
+            (Status::Cancelled, Effect::Unknown) => {
+                (CallStatus::Cancelled, "its effect may have taken place")
+            }
+            (Status::Cancelled, Effect::None) => (CallStatus::Cancelled, "nothing was changed"),
+        };
+        call.status = status;
+        call.error = Some(note.to_string());
+    }
 }

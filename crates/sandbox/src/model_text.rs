@@ -139,7 +139,13 @@ fn render_body(result: &ScriptResult) -> String {
                         CallStatus::Error => "error",
                         CallStatus::Cancelled => "cancelled",
                     };
-                    format!("{} ({status})", c.name)
+                    match (c.awaited, &c.error) {
+                        (true, _) => format!("{} ({status})", c.name),
+                        (false, Some(note)) => {
+                            format!("{} ({status}, not awaited: {note})", c.name)
+                        }
+                        (false, None) => format!("{} ({status}, not awaited)", c.name),
+                    }
                 })
                 .collect();
             format!(

@@ -45,6 +45,14 @@ pub struct CallRecord {
     pub duration_ms: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// False for a call still out when the script ended: the script never saw its result, and
+    /// `status` is what the host reports of it (it may have run to its end).
+    #[serde(default = "awaited_default", skip_serializing_if = "Clone::clone")]
+    pub awaited: bool,
+}
+
+fn awaited_default() -> bool {
+    true
 }
 
 /// One `store()` write of a successful script, in order.

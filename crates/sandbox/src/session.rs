@@ -333,6 +333,7 @@ impl Session {
                 status: CallStatus::Cancelled,
                 duration_ms: 0.0,
                 error: None,
+                awaited: true,
             });
             Some(self.calls.len() - 1)
         } else {
@@ -602,6 +603,7 @@ impl Session {
             f.token.cancel();
             if let Some(rec) = f.record.and_then(|i| self.calls.get_mut(i)) {
                 rec.status = CallStatus::Cancelled;
+                rec.awaited = false;
                 rec.duration_ms = f.started.elapsed().as_secs_f64() * 1000.0;
             }
         }
