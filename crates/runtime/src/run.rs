@@ -399,9 +399,12 @@ impl Codemode {
                 _ => None,
             })
             .collect();
-        if let Some(value) = result.value.as_mut() {
-            media.extend(crate::media::lift_media(value));
-        }
+        let lifted = match result.value.as_mut() {
+            Some(value) => crate::media::lift_media(value),
+            None => Vec::new(),
+        };
+        let lifted_tokens: Vec<u64> = lifted.iter().map(codemode_sandbox::media_tokens).collect();
+        media.extend(lifted);
         let spent = spent.take();
 
         if result.ok {
@@ -420,9 +423,21 @@ impl Codemode {
             }
         }
         // The limits already hold what the options line lowered; the line cannot raise them.
-        let rendered =
-            codemode_sandbox::render_model_text(&result, result.limits.max_output_tokens);
+        let rendered = codemode_sandbox::render_model_text_with_media(
+            &result,
+            result.limits.max_output_tokens,
+            &lifted_tokens,
+        );
         let mut text = rendered.text;
+        if media.len() > rendered.images_shown {
+            text.push_str(&format!(
+                "\nNote: {} of the {} media blocks were not sent: media may take half of the output budget ({} tokens); raise `max_output_tokens` to see more.",
+                media.len() - rendered.images_shown,
+                media.len(),
+                result.limits.max_output_tokens,
+            ));
+            media.truncate(rendered.images_shown);
+        }
         let usage = ledger.usage.clone();
         if !usage.is_empty() {
             text.push_str(&format!(

@@ -46,6 +46,7 @@ mod json_out;
 mod limits;
 mod model_text;
 mod native;
+mod output_budget;
 mod pool;
 mod process;
 mod protocol;
@@ -66,7 +67,7 @@ pub use host::{
     Determinism, Host, HostCall, HostCallKind, HostError, OutputTap, Script, ToolEntry,
 };
 pub use limits::{Isolation, Limits, SandboxConfig};
-pub use model_text::{ModelText, render_model_text};
+pub use model_text::{ModelText, media_tokens, render_model_text, render_model_text_with_media};
 pub use process::host::{WORKER_ENV, WorkerProgram};
 pub use process::layers::IsolationLayer;
 pub use replay::LogEntry;

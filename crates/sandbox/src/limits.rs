@@ -26,7 +26,8 @@ pub struct Limits {
     pub max_calls: u64,
     /// Host calls that may be running at once.
     pub max_calls_in_flight: usize,
-    /// Budget of the model text (about 4 characters per token).
+    /// Budget of what the model reads, in o200k tokens: the text, and the images at what each
+    /// costs for its size (they may take half).
     pub max_output_tokens: u64,
 }
 

@@ -8,19 +8,31 @@ use std::path::PathBuf;
 use crate::result::{CallStatus, ErrorKind, OutputItem, ScriptResult};
 
 /// What goes back to the model. `full_output_path` names the private (0600) file holding the
-/// whole output when it had to be shortened.
+/// whole output when it had to be shortened. `images_shown` is how many of the script's images,
+/// in order, fit in the budget: the caller sends those and no more.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelText {
     pub text: String,
     pub full_output_path: Option<PathBuf>,
+    pub images_shown: usize,
 }
 
-/// Characters per token, the same rough rule the reference uses.
-const CHARS_PER_TOKEN: u64 = 4;
-
-/// Renders `result` for the model. Images appear as a one-line label (the caller sends the image
-/// blocks themselves alongside).
+/// Renders `result` for the model within `max_output_tokens` (o200k tokens). Images appear as
+/// a one-line label (the caller sends the image blocks themselves alongside); each costs what a
+/// model charges for its size, and they may take half the budget, in order, the rest going to
+/// the text.
 pub fn render_model_text(result: &ScriptResult, max_output_tokens: u64) -> ModelText {
+    render_model_text_with_media(result, max_output_tokens, &[])
+}
+
+/// As [`render_model_text`], with more media to send after the script's images (blocks lifted
+/// out of the returned value), each given as what it costs ([`media_tokens`]). `images_shown`
+/// then counts the script's images and these, in that order.
+pub fn render_model_text_with_media(
+    result: &ScriptResult,
+    max_output_tokens: u64,
+    more_media: &[u64],
+) -> ModelText {
     let mut header = String::new();
     let _ = write!(
         header,
@@ -32,15 +44,35 @@ pub fn render_model_text(result: &ScriptResult, max_output_tokens: u64) -> Model
         },
         result.wall_ms / 1000.0
     );
-    let body = render_body(result);
-    let budget = max_output_tokens.saturating_mul(CHARS_PER_TOKEN) as usize;
-    let len = body.chars().count();
-    if len <= budget {
-        return ModelText {
-            text: header + &body,
-            full_output_path: None,
-        };
+    let costs = result
+        .output
+        .iter()
+        .filter_map(|item| match item {
+            OutputItem::Image { data, .. } => Some(crate::output_budget::image_tokens(data)),
+            OutputItem::Text { .. } => None,
+        })
+        .chain(more_media.iter().copied());
+    let mut images_shown = 0;
+    let mut image_tokens = 0u64;
+    for cost in costs {
+        if image_tokens + cost > max_output_tokens / 2 {
+            break;
+        }
+        image_tokens += cost;
+        images_shown += 1;
     }
+    let body = render_body(result, images_shown);
+    let budget = usize::try_from(max_output_tokens - image_tokens).unwrap_or(usize::MAX);
+    let (head, tail, total) = match crate::output_budget::fit(&body, budget) {
+        crate::output_budget::Fit::Whole => {
+            return ModelText {
+                text: header + &body,
+                full_output_path: None,
+                images_shown,
+            };
+        }
+        crate::output_budget::Fit::Cut { head, tail, total } => (head, tail, total),
+    };
     let (file_line, path) = match save_full_output(&body) {
         Ok(p) => (
             format!("[Full output: {} (read with offset/limit)]", p.display()),
@@ -48,27 +80,75 @@ pub fn render_model_text(result: &ScriptResult, max_output_tokens: u64) -> Model
         ),
         Err(e) => (format!("[Could not save the full output: {e}]"), None),
     };
-    let head_len = budget / 2;
-    let tail_len = budget - head_len;
-    let head: String = body.chars().take(head_len).collect();
-    let tail: String = body.chars().skip(len - tail_len).collect();
-    let removed = len - head_len - tail_len;
     let text = format!(
-        "{header}Warning: output truncated (about {} tokens in all)\nTotal output lines: {}\n\n{head}…{} tokens truncated…{tail}\n\n{file_line}",
-        len.div_ceil(CHARS_PER_TOKEN as usize),
+        "{header}Warning: output truncated (about {total} tokens in all)\nTotal output lines: {}\n\n{}…{} tokens truncated…{}\n\n{file_line}",
         body.split('\n').count(),
-        removed.div_ceil(CHARS_PER_TOKEN as usize),
+        &body[..head],
+        total.saturating_sub(budget),
+        &body[tail..],
     );
     ModelText {
         text,
         full_output_path: path,
+        images_shown,
     }
 }
 
-fn render_body(result: &ScriptResult) -> String {
+/// What a media block (`{type: "image", data, mimeType}`, or audio or a resource's blob) costs
+/// the model, in tokens: an image by its size where its header gives it, anything else as the
+/// largest image.
+pub fn media_tokens(block: &serde_json::Value) -> u64 {
+    match (
+        block.get("type").and_then(serde_json::Value::as_str),
+        block.get("data").and_then(serde_json::Value::as_str),
+    ) {
+        (Some("image"), Some(data)) => crate::output_budget::image_tokens(data),
+        _ => crate::output_budget::IMAGE_TOKENS_MAX,
+    }
+}
+
+/// Lines of codemode's own framing. Script output (which may quote a file or a tool's result)
+/// that starts a line with one gets a backslash, so it cannot pass for codemode's: a fake
+/// "Script error", a fake list of calls, a fake pointer to the full output.
+const FRAMING: [&str; 8] = [
+    "Script completed",
+    "Script failed",
+    "Script error:",
+    "Warning: output truncated",
+    "[Full output:",
+    "==> text ",
+    "Tool calls made before the failure",
+    "No tool calls were made.",
+];
+
+/// `text` from the script, unable to close the console block or to pass for a framing line.
+fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
+    let suspicious = text.contains("console_output>") || FRAMING.iter().any(|f| text.contains(f));
+    if !suspicious {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for (i, line) in text.split('\n').enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        if FRAMING.iter().any(|f| line.starts_with(f)) {
+            out.push('\\');
+        }
+        out.push_str(
+            &line
+                .replace("</console_output>", "<\\/console_output>")
+                .replace("<console_output>", "<\\console_output>"),
+        );
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+fn render_body(result: &ScriptResult, images_shown: usize) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut console: Vec<&str> = Vec::new();
     let mut items: Vec<Part<'_>> = Vec::new();
+    let mut images_seen = 0;
     for item in &result.output {
         match item {
             OutputItem::Text {
@@ -77,7 +157,12 @@ fn render_body(result: &ScriptResult) -> String {
             } => console.push(text),
             OutputItem::Text { text, .. } => items.push(Part::Text(text)),
             OutputItem::Image { data, mime_type } => {
-                items.push(Part::Image(mime_type, decoded_len(data)))
+                items.push(Part::Image(
+                    mime_type,
+                    decoded_len(data),
+                    images_seen < images_shown,
+                ));
+                images_seen += 1;
             }
         }
     }
@@ -97,21 +182,28 @@ fn render_body(result: &ScriptResult) -> String {
         match p {
             Part::Text(t) => {
                 n += 1;
+                let t = neutralized(t);
                 if total > 1 {
                     parts.push(format!("==> text {n}/{total} <==\n{t}"));
                 } else {
-                    parts.push(t.to_string());
+                    parts.push(t.into_owned());
                 }
             }
-            Part::Image(mime, bytes) => {
+            Part::Image(mime, bytes, true) => {
                 parts.push(format!("[Image ({mime}, {})]", format_size(bytes)));
+            }
+            Part::Image(mime, bytes, false) => {
+                parts.push(format!(
+                    "[Image ({mime}, {}) not shown: the images before it took the output budget's share for images]",
+                    format_size(bytes)
+                ));
             }
         }
     }
     if !console.is_empty() {
         parts.push(format!(
             "<console_output>\n{}\n</console_output>",
-            console.join("\n")
+            neutralized(&console.join("\n"))
         ));
     }
     if let Some(err) = result.error.as_ref().filter(|_| !result.ok) {
@@ -153,14 +245,15 @@ fn render_body(result: &ScriptResult) -> String {
                 list.join(", ")
             )
         };
-        parts.push(format!("Script error:\n{head}\n\n{calls}"));
+        parts.push(format!("Script error:\n{}\n\n{calls}", neutralized(&head)));
     }
     join_text(&parts)
 }
 
 enum Part<'a> {
     Text(&'a str),
-    Image(&'a str, usize),
+    /// Mime type, size, and whether it is shown.
+    Image(&'a str, usize, bool),
 }
 
 /// Joins parts with a newline unless the previous part already ends with one.

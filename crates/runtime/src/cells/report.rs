@@ -142,6 +142,7 @@ fn finished(
     {
         let mut rest = result.clone();
         rest.output = result.output.iter().skip(reported).cloned().collect();
+        // The run's media were fitted to the budget already; the rest is a part of them.
         text = render_model_text(&rest, rest.limits.max_output_tokens).text;
         media.retain(|m| {
             !result.output[..reported.min(result.output.len())]
