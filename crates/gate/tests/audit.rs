@@ -493,3 +493,120 @@ async fn lines_another_writer_adds_after_ours_are_not_mistaken_for_tampering() {
     }
     assert_eq!(verify(&path, Some(&test_key())).unwrap().lines, 6);
 }
+
+/// `bytes` with every UTF-8 encoded U+FFFD (`EF BF BD`) swapped for a lone `FF` byte, which a
+/// lossy decoder turns back into U+FFFD; panics when there is none to swap.
+fn swap_replacement_chars(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut rest = bytes;
+    let mut swapped = 0;
+    while !rest.is_empty() {
+        if rest.starts_with("\u{FFFD}".as_bytes()) {
+            out.push(0xFF);
+            rest = &rest[3..];
+            swapped += 1;
+        } else {
+            out.push(rest[0]);
+            rest = &rest[1..];
+        }
+    }
+    assert!(swapped > 0, "no U+FFFD to swap");
+    out
+}
+
+/// Found by a red team: the log was decoded lossily before its MACs were checked, so a line
+/// whose U+FFFD (what lone surrogates in arguments become) was swapped for a lone `FF` byte
+/// decoded back to the text the MAC covers: a changed file verified as unchanged, and writers
+/// chained onto it. Bytes that are not UTF-8 are a changed line now, in the log, its head and
+/// its journal, and the log is not continued.
+#[tokio::test]
+async fn bytes_that_are_not_utf8_are_a_change_and_the_log_is_not_continued() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 2).await;
+    // A writer that opened the log before the change, and appends after it.
+    let open_before = AuditLog::open_with_key(&path, test_key()).unwrap();
+    let (gate, _) = counting_gate(&path);
+    gate.call(req("t", json!({"path": "caf\u{FFFD}"}), script("a")))
+        .await
+        .unwrap();
+    let key = test_key();
+    assert_eq!(verify(&path, Some(&key)).unwrap().lines, 3);
+    let journal = codemode_gate::started_path(&path);
+    let (log_bytes, head_bytes, journal_bytes) = (
+        std::fs::read(&path).unwrap(),
+        std::fs::read(codemode_gate::head_path(&path)).unwrap(),
+        std::fs::read(&journal).unwrap(),
+    );
+
+    // In the log: line 3 is named, and nothing is chained onto it.
+    std::fs::write(&path, swap_replacement_chars(&log_bytes)).unwrap();
+    let (line, problem) = broken_line(verify(&path, Some(&key)).unwrap_err());
+    assert_eq!(line, 3, "{problem}");
+    assert!(
+        problem.contains("not valid UTF-8") && problem.contains("outside codemode"),
+        "{problem}"
+    );
+    let (line, _) = broken_line(verify(&path, None).unwrap_err());
+    assert_eq!(line, 3);
+    let mut record = serde_json::Map::new();
+    record.insert("tool".into(), json!("t"));
+    let refused = open_before
+        .append(record.clone())
+        .expect_err("a writer must not chain onto a changed log");
+    assert!(refused.to_string().contains("UTF-8"), "{refused}");
+    let refused = AuditLog::open_with_key(&path, test_key())
+        .err()
+        .expect("a changed log is not opened for appending");
+    assert!(refused.to_string().contains("line 3"), "{refused}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        swap_replacement_chars(&log_bytes)
+    );
+    std::fs::write(&path, &log_bytes).unwrap();
+
+    // In the head.
+    let mut head = head_bytes.clone();
+    head.insert(head.len() - 1, 0xFF);
+    std::fs::write(codemode_gate::head_path(&path), &head).unwrap();
+    let problem = verify(&path, Some(&key)).unwrap_err().to_string();
+    assert!(
+        problem.contains("not valid UTF-8") && problem.contains("line 1"),
+        "{problem}"
+    );
+    assert!(AuditLog::open_with_key(&path, test_key()).is_err());
+    std::fs::write(codemode_gate::head_path(&path), &head_bytes).unwrap();
+
+    // In the journal: the log verifies, its journal does not, and the log is not continued.
+    std::fs::write(&journal, swap_replacement_chars(&journal_bytes)).unwrap();
+    assert_eq!(verify(&path, Some(&key)).unwrap().lines, 3);
+    let (line, problem) =
+        broken_line(codemode_gate::unfinished_calls(&path, Some(&key)).unwrap_err());
+    assert_eq!(line, 3, "{problem}");
+    assert!(problem.contains("not valid UTF-8"), "{problem}");
+    assert!(
+        AuditLog::open_with_key(&path, test_key()).is_err(),
+        "a log whose journal was changed is not continued"
+    );
+}
+
+/// A write interrupted inside a character leaves bytes that are not UTF-8 too; at the end of an
+/// unfinished last line they are an interrupted write, not a change.
+#[tokio::test]
+async fn a_last_line_cut_inside_a_character_is_reported_as_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _) = counting_gate(&path);
+    gate.call(req("t", json!({"path": "caf\u{FFFD}"}), script("a")))
+        .await
+        .unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let at = bytes
+        .windows(3)
+        .position(|w| w == "\u{FFFD}".as_bytes())
+        .unwrap();
+    std::fs::write(&path, &bytes[..at + 2]).unwrap();
+    let (line, problem) = broken_line(verify(&path, Some(&test_key())).unwrap_err());
+    assert_eq!(line, 1);
+    assert!(problem.contains("truncated"), "{problem}");
+}

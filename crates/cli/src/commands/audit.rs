@@ -1,5 +1,6 @@
 //! `codemode audit verify`: an audit log file, or a stream in a shared state store.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -43,25 +44,86 @@ pub async fn run(cmd: AuditCommand) -> Result<ExitCode> {
                 Some(p) => Some(AuditKey::load(p)?),
                 None => None,
             };
-            match (file, state, stream) {
+            let mut say = Say::default();
+            let code = match (file, state, stream) {
                 // Head and journal sit beside the real file, whatever name was given.
-                (Some(file), None, None) => {
-                    verify(&std::fs::canonicalize(&file).unwrap_or(file), key.as_ref())
+                (Some(file), None, None) => verify(
+                    &mut say,
+                    &std::fs::canonicalize(&file).unwrap_or(file),
+                    key.as_ref(),
+                ),
+                (None, Some(url), Some(stream)) => {
+                    verify_stream(&mut say, &url, &stream, key.as_ref()).await?
                 }
-                (None, Some(url), Some(stream)) => verify_stream(&url, &stream, key.as_ref()).await,
                 _ => bail!("give an audit log FILE, or --state URL and --stream NAME"),
-            }
+            };
+            say.finish(code)
         }
     }
 }
 
-fn print(what: &str, lines: u64, last: &str, proves: Vec<String>, cannot: Vec<String>) {
-    println!("{what}: intact, {lines} lines; last hash {last}");
+/// Where a verification prints, line by line. A reader that stops early (`| head`) closes
+/// standard output: that is a reader that has seen enough, not an error, so the rest of the
+/// report is dropped quietly and the check still ends with its own exit code. Any other
+/// failure to write the report fails the command once the check is done.
+#[derive(Default)]
+struct Say {
+    /// Standard output is closed or failed: nothing more is written to it.
+    stopped: bool,
+    failed: Option<std::io::Error>,
+}
+
+impl Say {
+    fn out(&mut self, line: impl std::fmt::Display) {
+        if self.stopped {
+            return;
+        }
+        if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+            self.stop(e);
+        }
+    }
+
+    /// A failure on standard error has nowhere to be reported; it never ends the check.
+    fn err(&mut self, line: impl std::fmt::Display) {
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    }
+
+    fn stop(&mut self, e: std::io::Error) {
+        self.stopped = true;
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            self.failed = Some(e);
+        }
+    }
+
+    fn finish(mut self, code: ExitCode) -> Result<ExitCode> {
+        if !self.stopped
+            && let Err(e) = std::io::stdout().lock().flush()
+        {
+            self.stop(e);
+        }
+        match self.failed {
+            Some(e) => Err(anyhow::Error::new(e).context("writing the report to standard output")),
+            None => Ok(code),
+        }
+    }
+}
+
+fn print(
+    say: &mut Say,
+    what: &str,
+    lines: u64,
+    last: &str,
+    proves: Vec<String>,
+    cannot: Vec<String>,
+) {
+    say.out(format_args!(
+        "{what}: intact, {lines} lines; last hash {last}"
+    ));
     for p in proves {
-        println!("  proven: {p}");
+        say.out(format_args!("  proven: {p}"));
     }
     for c in cannot {
-        println!("  not proven: {c}");
+        say.out(format_args!("  not proven: {c}"));
     }
 }
 
@@ -69,53 +131,55 @@ fn print(what: &str, lines: u64, last: &str, proves: Vec<String>, cannot: Vec<St
 /// the log less intact, but each is a call whose effect nobody recorded, so they are shown
 /// after the log's result; a journal that does not verify fails the check.
 fn print_unfinished(
+    say: &mut Say,
     journal: &str,
     found: Result<Vec<codemode_gate::UnfinishedCall>, codemode_gate::AuditError>,
 ) -> ExitCode {
     match found {
         Ok(calls) if calls.is_empty() => ExitCode::SUCCESS,
         Ok(calls) => {
-            println!(
+            say.out(format_args!(
                 "UNFINISHED: {} call(s) in the journal {journal} started and have no outcome line: \
                  the process stopped (killed or crashed) while they ran, so whether and what \
                  they changed is unknown:",
                 calls.len()
-            );
+            ));
             for call in &calls {
-                println!("  {}", call.summary());
+                say.out(format_args!("  {}", call.summary()));
             }
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("the journal {journal}: {e}");
+            say.err(format_args!("the journal {journal}: {e}"));
             ExitCode::from(1)
         }
     }
 }
 
-fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
+fn verify(say: &mut Say, file: &std::path::Path, key: Option<&AuditKey>) -> ExitCode {
     match codemode_gate::verify(file, key) {
         Ok(report) if report.head == codemode_gate::HeadCheck::Missing && report.lines > 0 => {
             // Opening the log to append refuses it too: cut lines and a deleted head look the
             // same as a head that was never written.
-            println!(
+            say.out(format_args!(
                 "{}: NOT VERIFIED, {} lines: its head file {} is missing or empty, so lines cut \
                  from the end cannot be ruled out; restore the head from a backup, or keep the \
                  log aside and start a new one",
                 file.display(),
                 report.lines,
                 codemode_gate::head_path(file).display()
-            );
+            ));
             for p in report.proves() {
-                println!("  proven: {p}");
+                say.out(format_args!("  proven: {p}"));
             }
             for c in report.cannot_prove() {
-                println!("  not proven: {c}");
+                say.out(format_args!("  not proven: {c}"));
             }
-            Ok(ExitCode::from(1))
+            ExitCode::from(1)
         }
         Ok(report) => {
             print(
+                say,
                 &file.display().to_string(),
                 report.lines as u64,
                 &report.last_hash,
@@ -124,40 +188,47 @@ fn verify(file: &std::path::Path, key: Option<&AuditKey>) -> Result<ExitCode> {
             );
             let journal = codemode_gate::started_path(file);
             if !journal.exists() && report.lines > 0 {
-                println!(
+                say.out(format_args!(
                     "  not proven: there is no journal beside the log ({}), so a call whose \
                      process was killed while it ran would leave no trace (logs written before \
                      journals existed have none)",
                     journal.display()
-                );
+                ));
             }
-            Ok(print_unfinished(
+            print_unfinished(
+                say,
                 &journal.display().to_string(),
                 codemode_gate::unfinished_calls(file, key),
-            ))
+            )
         }
         Err(e) => {
-            eprintln!("{}: {e}", file.display());
-            Ok(ExitCode::from(1))
+            say.err(format_args!("{}: {e}", file.display()));
+            ExitCode::from(1)
         }
     }
 }
 
-async fn verify_stream(url: &str, stream: &str, key: Option<&AuditKey>) -> Result<ExitCode> {
+async fn verify_stream(
+    say: &mut Say,
+    url: &str,
+    stream: &str,
+    key: Option<&AuditKey>,
+) -> Result<ExitCode> {
     let store = codemode_state::open(url, codemode_state::OpenOptions::default())
         .await
         .map_err(|e| anyhow::anyhow!("--state {}: {e}", codemode_state::redact(url)))?;
     let shown = format!("audit stream `{stream}` in {}", store.describe());
     if !store.audit_streams().await?.iter().any(|s| s == stream) {
-        eprintln!(
+        say.err(format_args!(
             "{shown}: no such stream; the streams there are: {}",
             store.audit_streams().await?.join(", ")
-        );
+        ));
         return Ok(ExitCode::from(1));
     }
     match codemode_gate::verify_stream(store.as_ref(), stream, key).await {
         Ok(report) => {
             print(
+                say,
                 &shown,
                 report.lines,
                 &report.last_hash,
@@ -170,12 +241,13 @@ async fn verify_stream(url: &str, stream: &str, key: Option<&AuditKey>) -> Resul
                 store.describe()
             );
             Ok(print_unfinished(
+                say,
                 &journal,
                 codemode_gate::unfinished_stream_calls(store.as_ref(), stream, key).await,
             ))
         }
         Err(e) => {
-            eprintln!("{e}");
+            say.err(format_args!("{e}"));
             Ok(ExitCode::from(1))
         }
     }

@@ -89,15 +89,23 @@ fn unmatched(started: Vec<Value>, outcomes: impl Iterator<Item = Value>) -> Vec<
         .collect()
 }
 
+/// The records of a log or journal file. Its bytes are never decoded lossily: a line that is
+/// not UTF-8 was changed outside codemode, and is an error naming it.
 fn records(path: &Path) -> Result<Vec<Value>, AuditError> {
-    let text = std::fs::read_to_string(path).map_err(|e| AuditError::Open {
+    let bytes = std::fs::read(path).map_err(|e| AuditError::Open {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    Ok(text
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect())
+    let lines = verify::split_lines(&bytes);
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        let unterminated = i + 1 == lines.len() && !bytes.ends_with(b"\n");
+        let text = verify::line_text(path, i + 1, line, unterminated)?;
+        if let Ok(value) = serde_json::from_str(text) {
+            out.push(value);
+        }
+    }
+    Ok(out)
 }
 
 /// Verifies the journal of the log at `log` (its chain, and with the key its MACs) and returns

@@ -444,13 +444,15 @@ fn write_head(file: &File, head: &Head, key: &AuditKey) -> std::io::Result<()> {
 
 /// The end of the chain as the file has it now: the line count and the last hash. Trusts the
 /// head when it names the file's last line (checked with the key), and reads the whole log
-/// otherwise.
+/// otherwise. Bytes that are not UTF-8 in the head or the last line are never decoded
+/// lossily (they would read as U+FFFD, and a changed line could pass): the whole log is read
+/// then, and refused.
 fn chain_end(path: &Path, log: &File, head: &File, key: &AuditKey) -> Result<Head, AuditError> {
-    let mut text = String::new();
+    let mut head_bytes = Vec::new();
     let mut head_file = head;
     head_file
         .seek(SeekFrom::Start(0))
-        .and_then(|_| head_file.read_to_string(&mut text))
+        .and_then(|_| head_file.read_to_end(&mut head_bytes))
         .map_err(|e| AuditError::Open {
             path: path.display().to_string(),
             message: e.to_string(),
@@ -459,12 +461,14 @@ fn chain_end(path: &Path, log: &File, head: &File, key: &AuditKey) -> Result<Hea
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    if let (Ok(head), Some(line)) = (Head::parse(&text, Some(key)), &last)
+    let text = std::str::from_utf8(&head_bytes).ok();
+    if let (Some(text), Some(Ok(line))) = (text, last.as_deref().map(std::str::from_utf8))
+        && let Ok(head) = Head::parse(text, Some(key))
         && verify::line_hash(line, key).as_deref() == Some(head.hash.as_str())
     {
         return Ok(head);
     }
-    if last.is_none() && text.trim().is_empty() {
+    if last.is_none() && text.is_some_and(|t| t.trim().is_empty()) {
         return Ok(Head {
             lines: 0,
             hash: GENESIS.to_string(),
@@ -530,8 +534,8 @@ fn still_there(path: &Path, log: &File, w: &Written) -> Result<(), AuditError> {
     }
 }
 
-/// The last complete line of the file, without its newline.
-fn last_line(file: &File) -> std::io::Result<Option<String>> {
+/// The last complete line of the file, without its newline, as the file's bytes.
+fn last_line(file: &File) -> std::io::Result<Option<Vec<u8>>> {
     let len = file.metadata()?.len();
     if len == 0 {
         return Ok(None);
@@ -548,10 +552,10 @@ fn last_line(file: &File) -> std::io::Result<Option<String>> {
         // Skip the final newline, then look for the one before the last line.
         let body = tail.strip_suffix(b"\n").unwrap_or(&tail);
         if let Some(at) = body.iter().rposition(|b| *b == b'\n') {
-            return Ok(Some(String::from_utf8_lossy(&body[at + 1..]).into_owned()));
+            return Ok(Some(body[at + 1..].to_vec()));
         }
         if start == 0 {
-            return Ok(Some(String::from_utf8_lossy(body).into_owned()));
+            return Ok(Some(body.to_vec()));
         }
         end = start;
     }

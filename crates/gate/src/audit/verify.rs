@@ -80,9 +80,9 @@ pub fn verify(path: impl AsRef<Path>, key: Option<&AuditKey>) -> Result<VerifyRe
         })
     };
     let bytes = open(path)?;
-    let head_text = match std::fs::read(head_path(path)) {
-        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+    let head_bytes = match std::fs::read(head_path(path)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => {
             return Err(AuditError::Open {
                 path: head_path(path).display().to_string(),
@@ -90,7 +90,7 @@ pub fn verify(path: impl AsRef<Path>, key: Option<&AuditKey>) -> Result<VerifyRe
             });
         }
     };
-    check(path, &String::from_utf8_lossy(&bytes), &head_text, key)
+    check(path, &bytes, &head_bytes, key)
 }
 
 /// What opening a log for appending learned.
@@ -109,19 +109,19 @@ pub(crate) fn verify_open(
     head: &File,
     key: &AuditKey,
 ) -> Result<OpenReport, AuditError> {
-    let read = |mut f: &File| -> std::io::Result<String> {
+    let read = |mut f: &File| -> std::io::Result<Vec<u8>> {
         let mut s = Vec::new();
         f.seek(SeekFrom::Start(0))?;
         f.read_to_end(&mut s)?;
-        Ok(String::from_utf8_lossy(&s).into_owned())
+        Ok(s)
     };
     let io = |e: std::io::Error| AuditError::Open {
         path: path.display().to_string(),
         message: e.to_string(),
     };
-    let text = read(log).map_err(io)?;
-    let head_text = read(head).map_err(io)?;
-    let report = check(path, &text, &head_text, Some(key))?;
+    let bytes = read(log).map_err(io)?;
+    let head_bytes = read(head).map_err(io)?;
+    let report = check(path, &bytes, &head_bytes, Some(key))?;
     if report.head == HeadCheck::Missing && report.lines > 0 {
         return Err(AuditError::Head {
             path: path.display().to_string(),
@@ -153,10 +153,54 @@ pub(crate) fn split_line(line: &str) -> Option<(&str, &str)> {
     Some((&line[..at], hash))
 }
 
+/// The lines of a log's bytes, without their newlines; the last may lack its newline.
+pub(crate) fn split_lines(bytes: &[u8]) -> Vec<&[u8]> {
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    bytes
+        .strip_suffix(b"\n")
+        .unwrap_or(bytes)
+        .split(|b| *b == b'\n')
+        .collect()
+}
+
+const TRUNCATED: &str =
+    "the last line is truncated (a write was interrupted); remove it to continue the log";
+
+/// Line `n` of the file at `path` as text. codemode writes only UTF-8 (a lone surrogate in a
+/// call's arguments is written as U+FFFD), so other bytes were put there by something else.
+/// They are never decoded lossily: that would turn them into U+FFFD, and a line whose U+FFFD
+/// was swapped for other bytes would verify. `unterminated` says the line is the file's last
+/// and lacks its newline, where a character cut short is an interrupted write.
+pub(crate) fn line_text<'a>(
+    path: &Path,
+    n: usize,
+    line: &'a [u8],
+    unterminated: bool,
+) -> Result<&'a str, AuditError> {
+    std::str::from_utf8(line).map_err(|e| AuditError::Broken {
+        path: path.display().to_string(),
+        line: n,
+        problem: if unterminated && e.error_len().is_none() {
+            TRUNCATED.into()
+        } else {
+            not_utf8(format!("at byte {} of the line", e.valid_up_to() + 1))
+        },
+    })
+}
+
+/// Why bytes that are not UTF-8 mean a change, for a place in a file.
+fn not_utf8(at: String) -> String {
+    format!(
+        "its bytes are not valid UTF-8 {at}: codemode writes only UTF-8 (a lone surrogate in a call's arguments is written as U+FFFD), so the file was changed outside codemode"
+    )
+}
+
 fn check(
     path: &Path,
-    text: &str,
-    head_text: &str,
+    bytes: &[u8],
+    head_bytes: &[u8],
     key: Option<&AuditKey>,
 ) -> Result<VerifyReport, AuditError> {
     let p = path.display().to_string();
@@ -165,30 +209,36 @@ fn check(
         line,
         problem,
     };
+    let bad_head = |problem: String| AuditError::Head {
+        path: p.clone(),
+        problem: format!(
+            "its head file {} is not valid: {problem}",
+            head_path(path).display()
+        ),
+    };
+    let head_text = std::str::from_utf8(head_bytes).map_err(|e| {
+        let at = e.valid_up_to();
+        let line = head_bytes[..at].iter().filter(|b| **b == b'\n').count() + 1;
+        bad_head(not_utf8(format!(
+            "at line {line} (byte {} of the file)",
+            at + 1
+        )))
+    })?;
     let head = if head_text.trim().is_empty() {
         None
     } else {
-        Some(
-            Head::parse(head_text, key).map_err(|problem| AuditError::Head {
-                path: p.clone(),
-                problem: format!(
-                    "its head file {} is not valid: {problem}",
-                    head_path(path).display()
-                ),
-            })?,
-        )
+        Some(Head::parse(head_text, key).map_err(bad_head)?)
     };
-    let ends_cleanly = text.is_empty() || text.ends_with('\n');
-    let lines: Vec<&str> = text.split_terminator('\n').collect();
+    let ends_cleanly = bytes.is_empty() || bytes.ends_with(b"\n");
+    let lines = split_lines(bytes);
     let mut prev = GENESIS.to_string();
     let mut hash_at_head: Option<String> = None;
     for (i, line) in lines.iter().enumerate() {
         let n = i + 1;
-        if n == lines.len() && !ends_cleanly {
-            return Err(broken(
-                n,
-                "the last line is truncated (a write was interrupted); remove it to continue the log".into(),
-            ));
+        let last_unterminated = n == lines.len() && !ends_cleanly;
+        let line = line_text(path, n, line, last_unterminated)?;
+        if last_unterminated {
+            return Err(broken(n, TRUNCATED.into()));
         }
         let value: Value = serde_json::from_str(line)
             .map_err(|e| broken(n, format!("not a JSON record ({e}); the line was changed")))?;
