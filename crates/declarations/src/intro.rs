@@ -9,7 +9,7 @@ use crate::description::Globals;
 const HEAD: &str = "Write the body of an async JavaScript function (plain source, no code fence) for QuickJS: no Node, files, network or timers; top-level `await` and `return` work.";
 
 const CALLS: &str = "
-- `await tools.<name>(args)` gives the result type declared below. Use `Promise.all` for parallel calls; await every call: one still out at the end is cancelled, maybe after it took effect.
+- `await tools.<name>(args)` gives the result type declared below. Use `Promise.all` for parallel calls; await every call: one not awaited may still run.
 - Refusals and failures throw an Error with a `stage`: `validate` (args must match the type; nothing is converted), `policy`, `hook`, `approval`, `budget` or `execute` (the tool failed); its message says whether a person was asked and what to do next.";
 
 const APPROVAL_PLAIN: &str =
