@@ -32,7 +32,11 @@ impl Drop for Server {
 impl Server {
     /// `codemode serve` on a free loopback port, logging session events.
     fn start(extra: &[&str]) -> Server {
-        let config = tempfile::tempdir().unwrap();
+        Server::start_in(tempfile::tempdir().unwrap(), extra)
+    }
+
+    /// As [`Server::start`], with `config` as the configuration directory.
+    fn start_in(config: tempfile::TempDir, extra: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
             .args([
                 "serve",
@@ -230,5 +234,257 @@ fn a_principal_opening_many_sessions_evicts_their_own_not_anothers() {
     assert_eq!(
         v["bobFirst"], 404,
         "bob's own longest-idle session went: {v}"
+    );
+}
+
+/// A tokens file naming alice and bob, and the unnamed `--token`; returns the server and the
+/// three tokens.
+fn with_three_tokens(extra: &[&str]) -> (Server, tempfile::TempDir) {
+    use sha2::Digest;
+    let dir = tempfile::tempdir().unwrap();
+    let sha = |t: &str| hex::encode(sha2::Sha256::digest(t.as_bytes()));
+    let tokens = serde_json::json!({"tokens": [
+        {"name": "alice", "token_sha256": sha(ALICE)},
+        {"name": "bob", "token_sha256": sha(BOB)},
+    ]});
+    let file = dir.path().join("tokens.json");
+    std::fs::write(&file, tokens.to_string()).unwrap();
+    let mut args = vec!["--tokens-file", file.to_str().unwrap(), "--token", MASTER];
+    args.extend_from_slice(extra);
+    (Server::start(&args), dir)
+}
+
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-9876543210";
+const MASTER: &str = "unnamed-token-5555555555";
+
+const FETCH_HELPERS: &str = r#"
+const [url, alice, bob, master] = process.argv.slice(1);
+const init = (caps) => JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", params: { protocolVersion: "2025-06-18", capabilities: caps || {}, clientInfo: { name: "probe", version: "1" } } });
+const ping = JSON.stringify({ jsonrpc: "2.0", id: 2, method: "ping" });
+const h = (token, session) => Object.assign({ "content-type": "application/json",
+  accept: "application/json, text/event-stream", authorization: "Bearer " + token },
+  session ? { "mcp-session-id": session } : {});
+const open = async (token, caps) => {
+  const r = await fetch(url, { method: "POST", headers: h(token), body: init(caps) });
+  return { status: r.status, id: r.headers.get("mcp-session-id"), text: r.status === 200 ? "" : await r.text() };
+};
+const use = async (token, session) => (await fetch(url, { method: "POST", headers: h(token, session), body: ping })).status;
+const end = async (token, session) => (await fetch(url, { method: "DELETE", headers: h(token, session) })).status;
+"#;
+
+/// Red team: the unnamed `--token` could use a named person's session (read their `store()`
+/// values, stop their cells, end it), and a named token could take over a session the unnamed
+/// token began. Every token may use only the sessions it began.
+#[test]
+fn no_token_uses_a_session_another_token_began() {
+    let (server, _dir) = with_three_tokens(&[]);
+    let probe = format!(
+        "{FETCH_HELPERS}
+(async () => {{
+  const a = (await open(alice)).id, m = (await open(master)).id;
+  console.log(JSON.stringify({{
+    masterOnAlices: await use(master, a), aliceOnMasters: await use(alice, m),
+    bobOnMasters: await use(bob, m), masterEndsAlices: await end(master, a),
+    aliceStill: await use(alice, a), masterStill: await use(master, m),
+  }}));
+}})().catch((e) => {{ console.error(e); process.exit(1); }});"
+    );
+    let mut cmd = Command::new("node");
+    cmd.args(["-e", &probe, &server.url, ALICE, BOB, MASTER]);
+    let v = common::client_json(cmd);
+    for refused in [
+        "masterOnAlices",
+        "aliceOnMasters",
+        "bobOnMasters",
+        "masterEndsAlices",
+    ] {
+        assert_eq!(v[refused], 403, "{refused}: {v}");
+    }
+    assert_eq!(v["aliceStill"], 200, "{v}");
+    assert_eq!(v["masterStill"], 200, "{v}");
+}
+
+/// Red team: each request with a made-up session id left an entry behind (a token holder grew
+/// the server by 15 MB a second). An unknown id is now refused before anything is kept.
+#[test]
+fn made_up_session_ids_leave_nothing_behind() {
+    let (server, _dir) = with_three_tokens(&[]);
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    let probe = format!(
+        "{FETCH_HELPERS}
+(async () => {{
+  const statuses = new Set();
+  for (let round = 0; round < 40; round++) {{
+    const batch = [];
+    for (let i = 0; i < 50; i++) batch.push(use(alice, 'x'.repeat(16000) + Math.random()));
+    for (const s of await Promise.all(batch)) statuses.add(s);
+  }}
+  console.log(JSON.stringify({{ statuses: [...statuses] }}));
+}})().catch((e) => {{ console.error(e); process.exit(1); }});"
+    );
+    let warm = {
+        let mut cmd = Command::new("node");
+        cmd.args(["-e", &probe, &server.url, ALICE, BOB, MASTER]);
+        common::client_json(cmd)
+    };
+    assert_eq!(warm["statuses"], serde_json::json!([404]), "{warm}");
+    let before = rss();
+    let mut cmd = Command::new("node");
+    cmd.args(["-e", &probe, &server.url, ALICE, BOB, MASTER]);
+    let v = common::client_json(cmd);
+    assert_eq!(v["statuses"], serde_json::json!([404]), "{v}");
+    let grown_kb = rss().saturating_sub(before);
+    // 2,000 ids of 16 KB: about 32 MB if each were kept.
+    assert!(grown_kb < 12_000, "the server grew by {grown_kb} KB");
+}
+
+/// Red team: with `--max-sessions 4`, alice held her sessions busy (a call waiting for an
+/// approval nobody gives) and opened more; bob's idle session was ended and his new one
+/// refused. One token now holds at most half of the table.
+#[test]
+fn sessions_held_busy_by_one_token_do_not_lock_another_out() {
+    let (server, _dir) = with_three_tokens(&["--max-sessions", "4"]);
+    let probe = format!(
+        "{FETCH_HELPERS}
+const call = JSON.stringify({{ jsonrpc: '2.0', id: 3, method: 'tools/call', params: {{ name: 'codemode',
+  arguments: {{ code: 'await tools.bash({{ command: \"true\" }}); return 1' }} }} }});
+const hold = async (token) => {{
+  const s = await open(token, {{ elicitation: {{}} }});
+  await fetch(url, {{ method: 'POST', headers: h(token, s.id), body: JSON.stringify({{ jsonrpc: '2.0', method: 'notifications/initialized' }}) }});
+  // Asks for approval over the open response stream, which this client never answers.
+  fetch(url, {{ method: 'POST', headers: h(token, s.id), body: call }}).catch(() => {{}});
+  return s.id;
+}};
+(async () => {{
+  const b = (await open(bob)).id;
+  await hold(alice); await hold(alice);
+  await new Promise((r) => setTimeout(r, 1500));
+  const third = await open(alice);
+  const bobNew = await open(bob);
+  console.log(JSON.stringify({{ aliceThird: third.status, aliceText: third.text,
+    bobIdle: await use(bob, b), bobNew: bobNew.status }}));
+  process.exit(0);
+}})().catch((e) => {{ console.error(e); process.exit(1); }});"
+    );
+    let mut cmd = Command::new("node");
+    cmd.args(["-e", &probe, &server.url, ALICE, BOB, MASTER]);
+    let v = common::client_json(cmd);
+    assert_eq!(v["aliceThird"], 503, "{v}");
+    assert!(
+        v["aliceText"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("holds 2 of the 4"),
+        "{v}"
+    );
+    assert_eq!(v["bobIdle"], 200, "bob's idle session stays: {v}");
+    assert_eq!(v["bobNew"], 200, "{v}");
+}
+
+/// A raw HTTP/1.1 GET with the Host header given, as a page in a browser would send it after
+/// its name was pointed at 127.0.0.1 (DNS rebinding); returns the status code.
+fn get_with_host(url: &str, path: &str, host: &str) -> u16 {
+    use std::io::{Read, Write};
+    let addr = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Red team: rmcp checks Host and Origin on `/mcp` only, so a web page could read `/metrics`
+/// (tool names, counts) and `/readyz` (upstream names) of a loopback server by DNS rebinding.
+#[test]
+fn a_loopback_servers_pages_answer_only_requests_addressed_to_loopback() {
+    let config = tempfile::tempdir().unwrap();
+    std::fs::write(
+        config.path().join("settings.json"),
+        r#"{"telemetry": {"metrics": true}}"#,
+    )
+    .unwrap();
+    let server = Server::start_in(config, &[]);
+    let port = server
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    for path in ["/metrics", "/readyz"] {
+        assert_eq!(
+            get_with_host(&server.url, path, &format!("attacker.example:{port}")),
+            403,
+            "{path}"
+        );
+        assert_eq!(
+            get_with_host(&server.url, path, &format!("127.0.0.1:{port}")),
+            200,
+            "{path}"
+        );
+        assert_eq!(
+            get_with_host(&server.url, path, &format!("localhost:{port}")),
+            200
+        );
+    }
+    assert_eq!(
+        get_with_host(&server.url, "/healthz", "attacker.example"),
+        200,
+        "/healthz says only that the process answers"
+    );
+}
+
+/// Red team: connections that never finish their headers (or their body) stayed open with no
+/// token checked; enough of them took every descriptor and locked out clients with a token.
+#[test]
+fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    use std::io::{Read, Write};
+    let server = Server::start(&[]);
+    let addr = server
+        .url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut slow = std::net::TcpStream::connect(&addr).unwrap();
+    slow.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        .unwrap();
+    slow.set_read_timeout(Some(std::time::Duration::from_secs(40)))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    // The server closes the connection (an error answer or a bare close) once its header
+    // timeout passes; before the fix this read waited out its own 40 s.
+    let _ = slow.read_to_end(&mut rest);
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(30),
+        "the half-sent request was held for {waited:?}"
     );
 }

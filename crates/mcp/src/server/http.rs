@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::ServeOptions;
 use super::approval::ElicitationApprover;
 use super::handler::{CodemodeHandler, OnEnd};
-use super::sessions::{Sessions, Store};
+use super::sessions::{Full, Owner, Sessions, Store};
 use crate::McpError;
 
 /// The largest request body accepted (rmcp's own limit).
@@ -153,6 +153,8 @@ struct Guard {
     codemode: Codemode,
     hub: Option<Arc<crate::McpHub>>,
     metrics: Option<MetricsText>,
+    /// Listening beyond loopback (then tokens guard it, and any Host name is fine).
+    public: bool,
 }
 
 /// An allowed origin as rmcp matches it. An origin includes its port, and a browser leaves out
@@ -274,6 +276,7 @@ pub async fn serve_http(
         codemode: guard_codemode,
         hub,
         metrics: http.metrics.clone(),
+        public,
     };
     let router = axum::Router::new()
         .nest_service("/mcp", service)
@@ -294,11 +297,7 @@ pub async fn serve_http(
         local_addrs.push(local);
         let stop = shutdown.clone();
         let router = router.clone();
-        tasks.push(tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        }));
+        tasks.push(tokio::spawn(accept_loop(listener, router, stop)));
         tracing::info!(%local, "codemode MCP server listening on http://{local}/mcp");
     }
     let janitor = tokio::spawn(sweep(sessions.clone()));
@@ -310,6 +309,63 @@ pub async fn serve_http(
         tasks,
         janitor,
     })
+}
+
+/// How long a client may take to send a request's headers, and then its body: a client that
+/// sends them a byte at a time would otherwise hold its connection, and enough of them every
+/// descriptor the process may open, before any token is checked.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves `router` on `listener` until `stop`, then lets each connection finish what it is
+/// answering. `axum::serve` would do the same without a timeout on reading headers.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use tower::ServiceExt as _;
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most often: wait for some to close rather than spin.
+                tracing::warn!("accepting an HTTP connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = hyper_util::service::TowerToHyperService::new(
+            router
+                .clone()
+                .map_request(|req: axum::http::Request<hyper::body::Incoming>| req.map(Body::new)),
+        );
+        let stop = stop.clone();
+        connections.spawn(async move {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = stop.cancelled() => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        });
+    }
+    connections.close();
+    connections.wait().await;
+    Ok(())
 }
 
 /// Ends idle connections and expired sessions, and gives freed memory back to the system.
@@ -338,6 +394,19 @@ fn release_free_memory() {
 /// Everything checked before rmcp sees a request: the token, unknown sessions on `DELETE`,
 /// the session table, and JSON that does not parse.
 async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+    // On loopback, pages that tell something (upstream names, tool names, counts) answer only
+    // requests addressed to loopback: a web page whose name an attacker points at 127.0.0.1
+    // (DNS rebinding) sends its own name. rmcp checks `/mcp` itself.
+    if !guard.public
+        && matches!(req.uri().path(), "/readyz" | "/metrics")
+        && !addressed_to_loopback(&req)
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            "this server listens on loopback and answers only requests addressed to localhost, 127.0.0.1 or [::1]",
+        )
+            .into_response();
+    }
     // Load balancers probe health without a token; these say nothing about the sessions.
     if matches!(req.uri().path(), "/healthz" | "/readyz") {
         return next.run(req).await;
@@ -346,7 +415,7 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
         None
     } else {
         match presented_token(&req, &guard.tokens) {
-            Some(p) => p,
+            Some(p) => Some(p),
             None => {
                 return (
                     StatusCode::UNAUTHORIZED,
@@ -360,29 +429,38 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
     if req.uri().path() == "/metrics" {
         return next.run(req).await;
     }
+    // `None`: no tokens; `Some(None)`: the unnamed `--token`; `Some(Some(p))`: a named one.
+    let caller = match &principal {
+        None => Owner::Anyone,
+        Some(None) => Owner::Unnamed,
+        Some(Some(p)) => Owner::Named(p.id.clone()),
+    };
+    let principal = principal.flatten();
     let session = req
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    if let Some(id) = &session
-        && let Err(refused) = bind_principal(&guard, id, principal.as_ref()).await
-    {
-        return refused;
+    // A session id the server does not know is refused before anything is kept for it.
+    if let Some(id) = &session {
+        if !guard.sessions.is_known_anywhere(id).await {
+            let message = match req.method() == Method::DELETE {
+                true => "Not Found: no such session",
+                false => "Not Found: Session not found",
+            };
+            return (StatusCode::NOT_FOUND, message).into_response();
+        }
+        if let Err(refused) = check_owner(&guard, id, &caller, principal.as_ref()).await {
+            return refused;
+        }
     }
     match (req.method().clone(), session) {
         (Method::DELETE, Some(id)) => {
-            if !guard.sessions.is_known_anywhere(&id).await {
-                return (StatusCode::NOT_FOUND, "Not Found: no such session").into_response();
-            }
             guard.sessions.end_everywhere(&id).await;
             guard.codemode.gate().forget_session(&id);
             return StatusCode::NO_CONTENT.into_response();
         }
         (Method::POST, Some(id)) => {
-            if !guard.sessions.is_known_anywhere(&id).await {
-                return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
-            }
             let busy = guard.sessions.begin(&id);
             let (req, json) = match checked_json(req).await {
                 Ok(checked) => checked,
@@ -396,72 +474,133 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                 Ok(checked) => checked,
                 Err(response) => return response,
             };
-            let asking = principal.as_ref().map(|p| p.id.clone());
-            if guard.sessions.make_room(asking.as_deref()).await.is_err() {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "too many MCP sessions are busy; try again later",
-                )
-                    .into_response();
+            match guard.sessions.make_room(&caller).await {
+                Ok(()) => {}
+                Err(Full::Busy) => {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "too many MCP sessions are busy; try again later",
+                    )
+                        .into_response();
+                }
+                Err(Full::YourShare { held, max }) => {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "your token holds {held} of the {max} MCP sessions this server keeps, half of them; end one you no longer use (HTTP DELETE with its Mcp-Session-Id) before starting another"
+                        ),
+                    )
+                        .into_response();
+                }
             }
             let response = next.run(req).await;
-            // A new session: it acts for the token's principal from now on, on every replica.
+            // A new session: it is the token holder's from now on, on every replica.
             if let Some(id) = response
                 .headers()
                 .get("mcp-session-id")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
-                && let Err(refused) = bind_principal(&guard, &id, principal.as_ref()).await
+                && let Err(refused) = claim(&guard, &id, &caller, principal.as_ref()).await
             {
                 return refused;
             }
             return not_a_message(response, json);
-        }
-        (Method::GET, Some(id)) if !guard.sessions.is_known_anywhere(&id).await => {
-            return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
         }
         _ => {}
     }
     next.run(req).await
 }
 
-/// Makes `principal` the session's, or refuses when the session began under another one (a
-/// token must not borrow someone else's session and budget). With a shared store the first
-/// principal is recorded there, so every replica holds to it.
-async fn bind_principal(
+/// Makes the new session `caller`'s, on every replica: a token must not borrow someone else's
+/// session, its `store()` values, cells and budget. With a shared store the first owner is
+/// recorded there.
+async fn claim(
     guard: &Guard,
     id: &str,
+    caller: &Owner,
     principal: Option<&Principal>,
 ) -> Result<(), Response> {
-    let gate = guard.codemode.gate();
-    let name = principal.map(|p| p.id.as_str());
-    let known = gate.principal_of(id);
-    if let Some(known) = &known
-        && Some(known.id.as_str()) != name
-        && principal.is_some()
-    {
-        return Err(wrong_principal());
-    }
-    if known.is_some() {
-        return Ok(());
-    }
-    if let Some(store) = gate.state_store() {
-        match store.touch_session(id, name).await {
-            Ok(record) if record.principal.as_deref() != name => return Err(wrong_principal()),
-            Ok(_) => {}
-            Err(e) => {
-                return Err((
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("the state store cannot be reached: {e}"),
-                )
-                    .into_response());
+    if let Some(store) = guard.codemode.gate().state_store() {
+        match store.touch_session(id, caller.stored()).await {
+            Ok(record) if record.principal.as_deref() != caller.stored() => {
+                return Err(wrong_principal());
             }
+            Ok(_) => {}
+            Err(e) => return Err(store_unreachable(e)),
         }
     }
+    guard.sessions.set_owner(id, caller.clone());
     if let Some(p) = principal {
-        gate.set_principal(id, p.clone());
+        guard.codemode.gate().set_principal(id, p.clone());
     }
     Ok(())
+}
+
+/// Refuses a request in a session `caller` did not begin. A session begun on another replica
+/// is the first owner's that the shared store recorded.
+async fn check_owner(
+    guard: &Guard,
+    id: &str,
+    caller: &Owner,
+    principal: Option<&Principal>,
+) -> Result<(), Response> {
+    match guard.sessions.owner_of(id) {
+        Some(owner) if owner == *caller => return Ok(()),
+        Some(_) => return Err(wrong_principal()),
+        None => {}
+    }
+    if guard.codemode.gate().state_store().is_none() {
+        // Known here but not yet claimed: its first request is still being answered.
+        return match caller {
+            Owner::Anyone => Ok(()),
+            _ => Err(wrong_principal()),
+        };
+    }
+    claim(guard, id, caller, principal).await
+}
+
+fn store_unreachable(e: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the state store cannot be reached: {e}"),
+    )
+        .into_response()
+}
+
+/// Whether the request names a loopback host, and comes from a loopback origin if from a page.
+fn addressed_to_loopback(req: &Request) -> bool {
+    let header_host = |name| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    let host_ok = header_host(header::HOST)
+        .or_else(|| req.uri().host())
+        .map(without_port)
+        .is_some_and(is_loopback_name);
+    let origin_ok = match header_host(header::ORIGIN) {
+        None => true,
+        Some(origin) => origin
+            .split_once("://")
+            .map(|(_, rest)| without_port(rest))
+            .is_some_and(is_loopback_name),
+    };
+    host_ok && origin_ok
+}
+
+fn without_port(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    }
+}
+
+fn is_loopback_name(host: &str) -> bool {
+    matches!(
+        host.to_ascii_lowercase().as_str(),
+        "localhost" | "127.0.0.1" | "::1"
+    )
 }
 
 fn wrong_principal() -> Response {
@@ -594,9 +733,20 @@ async fn checked_json(req: Request) -> Result<(Request, bool), Response> {
         return Ok((req, false));
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, MAX_BODY).await {
-        Ok(b) => b,
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY));
+    let bytes = match read.await {
+        Ok(Ok(b)) => b,
         Err(_) => {
+            return Err((
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            )
+                .into_response());
+        }
+        Ok(Err(_)) => {
             return Err((
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("the request body is over {MAX_BODY} bytes"),

@@ -45,10 +45,50 @@ struct Record {
     last_active: Instant,
     /// Requests being answered now (a script may run longer than any idle limit).
     in_flight: usize,
+    /// Who began it; `None` until the request that began it is answered, or for a session
+    /// begun on another replica until its owner is read from the shared store.
+    owner: Option<Owner>,
+}
+
+impl Record {
+    fn new(init: Option<SessionState>) -> Self {
+        Record {
+            init,
+            last_active: Instant::now(),
+            in_flight: 0,
+            owner: None,
+        }
+    }
+}
+
+/// Who may use a session: the holder of the token that began it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Owner {
+    /// No tokens are configured: whoever reaches the listener (loopback only).
+    Anyone,
+    /// The holder of `--token`, which names nobody.
+    Unnamed,
+    /// The holder of a named token.
+    Named(String),
+}
+
+impl Owner {
+    /// How the shared store records it: the principal's name, or nothing.
+    pub(crate) fn stored(&self) -> Option<&str> {
+        match self {
+            Owner::Named(name) => Some(name),
+            Owner::Anyone | Owner::Unnamed => None,
+        }
+    }
 }
 
 /// Why a new session was refused.
-pub(crate) struct Full;
+pub(crate) enum Full {
+    /// Every session is answering a request.
+    Busy,
+    /// The one asking holds half of the table already.
+    YourShare { held: usize, max: usize },
+}
 
 impl Sessions {
     pub(crate) fn new(
@@ -94,11 +134,9 @@ impl Sessions {
                 if table.len() >= self.max && !table.contains_key(id) {
                     return false;
                 }
-                table.entry(id.to_string()).or_insert(Record {
-                    init: Some(init),
-                    last_active: Instant::now(),
-                    in_flight: 0,
-                });
+                table
+                    .entry(id.to_string())
+                    .or_insert_with(|| Record::new(Some(init)));
                 true
             }
             None => false,
@@ -165,33 +203,57 @@ impl Sessions {
         })
     }
 
-    /// Room for one more session, for `asking` (the principal of the new session, if known):
-    /// when the table is full, ends the longest-idle session of the principal that would hold
-    /// the most sessions, so that one person opening many sessions evicts their own, not
-    /// another's.
-    pub(crate) async fn make_room(&self, asking: Option<&str>) -> Result<(), Full> {
+    /// Who began the session, once known here.
+    pub(crate) fn owner_of(&self, id: &str) -> Option<Owner> {
+        self.lock().get(id).and_then(|r| r.owner.clone())
+    }
+
+    /// Records who began the session (nothing when it has ended meanwhile).
+    pub(crate) fn set_owner(&self, id: &str, owner: Owner) {
+        if let Some(r) = self.lock().get_mut(id) {
+            r.owner = Some(owner);
+        }
+    }
+
+    /// Room for one more session, for `asking` (whoever asks for it). When the table is full,
+    /// ends the longest-idle session of whoever holds the most, so that one person opening
+    /// many sessions ends their own, never another's; when all of theirs are busy, nobody's
+    /// is ended and the new session is refused. Where tokens tell people apart, one holding
+    /// half of the table already ends one of their own idle sessions for a new one, or is
+    /// refused: sessions held busy (a long `wait`) cannot lock others out.
+    pub(crate) async fn make_room(&self, asking: &Owner) -> Result<(), Full> {
         let victim = {
             let table = self.lock();
-            if table.len() < self.max {
+            let mut held: HashMap<Option<&Owner>, usize> = HashMap::new();
+            for r in table.values() {
+                *held.entry(r.owner.as_ref()).or_default() += 1;
+            }
+            let mine = held.get(&Some(asking)).copied().unwrap_or(0);
+            let at_share = *asking != Owner::Anyone && self.max >= 2 && mine >= self.max / 2;
+            if !at_share && table.len() < self.max {
                 return Ok(());
             }
-            let gate = self.codemode.gate();
-            let owner = |id: &str| gate.principal_of(id).map(|p| p.id);
-            let mut held: HashMap<Option<String>, usize> = HashMap::new();
-            for id in table.keys() {
-                *held.entry(owner(id)).or_default() += 1;
+            *held.entry(Some(asking)).or_default() += 1;
+            let most = held.values().copied().max().unwrap_or(0);
+            let candidates = table.iter().filter(|(_, r)| r.in_flight == 0);
+            let victim = match at_share {
+                true => candidates
+                    .filter(|(_, r)| r.owner.as_ref() == Some(asking))
+                    .max_by_key(|(_, r)| std::cmp::Reverse(r.last_active)),
+                false => candidates
+                    .filter(|(_, r)| held.get(&r.owner.as_ref()).copied() == Some(most))
+                    .max_by_key(|(_, r)| std::cmp::Reverse(r.last_active)),
+            };
+            match (victim, at_share) {
+                (Some((id, _)), _) => Some(id.clone()),
+                (None, true) => {
+                    return Err(Full::YourShare {
+                        held: mine,
+                        max: self.max,
+                    });
+                }
+                (None, false) => None,
             }
-            if let Some(asking) = asking {
-                *held.entry(Some(asking.to_string())).or_default() += 1;
-            }
-            table
-                .iter()
-                .filter(|(_, r)| r.in_flight == 0)
-                .max_by_key(|(id, r)| {
-                    let count = held.get(&owner(id)).copied().unwrap_or(0);
-                    (count, std::cmp::Reverse(r.last_active))
-                })
-                .map(|(id, _)| id.clone())
         };
         match victim {
             Some(id) => {
@@ -199,7 +261,7 @@ impl Sessions {
                 self.end(&id).await;
                 Ok(())
             }
-            None => Err(Full),
+            None => Err(Full::Busy),
         }
     }
 
@@ -297,11 +359,9 @@ impl SessionStore for Store {
     async fn store(&self, session_id: &str, state: &SessionState) -> Result<(), SessionStoreError> {
         {
             let mut table = self.0.lock();
-            let record = table.entry(session_id.to_string()).or_insert(Record {
-                init: None,
-                last_active: Instant::now(),
-                in_flight: 0,
-            });
+            let record = table
+                .entry(session_id.to_string())
+                .or_insert_with(|| Record::new(None));
             record.init = Some(state.clone());
         }
         self.0.save_shared(session_id, state).await;
