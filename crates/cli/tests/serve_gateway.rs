@@ -305,6 +305,13 @@ fn item13_a_policy_decides_on_the_server_and_the_uri() {
         "{v}"
     );
     assert!(
+        v["promptNoArgsError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no-client-prompts"),
+        "without `arguments` the same prompt reaches the policy too: {v}"
+    );
+    assert!(
         v["scriptPrompt"]["messages"].as_u64().unwrap_or(0) > 0,
         "{v}"
     );

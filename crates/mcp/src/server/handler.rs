@@ -587,7 +587,9 @@ impl ServerHandler for CodemodeHandler {
             .prompt_get_tool(&request.name)
             .map_err(proxy_error)?;
         let what = format!("getting prompt {}", request.name);
-        let args = json!({ "name": local, "arguments": request.arguments });
+        // MCP lets a client leave `arguments` out for a prompt that takes none.
+        let arguments = request.arguments.unwrap_or_default();
+        let args = json!({ "name": local, "arguments": arguments });
         self.call_for_client::<GetPromptResult>(&tool, args, &what, &context)
             .await
             .map(GetPromptResponse::Complete)
