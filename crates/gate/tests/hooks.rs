@@ -480,3 +480,25 @@ async fn a_command_starts_in_its_own_directory_and_learns_the_project_as_data() 
         "{vars}"
     );
 }
+
+/// Red team: a hook that padded its answer past the read limit had the rest cut off; the kept
+/// part was only spaces, which reads as "allow", so a hook that said "block" let the call run.
+#[tokio::test]
+async fn a_hook_answer_too_long_to_read_whole_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let padded = script_file(
+        dir.path(),
+        "padded.sh",
+        "head -c 1048576 /dev/zero | tr '\\0' ' '; echo '{\"decision\":\"block\",\"reason\":\"NO\"}'",
+    );
+    let (res, t) = run_with(
+        command_hooks(&[("ls", &padded, 10)], &[]),
+        "ls",
+        json!({}),
+    )
+    .await;
+    let err = res.unwrap_err();
+    assert_eq!(err.stage, Stage::Hook, "{}", err.message);
+    assert!(err.message.contains("more than"), "{}", err.message);
+    assert_eq!(t.runs.load(Ordering::SeqCst), 0);
+}

@@ -181,8 +181,8 @@ enum Outcome {
     Failed(String),
 }
 
-/// Most bytes of a hook's stdout or stderr that are read; a hook that writes more is cut off and
-/// its answer is then not valid JSON, which blocks.
+/// Most bytes of a hook's stdout or stderr that are kept; a hook that writes more blocks the
+/// call (its answer past the cut could say anything, "block" included).
 const MAX_HOOK_OUTPUT: u64 = 1024 * 1024;
 
 /// Kills a hook's whole process group when dropped: when the hook ends, times out, or the call
@@ -252,9 +252,10 @@ async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) ->
         return Outcome::Failed("could not be connected to".to_string());
     };
     let collect = async {
+        // One byte past the limit is read to tell a full answer from a cut one.
         let read_all = |r: Box<dyn tokio::io::AsyncRead + Unpin + Send>| async move {
             let mut buf = Vec::new();
-            let _ = r.take(MAX_HOOK_OUTPUT).read_to_end(&mut buf).await;
+            let _ = r.take(MAX_HOOK_OUTPUT + 1).read_to_end(&mut buf).await;
             buf
         };
         let (out, err, status) = tokio::join!(
@@ -275,6 +276,11 @@ async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) ->
         Ok((_, _, Err(e))) => return Outcome::Failed(format!("could not be waited for: {e}")),
         Ok((out, err, Ok(status))) => (out, err, status),
     };
+    if stdout.len() as u64 > MAX_HOOK_OUTPUT {
+        return Outcome::Failed(format!(
+            "wrote more than {MAX_HOOK_OUTPUT} bytes to stdout, so its answer cannot be read whole; a hook answers with one short JSON object"
+        ));
+    }
     let stdout = String::from_utf8_lossy(&stdout).trim().to_string();
     let stderr = String::from_utf8_lossy(&stderr).trim().to_string();
     match status.code() {
