@@ -491,12 +491,7 @@ async fn a_hook_answer_too_long_to_read_whole_blocks() {
         "padded.sh",
         "head -c 1048576 /dev/zero | tr '\\0' ' '; echo '{\"decision\":\"block\",\"reason\":\"NO\"}'",
     );
-    let (res, t) = run_with(
-        command_hooks(&[("ls", &padded, 10)], &[]),
-        "ls",
-        json!({}),
-    )
-    .await;
+    let (res, t) = run_with(command_hooks(&[("ls", &padded, 10)], &[]), "ls", json!({})).await;
     let err = res.unwrap_err();
     assert_eq!(err.stage, Stage::Hook, "{}", err.message);
     assert!(err.message.contains("more than"), "{}", err.message);

@@ -69,7 +69,8 @@ impl HttpClient {
                 limit.as_secs_f64()
             )),
         };
-        result.map_err(|message| redact(&message, &secrets))
+        // Redacted whole, then cut: a key cut in half would pass as no key.
+        result.map_err(|message| cut(&redact(&message, &secrets), MAX_MESSAGE_CHARS))
     }
 
     async fn exchange(&self, out: Outgoing<'_>) -> Result<Value, String> {
@@ -114,11 +115,11 @@ impl HttpClient {
         }
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body);
-            let snippet: String = text.chars().take(300).collect();
+            // Whole here: `post_json` cuts the message once it is redacted.
             return Err(format!(
                 "the provider \"{provider}\" answered HTTP {}: {}",
                 status.as_u16(),
-                snippet.trim()
+                text.trim()
             ));
         }
         serde_json::from_slice(&body)
@@ -137,6 +138,16 @@ fn chain(e: reqwest::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// Longest error message about a provider's answer that a script is shown.
+const MAX_MESSAGE_CHARS: usize = 400;
+
+fn cut(message: &str, max_chars: usize) -> String {
+    match message.char_indices().nth(max_chars) {
+        Some((at, _)) => format!("{}…", &message[..at]),
+        None => message.to_string(),
+    }
 }
 
 /// Shortest configured value treated as a secret; shorter header values (`1`, `json`) would

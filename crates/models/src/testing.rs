@@ -52,6 +52,8 @@ pub struct Knobs {
     /// With `status`, echo the request's Authorization header in the error body, as some
     /// providers do.
     pub echo_authorization: bool,
+    /// With `status`, echo the bare key (no `Bearer `) after this many padding characters.
+    pub echo_key_after: Option<usize>,
 }
 
 impl Default for Knobs {
@@ -68,6 +70,7 @@ impl Default for Knobs {
             content: None,
             raw_usage: None,
             echo_authorization: false,
+            echo_key_after: None,
         }
     }
 }
@@ -202,7 +205,15 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     }
     if let Some(status) = knobs.status {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let message = if knobs.echo_authorization {
+        let message = if let Some(padding) = knobs.echo_key_after {
+            let auth = parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let key = auth.strip_prefix("Bearer ").unwrap_or(auth);
+            format!("{} key was {key}", "x".repeat(padding))
+        } else if knobs.echo_authorization {
             let auth = parts
                 .headers
                 .get(header::AUTHORIZATION)

@@ -138,3 +138,25 @@ async fn an_echoed_key_never_reaches_the_result() {
     .unwrap();
     assert!(!out.value.to_string().contains(KEY), "{}", out.value);
 }
+
+/// Red team: the error body was cut to 300 characters before the key was redacted, so a key
+/// the cut split in two passed in part (`…key was sk-SECRETKE`).
+#[tokio::test]
+async fn a_key_cut_by_the_message_limit_is_not_shown_in_part() {
+    let f = fixture().await;
+    // Every cut through the key, at either limit (the old 300 characters, the message's 400).
+    for padding in (250..300).chain(360..400) {
+        f.provider.configure(|k| {
+            k.status = Some(401);
+            k.echo_key_after = Some(padding);
+        });
+        let out = gated(&f.classify, args_with_state("hi")).await.unwrap();
+        let message = out.value["errorMessage"].as_str().unwrap();
+        for prefix_len in 6..=KEY.len() {
+            assert!(
+                !message.contains(&KEY[..prefix_len]),
+                "padding {padding}: part of the key: {message}"
+            );
+        }
+    }
+}
