@@ -694,8 +694,11 @@ impl Settings {
             }
         }
 
-        // `only` declares less to the model than `on`, so it is the narrower mode.
-        let mode = n.narrow("mode", u.mode, p.mode, |p, _| *p == CodemodeMode::Only);
+        // `only` declares less to the model than `on`, so it is the narrower mode; but any mode
+        // turns code mode on, so where you set none a project's is a widening.
+        let mode = n.narrow("mode", u.mode, p.mode, |p, u| {
+            u.is_some() && *p == CodemodeMode::Only
+        });
         let mode = cli.mode.or(mode);
         let budgets = Budgets {
             script: narrow_budget(

@@ -550,3 +550,31 @@ fn only_you_may_start_programs_unconfined_and_a_project_may_only_confine_them() 
     let d = dirs(Some(json!({"environment": {"confine": false}})), None);
     assert!(!load(&d).settings.confine_children, "you may turn it off");
 }
+
+/// Red team: a project could turn code mode on where you had not, with a mode (`only` read as
+/// narrower than `on` even when you set none) or with a models.json of its own (a catalog,
+/// and with it `models.*` in scripts).
+#[test]
+fn an_untrusted_project_cannot_turn_code_mode_on() {
+    let d = dirs(Some(json!({})), Some(json!({"mode": "only"})));
+    std::fs::write(d.project.join(".codemode/models.json"), "{}").unwrap();
+    let c = load(&d);
+    assert_eq!(
+        c.settings.mode, None,
+        "no mode of yours, none of the project's"
+    );
+    assert!(
+        c.models.is_none(),
+        "no catalog of yours, none of the project's"
+    );
+    assert!(!c.activation(false).codemode);
+    assert!(
+        c.warnings.iter().any(|w| w.contains("mode"))
+            && c.warnings.iter().any(|w| w.contains("models.json")),
+        "{:?}",
+        c.warnings
+    );
+    // Where you chose a mode, `only` still narrows `on`.
+    let d = dirs(Some(json!({"mode": "on"})), Some(json!({"mode": "only"})));
+    assert_eq!(load(&d).settings.mode, Some(CodemodeMode::Only));
+}

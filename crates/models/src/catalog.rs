@@ -93,7 +93,7 @@ impl Catalog {
                     key: match &p.key {
                         KeySpec::None => KeySource::None,
                         KeySpec::Env(var) => KeySource::Env(var.clone()),
-                        KeySpec::Command(cmd) => KeySource::command(cmd.clone()),
+                        KeySpec::Command(cmd, dir) => KeySource::command(cmd.clone(), dir.clone()),
                     },
                     headers: p.headers.clone(),
                 })

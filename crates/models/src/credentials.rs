@@ -1,7 +1,9 @@
 //! Where a provider's API key comes from: an environment variable or a command's output.
 //!
 //! Keys are read when a call needs them (not at load time), so a key set or rotated after start-up
-//! is used, and `available_of_type` reflects the credentials present now.
+//! is used, and `available_of_type` reflects the environment variables present now. A key
+//! command runs only for a call the gate admitted, in the directory of the models.json that
+//! names it, with `PATH`'s relative entries removed.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -21,6 +23,8 @@ pub(crate) enum KeySource {
     /// cached, because password managers can be slow or ask the user.
     Command {
         command: String,
+        /// Where it runs: beside the user's models.json.
+        dir: Option<std::path::PathBuf>,
         cached: Mutex<Option<String>>,
     },
 }
@@ -37,18 +41,20 @@ impl std::fmt::Debug for KeySource {
 }
 
 impl KeySource {
-    pub(crate) fn command(command: String) -> Self {
+    pub(crate) fn command(command: String, dir: Option<std::path::PathBuf>) -> Self {
         KeySource::Command {
             command,
+            dir,
             cached: Mutex::new(None),
         }
     }
 
-    /// True when no key is needed or one can be had now.
+    /// True when no key is needed or one can be had now. A key command is not run for this:
+    /// only a call the gate admitted may start it (a script listing models must not).
     pub(crate) fn is_available(&self) -> bool {
         match self {
-            KeySource::None => true,
-            _ => self.resolve().is_ok(),
+            KeySource::None | KeySource::Command { .. } => true,
+            KeySource::Env(_) => self.resolve().is_ok(),
         }
     }
 
@@ -62,13 +68,17 @@ impl KeySource {
                     "the API key is missing: set the environment variable {var}"
                 )),
             },
-            KeySource::Command { command, cached } => {
+            KeySource::Command {
+                command,
+                dir,
+                cached,
+            } => {
                 if let Ok(guard) = cached.lock()
                     && let Some(key) = guard.as_ref()
                 {
                     return Ok(Some(key.clone()));
                 }
-                let key = run_key_command(command)?;
+                let key = run_key_command(command, dir.as_deref())?;
                 if let Ok(mut guard) = cached.lock() {
                     *guard = Some(key.clone());
                 }
@@ -79,10 +89,20 @@ impl KeySource {
 }
 
 /// Runs `sh -c command` and returns its trimmed stdout, refusing empty output, failure or a hang.
-fn run_key_command(command: &str) -> Result<String, String> {
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(command)
+fn run_key_command(command: &str, dir: Option<&std::path::Path>) -> Result<String, String> {
+    let mut command_line = Command::new("sh");
+    command_line.arg("-c").arg(command);
+    if let Some(dir) = dir {
+        command_line.current_dir(dir);
+    }
+    // A relative `PATH` entry (`.`) would find programs in whatever directory this runs from.
+    if let Some(path) = std::env::var_os("PATH") {
+        let kept: Vec<_> = std::env::split_paths(&path)
+            .filter(|p| p.is_absolute())
+            .collect();
+        command_line.env("PATH", std::env::join_paths(kept).unwrap_or_default());
+    }
+    let mut child = command_line
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -114,11 +114,18 @@ fn available_depends_on_the_credential() {
     }))
     .unwrap();
     assert_eq!(catalog.models_of_type("classifier").unwrap().len(), 6);
+    // A key command is not run to list models (a script may list them without the gate's
+    // leave): it counts as available, and a call finds out whether it prints a key.
     assert_eq!(
         ids(&catalog.available_of_type("classifier").unwrap()),
-        ["env_set/a", "cmd_ok/c", "keyless/f"]
+        [
+            "env_set/a",
+            "cmd_ok/c",
+            "cmd_fails/d",
+            "cmd_empty/e",
+            "keyless/f"
+        ]
     );
-    // The command's key is cached now; debugging output must not show it.
     assert!(!format!("{catalog:?}").contains("k-123"));
 }
 

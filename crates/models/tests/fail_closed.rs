@@ -160,3 +160,48 @@ async fn a_key_cut_by_the_message_limit_is_not_shown_in_part() {
         }
     }
 }
+
+/// Red team: `"apiKeyCommand": "./key.sh"` ran in the directory codemode was started in, the
+/// project, so a project's `key.sh` ran with your authority and its key was sent. A relative
+/// command is yours, beside your models.json; and listing models runs no command at all.
+#[tokio::test]
+async fn a_key_command_runs_beside_your_models_file_and_only_for_a_call() {
+    use std::os::unix::fs::PermissionsExt;
+    let provider = codemode_models::testing::TestProvider::start()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let key_sh = dir.path().join("key.sh");
+    std::fs::write(
+        &key_sh,
+        format!(
+            "#!/bin/sh\necho x >> '{}'\nprintf user-key-123456\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&key_sh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let file = dir.path().join("models.json");
+    let mut models = catalog_json(&provider.base_url());
+    models["providers"]["p"] = json!({"baseUrl": provider.base_url(), "apiKeyCommand": "./key.sh"});
+    std::fs::write(&file, models.to_string()).unwrap();
+    let (config, _) =
+        codemode_config::models::ModelsConfig::load(Some(&file), None, false).unwrap();
+    let catalog = std::sync::Arc::new(codemode_models::Catalog::new(&config.unwrap()));
+    assert_eq!(catalog.available_of_type("classifier").unwrap().len(), 2);
+    assert!(!ran.exists(), "listing models ran the key command");
+    let tools = codemode_models::model_tools(catalog, codemode_models::ModelsHttpConfig::default());
+    let classify = tools
+        .iter()
+        .find(|t| t.spec().name == "models.classify")
+        .unwrap();
+    let out = gated(classify, args_with_state("hi")).await.unwrap();
+    assert!(out.value["errorMessage"].is_null(), "{}", out.value);
+    let sent = provider.requests()[0]
+        .authorization
+        .clone()
+        .unwrap_or_default();
+    assert!(sent.contains("user-key-123456"), "{sent}");
+    assert!(ran.exists());
+}

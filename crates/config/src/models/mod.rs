@@ -24,8 +24,9 @@ pub enum KeySpec {
     None,
     /// The value of this environment variable.
     Env(String),
-    /// The trimmed standard output of this shell command.
-    Command(String),
+    /// The trimmed standard output of this shell command, run in the directory given (that of
+    /// the models.json that names it; `None`: the process's own), never in a project.
+    Command(String, Option<std::path::PathBuf>),
 }
 
 /// A provider and how to reach it. Never shown to scripts.
@@ -98,6 +99,18 @@ impl ModelsConfig {
         if user.is_none() && project.is_none() {
             return Ok((None, Vec::new()));
         }
+        // Models are offered to scripts (and turn code mode on) only where you set them up: an
+        // untrusted project's file may narrow your catalog, not make one.
+        if let (None, Some((_, file))) = (&user, &project)
+            && !project_trusted
+        {
+            return Ok((
+                None,
+                vec![format!(
+                    "{file}: ignored: an untrusted project's models.json can only narrow yours, and you have none; `codemode trust` the project to use it"
+                )],
+            ));
+        }
         let mut config = ModelsConfig::default();
         let mut warnings = Vec::new();
         if let Some((raw, file)) = user {
@@ -123,6 +136,8 @@ impl ModelsConfig {
     }
 
     fn add_user(&mut self, raw: RawFile, file: &str) -> Result<(), Problem> {
+        // A relative `./key.sh` is the user's, beside their models.json: run in the project,
+        // it would be whatever program the project put there.
         for p in raw.providers {
             if p.enabled == Some(false) {
                 continue;
@@ -136,7 +151,7 @@ impl ModelsConfig {
             })?;
             let key = match (p.api_key_env, p.api_key_command) {
                 (Some(var), _) => KeySpec::Env(var),
-                (None, Some(cmd)) => KeySpec::Command(cmd),
+                (None, Some(cmd)) => KeySpec::Command(cmd, command_dir(file)),
                 (None, None) => KeySpec::None,
             };
             self.providers.retain(|q| q.name != p.name);
@@ -326,5 +341,14 @@ fn read(path: &Path) -> Result<Option<(RawFile, String)>, Problem> {
     match crate::jsonc::read(path)? {
         Some(value) => Ok(Some((parse::parse_file(&value, &file)?, file))),
         None => Ok(None),
+    }
+}
+
+/// The directory a key command runs in: that of the file naming it, when `file` is a path.
+fn command_dir(file: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(file);
+    match path.parent() {
+        Some(dir) if path.is_file() && !dir.as_os_str().is_empty() => dir.canonicalize().ok(),
+        _ => None,
     }
 }
