@@ -211,9 +211,18 @@ pub(crate) fn estimate(
         return Usage::default();
     };
     if model.model_type == "image" {
+        // Its price per image, and its token prices too where it has them: an image model may
+        // bill both, and a reservation below what it can cost would let parallel calls pass
+        // a cap together that only some fit under.
+        let (input_tokens, output_tokens) = (model.max_input_tokens, model.max_output_tokens);
         return Usage {
             images: 1,
-            cost_usd: model.image_price.max(0.0),
+            input_tokens,
+            output_tokens,
+            cost_usd: model.image_price.max(0.0)
+                + (input_tokens as f64 * model.input_price.max(0.0)
+                    + output_tokens as f64 * model.output_price.max(0.0))
+                    / 1_000_000.0,
             ..Usage::default()
         };
     }

@@ -88,6 +88,11 @@ impl ModelTool {
     }
 }
 
+/// The most output tokens one generated image is billed at, as far as we know: gpt-image-1
+/// bills 6,240 for its largest image at high quality. Reserved for an image model with token
+/// prices, since its request has no `max_tokens` of its own.
+const IMAGE_OUTPUT_TOKENS: u64 = 6_240;
+
 impl Tool for ModelTool {
     fn spec(&self) -> &ToolSpec {
         &self.spec
@@ -103,14 +108,17 @@ impl Tool for ModelTool {
                 classify::request_body(m, input),
                 classify::max_output_tokens(input),
             ),
-            Checked::Images(m, input) => (m.clone(), images::request_body(m, input), 0),
+            Checked::Images(m, input) => (
+                m.clone(),
+                images::request_body(m, input),
+                IMAGE_OUTPUT_TOKENS,
+            ),
         };
         let sent = tokens::count_request(&body);
         let mut model_facts = model.facts();
-        if let Checked::Classify(..) = checked {
-            model_facts.max_input_tokens = sent.bound;
-            model_facts.max_output_tokens = max_output;
-        }
+        // An image model may bill tokens too (gpt-image-1 does): the gate reserves on both.
+        model_facts.max_input_tokens = sent.bound;
+        model_facts.max_output_tokens = max_output;
         let facts = CallFacts {
             model: Some(model_facts),
             ..CallFacts::default()

@@ -148,3 +148,76 @@ async fn a_model_call_cut_off_in_flight_is_audited_as_cancelled_and_charged_its_
     assert_eq!(line["status"], "cancelled", "{line}");
     assert_eq!(line["kind"], "model", "{line}");
 }
+
+/// Red team: an image model billed by tokens as well (gpt-image-1 is) was reserved only its
+/// price per image, so four parallel calls passed a $1.50 cap together and spent $4. The
+/// reservation now holds its token prices too, at 6,240 output tokens an image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_image_calls_priced_by_tokens_stay_under_a_cost_cap() {
+    let provider = codemode_models::testing::TestProvider::start()
+        .await
+        .unwrap();
+    provider.configure(|k| {
+        k.delay = Duration::from_millis(300);
+        k.usage = Some((10, 4_000));
+    });
+    let mut models = catalog_json(&provider.base_url());
+    models["models"].as_array_mut().unwrap().push(
+        json!({ "provider": "p", "id": "tokpainter", "type": "image",
+                      "price": { "input": 5.0, "output": 40.0 } }),
+    );
+    let catalog = codemode_models::Catalog::from_json(&models).unwrap();
+    let tools = codemode_models::model_tools(
+        std::sync::Arc::new(catalog),
+        codemode_models::ModelsHttpConfig::default(),
+    );
+    let reg = Registry::new();
+    for t in tools {
+        reg.register(t).unwrap();
+    }
+    let cap = 0.6;
+    let gate = Gate::builder()
+        .registry(reg)
+        .policy(
+            PolicySet::parse(
+                "all.cedar",
+                "@id(\"all\") permit(principal, action, resource);",
+            )
+            .unwrap(),
+        )
+        .budgets(Budgets {
+            script: BudgetLimits {
+                max_cost_usd: Some(cap),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .build()
+        .unwrap();
+    let calls = (0..4).map(|n| {
+        let gate = gate.clone();
+        async move {
+            let mut p = Provenance::model(format!("cm-img/{n}"), "s1");
+            p.origin = codemode_spec::Origin::Script;
+            p.script_id = Some("img".into());
+            let args = json!({"model": { "type": "image", "provider": "p", "id": "tokpainter" },
+                              "context": {"input": [{"type": "text", "text": "a fox"}]}});
+            gate.call(CallRequest::new("models.generateImages", args, p))
+                .await
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let ran = results.iter().filter(|r| r.is_ok()).count();
+    for r in &results {
+        if let Err(e) = r {
+            assert_eq!(e.stage, Stage::Budget, "{}", e.message);
+        }
+    }
+    let spent = gate.end_script("img").usage.cost_usd;
+    // Each call costs $0.16005 (10 input and 4,000 output tokens).
+    assert!(ran >= 1, "{results:?}");
+    assert!(
+        spent <= cap,
+        "spent ${spent} against a cap of ${cap}, {ran} calls ran"
+    );
+}
