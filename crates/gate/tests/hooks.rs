@@ -497,3 +497,33 @@ async fn a_hook_answer_too_long_to_read_whole_blocks() {
     assert!(err.message.contains("more than"), "{}", err.message);
     assert_eq!(t.runs.load(Ordering::SeqCst), 0);
 }
+
+/// Red team: a blocking hook whose matcher named an MCP tool as its server spells it
+/// (`mcp__t__delete-all`) never matched the registered `mcp__t__delete_all`, and the call ran.
+#[tokio::test]
+async fn a_matcher_with_an_mcp_tools_server_spelling_still_matches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let deny = script_file(dir.path(), "deny.sh", "echo no >&2; exit 2");
+    for matcher in [
+        "mcp__t__delete-all",
+        "bash|mcp__t__delete-all",
+        "mcp__t__delete-a.*",
+    ] {
+        let (res, t) = run_with(
+            command_hooks(&[(matcher, &deny, 10)], &[]),
+            "mcp__t__delete_all",
+            json!({}),
+        )
+        .await;
+        assert_eq!(res.unwrap_err().stage, Stage::Hook, "{matcher}");
+        assert_eq!(t.runs.load(Ordering::SeqCst), 0, "{matcher}");
+    }
+    // A character class keeps its meaning.
+    let (res, _) = run_with(
+        command_hooks(&[("mcp__t__[a-c]x", &deny, 10)], &[]),
+        "mcp__t__dx",
+        json!({}),
+    )
+    .await;
+    res.unwrap();
+}

@@ -85,6 +85,9 @@ pub enum HookConfigError {
 
 struct Compiled {
     matcher: Regex,
+    /// The matcher with MCP tool names as codemode registers them, when it names one as its
+    /// server spells it (`mcp__db__delete-all` for the registered `mcp__db__delete_all`).
+    spelled: Option<Regex>,
     commands: Vec<HookCommand>,
 }
 
@@ -113,7 +116,9 @@ impl CommandHooks {
 
     fn matching<'a>(list: &'a [Compiled], tool: &'a str) -> impl Iterator<Item = &'a HookCommand> {
         list.iter()
-            .filter(move |c| c.matcher.is_match(tool))
+            .filter(move |c| {
+                c.matcher.is_match(tool) || c.spelled.as_ref().is_some_and(|r| r.is_match(tool))
+            })
             .flat_map(|c| c.commands.iter())
     }
 }
@@ -139,12 +144,41 @@ fn compile(list: &[HookMatcher]) -> Result<Vec<Compiled>, HookConfigError> {
                     message: e.to_string(),
                 }
             })?;
+            // A blocking hook written with an MCP tool's name as its server spells it must not
+            // silently match nothing (tool rules and policies read such names the same way).
+            let spelled =
+                mcp_spelling(&pattern).and_then(|p| Regex::new(&format!("(?i)^(?:{p})$")).ok());
             Ok(Compiled {
                 matcher,
+                spelled,
                 commands: m.hooks.clone(),
             })
         })
         .collect()
+}
+
+/// `pattern` with every literal character an MCP tool's registered name cannot hold (outside
+/// letters, digits, `_` and regex syntax, and outside character classes) replaced by `_`, as
+/// codemode registers those names; `None` when it names no MCP tool or nothing changes.
+fn mcp_spelling(pattern: &str) -> Option<String> {
+    if !pattern.to_ascii_lowercase().contains("mcp__") {
+        return None;
+    }
+    let mut out = String::with_capacity(pattern.len());
+    let (mut in_class, mut escaped) = (false, false);
+    for c in pattern.chars() {
+        let literal_outside = !in_class && !escaped;
+        let keep = c.is_ascii_alphanumeric() || c == '_' || "\\.+*?()|[]{}^$".contains(c);
+        out.push(if literal_outside && !keep { '_' } else { c });
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '[' => in_class = true,
+            ']' => in_class = false,
+            _ => {}
+        }
+    }
+    (out != pattern).then_some(out)
 }
 
 fn event_json(
