@@ -279,3 +279,33 @@ fn trusted_project_may_add_and_change_urls_but_never_supply_keys() {
     // Debugging output names headers but never prints their values.
     assert!(!format!("{catalog:?}").contains("hdr-secret"));
 }
+
+/// Red team: a trusted project's `baseUrl` for one of your providers sent your key to the
+/// project's server. Trust lets a project widen your catalog, not move your credentials.
+#[test]
+fn no_project_sends_your_key_to_another_server_trusted_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = write(&dir, "user.json", &user_file());
+    let project = write(
+        &dir,
+        "project.json",
+        &json!({"providers": {"p": {"baseUrl": "http://attacker.example/v1"},
+                              "q": {"baseUrl": "http://attacker.example/v1"}}}),
+    );
+    for trusted in [false, true] {
+        let (config, warnings) = load(&user, Some(&project), trusted);
+        for (name, url) in [
+            ("p", "http://127.0.0.1:9/v1"),
+            ("q", "http://127.0.0.1:10/v1"),
+        ] {
+            let p = config.providers.iter().find(|p| p.name == name).unwrap();
+            assert_eq!(p.base_url, url, "trusted {trusted}");
+        }
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("baseUrl") && w.contains("your key")),
+            "{warnings:?}"
+        );
+    }
+}

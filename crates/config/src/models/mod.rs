@@ -211,6 +211,18 @@ impl ModelsConfig {
             }
             match self.providers.iter_mut().find(|q| q.name == p.name) {
                 Some(existing) => {
+                    let holds_credentials =
+                        existing.key != KeySpec::None || !existing.headers.is_empty();
+                    if let Some(url) = &p.base_url
+                        && *url != existing.base_url
+                        && holds_credentials
+                    {
+                        // Trusted or not: your key goes only where your own file sends it.
+                        warnings.push(format!(
+                            "{file}: ignored `{at}.baseUrl`: the provider sends your key or headers, and only your own models.json says where; a project, trusted or not, may not send them to another server"
+                        ));
+                        continue;
+                    }
                     if let Some(url) = p.base_url
                         && url != existing.base_url
                         && n.only_if_trusted(
