@@ -28,17 +28,88 @@ fn options() -> ParseOptions {
 pub fn parse(file: &str, text: &str) -> Result<Value, Problem> {
     // A byte-order mark is how some editors on Windows start a UTF-8 file.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let value: Value = jsonc_parser::parse_to_serde_value(text, &options()).map_err(|e| {
-        Problem::new(
-            file,
-            "",
-            format!("not valid JSON: {e} (comments and trailing commas are allowed, nothing else)"),
-        )
-    })?;
+    let value: Value = jsonc_parser::parse_to_serde_value::<OnceEach>(text, &options())
+        .map(|v| v.0)
+        .map_err(|e| {
+            Problem::new(
+                file,
+                "",
+                format!(
+                    "not valid JSON: {e} (comments and trailing commas are allowed, nothing else)"
+                ),
+            )
+        })?;
     if value.is_null() && text.trim().is_empty() {
         return Ok(Value::Object(Default::default()));
     }
     Ok(value)
+}
+
+/// A JSON value in which no object names a key twice. JSON parsers keep the last of two, so
+/// `{"limits": {…}, "limits": {…}}`, or the same key spelled once with `\u` escapes, would
+/// drop one without a word; in settings that can drop a restriction.
+struct OnceEach(Value);
+
+impl<'de> serde::Deserialize<'de> for OnceEach {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(OnceEachVisitor).map(OnceEach)
+    }
+}
+
+struct OnceEachVisitor;
+
+impl<'de> serde::de::Visitor<'de> for OnceEachVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("a number that is not finite"))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_string()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(OnceEach(v)) = seq.next_element()? {
+            out.push(v);
+        }
+        Ok(Value::Array(out))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut out = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if out.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key \"{key}\" appears twice in one object, and only one of them could apply; say it once"
+                )));
+            }
+            let OnceEach(value) = map.next_value()?;
+            out.insert(key, value);
+        }
+        Ok(Value::Object(out))
+    }
 }
 
 /// The largest configuration file read (settings, mcp.json, models.json, a policy file).
@@ -123,5 +194,33 @@ mod file_tests {
         let fine = dir.path().join("fine.json");
         std::fs::write(&fine, "{\"a\": 1}").expect("write");
         assert!(read(&fine).expect("fine").is_some());
+    }
+}
+
+#[cfg(test)]
+mod duplicate_tests {
+    use super::*;
+
+    /// Red team: `{"\u006Cimits": {…}, "limits": {…}}` was taken with the last one silently
+    /// winning, which can drop a restriction from your own settings.
+    #[test]
+    fn a_key_named_twice_is_an_error_however_it_is_spelled() {
+        for text in [
+            r#"{"limits": {"timeout_ms": 1000}, "limits": {}}"#,
+            r#"{"\u006Cimits": {"timeout_ms": 1000}, "limits": {}}"#,
+            r#"{"a": [{"x": 1, "x": 2}]}"#,
+        ] {
+            let e = parse("settings.json", text).unwrap_err().to_string();
+            assert!(e.contains("appears twice"), "{text}: {e}");
+        }
+        let v = parse(
+            "s.json",
+            "// c\n{\"a\": [1, 2.5, null, true, \"s\", {\"b\": {}}],}",
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"a": [1, 2.5, null, true, "s", {"b": {}}]})
+        );
     }
 }
