@@ -125,21 +125,15 @@ fn calls_not_awaited_are_reported_as_they_ended_not_as_cancelled() {
     std::fs::write(&allow, "permit(principal, action, resource);").unwrap();
     let state = tempfile::tempdir().unwrap();
     let script = "for (let i = 0; i < 20; i++) tools.write({path: 'ff' + i + '.txt', content: 'x'});\nthrow new Error('bail')";
-    let out = codemode(
-        &[
-            "run",
-            "--workdir",
-            w,
-            "--json",
-            "--policy",
-            allow.to_str().unwrap(),
-            "--state-dir",
-            state.path().to_str().unwrap(),
-            "-",
-        ],
-        config.path(),
-        Some(script),
-    );
+    let run = |json: bool, script: &str| {
+        let mut args = vec!["run", "--workdir", w, "--policy", allow.to_str().unwrap()];
+        args.extend(["--state-dir", state.path().to_str().unwrap(), "-"]);
+        if json {
+            args.insert(1, "--json");
+        }
+        codemode(&args, config.path(), Some(script))
+    };
+    let out = run(true, script);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     let calls = v["calls"].as_array().cloned().unwrap_or_default();
     assert_eq!(calls.len(), 20, "{v}");
@@ -160,19 +154,9 @@ fn calls_not_awaited_are_reported_as_they_ended_not_as_cancelled() {
     }
     assert!(ran > 0, "some calls ran in their first poll: {v}");
     // What the model reads says so too.
-    let out = codemode(
-        &[
-            "run",
-            "--workdir",
-            w,
-            "--policy",
-            allow.to_str().unwrap(),
-            "--state-dir",
-            state.path().to_str().unwrap(),
-            "-",
-        ],
-        config.path(),
-        Some("tools.write({path: 'one.txt', content: 'x'}); throw new Error('bail')"),
+    let out = run(
+        false,
+        "tools.write({path: 'one.txt', content: 'x'}); throw new Error('bail')",
     );
     let model_text = text(&out.stdout);
     if work.path().join("one.txt").exists() {

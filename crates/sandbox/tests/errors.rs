@@ -95,19 +95,11 @@ both_modes!(
 #[test]
 fn full_outputs_are_private_and_expire() {
     use std::os::unix::fs::PermissionsExt;
-    let result = |text: &str| ScriptResult {
-        ok: true,
-        value: None,
-        output: vec![OutputItem::Text {
+    let result = |text: &str| {
+        result_with_output(vec![OutputItem::Text {
             text: text.into(),
             console: false,
-        }],
-        calls: vec![],
-        store_writes: vec![],
-        error: None,
-        wall_ms: 0.0,
-        options: Default::default(),
-        limits: Default::default(),
+        }])
     };
     let t = render_model_text(&result(&"z".repeat(10_000)), 10);
     let path = t.full_output_path.unwrap();

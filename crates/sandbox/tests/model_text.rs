@@ -110,17 +110,7 @@ both_modes!(
 );
 
 fn output(items: Vec<OutputItem>) -> ScriptResult {
-    ScriptResult {
-        ok: true,
-        value: None,
-        output: items,
-        calls: vec![],
-        store_writes: vec![],
-        error: None,
-        wall_ms: 0.0,
-        options: Default::default(),
-        limits: Default::default(),
-    }
+    result_with_output(items)
 }
 
 fn text_item(text: String, console: bool) -> OutputItem {

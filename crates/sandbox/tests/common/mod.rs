@@ -182,3 +182,18 @@ pub fn texts(r: &ScriptResult) -> Vec<String> {
         })
         .collect()
 }
+
+/// A finished script's result holding only `items` as its output, for rendering tests.
+pub fn result_with_output(items: Vec<OutputItem>) -> ScriptResult {
+    ScriptResult {
+        ok: true,
+        value: None,
+        output: items,
+        calls: vec![],
+        store_writes: vec![],
+        error: None,
+        wall_ms: 0.0,
+        options: Default::default(),
+        limits: Default::default(),
+    }
+}
