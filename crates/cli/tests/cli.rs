@@ -144,7 +144,11 @@ fn calls_not_awaited_are_reported_as_they_ended_not_as_cancelled() {
             .and_then(|a| a["path"].as_str().map(str::to_string))
             .unwrap_or_default();
         let written = work.path().join(&path).exists();
-        assert_eq!(call["awaited"], Value::Bool(false), "{call}");
+        // A call that finished before the script ended is reported as any call is; one still
+        // out then is marked, with what the gate saw of it.
+        if call["awaited"] == Value::Bool(false) {
+            assert!(call["error"].is_string(), "{call}");
+        }
         if written {
             ran += 1;
             assert_eq!(call["status"], "ok", "{path} was written: {call}");
@@ -159,9 +163,11 @@ fn calls_not_awaited_are_reported_as_they_ended_not_as_cancelled() {
         "tools.write({path: 'one.txt', content: 'x'}); throw new Error('bail')",
     );
     let model_text = text(&out.stdout);
+    // Written: "ok", and "not awaited: it ran to its end" when it was still out at the end.
     if work.path().join("one.txt").exists() {
         assert!(
-            model_text.contains("write (ok, not awaited: it ran to its end)"),
+            model_text.contains("write (ok)")
+                || model_text.contains("write (ok, not awaited: it ran to its end)"),
             "{model_text}"
         );
     } else {
