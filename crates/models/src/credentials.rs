@@ -97,10 +97,10 @@ fn run_key_command(command: &str, dir: Option<&std::path::Path>) -> Result<Strin
     }
     // A relative `PATH` entry (`.`) would find programs in whatever directory this runs from.
     if let Some(path) = std::env::var_os("PATH") {
-        let kept: Vec<_> = std::env::split_paths(&path)
-            .filter(|p| p.is_absolute())
-            .collect();
-        command_line.env("PATH", std::env::join_paths(kept).unwrap_or_default());
+        command_line.env(
+            "PATH",
+            codemode_childenv::absolute_path(&path).unwrap_or_default(),
+        );
     }
     let mut child = command_line
         .stdin(Stdio::null())
