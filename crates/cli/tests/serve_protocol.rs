@@ -1,6 +1,7 @@
-//! `codemode serve` answering malformed JSON-RPC the way the protocol says: invalid params are
-//! -32602 with what is wrong, and an unavailable method names itself. Raw lines over stdio, as a
-//! hostile or buggy client would send them.
+//! `codemode serve` answering malformed JSON-RPC the way the protocol says: a line that is not
+//! JSON is -32700, one that is not a request -32600, invalid params are -32602 with what is
+//! wrong, and an unavailable method names itself. Raw lines over stdio, as a hostile or buggy
+//! client would send them.
 
 mod common;
 
@@ -111,4 +112,164 @@ fn an_unavailable_method_names_itself() {
         let message = a["error"]["message"].as_str().unwrap();
         assert!(message.starts_with(method), "{a}");
     }
+}
+
+/// A `codemode serve` on stdio, fed raw bytes; its answers arrive on `answers`.
+struct Raw {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    answers: mpsc::Receiver<Value>,
+    _dir: tempfile::TempDir,
+}
+
+impl Raw {
+    fn start() -> Raw {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = common::codemode();
+        cmd.args(["serve", "--no-builtins", "--mode", "only", "--config-dir"])
+            .arg(dir.path())
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--workdir")
+            .arg(dir.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("codemode serve starts");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, answers) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // Every line the server writes must be JSON: a panic here fails the test.
+                let v: Value = serde_json::from_str(&line).expect("the server writes JSON lines");
+                let _ = tx.send(v);
+            }
+        });
+        Raw {
+            child,
+            stdin,
+            answers,
+            _dir: dir,
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next line the server writes (a generous bound only against a hang).
+    fn next(&self) -> Value {
+        self.answers
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server answered")
+    }
+
+    /// Answers until one with `id` arrives: the error answers (id null) seen on the way, and it.
+    fn until_id(&self, id: Value) -> (Vec<Value>, Value) {
+        let mut errors = Vec::new();
+        loop {
+            let v = self.next();
+            if v["id"] == id {
+                return (errors, v);
+            }
+            if v["id"].is_null() && v.get("error").is_some() {
+                errors.push(v);
+            }
+        }
+    }
+}
+
+fn error_of(v: &Value) -> (i64, String) {
+    (
+        v["error"]["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("not an error: {v}")),
+        v["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn lines_that_are_not_requests_get_errors_and_the_session_goes_on() {
+    let mut raw = Raw::start();
+    // Before the handshake: garbage, a cut-off object, JSON that is not JSON-RPC, blank lines.
+    raw.send(b"this is not json\n");
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initia\n");
+    raw.send(b"{\"hello\":\"world\"}\n");
+    raw.send(b"\n\r\n   \n");
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":\"x\",\"method\":7}\n");
+    let expected = [
+        (-32700, "not JSON"),
+        (-32700, "not JSON"),
+        (-32600, "no \"jsonrpc\""),
+    ];
+    for (code, says) in expected {
+        let v = raw.next();
+        assert_eq!(v["jsonrpc"], "2.0", "{v}");
+        assert!(
+            v["id"].is_null() && v.as_object().unwrap().contains_key("id"),
+            "{v}"
+        );
+        let (c, m) = error_of(&v);
+        assert_eq!(c, code, "{v}");
+        assert!(m.contains(says), "{m:?} does not say {says:?}");
+        assert!(
+            m.contains("\"method\":\"tools/list\""),
+            "no example in {m:?}"
+        );
+    }
+    let v = raw.next();
+    assert_eq!(v["id"], "x", "an id that can be read is answered: {v}");
+    let (c, m) = error_of(&v);
+    assert_eq!(c, -32600);
+    assert!(m.contains("\"method\" is a number"), "{m}");
+
+    // A byte order mark and CRLF on a real initialize.
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    raw.send(format!("\u{feff}{init}\r\n").as_bytes());
+    let (errors, v) = raw.until_id(json!(0));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n");
+
+    // A long but valid line (4 MiB) is read; one over the 16 MiB limit is answered, unread.
+    let pad = "x".repeat(4 << 20);
+    let long = json!({"jsonrpc": "2.0", "id": 1, "method": "ping",
+        "params": {"_meta": {"pad": pad}}});
+    raw.send(format!("{long}\n").as_bytes());
+    let (errors, v) = raw.until_id(json!(1));
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(v["result"].is_object(), "{v}");
+    let mut huge = vec![b'['; 17 << 20];
+    huge.push(b'\n');
+    raw.send(&huge);
+    raw.send(b"garbage after the huge line\n");
+    raw.send(b"{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"tools/list\"}\n");
+    let (errors, v) = raw.until_id(json!(2));
+    let tools: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("tools/list answered: {v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(tools.contains(&"codemode"), "{tools:?}");
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    let (c, m) = error_of(&errors[0]);
+    assert_eq!(c, -32600);
+    assert!(m.contains("longer than 16 MiB"), "{m}");
+    assert_eq!(error_of(&errors[1]).0, -32700);
+
+    // Still serving, and ends cleanly when the client closes stdin.
+    assert!(
+        raw.child.try_wait().unwrap().is_none(),
+        "the server is running"
+    );
+    drop(raw.stdin.take());
+    let status = raw.child.wait().unwrap();
+    assert!(status.success(), "{status}");
 }

@@ -5,6 +5,7 @@ mod handler;
 mod http;
 mod result;
 mod sessions;
+mod stdio_lines;
 mod transport;
 
 use std::sync::Arc;
