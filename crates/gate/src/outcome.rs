@@ -39,6 +39,10 @@ pub struct CallOutcome {
     /// RFC 3339, UTC, milliseconds.
     pub time: String,
     pub provenance: Provenance,
+    /// Who the session acts for (under `serve --listen`, the name of the bearer token that
+    /// began it), the principal its `budgets.principal` and `budgets.team` are charged to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
     /// The tool's raw name (or the name asked for, when it did not resolve).
     pub tool: String,
     /// The tool's namespace, such as `mcp__github` for a server's tools: which server a call

@@ -254,6 +254,10 @@ impl Pending {
         let outcome = CallOutcome {
             time: utc_now(),
             provenance: self.provenance.clone(),
+            principal: self
+                .gate
+                .principal_of(&self.provenance.session_id)
+                .map(|p| p.id),
             tool: self.tool.clone(),
             namespace: self.namespace.clone(),
             kind: self.kind,

@@ -64,6 +64,18 @@ struct PolicyState {
     schema: PolicySchema,
 }
 
+impl Inner {
+    /// Who a session acts for: the principal set for it, else the default one.
+    pub(crate) fn principal_of(&self, session_id: &str) -> Option<Principal> {
+        self.principals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+            .cloned()
+            .or_else(|| self.default_principal.clone())
+    }
+}
+
 pub(crate) struct Inner {
     registry: Registry,
     policy: RwLock<Arc<PolicyState>>,
@@ -326,13 +338,7 @@ impl Gate {
 
     /// Who a session acts for.
     pub fn principal_of(&self, session_id: &str) -> Option<Principal> {
-        self.inner
-            .principals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(session_id)
-            .cloned()
-            .or_else(|| self.inner.default_principal.clone())
+        self.inner.principal_of(session_id)
     }
 
     /// Forgets what the gate keeps about a session in this process.
