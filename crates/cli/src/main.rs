@@ -93,8 +93,9 @@ pub struct SetupArgs {
     /// it; unset, cells keep state in state.db in your state directory.
     #[arg(long = "state", value_name = "URL", env = "CODEMODE_STATE_URL")]
     pub state_url: Option<String>,
-    /// Who the calls are for, for `budgets.principal` (under `serve --listen`, a named token
-    /// from --tokens-file says it per session instead).
+    /// Who the calls are for, for `budgets.principal` and the audit lines (under
+    /// `serve --listen --tokens-file`, a session begun with a named token acts for that token's
+    /// name and team instead; --principal is for the sessions of the unnamed --token).
     #[arg(long, value_name = "NAME")]
     pub principal: Option<String>,
     /// The principal's team, for `budgets.team`.

@@ -488,3 +488,142 @@ fn a_client_that_never_finishes_its_headers_is_cut_off() {
         "the half-sent request was held for {waited:?}"
     );
 }
+
+/// Runs `return 1` as the `codemode` tool twice in a session of each token (alice's, bob's, the
+/// unnamed one's) and prints what each answer said.
+const CALLS_PER_TOKEN: &str = r#"
+const [url, alice, bob, master] = process.argv.slice(1);
+const h = (token, session) => Object.assign({ "content-type": "application/json",
+  accept: "application/json, text/event-stream", authorization: "Bearer " + token },
+  session ? { "mcp-session-id": session } : {});
+// An answer is a JSON body or an SSE stream; the message with `id` is the answer.
+const post = async (token, session, body) => {
+  const r = await fetch(url, { method: "POST", headers: h(token, session), body: JSON.stringify(body) });
+  const text = await r.text();
+  if (r.status >= 300) throw new Error(r.status + " " + text);
+  const messages = (r.headers.get("content-type") || "").includes("event-stream")
+    ? text.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).filter(Boolean).map((l) => JSON.parse(l))
+    : text ? [JSON.parse(text)] : [];
+  return { session: r.headers.get("mcp-session-id"), answer: messages.find((m) => m.id === body.id) };
+};
+const session = async (token) => {
+  const { session } = await post(token, null, { jsonrpc: "2.0", id: 1, method: "initialize",
+    params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "probe", version: "1" } } });
+  await fetch(url, { method: "POST", headers: h(token, session),
+    body: JSON.stringify({ jsonrpc: "2.0", method: "notifications/initialized" }) });
+  return session;
+};
+const run = async (token, s, id) => JSON.stringify((await post(token, s, { jsonrpc: "2.0", id,
+  method: "tools/call", params: { name: "codemode", arguments: { code: "return 1" } } })).answer);
+(async () => {
+  const out = {};
+  for (const [who, token] of [["alice", alice], ["bob", bob], ["master", master]]) {
+    const s = await session(token);
+    out[who] = { session: s, first: await run(token, s, 2), second: await run(token, s, 3) };
+  }
+  console.log(JSON.stringify(out));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+/// `--principal` with `--tokens-file`: a session begun with a named token acts for that
+/// token's name (its budget, its audit lines), and only the unnamed `--token`'s sessions act for
+/// `--principal`. Each principal may make one call a day: each gets its own first call, so no
+/// two share a ledger.
+#[test]
+fn a_named_tokens_session_is_its_own_principal_and_the_unnamed_tokens_is_principal_flags() {
+    let config = tempfile::tempdir().unwrap();
+    let audit = config.path().join("audit.jsonl");
+    let settings = serde_json::json!({
+        "audit": {"path": audit},
+        "budgets": {"principal": {"max_calls": 1}},
+    });
+    std::fs::write(config.path().join("settings.json"), settings.to_string()).unwrap();
+    let tokens = tempfile::tempdir().unwrap();
+    let file = tokens.path().join("tokens.json");
+    let sha = |t: &str| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(t.as_bytes()))
+    };
+    let listed = serde_json::json!({"tokens": [
+        {"name": "alice", "team": "infra", "token_sha256": sha(ALICE)},
+        {"name": "bob", "token_sha256": sha(BOB)},
+    ]});
+    std::fs::write(&file, listed.to_string()).unwrap();
+    let server = Server::start_in(
+        config,
+        &[
+            "--no-builtins",
+            "--tokens-file",
+            file.to_str().unwrap(),
+            "--token",
+            MASTER,
+            "--principal",
+            "ci-bot",
+        ],
+    );
+    let mut probe = Command::new("node");
+    probe.args(["-e", CALLS_PER_TOKEN, &server.url, ALICE, BOB, MASTER]);
+    let v = common::client_json(probe);
+    for (who, principal) in [("alice", "alice"), ("bob", "bob"), ("master", "ci-bot")] {
+        let first = v[who]["first"].as_str().unwrap();
+        assert!(
+            first.contains("completed"),
+            "{who}'s first call runs: {first}"
+        );
+        let second = v[who]["second"].as_str().unwrap();
+        let refusal = format!("principal budget `max_calls` of `{principal}`");
+        assert!(second.contains(&refusal), "{who}: {second}");
+    }
+
+    // Each audit line names the principal of the session that made the call.
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (who, principal) in [("alice", "alice"), ("bob", "bob"), ("master", "ci-bot")] {
+        let session = v[who]["session"].as_str().unwrap();
+        let theirs: Vec<&Value> = lines
+            .iter()
+            .filter(|l| l["provenance"]["session_id"] == session)
+            .collect();
+        assert_eq!(theirs.len(), 2, "{who}'s two calls: {text}");
+        for line in theirs {
+            assert_eq!(line["principal"], principal, "{line}");
+        }
+    }
+}
+
+/// `--principal` that no session could act for, and a tokens file without an HTTP server, are
+/// errors that say what to do, not flags silently ignored.
+#[test]
+fn principal_flags_that_would_apply_to_no_session_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.json");
+    let listed = serde_json::json!({"tokens": [
+        {"name": "alice", "token_sha256": "0".repeat(64)},
+    ]});
+    std::fs::write(&file, listed.to_string()).unwrap();
+    let serve = |extra: &[&str]| {
+        let mut cmd = common::codemode();
+        cmd.args(["serve", "--no-builtins", "--config-dir"])
+            .arg(dir.path())
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(["--tokens-file", file.to_str().unwrap()])
+            .args(extra)
+            .env_remove("CODEMODE_SERVE_TOKEN");
+        let (code, _, stderr) = common::json_outcome(common::pipe(cmd, None));
+        (code, stderr)
+    };
+    let (code, stderr) = serve(&["--listen", "127.0.0.1:0", "--principal", "ci-bot"]);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("--principal ci-bot would apply to no session")
+            && stderr.contains("add --token"),
+        "{stderr}"
+    );
+    let (code, stderr) = serve(&[]);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("add --listen"), "{stderr}");
+}

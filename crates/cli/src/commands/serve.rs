@@ -43,7 +43,9 @@ pub struct ServeArgs {
     pub max_sessions: usize,
     /// Named bearer tokens, one per person: a JSON file
     /// `{"tokens": [{"name": "alice", "team": "infra", "token_sha256": "<hex>"}]}`. The name is
-    /// the session's principal (for `budgets.principal` and `budgets.team`).
+    /// the principal of the sessions begun with that token (for `budgets.principal` and
+    /// `budgets.team`, and named in their audit lines), whatever --principal says; --principal
+    /// then needs --token, whose sessions act for it. Needs --listen.
     #[arg(long, value_name = "FILE")]
     pub tokens_file: Option<std::path::PathBuf>,
     #[command(flatten)]
@@ -61,6 +63,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         Some(f) => read_tokens(f)?,
         None => Vec::new(),
     };
+    check_principal_flags(&args)?;
     if let Some(addrs) = &addrs
         && addrs.iter().any(|a| !a.ip().is_loopback())
         && args.token.is_none()
@@ -239,6 +242,31 @@ fn start_telemetry(
         }
     }
     Ok(Arc::new(telemetry))
+}
+
+/// Who a session acts for: a named token's session is that token's name and team (the token
+/// says who the person is, so one flag must not merge everyone's budgets into one); `--principal`
+/// is for the sessions of stdio and of the unnamed `--token`. A flag that would apply to no
+/// session, or a file no HTTP server reads, is an error rather than silently ignored.
+fn check_principal_flags(args: &ServeArgs) -> Result<()> {
+    let Some(file) = &args.tokens_file else {
+        return Ok(());
+    };
+    if args.listen.is_none() {
+        bail!(
+            "--tokens-file {} names bearer tokens for the HTTP server, and there is none: add --listen 127.0.0.1:8765 (or another address), or leave out --tokens-file for stdio",
+            file.display()
+        );
+    }
+    // The HTTP server ignores an empty --token, so it counts as none here too.
+    if let Some(principal) = &args.setup.principal
+        && args.token.as_deref().is_none_or(str::is_empty)
+    {
+        bail!(
+            "--principal {principal} would apply to no session: with --tokens-file and no --token, every session is begun with a named token and acts for that token's name and team. Leave out --principal (and --team), or add --token for the sessions that act for {principal}"
+        );
+    }
+    Ok(())
 }
 
 /// The `--tokens-file`: names, teams and SHA-256 digests of bearer tokens.
