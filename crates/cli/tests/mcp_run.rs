@@ -90,6 +90,53 @@ fn the_default_policy_runs_read_only_mcp_tools_and_refuses_the_rest() {
 }
 
 #[test]
+fn a_server_whose_annotations_are_not_believed_gets_no_read_only_pass() {
+    let env = env();
+    let file = env.config.path().join("mcp.json");
+    let mut servers: Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    servers["mcpServers"]["memory"]["trustAnnotations"] = json!(false);
+    std::fs::write(&file, servers.to_string()).unwrap();
+    // `read_graph` says `readOnlyHint: true`; `list_allowed_directories` of a believed server too.
+    let script = r#"const out = {};
+        try { await tools.mcp__memory__read_graph({}); out.graph = "ran" } catch (e) { out.graph = e.message }
+        const dirs = await tools.mcp__fs__list_allowed_directories({});
+        out.dirs = dirs.isError === true ? "error" : "ok";
+        return out"#;
+    let (code, v, stderr) = run(&env, script, None);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(v["value"]["dirs"], "ok", "{v}");
+    let msg = v["value"]["graph"].as_str().unwrap_or_default();
+    assert!(msg.contains("no policy permits"), "{msg}");
+    // `codemode tools` shows the same judgement, and the protocol's own resource reading stays.
+    let out = common::codemode()
+        .args(["tools", "--no-builtins", "--config-dir"])
+        .arg(env.config.path())
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let line = |name: &str| {
+        listing
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line("mcp__memory__read_graph ").ends_with("deny"),
+        "{listing}"
+    );
+    assert!(
+        line("mcp__memory__read_resource ").contains("allow"),
+        "{listing}"
+    );
+    assert!(
+        line("mcp__fs__list_allowed_directories ").contains("allow"),
+        "{listing}"
+    );
+}
+
+#[test]
 fn fifty_concurrent_calls_over_the_same_servers() {
     let env = env();
     let script = r#"const rs = await Promise.all(Array.from({ length: 50 }, (_, i) =>

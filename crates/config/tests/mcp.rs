@@ -652,3 +652,58 @@ fn servers_start_in_the_directory_of_the_file_that_defines_them() {
         "a trusted project's server starts in the project"
     );
 }
+
+#[test]
+fn trust_annotations_defaults_on_and_a_project_may_only_turn_it_off() {
+    let mut user = base_user();
+    user["mcpServers"]["web"]["trustAnnotations"] = json!(false);
+    let c = McpConfig::from_json(&user, "user").unwrap();
+    assert!(
+        c.server("docs").unwrap().trust_annotations,
+        "believed unless told"
+    );
+    assert!(!c.server("web").unwrap().trust_annotations);
+
+    // An untrusted project: turning it off narrows; turning it back on would widen.
+    let (c, w) = user_and_project(
+        user.clone(),
+        json!({"mcpServers": {
+            "docs": {"trustAnnotations": false},
+            "web": {"trustAnnotations": true}
+        }}),
+        false,
+    );
+    assert!(!c.server("docs").unwrap().trust_annotations);
+    assert!(!c.server("web").unwrap().trust_annotations, "{w:?}");
+    assert!(
+        w.iter()
+            .any(|m| m.contains("mcpServers.web.trustAnnotations")),
+        "{w:?}"
+    );
+    // A full entry copied into the project is read the same way.
+    let mut copy = user.clone();
+    copy["mcpServers"]["web"]["trustAnnotations"] = json!(true);
+    let (c, _) = user_and_project(user.clone(), copy, false);
+    assert!(!c.server("web").unwrap().trust_annotations);
+
+    // A trusted project's override is the user's own word.
+    let (c, _) = user_and_project(
+        user,
+        json!({"mcpServers": {"web": {"trustAnnotations": true}}}),
+        true,
+    );
+    assert!(c.server("web").unwrap().trust_annotations);
+}
+
+#[test]
+fn trust_annotations_must_be_a_boolean() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = json!({"mcpServers": {"docs": {"command": "node", "trustAnnotations": "no"}}});
+    let (c, problems) =
+        McpConfig::load(Some(&write(&dir, "user.json", user)), None, false).unwrap();
+    assert!(c.server("docs").is_none(), "a bad entry skips its server");
+    assert!(
+        problems.iter().any(|p| p.contains("trustAnnotations")),
+        "{problems:?}"
+    );
+}

@@ -156,6 +156,10 @@ pub struct ServerConfig {
     pub exposure: ExposureRules,
     /// Limits an untrusted project set: a tool's exposure is never more visible than this.
     pub ceiling: Option<ExposureRules>,
+    /// Whether the server's own tool annotations (`readOnlyHint`, `destructiveHint`, …) are
+    /// believed (`trustAnnotations`, default true). When false its tools count as tools that may
+    /// change something, whatever they claim, so the default policy asks before each call.
+    pub trust_annotations: bool,
     /// Per-request timeout for this server (`timeout`, seconds), overriding the hub's default.
     pub timeout: Option<Duration>,
     /// How long this server may take to start and list its tools (`connectTimeoutMs`),
@@ -414,6 +418,9 @@ impl McpConfig {
                     if let Some(exposure) = o.exposure {
                         server.exposure.default = exposure;
                     }
+                    if let Some(trust) = o.trust_annotations {
+                        server.trust_annotations = trust;
+                    }
                     if !o.tool_exposure.is_empty() {
                         // The project's patterns come first, so they win over the user's.
                         let mut rules = o.tool_exposure;
@@ -508,6 +515,15 @@ fn narrow_server(server: &mut ServerConfig, o: Override, at: &str, n: &mut Narro
             true,
         )
         .unwrap_or(server.enabled);
+    // Believing a server's claims widens what runs without asking, so a project may only stop it.
+    server.trust_annotations = n
+        .switch_off(
+            &format!("{at}.trustAnnotations"),
+            Some(server.trust_annotations),
+            o.trust_annotations,
+            true,
+        )
+        .unwrap_or(server.trust_annotations);
     let mut ceiling = server.ceiling.take().unwrap_or(ExposureRules {
         default: Exposure::Direct,
         rules: Vec::new(),

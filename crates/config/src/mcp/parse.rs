@@ -13,10 +13,16 @@ use super::{ServerConfig, ServerTransport, check_vars};
 use crate::{ConfigError, Problem};
 
 /// Keys a project entry without `command`/`url`/`type` may set on one of your servers.
-const OVERRIDE_KEYS: [&str; 4] = ["enabled", "disabled", "exposure", "toolExposure"];
+const OVERRIDE_KEYS: [&str; 5] = [
+    "enabled",
+    "disabled",
+    "exposure",
+    "toolExposure",
+    "trustAnnotations",
+];
 
 /// Every key a server entry may hold.
-const KNOWN_KEYS: [&str; 17] = [
+const KNOWN_KEYS: [&str; 18] = [
     "type",
     "command",
     "args",
@@ -29,6 +35,7 @@ const KNOWN_KEYS: [&str; 17] = [
     "disabled",
     "exposure",
     "toolExposure",
+    "trustAnnotations",
     "timeout",
     "connectTimeoutMs",
     "description",
@@ -50,6 +57,7 @@ pub(super) struct Override {
     pub enabled: Option<bool>,
     pub exposure: Option<Exposure>,
     pub tool_exposure: Vec<ExposureRule>,
+    pub trust_annotations: Option<bool>,
 }
 
 pub(super) struct ParsedFile {
@@ -291,17 +299,19 @@ fn parse_entry(
             ));
         }
     };
+    let trust_annotations = opt_bool(obj, "trustAnnotations")?;
     if !has_definition {
         if let Some(key) = obj.keys().find(|k| !OVERRIDE_KEYS.contains(&k.as_str())) {
             return Err(bad(
                 key,
-                "an override (an entry without \"command\" or \"url\") can only set enabled, exposure, toolExposure",
+                "an override (an entry without \"command\" or \"url\") can only set enabled, exposure, toolExposure, trustAnnotations",
             ));
         }
         return Ok(Entry::Override(Override {
             enabled,
             exposure,
             tool_exposure,
+            trust_annotations,
         }));
     }
     let transport = match kind.as_deref() {
@@ -348,6 +358,7 @@ fn parse_entry(
         enabled,
         exposure,
         tool_exposure: tool_exposure.clone(),
+        trust_annotations,
     };
     Ok(Entry::Full(
         Box::new(ServerConfig {
@@ -359,6 +370,7 @@ fn parse_entry(
                 rules: tool_exposure,
             },
             ceiling: None,
+            trust_annotations: trust_annotations.unwrap_or(true),
             timeout,
             connect_timeout,
             description: opt_str(obj, "description")?,

@@ -34,7 +34,15 @@ impl McpTool {
             .map(str::to_string)
             .or_else(|| def.title.clone())
             .unwrap_or_else(|| format!("MCP tool {} from server {server}", def.name));
-        let hints = def.annotations.clone().unwrap_or_default();
+        let mut hints = def.annotations.clone().unwrap_or_default();
+        if !upstream.config.trust_annotations {
+            // Claims of a server the user does not believe: keep the title, drop what the
+            // policy would read as "cannot change anything".
+            hints.read_only_hint = None;
+            hints.destructive_hint = None;
+            hints.idempotent_hint = None;
+            hints.open_world_hint = None;
+        }
         let spec = ToolSpec {
             name,
             description,
