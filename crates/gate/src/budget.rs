@@ -566,6 +566,32 @@ impl SharedLedger {
         }
     }
 
+    /// Holds a call's amounts again on the same ledgers, after a wait that may have outlasted
+    /// its hold (a person's answer): the old hold is given back and a new one taken, refused
+    /// when what the old one held was spent meanwhile. Never both held at once, so a call at
+    /// the limit is not refused for its own hold.
+    pub(crate) async fn renew(&self, hold: SharedHold) -> Result<SharedHold, String> {
+        self.release(&hold).await;
+        let request = ReserveRequest {
+            ledgers: hold.reservation.ledgers.clone(),
+            amounts: hold.reservation.amounts,
+            hold_for: self.hold_for,
+        };
+        match self.store.reserve(request).await {
+            Ok(ReserveOutcome::Granted(reservation)) => Ok(SharedHold {
+                reservation,
+                kind: hold.kind,
+            }),
+            Ok(ReserveOutcome::Refused(r)) => Err(format!(
+                "the call was approved, but the budget it held ran out while it waited for the answer: {}",
+                refusal(&r)
+            )),
+            Err(e) => Err(format!(
+                "the call was approved, but the shared budget could not be charged again after the wait, so it was not run: {e}"
+            )),
+        }
+    }
+
     pub(crate) async fn release(&self, hold: &SharedHold) {
         if let Err(e) = self.store.release(&hold.reservation).await {
             // The hold expires on its own; until then it only makes the budget stricter.

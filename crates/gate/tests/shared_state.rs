@@ -481,3 +481,112 @@ async fn budgets_and_audit_stream_in_one_store_stay_exact_and_chained() {
         assert_eq!(report.lines, 400, "{}: every call has its line", env.name);
     }
 }
+
+/// A person who answers when the test says so.
+struct Person {
+    asked: tokio::sync::Notify,
+    answer: tokio::sync::Notify,
+}
+
+impl codemode_gate::Approver for Person {
+    fn approve<'a>(
+        &'a self,
+        _req: &'a codemode_gate::ApprovalRequest,
+    ) -> codemode_spec::BoxFuture<'a, codemode_gate::ApprovalAnswer> {
+        Box::pin(async move {
+            self.asked.notify_one();
+            self.answer.notified().await;
+            codemode_gate::ApprovalAnswer::Yes
+        })
+    }
+}
+
+/// A shared hold expires (15 minutes) so that a dead replica's budget comes back; a person may
+/// take longer than that to answer. A red team paused a call on replica A for approval, let the
+/// hold run out, spent the budget on replica B, then approved: both calls ran against
+/// `max_calls: 1`. The approved call must be counted again before it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_approved_after_its_budget_hold_ran_out_cannot_overspend() {
+    let (clock, hand) = Clock::manual(1_800_000_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let sqlite = || async {
+        let s = SqliteStore::open(&path, SqliteOptions::default(), clock.clone())
+            .await
+            .unwrap();
+        Arc::new(s) as Arc<dyn StateStore>
+    };
+    let memory: Arc<dyn StateStore> = Arc::new(codemode_state::MemoryStore::new(clock.clone()));
+    let pairs = [
+        ("memory", memory.clone(), memory),
+        ("sqlite", sqlite().await, sqlite().await),
+    ];
+    let policy = codemode_gate::PolicySet::parse(
+        "p.cedar",
+        r#"@id("free") permit(principal, action, resource == Tool::"echo");
+           @id("ask-write") @ask("a person decides") permit(principal, action, resource == Tool::"write");"#,
+    )
+    .unwrap();
+    for (name, a, b) in pairs {
+        let person = Arc::new(Person {
+            asked: tokio::sync::Notify::new(),
+            answer: tokio::sync::Notify::new(),
+        });
+        let reg_a = Registry::new();
+        let write = TestTool::new("write", object_schema());
+        let writes = write.runs.clone();
+        reg_a.register(Arc::new(write)).unwrap();
+        reg_a
+            .register(Arc::new(TestTool::new("echo", object_schema())))
+            .unwrap();
+        let budgets = Budgets {
+            session: limit_calls(1),
+            ..Budgets::default()
+        };
+        let gate_a = Gate::builder()
+            .registry(reg_a)
+            .policy(policy.clone())
+            .budgets(budgets.clone())
+            .shared_budgets(a.clone(), DailyBudgets::default())
+            .approver(person.clone())
+            .build()
+            .unwrap();
+        let (gate_b, echoes) = replica(&b, DailyBudgets::default(), limit_calls(1), None);
+
+        let paused = {
+            let gate_a = gate_a.clone();
+            tokio::spawn(async move {
+                gate_a
+                    .call(req("write", json!({"path": "x"}), script("s-a")))
+                    .await
+            })
+        };
+        person.asked.notified().await;
+        // While the hold lives, the other replica is refused.
+        let err = gate_b
+            .call(req("echo", json!({}), script("s-b")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stage, Stage::Budget, "{name}: {}", err.message);
+
+        hand.advance(std::time::Duration::from_secs(16 * 60));
+        let spent_elsewhere = gate_b.call(req("echo", json!({}), script("s-b"))).await;
+        person.answer.notify_one();
+        let approved = paused.await.unwrap();
+
+        let ran = writes.load(Ordering::SeqCst) + echoes.runs.load(Ordering::SeqCst);
+        assert_eq!(
+            ran,
+            1,
+            "{name}: {ran} calls ran against max_calls 1 (echo: {:?}, approved write: {:?})",
+            spent_elsewhere.as_ref().map(|_| ()).map_err(|e| &e.message),
+            approved.as_ref().map(|_| ()).map_err(|e| &e.message),
+        );
+        let ledger = a.get_ledger(&LedgerKey::session("s1")).await.unwrap();
+        assert_eq!(ledger.used.calls, 1, "{name}: {ledger:?}");
+        if let Err(e) = approved {
+            assert_eq!(e.stage, Stage::Budget, "{name}: {}", e.message);
+            assert!(e.message.contains("approved"), "{name}: {}", e.message);
+        }
+    }
+}

@@ -666,3 +666,68 @@ return mode;"#;
     let stored = second.store.get_cell(&r.cell).await.unwrap().unwrap();
     assert_eq!(stored.status, CellStatus::Failed);
 }
+
+/// A red team's script catches the divergence error and goes on calling tools at once: the
+/// cell was failed, and nothing past the divergence may run for real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_that_catches_its_divergence_runs_no_further_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(400);
+    let first = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let code = r#"const mode = load("mode") ?? "a";
+let caught = null;
+try { await tools.counted({ mode }); } catch (e) { caught = String(e); }
+if (caught !== null) {
+  for (let i = 0; i < 50; i++) {
+    try { await tools.counted({ after: i }); } catch (e) {}
+    Promise.resolve().then(() => tools.counted({ queued: i }).catch(() => {}));
+  }
+}
+await tools.danger({});
+return mode;"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    first.codemode.cells().unwrap().abandon();
+    first
+        .store
+        .apply_store(
+            "s",
+            &[codemode_state::StoreChange::Set {
+                key: "mode".into(),
+                value: json!("b"),
+            }],
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    let second = world(
+        dir.path(),
+        Setup {
+            lease,
+            ..Setup::default()
+        },
+    )
+    .await;
+    second.codemode.resume_cells().await.unwrap();
+    let (last, _) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Failed, "{}", last.text);
+    assert!(last.text.contains("diverged at step 1"), "{}", last.text);
+    assert_eq!(
+        second.runs.load(Ordering::SeqCst) + second.danger_runs.load(Ordering::SeqCst),
+        0,
+        "a call after the divergence ran"
+    );
+    // The log is shared: its one `counted` that ran is the first process's step 1.
+    let ran_lines = audit_lines(&second.audit)
+        .into_iter()
+        .filter(|l| l["tool"] == "counted" && l["status"] == "ok")
+        .count();
+    assert_eq!(ran_lines, 1);
+}

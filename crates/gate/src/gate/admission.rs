@@ -149,6 +149,11 @@ impl Pending {
         }
     }
 
+    /// Takes the shared hold out, to be held again ([`Pending::note_shared`] puts it back).
+    pub fn take_shared(&mut self) -> Option<SharedHold> {
+        self.reservation.as_mut()?.shared.take()
+    }
+
     pub fn note_decision(&mut self, d: &Decision) {
         self.decision = d.as_str();
         self.policy_ids = d.policy_ids().to_vec();

@@ -548,8 +548,12 @@ impl Gate {
         }
 
         if let Some((reason, ids)) = ask {
-            self.approve(req, &spec, &args, prepared.facts(), reason, ids)
+            let asked = self
+                .approve(req, &spec, &args, prepared.facts(), reason, ids)
                 .await?;
+            if asked {
+                self.hold_again(call).await?;
+            }
         }
         Ok(Admitted {
             spec,
@@ -747,6 +751,23 @@ impl Gate {
         }
     }
 
+    /// A person may answer after the shared hold expired (it does, so that a dead replica's
+    /// budget comes back), and the budget may have been spent meanwhile: the approved call is
+    /// held again before it runs, and refused if there is no room left.
+    async fn hold_again(&self, call: &mut Pending) -> Result<(), GateError> {
+        let (Some(shared), Some(hold)) = (&self.inner.shared, call.take_shared()) else {
+            return Ok(());
+        };
+        let renewed = shared
+            .renew(hold)
+            .await
+            .map_err(|m| GateError::new(Stage::Budget, m))?;
+        call.note_shared(Some(renewed));
+        Ok(())
+    }
+
+    /// Asks a person when needed. `Ok(true)`: a person was asked and agreed; `Ok(false)`: an
+    /// earlier "always" covers the call.
     async fn approve(
         &self,
         req: &CallRequest,
@@ -755,7 +776,7 @@ impl Gate {
         facts: &CallFacts,
         reason: String,
         policy_ids: Vec<String>,
-    ) -> Result<(), GateError> {
+    ) -> Result<bool, GateError> {
         let p = &req.provenance;
         let scope = p.script_id.clone().unwrap_or_else(|| p.session_id.clone());
         let key = (scope, spec.name.clone());
@@ -766,7 +787,7 @@ impl Gate {
             .unwrap_or_else(|e| e.into_inner())
             .contains(&key)
         {
-            return Ok(());
+            return Ok(false);
         }
         let unasked = |why: &str| {
             GateError::new(
@@ -797,10 +818,10 @@ impl Gate {
             _ = req.cancel.cancelled() => None,
         };
         match answer {
-            Some(ApprovalAnswer::Yes) => Ok(()),
+            Some(ApprovalAnswer::Yes) => Ok(true),
             Some(ApprovalAnswer::Always) => {
                 self.inner.always.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
-                Ok(())
+                Ok(true)
             }
             Some(ApprovalAnswer::No) => Err(GateError::new(
                 Stage::Approval,

@@ -124,7 +124,10 @@ impl CodemodeHandler {
         on_end: OnEnd,
     ) -> Self {
         let n = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let fallback_id = format!("mcp-{transport}-{}-{n}", std::process::id());
+        // Random, not pid and counter: the session's `store()` values, cells and approvals
+        // outlive a killed process, and a later one with the same pid (pids are reused, and
+        // every container's first process is pid 1) must not take them over.
+        let fallback_id = format!("mcp-{transport}-{}", uuid::Uuid::new_v4().simple());
         CodemodeHandler {
             session: Arc::new(Session {
                 id: OnceLock::new(),
