@@ -408,18 +408,31 @@ impl Codemode {
         let spent = spent.take();
 
         if result.ok {
-            self.inner
-                .stores
-                .apply(&req.session_id, &result.store_writes);
-            if let Some(durable) = self.durable_store() {
-                let changes = crate::store::changes(&result.store_writes);
-                if let Err(e) = durable.apply_store(&req.session_id, &changes).await {
-                    result.ok = false;
-                    result.error = Some(codemode_sandbox::ScriptError::new(
-                        codemode_sandbox::ErrorKind::Sandbox,
-                        format!("The script's store() writes could not be saved: {e}"),
-                    ));
+            // The durable store first: writes it refuses are kept nowhere.
+            let saved = match self.durable_store() {
+                Some(durable) => {
+                    let changes = crate::store::changes(&result.store_writes);
+                    durable
+                        .apply_store(&req.session_id, &changes)
+                        .await
+                        .map_err(|e| e.to_string())
                 }
+                None => Ok(()),
+            }
+            .and_then(|()| {
+                let checked = self.durable_store().is_none();
+                self.inner
+                    .stores
+                    .apply(&req.session_id, &result.store_writes, checked)
+            });
+            if let Err(e) = saved {
+                result.ok = false;
+                result.error = Some(codemode_sandbox::ScriptError::new(
+                    codemode_sandbox::ErrorKind::Sandbox,
+                    format!(
+                        "The script's store() writes could not be saved, and none was kept: {e}"
+                    ),
+                ));
             }
         }
         // The limits already hold what the options line lowered; the line cannot raise them.

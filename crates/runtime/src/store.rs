@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use codemode_sandbox::StoreWrite;
+use codemode_state::{MAX_STORE_TOTAL_CHARS, MAX_STORE_VALUE_CHARS};
 use serde_json::Value;
 
 #[derive(Default)]
@@ -16,13 +17,28 @@ impl SessionStores {
         self.lock().get(session).cloned().unwrap_or_default()
     }
 
-    /// Applies a successful script's writes in the order it made them.
-    pub(crate) fn apply(&self, session: &str, writes: &[StoreWrite]) {
+    /// Applies a successful script's writes in the order it made them, all or none: a batch
+    /// that would put a value or the session past the store's limits is refused whole. The
+    /// script API checks the same limits in the VM; this holds them for a worker that did not,
+    /// and for scripts of one session that each fit but together would not. `checked: false`
+    /// mirrors writes a durable store already took (and judged on everything it holds).
+    pub(crate) fn apply(
+        &self,
+        session: &str,
+        writes: &[StoreWrite],
+        checked: bool,
+    ) -> Result<(), String> {
         let mut all = self.lock();
-        let store = all.entry(session.to_string()).or_default();
+        let mut store = all.get(session).cloned().unwrap_or_default();
         for write in writes {
             match write {
                 StoreWrite::Set { key, value } => {
+                    let n = if checked { json_chars(value) } else { 0 };
+                    if checked && n > MAX_STORE_VALUE_CHARS {
+                        return Err(format!(
+                            "the value stored under {key:?} is {n} characters of JSON; one value may be at most {MAX_STORE_VALUE_CHARS}"
+                        ));
+                    }
                     store.insert(key.clone(), value.clone());
                 }
                 StoreWrite::Delete { key, .. } => {
@@ -30,6 +46,21 @@ impl SessionStores {
                 }
             }
         }
+        let total: usize = if checked {
+            store
+                .iter()
+                .map(|(k, v)| k.chars().count() + json_chars(v))
+                .sum()
+        } else {
+            0
+        };
+        if checked && total > MAX_STORE_TOTAL_CHARS {
+            return Err(format!(
+                "the session's store() values would be {total} characters of JSON together; the most is {MAX_STORE_TOTAL_CHARS}. Remove keys with store(key, undefined), and keep big data elsewhere"
+            ));
+        }
+        all.insert(session.to_string(), store);
+        Ok(())
     }
 
     pub(crate) fn remove(&self, session: &str) {
@@ -40,6 +71,10 @@ impl SessionStores {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, Value>>> {
         self.by_session.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+fn json_chars(v: &Value) -> usize {
+    serde_json::to_string(v).map_or(0, |t| t.chars().count())
 }
 
 /// A script's writes as the state store takes them.

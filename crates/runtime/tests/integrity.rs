@@ -287,3 +287,49 @@ async fn the_audit_journal_and_its_head_are_protected_like_the_log() {
         "the journal is untouched"
     );
 }
+
+/// Two scripts of one session, each within the store's limits on its own, run side by side:
+/// each saw an empty store when it started, so the VM's checks pass both, and together they
+/// would hold 1.4 million characters. The host keeps one script's writes and refuses the
+/// other's whole, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_of_one_session_side_by_side_cannot_overfill_its_store() {
+    let inst = install("permit (principal, action, resource);");
+    let script = |tag: &str| {
+        format!(
+            "await tools.bash({{ command: 'sleep 1' }});
+             for (let i = 0; i < 3; i++) store('{tag}' + i, 'x'.repeat(240000));
+             return load('{tag}0').length"
+        )
+    };
+    let (a, b) = tokio::join!(
+        inst.codemode
+            .run_script(ScriptRequest::new(script("a"), "s")),
+        inst.codemode
+            .run_script(ScriptRequest::new(script("b"), "s")),
+    );
+    let refused: Vec<&str> = [&a, &b]
+        .iter()
+        .filter(|r| r.is_error)
+        .map(|r| r.text.as_str())
+        .collect();
+    assert_eq!(refused.len(), 1, "{}\n---\n{}", a.text, b.text);
+    assert!(
+        refused[0].contains("could not be saved") && refused[0].contains("the most is 1048576"),
+        "{}",
+        refused[0]
+    );
+    let kept = inst.codemode.session_store("s");
+    assert_eq!(
+        kept.len(),
+        3,
+        "one script's three values: {:?}",
+        kept.keys()
+    );
+    let first = kept.keys().next().unwrap().chars().next().unwrap();
+    assert!(
+        kept.keys().all(|k| k.starts_with(first)),
+        "{:?}",
+        kept.keys()
+    );
+}

@@ -173,9 +173,10 @@ impl StateStore for MemoryStore {
         session: &'a str,
         changes: &'a [StoreChange],
     ) -> BoxFuture<'a, Result<()>> {
-        let r = session::validate_changes(session, changes).map(|()| {
+        let r = session::validate_changes(session, changes).and_then(|()| {
             let mut inner = self.lock();
-            let store = inner.stores.entry(session.to_string()).or_default();
+            // On a copy: a batch that would overfill the session changes nothing.
+            let mut store = inner.stores.get(session).cloned().unwrap_or_default();
             for c in changes {
                 match c {
                     StoreChange::Set { key, value } => {
@@ -186,6 +187,15 @@ impl StateStore for MemoryStore {
                     }
                 }
             }
+            let total: usize = store
+                .iter()
+                .map(|(k, v)| session::entry_chars(k, &crate::validate::json_text(v)))
+                .sum();
+            if total > session::MAX_STORE_TOTAL_CHARS {
+                return Err(session::store_full(session, total));
+            }
+            inner.stores.insert(session.to_string(), store);
+            Ok(())
         });
         ready(r)
     }

@@ -36,6 +36,35 @@ impl StoreChange {
 /// Keys are at most this many bytes.
 pub const MAX_STORE_KEY_BYTES: usize = 1024;
 
+/// One value's JSON text is at most this many characters: the script API's own limit, held
+/// here too so that a worker that skipped its checks, or writes from cells running side by
+/// side, cannot grow a session past it.
+pub const MAX_STORE_VALUE_CHARS: usize = 262_144;
+
+/// All of a session's keys and values' JSON texts together are at most this many characters.
+pub const MAX_STORE_TOTAL_CHARS: usize = 1_048_576;
+
+/// Characters as the stores count them (code points: never more than the script's UTF-16
+/// count, so a write the script API took is not refused here for its length alone).
+pub(crate) fn chars(text: &str) -> usize {
+    text.chars().count()
+}
+
+/// The error for a session whose values would pass [`MAX_STORE_TOTAL_CHARS`].
+pub(crate) fn store_full(session: &str, total: usize) -> crate::StateError {
+    crate::StateError::invalid(
+        "store() write",
+        format!(
+            "the values of session `{session}` would be {total} characters of JSON together; the most is {MAX_STORE_TOTAL_CHARS}. Nothing of this script's store() writes was kept: remove keys with store(key, undefined), and keep big data elsewhere"
+        ),
+    )
+}
+
+/// The characters one stored entry counts for.
+pub(crate) fn entry_chars(key: &str, json: &str) -> usize {
+    chars(key) + chars(json)
+}
+
 pub(crate) fn validate_changes(session: &str, changes: &[StoreChange]) -> Result<()> {
     check_id("session id", session)?;
     for c in changes {
@@ -51,6 +80,18 @@ pub(crate) fn validate_changes(session: &str, changes: &[StoreChange]) -> Result
             ));
         }
         check_text("store key", key)?;
+        if let StoreChange::Set { value, .. } = c {
+            let n = chars(&crate::validate::json_text(value));
+            if n > MAX_STORE_VALUE_CHARS {
+                return Err(crate::StateError::invalid(
+                    "store() write",
+                    format!(
+                        "the value under `{}` is {n} characters of JSON; one value may be at most {MAX_STORE_VALUE_CHARS}",
+                        key.chars().take(40).collect::<String>()
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }

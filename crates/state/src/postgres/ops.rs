@@ -175,6 +175,14 @@ pub(crate) async fn apply_store(
     session: &str,
     changes: &[StoreChange],
 ) -> OpResult<()> {
+    // One writer per session at a time, across replicas: two scripts of a session that each
+    // fit could otherwise commit together past the limit, each checking without the other.
+    execute(
+        tx,
+        "SELECT pg_advisory_xact_lock(hashtextextended('codemode_session_store:' || $1, 0))",
+        &[&session],
+    )
+    .await?;
     for c in changes {
         match c {
             StoreChange::Set { key, value } => {
@@ -195,6 +203,16 @@ pub(crate) async fn apply_store(
                 .await?;
             }
         }
+    }
+    let row = tx
+        .query_one(
+            "SELECT COALESCE(SUM(char_length(key) + char_length(value)), 0)::bigint FROM session_store WHERE session_id = $1",
+            &[&session],
+        )
+        .await?;
+    let total: i64 = col(&row, 0)?;
+    if total > crate::session::MAX_STORE_TOTAL_CHARS as i64 {
+        return Err(crate::session::store_full(session, total as usize).into());
     }
     Ok(())
 }

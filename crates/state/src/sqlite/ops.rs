@@ -173,6 +173,15 @@ pub(crate) fn apply_store(
             }
         }
     }
+    // The write lock (an immediate transaction) makes this total the one that commits.
+    let total: i64 = tx.query_row(
+        "SELECT COALESCE(SUM(length(key) + length(value)), 0) FROM session_store WHERE session_id = ?1",
+        params![session],
+        |r| r.get(0),
+    )?;
+    if total > crate::session::MAX_STORE_TOTAL_CHARS as i64 {
+        return Err(crate::session::store_full(session, total as usize).into());
+    }
     tx.commit()?;
     Ok(())
 }

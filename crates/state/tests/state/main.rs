@@ -34,6 +34,7 @@ macro_rules! every_backend {
 
 every_backend!(
     sessions_and_store,
+    store_limits_hold_under_concurrent_writers,
     cells_are_fenced_by_lease,
     live_cells_per_session_are_bounded_under_races,
     replay_log_continues_exactly,

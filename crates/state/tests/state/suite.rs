@@ -156,6 +156,67 @@ pub async fn sessions_and_store(env: Env) {
     assert!(!env.a.delete_session("s1").await.unwrap());
 }
 
+/// The store's own limits hold whoever writes: a value over the per-value limit is refused,
+/// and scripts of one session writing at once from both replicas, each batch fitting on its
+/// own, never leave the session over its total (what a worker that skipped the script API's
+/// checks, or cells running side by side, would otherwise do).
+pub async fn store_limits_hold_under_concurrent_writers(env: Env) {
+    use codemode_state::{MAX_STORE_TOTAL_CHARS, MAX_STORE_VALUE_CHARS};
+    let big = |n: usize| json!("ü".repeat(n));
+    let over = vec![StoreChange::Set {
+        key: "k".into(),
+        value: big(MAX_STORE_VALUE_CHARS),
+    }];
+    let e = env.a.apply_store("s", &over).await.unwrap_err();
+    assert!(e.to_string().contains("one value may be at most"), "{e}");
+    assert!(env.a.load_store("s").await.unwrap().is_empty());
+
+    // 16 writers, 8 per replica, each adding 3 values of 100,000 characters (300,000 per batch,
+    // within the total on its own): at most three batches fit.
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = if i % 2 == 0 {
+            env.a.clone()
+        } else {
+            env.b.clone()
+        };
+        tasks.push(tokio::spawn(async move {
+            let batch: Vec<StoreChange> = (0..3)
+                .map(|j| StoreChange::Set {
+                    key: format!("w{i}-{j}"),
+                    value: big(100_000),
+                })
+                .collect();
+            store.apply_store("s", &batch).await
+        }));
+    }
+    let mut kept = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => kept += 1,
+            Err(e) => assert!(e.to_string().contains("the most is 1048576"), "{e}"),
+        }
+    }
+    let store = env.b.load_store("s").await.unwrap();
+    let total: usize = store
+        .iter()
+        .map(|(k, v)| k.chars().count() + serde_json::to_string(v).unwrap().chars().count())
+        .sum();
+    assert!(total <= MAX_STORE_TOTAL_CHARS, "{total} characters kept");
+    assert_eq!(kept, 3, "{} of 16 batches kept", kept);
+    assert_eq!(store.len(), 9, "a refused batch keeps none of its values");
+
+    // Replacing and deleting still work at the limit.
+    let key = store.keys().next().unwrap().clone();
+    let shrink = vec![StoreChange::Set {
+        key: key.clone(),
+        value: json!("small"),
+    }];
+    env.a.apply_store("s", &shrink).await.unwrap();
+    let del = vec![StoreChange::Delete { key }];
+    env.b.apply_store("s", &del).await.unwrap();
+}
+
 // --- cells --------------------------------------------------------------------------------
 
 pub async fn cells_are_fenced_by_lease(env: Env) {
