@@ -29,16 +29,7 @@ fn exchange(extra: &[&str], requests: &[Value]) -> Vec<Value> {
         .stderr(Stdio::null());
     let mut child = cmd.spawn().expect("codemode serve starts");
     let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                let _ = tx.send(v);
-            }
-        }
-    });
+    let rx = common::json_lines(child.stdout.take().unwrap());
     let mut send = |v: &Value| writeln!(stdin, "{v}").unwrap();
     send(
         &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {

@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -43,16 +42,7 @@ fn run_as_pid_one(root: &Path, code: &str) -> String {
         .stderr(Stdio::null());
     let mut child = cmd.spawn().expect("unshare starts codemode serve");
     let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                let _ = tx.send(v);
-            }
-        }
-    });
+    let rx = common::json_lines(child.stdout.take().unwrap());
     let mut send = |v: &Value| writeln!(stdin, "{v}").unwrap();
     let answer = |id: i64| loop {
         let v: Value = rx

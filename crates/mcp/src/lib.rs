@@ -6,6 +6,7 @@
 //! * The **server** ([`serve_stdio`], [`serve_http`], feature `server`) offers the `codemode` tool
 //!   (and, in mode `on`, the direct tools) to any MCP client, with one gate for every call.
 
+mod bounded_line;
 mod client;
 mod config;
 mod error;

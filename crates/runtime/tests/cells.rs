@@ -613,23 +613,22 @@ return [a.n, b.n, d.n];"#;
     assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_script_that_differs_on_replay_fails_naming_the_step() {
-    let dir = tempfile::tempdir().unwrap();
+/// Starts `code` as a cell of session "s" that waits for an approval, abandons it, sets the
+/// store's "mode" to "b" behind it, and lets a second process take it over and finish it.
+async fn replayed_after_the_store_changed(
+    dir: &std::path::Path,
+    code: &str,
+) -> (
+    World,
+    codemode_runtime::CellReport,
+    codemode_runtime::CellReport,
+) {
     let lease = Duration::from_millis(400);
-    let first = world(
-        dir.path(),
-        Setup {
-            lease,
-            ..Setup::default()
-        },
-    )
-    .await;
-    // The script depends on the store, which changes between the run and its replay.
-    let code = r#"const mode = load("mode") ?? "a";
-await tools.counted({ mode });
-await tools.danger({});
-return mode;"#;
+    let setup = || Setup {
+        lease,
+        ..Setup::default()
+    };
+    let first = world(dir, setup()).await;
     let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
     assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
     first.codemode.cells().unwrap().abandon();
@@ -645,16 +644,21 @@ return mode;"#;
         .await
         .unwrap();
     tokio::time::sleep(lease + Duration::from_millis(300)).await;
-    let second = world(
-        dir.path(),
-        Setup {
-            lease,
-            ..Setup::default()
-        },
-    )
-    .await;
+    let second = world(dir, setup()).await;
     second.codemode.resume_cells().await.unwrap();
     let (last, _) = finish(&second, "s", &r.cell).await;
+    (second, last, r)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_that_differs_on_replay_fails_naming_the_step() {
+    // The script depends on the store, which changes between the run and its replay.
+    let code = r#"const mode = load("mode") ?? "a";
+await tools.counted({ mode });
+await tools.danger({});
+return mode;"#;
+    let dir = tempfile::tempdir().unwrap();
+    let (second, last, r) = replayed_after_the_store_changed(dir.path(), code).await;
     assert_eq!(last.status, CellStatus::Failed);
     assert!(last.text.contains("diverged at step 1"), "{}", last.text);
     assert!(
@@ -671,16 +675,6 @@ return mode;"#;
 /// cell was failed, and nothing past the divergence may run for real.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_that_catches_its_divergence_runs_no_further_call() {
-    let dir = tempfile::tempdir().unwrap();
-    let lease = Duration::from_millis(400);
-    let first = world(
-        dir.path(),
-        Setup {
-            lease,
-            ..Setup::default()
-        },
-    )
-    .await;
     let code = r#"const mode = load("mode") ?? "a";
 let caught = null;
 try { await tools.counted({ mode }); } catch (e) { caught = String(e); }
@@ -692,31 +686,8 @@ if (caught !== null) {
 }
 await tools.danger({});
 return mode;"#;
-    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
-    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
-    first.codemode.cells().unwrap().abandon();
-    first
-        .store
-        .apply_store(
-            "s",
-            &[codemode_state::StoreChange::Set {
-                key: "mode".into(),
-                value: json!("b"),
-            }],
-        )
-        .await
-        .unwrap();
-    tokio::time::sleep(lease + Duration::from_millis(300)).await;
-    let second = world(
-        dir.path(),
-        Setup {
-            lease,
-            ..Setup::default()
-        },
-    )
-    .await;
-    second.codemode.resume_cells().await.unwrap();
-    let (last, _) = finish(&second, "s", &r.cell).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (second, last, _) = replayed_after_the_store_changed(dir.path(), code).await;
     assert_eq!(last.status, CellStatus::Failed, "{}", last.text);
     assert!(last.text.contains("diverged at step 1"), "{}", last.text);
     assert_eq!(

@@ -98,3 +98,19 @@ pub fn client_json(mut cmd: Command) -> Value {
     serde_json::from_str(stdout.trim().lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
+
+/// The JSON messages a process writes one per line (lines that are not JSON are skipped), read
+/// on a thread of their own so a test can wait for them with a timeout.
+pub fn json_lines(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<Value> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    rx
+}

@@ -20,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::process::{ChildStderr, ChildStdin};
 
 use super::screen::{MAX_DEPTH, Scanner};
+use crate::bounded_line::BoundedLine;
 
 /// The longest line (one JSON-RPC message, newline included) read from a server: rmcp's own
 /// limit, so that everything the screen passes rmcp also reads.
@@ -121,9 +122,8 @@ async fn screen_lines(
     max_line: usize,
 ) {
     let mut from = BufReader::with_capacity(64 * 1024, from);
-    let mut line = Vec::new();
+    let mut line = BoundedLine::new(max_line);
     let mut scanner = Scanner::default();
-    let mut oversized = false;
     loop {
         let (taken, ended) = {
             let available = match from.fill_buf().await {
@@ -139,14 +139,7 @@ async fn screen_lines(
             let newline = available.iter().position(|b| *b == b'\n');
             let piece = &available[..newline.map_or(available.len(), |i| i + 1)];
             scanner.feed(piece);
-            if !oversized {
-                if line.len() + piece.len() > max_line {
-                    oversized = true;
-                    line = Vec::new();
-                } else {
-                    line.extend_from_slice(piece);
-                }
-            }
+            line.push(piece);
             (piece.len(), newline.is_some())
         };
         from.consume(taken);
@@ -154,8 +147,7 @@ async fn screen_lines(
             continue;
         }
         let scanned = std::mem::take(&mut scanner);
-        let pass = if oversized {
-            oversized = false;
+        let pass = if line.take_oversized() {
             rejected(
                 &server,
                 &scanned,
@@ -176,10 +168,10 @@ async fn screen_lines(
                     scanned.deepest()
                 ),
             )
-        } else if let Some(why) = unreadable_response(&scanned, &line) {
+        } else if let Some(why) = unreadable_response(&scanned, line.bytes()) {
             rejected(&server, &scanned, &why)
         } else {
-            Some(std::mem::take(&mut line))
+            Some(line.take_bytes())
         };
         line.clear();
         if let Some(bytes) = pass

@@ -21,6 +21,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinHandle;
 
+use crate::bounded_line::BoundedLine;
+
 /// The longest line read (one message, newline included): rmcp's own limit.
 pub(crate) const MAX_LINE: usize = DEFAULT_MAX_LINE_LENGTH;
 
@@ -118,8 +120,7 @@ async fn read_lines<W: AsyncWrite + Unpin>(
     max_line: usize,
 ) {
     let mut read = BufReader::with_capacity(64 * 1024, read);
-    let mut line = Vec::new();
-    let mut oversized = false;
+    let mut line = BoundedLine::new(max_line);
     loop {
         let (taken, ended, eof) = {
             let available = match read.fill_buf().await {
@@ -131,22 +132,14 @@ async fn read_lines<W: AsyncWrite + Unpin>(
             };
             let newline = available.iter().position(|b| *b == b'\n');
             let piece = &available[..newline.map_or(available.len(), |i| i + 1)];
-            // Only up to the limit is kept; the rest of an oversized line is skipped.
-            if !oversized {
-                if line.len() + piece.len() > max_line {
-                    oversized = true;
-                    line = Vec::new();
-                } else {
-                    line.extend_from_slice(piece);
-                }
-            }
+            line.push(piece);
             (piece.len(), newline.is_some(), available.is_empty())
         };
         read.consume(taken);
         if !ended && !eof {
             continue;
         }
-        let verdict = if std::mem::take(&mut oversized) {
+        let verdict = if line.take_oversized() {
             Verdict::Answer(error_line(
                 None,
                 INVALID_REQUEST,
@@ -157,11 +150,9 @@ async fn read_lines<W: AsyncWrite + Unpin>(
                 ),
             ))
         } else {
-            judge(&line)
+            judge(line.bytes())
         };
         line.clear();
-        // One long message must not keep its buffer for the rest of the session.
-        line.shrink_to(64 * 1024);
         match verdict {
             Verdict::Message(m) => {
                 if to.send(*m).await.is_err() {
