@@ -40,6 +40,7 @@
 
 mod arena;
 mod engine;
+mod held;
 mod host;
 mod json_in;
 mod json_out;

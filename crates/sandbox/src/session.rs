@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
+use crate::held::HeldAnswers;
 use crate::host::{Determinism, Host, HostCall, HostCallKind, HostError, Script};
 use crate::limits::Limits;
 use crate::protocol::{Delivery, End, Finish, Start, VmLimits};
@@ -74,6 +75,8 @@ pub(crate) struct Session {
     on_output: Option<crate::host::OutputTap>,
     /// Host futures spawned on this thread whose results have not been taken yet.
     spawned: usize,
+    /// Answers waiting for the VM, bounded.
+    held: HeldAnswers,
 }
 
 fn sandbox_err(message: impl Into<String>) -> ScriptError {
@@ -252,6 +255,7 @@ impl Session {
         let mut names: HashSet<String> = script.tools.iter().map(|t| t.name.clone()).collect();
         names.extend(script.globals.iter().cloned());
         let (tx, rx) = unbounded_channel();
+        let held = HeldAnswers::new(limits.heap_bytes);
         let session = Session {
             on_output: script.on_output,
             host: script.host,
@@ -278,6 +282,7 @@ impl Session {
             }),
             fatal: None,
             spawned: 0,
+            held,
         };
         Ok((session, start))
     }
@@ -394,6 +399,7 @@ impl Session {
         let mut cx = std::task::Context::from_waker(&waker);
         match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(&mut cx))) {
             Ok(std::task::Poll::Ready(r)) => {
+                let r = self.held.admit(r);
                 self.complete(id, r);
                 return Ok(());
             }
@@ -407,13 +413,15 @@ impl Session {
             }
         }
         let tx = self.tx.clone();
+        let held = self.held.clone();
         self.spawned += 1;
         tokio::task::spawn_local(async move {
             let result = match AssertUnwindSafe(fut).catch_unwind().await {
                 Ok(r) => r,
                 Err(_) => Err(HostError::new("The host failed while running this call.")),
             };
-            let _ = tx.send((id, result));
+            // Counted (or dropped) as it arrives: completions may wait in the channel too.
+            let _ = tx.send((id, held.admit(result)));
         });
         Ok(())
     }
@@ -451,6 +459,7 @@ impl Session {
         // After an abort, calls end because their tokens were cancelled: they count as
         // cancelled, not as failed, and the script gets no more results.
         if !self.inflight.contains_key(&id) || self.abort.is_cancelled() {
+            self.held.release(&r);
             return;
         }
         let Some(det) = self.det.as_mut() else {
@@ -504,6 +513,7 @@ impl Session {
     /// Records a result and queues it for the VM.
     fn push_ready(&mut self, id: u64, r: Result<String, HostError>, at_ms: Option<f64>) {
         let Some(inflight) = self.inflight.remove(&id) else {
+            self.held.release(&r);
             return;
         };
         if let Some(rec) = inflight.record.and_then(|i| self.calls.get_mut(i)) {
@@ -546,7 +556,9 @@ impl Session {
             Some(d) if d.id == id && d.at_ms.is_none() && d.result.is_ok() => {}
             _ => return None,
         }
-        self.ready.pop_back().and_then(|d| d.result.ok())
+        let d = self.ready.pop_back()?;
+        self.held.release(&d.result);
+        d.result.ok()
     }
 
     /// Whether call `id` is still waiting for its result (it was not answered at once).
@@ -559,7 +571,9 @@ impl Session {
     }
 
     pub fn take_ready(&mut self) -> Option<Delivery> {
-        self.ready.pop_front()
+        let d = self.ready.pop_front()?;
+        self.held.release(&d.result);
+        Some(d)
     }
 
     /// The VM waits and nothing is ready. In replay, the next logged result is the next thing
@@ -572,6 +586,8 @@ impl Session {
             match log.results.pop_front() {
                 Some((id, at_ms, r)) if self.inflight.contains_key(&id) => {
                     let r = r.map(|v| v.to_string());
+                    // The recorded run got this answer: replay delivers it whatever its size.
+                    self.held.count(&r);
                     self.push_ready(id, r, Some(at_ms));
                 }
                 Some((id, _, _)) => self.set_fatal(format!(

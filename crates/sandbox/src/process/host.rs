@@ -112,6 +112,9 @@ impl Spawner {
     }
 }
 
+/// Bytes of answers encoded for the worker ahead of what it has read.
+const PENDING_AHEAD: usize = 4 << 20;
+
 /// Longest the host blocks on the futex word before it checks for an abort or a dead worker.
 const FUTEX_NAP: Duration = Duration::from_millis(5);
 
@@ -444,7 +447,11 @@ impl WorkerProcess {
             progress |= end.positions().1 != read_from;
             // 2. Results: host futures that finished elsewhere, then everything ready, in order.
             session.pull_completions();
-            while let Some(d) = session.take_ready() {
+            // Only a little ahead of what the worker reads: the rest waits in the session,
+            // where it counts against the script's bound on answers held.
+            while self.pending_out.len() - out_at < PENDING_AHEAD
+                && let Some(d) = session.take_ready()
+            {
                 encode_delivery(&d, &mut self.scratch);
                 self.pending_out.extend_from_slice(&self.scratch);
             }
