@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use codemode_gate::{Admission, AuditLog};
+use codemode_gate::{Admission, AuditLog, Principal};
 use codemode_sandbox::Determinism;
 use codemode_state::{
     Answer, ApprovalRecord, ApprovalState, CellStatus, CellUpdate, Decision, NewCell, StateError,
@@ -31,6 +31,19 @@ struct CellOptions {
     /// names it on the call's outcome line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     journal_id: Option<String>,
+    /// Who the cell's session acted for when it started. A process that takes the cell over
+    /// has not seen its client yet, so without this the cell's calls would be charged to that
+    /// process's default principal, or to nobody, escaping `budgets.principal` and `.team`.
+    /// Missing in cells started by a codemode that did not record it: those are not resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    acts_for: Option<ActsFor>,
+}
+
+/// The principal a cell acts for; `principal: None` when its session acted for nobody, which
+/// differs from not knowing (the field missing).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ActsFor {
+    principal: Option<Principal>,
 }
 
 /// How long `wait` with `terminate` waits for the script and its calls to stop.
@@ -87,6 +100,9 @@ impl Codemode {
             yield_after_ms: yield_after.as_millis() as u64,
             scope: config.scope.clone(),
             journal_id: admission.journal_id().map(str::to_string),
+            acts_for: Some(ActsFor {
+                principal: self.gate().principal_of(&req.session_id),
+            }),
         };
         let store = cells.store().clone();
         let created = async {
@@ -239,6 +255,15 @@ impl Codemode {
                     continue;
                 }
             };
+            // Fail closed: a cell whose principal is unknown would charge its calls to nobody.
+            let Some(acts_for) = options.acts_for.clone() else {
+                fail(format!(
+                    "cell {} cannot be taken over: the principal its session acted for was not recorded (the cell was started by an older codemode), so its calls could not be charged to that principal's budgets; run the script again",
+                    claimed.id
+                ))
+                .await;
+                continue;
+            };
             let entries = store.read_replay(&claimed.id).await?;
             let live = Arc::new(LiveCell::new(
                 claimed.id.clone(),
@@ -265,6 +290,11 @@ impl Codemode {
                 seed: options.seed,
                 start_ms: options.start_ms,
             });
+            // Before any of its calls runs: they are charged to, and audited for, the principal
+            // the session acted for when the cell started, not this process's default.
+            if let Some(principal) = acts_for.principal {
+                self.gate().set_principal(&claimed.session_id, principal);
+            }
             cells.register(live);
             tokio::spawn(drive(
                 self.clone(),
@@ -460,7 +490,8 @@ async fn drive(
     let store = cells.store();
     if let Some(journal_id) = resumed {
         let ids = (call_id.as_str(), journal_id.as_deref(), cell_id.as_str());
-        write_resumed_end(&config.audit, &req, ids, status, &run).await;
+        let principal = codemode.gate().principal_of(&req.session_id).map(|p| p.id);
+        write_resumed_end(&config.audit, &req, ids, principal, status, &run).await;
     }
     let written = store
         .update_cell(
@@ -560,6 +591,7 @@ async fn write_resumed_end(
     audit: &AuditLog,
     req: &ScriptRequest,
     (call_id, journal_id, cell_id): (&str, Option<&str>, &str),
+    principal: Option<String>,
     status: CellStatus,
     run: &ScriptRun,
 ) {
@@ -570,6 +602,9 @@ async fn write_resumed_end(
         "provenance".into(),
         json!({"call_id": call_id, "session_id": req.session_id, "client": req.client}),
     );
+    if let Some(principal) = principal {
+        line.insert("principal".into(), json!(principal));
+    }
     line.insert("tool".into(), json!(codemode_gate::CODEMODE_TOOL));
     if let Some(id) = journal_id {
         line.insert("journal_id".into(), json!(id));

@@ -1,0 +1,90 @@
+//! A cell whose principal is not known (recorded by a codemode that did not keep it) is not
+//! taken over: run by replay in a process its client has not reached, its calls would be
+//! charged to nobody. It fails, saying why, and none of its calls runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use codemode_gate::{Gate, PolicySet, Registry};
+use codemode_runtime::{Cells, CellsConfig, Codemode};
+use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
+use codemode_state::{CellStatus, NewCell};
+use futures::FutureExt;
+use serde_json::{Value, json};
+
+struct Counted {
+    spec: ToolSpec,
+    runs: Arc<AtomicU64>,
+}
+
+impl Tool for Counted {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let runs = self.runs.clone();
+        Ok(prepared(CallFacts::default(), move |_| {
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(ToolOutput::value(json!({})))
+            }
+            .boxed()
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = codemode_state::open(
+        &format!("sqlite://{}", dir.path().join("state.db").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    // Options as a codemode that did not record `acts_for` wrote them; the holder is gone
+    // (its lease already ran out).
+    store
+        .create_cell(NewCell {
+            id: "cell_old".into(),
+            session_id: "s".into(),
+            source: "await tools.counted({}); return 1".into(),
+            source_hash: "0".repeat(64),
+            options: json!({"call_id": "c1", "seed": 1, "start_ms": 0.0, "yield_after_ms": 1000}),
+            owner: "dead-replica".into(),
+            lease: Duration::ZERO,
+            max_live_per_session: None,
+        })
+        .await
+        .unwrap();
+
+    let runs = Arc::new(AtomicU64::new(0));
+    let registry = Registry::new();
+    registry
+        .register(Arc::new(Counted {
+            spec: ToolSpec::new("counted", "counts", json!({"type": "object"})),
+            runs: runs.clone(),
+        }))
+        .unwrap();
+    let cells = Cells::new(CellsConfig::new(store.clone()));
+    let policy =
+        r#"permit (principal, action == Action::"tool_call", resource == Tool::"counted");"#;
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("p.cedar", policy).unwrap())
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
+
+    let resumed = codemode.resume_cells().await.unwrap();
+    assert!(resumed.is_empty(), "{resumed:?}");
+    let cell = store.get_cell("cell_old").await.unwrap().unwrap();
+    assert_eq!(cell.status, CellStatus::Failed);
+    let text = cell.result.as_ref().unwrap()["text"].as_str().unwrap();
+    assert!(
+        text.contains("principal its session acted for was not recorded"),
+        "{text}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
