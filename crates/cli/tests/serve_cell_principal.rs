@@ -8,9 +8,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -109,23 +108,17 @@ impl Env {
 
     /// `codemode serve` on a free loopback port; returns it and its URL.
     fn serve(&self) -> (Server, String) {
-        let mut child = common::codemode()
-            .args(["serve", "--listen", "127.0.0.1:0", "--mode", "only"])
-            .arg("--policy")
-            .arg(self.root.join("policy.cedar"))
-            .arg("--tokens-file")
-            .arg(self.root.join("tokens/tokens.json"))
-            .args(self.dirs())
-            .env("CODEMODE_CELL_LEASE_MS", "1000")
-            .env_remove("CODEMODE_SERVE_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = common::serving_url(&mut lines);
-        std::thread::spawn(move || for _ in lines {});
+        let (child, url) = common::start_serving(
+            common::codemode()
+                .args(["serve", "--listen", "127.0.0.1:0", "--mode", "only"])
+                .arg("--policy")
+                .arg(self.root.join("policy.cedar"))
+                .arg("--tokens-file")
+                .arg(self.root.join("tokens/tokens.json"))
+                .args(self.dirs())
+                .env("CODEMODE_CELL_LEASE_MS", "1000")
+                .env_remove("CODEMODE_SERVE_TOKEN"),
+        );
         (Server(child), url)
     }
 

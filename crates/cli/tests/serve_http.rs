@@ -3,7 +3,6 @@
 mod common;
 use common::testbed;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
@@ -20,22 +19,14 @@ impl Drop for Server {
 /// Starts the server on a free loopback port and returns it with its URL.
 fn serve(extra: &[&str]) -> (Server, String, tempfile::TempDir) {
     let config = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
-        .arg(config.path())
-        .arg("--state-dir")
-        .arg(config.path().join("state"))
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let url = common::serving_url(&mut lines);
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
+    let (child, url) = common::start_serving(
+        Command::new(env!("CARGO_BIN_EXE_codemode"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
+            .arg(config.path())
+            .arg("--state-dir")
+            .arg(config.path().join("state"))
+            .args(extra),
+    );
     (Server(child), url, config)
 }
 

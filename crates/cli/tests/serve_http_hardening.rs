@@ -2,8 +2,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -25,26 +24,20 @@ const h = (extra) => Object.assign({ "content-type": "application/json", accept:
 #[test]
 fn origin_malformed_json_unknown_sessions_bearer_case_and_host_names() {
     let config = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
-        .args([
-            "serve",
-            "--listen",
-            "localhost:0",
-            "--token",
-            "s3cret",
-            "--config-dir",
-        ])
-        .arg(config.path())
-        .arg("--state-dir")
-        .arg(config.path().join("state"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = common::serving_url(&mut lines);
-    std::thread::spawn(move || for _ in lines {});
+    let (mut child, url) = common::start_serving(
+        Command::new(env!("CARGO_BIN_EXE_codemode"))
+            .args([
+                "serve",
+                "--listen",
+                "localhost:0",
+                "--token",
+                "s3cret",
+                "--config-dir",
+            ])
+            .arg(config.path())
+            .arg("--state-dir")
+            .arg(config.path().join("state")),
+    );
     let out = Command::new("node")
         .args(["-e", PROBE, &url, "s3cret"])
         .output()
@@ -90,22 +83,16 @@ const init = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "initialize", param
 #[test]
 fn an_allowed_origin_matches_its_port_only() {
     let config = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
-        .args(["serve", "--listen", "localhost:0", "--token", "s3cret"])
-        .args(["--allow-origin", "https://app.example.com"])
-        .args(["--allow-origin", "http://b.example:8080"])
-        .arg("--config-dir")
-        .arg(config.path())
-        .arg("--state-dir")
-        .arg(config.path().join("state"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = common::serving_url(&mut lines);
-    std::thread::spawn(move || for _ in lines {});
+    let (mut child, url) = common::start_serving(
+        Command::new(env!("CARGO_BIN_EXE_codemode"))
+            .args(["serve", "--listen", "localhost:0", "--token", "s3cret"])
+            .args(["--allow-origin", "https://app.example.com"])
+            .args(["--allow-origin", "http://b.example:8080"])
+            .arg("--config-dir")
+            .arg(config.path())
+            .arg("--state-dir")
+            .arg(config.path().join("state")),
+    );
     let expected = [
         ("https://app.example.com", 200),
         ("https://app.example.com:443", 200),

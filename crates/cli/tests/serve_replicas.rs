@@ -7,10 +7,10 @@
 mod common;
 use common::testbed;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -35,18 +35,12 @@ impl Drop for Replica {
 
 impl Replica {
     fn start(args: &[&str]) -> Replica {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_codemode"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env_remove("CODEMODE_SERVE_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = common::serving_url(&mut lines);
-        std::thread::spawn(move || for _ in lines {});
+        let (child, url) = common::start_serving(
+            Command::new(env!("CARGO_BIN_EXE_codemode"))
+                .args(["serve", "--listen", "127.0.0.1:0"])
+                .args(args)
+                .env_remove("CODEMODE_SERVE_TOKEN"),
+        );
         let base = url.trim_end_matches("/mcp").to_string();
         Replica { child, url, base }
     }

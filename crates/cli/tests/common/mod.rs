@@ -114,3 +114,20 @@ pub fn json_lines(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<V
     });
     rx
 }
+
+/// Starts a `codemode serve --listen` command with stdin and stdout closed, waits for the
+/// address it prints, and keeps draining its stderr so it never blocks on a full pipe.
+pub fn start_serving(cmd: &mut Command) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("codemode serve starts");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let url = serving_url(&mut lines);
+    std::thread::spawn(move || for _ in lines {});
+    (child, url)
+}
