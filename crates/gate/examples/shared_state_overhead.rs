@@ -10,8 +10,10 @@
 //! per-call`: a reserve and a settle statement per call, as before schema 3) and with them
 //! (`pg leases`, the default: no budget statement per call; what is left per call is the
 //! audit line's durable append, and for a tool not marked read-only the journal's line before
-//! it runs). Sequential calls are measured for both kinds of tool (`echo`, and `echo_ro`
-//! marked read-only); the parallel and replica rows call `echo`.
+//! it runs). Calls are a script's calls (depth 1), whose lines wait for the disk only at the
+//! script's own line; sequential calls are measured for both kinds of tool (`echo`, and
+//! `echo_ro` marked read-only), and for `echo` called by the model itself (depth 0, "top-level":
+//! its line is durable before it returns). The parallel and replica rows call `echo`.
 //!
 //! ```sh
 //! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
@@ -30,6 +32,7 @@ mod cpu_cap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use codemode_gate::{
@@ -37,7 +40,8 @@ use codemode_gate::{
     Registry,
 };
 use codemode_spec::{
-    CallFacts, Origin, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec, prepared,
+    CallFacts, Exposure, Origin, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec,
+    prepared,
 };
 use codemode_state::{
     Clock, LeaseOptions, MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore,
@@ -72,6 +76,12 @@ fn gate(store: Option<Arc<dyn StateStore>>, stream: &str) -> Gate {
     let mut read_only = ToolSpec::new("echo_ro", "", json!({}));
     read_only.annotations.read_only_hint = Some(true);
     let _ = registry.register(Arc::new(Echo(read_only)));
+    // Stands for the runtime's script call.
+    let _ = registry.register(Arc::new(Echo(ToolSpec::new("codemode", "", json!({})))));
+    // The same tool for the model to call itself.
+    let mut direct = ToolSpec::new("echo_direct", "", json!({}));
+    direct.exposure = Exposure::Direct;
+    let _ = registry.register(Arc::new(Echo(direct)));
     let mut b = Gate::builder()
         .registry(registry)
         .policy(PolicySet::parse("p", "permit(principal, action, resource);").expect("valid"));
@@ -107,10 +117,20 @@ fn request(i: usize, people: usize) -> CallRequest {
     request_to("echo", i, people)
 }
 
+/// A script's call (depth 1): its audit line is committed before it returns, and flushed to
+/// disk by the script's own line, which follows it.
 fn request_to(tool: &str, i: usize, people: usize) -> CallRequest {
     let mut p = Provenance::model(format!("c{i}"), format!("session-{}", i % people));
     p.origin = Origin::Script;
+    p.depth = 1;
+    p.parent_call_id = Some(format!("script-call-{}", i % people));
     p.script_id = Some(format!("script-{}", i % people));
+    CallRequest::new(tool, json!({"i": i}), p)
+}
+
+/// A call the model makes itself (depth 0): its line is durable before the call returns.
+fn top_level(tool: &str, i: usize) -> CallRequest {
+    let p = Provenance::model(format!("t{i}"), "session-0");
     CallRequest::new(tool, json!({"i": i}), p)
 }
 
@@ -120,12 +140,41 @@ async fn sequential(gate: &Gate) -> (f64, f64) {
 }
 
 /// The same for `tool`.
+/// Inside one script, as the runtime runs them: a `codemode` call begins, the calls run, and
+/// the `codemode` call's line (waiting for its calls' lines) ends it; the total includes that.
 async fn sequential_of(gate: &Gate, tool: &str) -> (f64, f64) {
+    static RUN: AtomicUsize = AtomicUsize::new(0);
+    let id = format!("script-run-{}", RUN.fetch_add(1, Ordering::Relaxed));
+    let started = Instant::now();
+    let mut script = gate
+        .admit(CallRequest::new(
+            "codemode",
+            json!({}),
+            Provenance::model(id.clone(), "session-0"),
+        ))
+        .await
+        .expect("the script is permitted");
+    script.begin().await.expect("the script starts");
+    let (median, _) = sequential_with(gate, |i| {
+        let mut req = request_to(tool, i, 1);
+        req.provenance.parent_call_id = Some(id.clone());
+        req
+    })
+    .await;
+    script
+        .finish(Ok(ToolOutput::value(json!("done"))))
+        .await
+        .expect("the script's line is written");
+    (median, started.elapsed().as_secs_f64() * 1e3)
+}
+
+/// The same for the requests `make` builds.
+async fn sequential_with(gate: &Gate, make: impl Fn(usize) -> CallRequest) -> (f64, f64) {
     let mut each = Vec::with_capacity(N);
     let started = Instant::now();
     for i in 0..N {
         let t = Instant::now();
-        gate.call(request_to(tool, i, 1)).await.expect("permitted");
+        gate.call(make(i)).await.expect("permitted");
         each.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let total = started.elapsed().as_secs_f64() * 1e3;
@@ -159,14 +208,16 @@ async fn row(
     sequential(&one).await; // warm up: rows, pools, caches
     let (median, total) = sequential(&one).await;
     let (read_only, _) = sequential_of(&one, "echo_ro").await;
+    let (direct, _) = sequential_with(&one, |i| top_level("echo_direct", i)).await;
     let par = parallel(std::slice::from_ref(&one), 1).await;
     let spread_one = parallel(std::slice::from_ref(&one), 100).await;
     let two = [one.clone(), gate(b.or(a), "bench")];
     let spread_two = parallel(&two, 100).await;
     println!(
-        "{name:<10} seq median {median:>7.1} µs (+{:>6.1} µs; read-only +{:>6.1} µs)  seq 1000 {total:>7.1} ms  par 1000 (1 person) {par:>7.1} ms  par 1000 (100 people): 1 replica {spread_one:>7.1} ms ({:>6.0}/s), 2 replicas {spread_two:>7.1} ms ({:>6.0}/s, {:.2}x)",
+        "{name:<10} seq median {median:>7.1} µs (+{:>6.1} µs; read-only +{:>6.1} µs; top-level +{:>6.1} µs)  seq 1000 {total:>7.1} ms  par 1000 (1 person) {par:>7.1} ms  par 1000 (100 people): 1 replica {spread_one:>7.1} ms ({:>6.0}/s), 2 replicas {spread_two:>7.1} ms ({:>6.0}/s, {:.2}x)",
         median - base,
         read_only - base,
+        direct - base,
         N as f64 / spread_one * 1e3,
         N as f64 / spread_two * 1e3,
         spread_one / spread_two

@@ -590,3 +590,134 @@ async fn a_call_approved_after_its_budget_hold_ran_out_cannot_overspend() {
         }
     }
 }
+
+/// A gate on `store` with `echo` (journalled: not read-only) and a `codemode` tool standing for
+/// the runtime's script call, whose nested calls the test makes itself.
+fn scripting(store: &Arc<dyn StateStore>, stream: &str) -> Gate {
+    let reg = Registry::new();
+    let mut echo = TestTool::new("echo", object_schema());
+    echo.delay_ms = 1;
+    reg.register(Arc::new(echo)).unwrap();
+    reg.register(Arc::new(TestTool::new("codemode", object_schema())))
+        .unwrap();
+    builder(&reg)
+        .audit(AuditLog::stream(store.clone(), stream, test_key()).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Runs a "script": admits and begins a `codemode` call, makes `n` nested `echo` calls at once,
+/// then finishes the `codemode` call. Every nested call must succeed.
+async fn run_script(gate: &Gate, n: usize) -> Result<(), codemode_gate::GateError> {
+    let mut outer = gate
+        .admit(req(
+            "codemode",
+            json!({}),
+            codemode_spec::Provenance::model(format!("cm-{}", uuid::Uuid::new_v4().simple()), "s1"),
+        ))
+        .await
+        .unwrap();
+    outer.begin().await.unwrap();
+    let parent = outer.call_id().to_string();
+    let calls = (0..n).map(|i| {
+        let mut p = script("lines");
+        p.parent_call_id = Some(parent.clone());
+        gate.call(req("echo", json!({"path": format!("{i}")}), p))
+    });
+    for r in futures::future::join_all(calls).await {
+        r.expect("the nested call ran and its result came back");
+    }
+    outer
+        .finish(Ok(codemode_spec::ToolOutput::value(json!("done"))))
+        .await
+        .map(|_| ())
+}
+
+/// Nested calls get their results before their outcome lines are stored; the script's own line
+/// still comes after every one of them, so each call of each script is in the stream before
+/// the line that hands the script's result on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scripts_line_follows_every_line_of_its_calls() {
+    for env in backends().await {
+        let a = scripting(&env.a, "scripts");
+        let b = scripting(&env.b, "scripts");
+        let runs = (0..6).map(|i| {
+            let gate = if i % 2 == 0 { a.clone() } else { b.clone() };
+            async move { run_script(&gate, 40).await }
+        });
+        for r in futures::future::join_all(runs).await {
+            r.unwrap();
+        }
+        let lines = env.a.read_audit("scripts", 0, 1000).await.unwrap();
+        assert_eq!(lines.len(), 6 * 41, "{}", env.name);
+        let mut open: std::collections::HashMap<String, usize> = Default::default();
+        for r in &lines {
+            let v: serde_json::Value = serde_json::from_str(&r.line).unwrap();
+            if v["tool"] == "codemode" {
+                let id = v["provenance"]["call_id"].as_str().unwrap();
+                assert_eq!(
+                    open.remove(id),
+                    Some(40),
+                    "{}: the script's line came after all 40 of its calls' lines",
+                    env.name
+                );
+            } else {
+                let parent = v["provenance"]["parent_call_id"].as_str().unwrap();
+                *open.entry(parent.to_string()).or_default() += 1;
+            }
+        }
+        assert!(open.is_empty(), "{}: {open:?}", env.name);
+        verify_stream(env.a.as_ref(), "scripts", Some(&test_key()))
+            .await
+            .unwrap();
+    }
+}
+
+/// The database refuses the outcome lines of the script's calls (a trigger): the calls ran and
+/// their results went back to the script, but the script's result is withheld, every later
+/// call is refused, and the journal names the calls as unfinished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_script_whose_calls_lines_were_refused_has_its_result_withheld() {
+    let Some(env) = postgres().await else { return };
+    let (url, schema) = env.pg.clone().unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+             CREATE TRIGGER refuse BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
+               WHEN (NEW.stream = 'refusing' AND NEW.line LIKE '%\"tool\":\"echo\"%')
+               EXECUTE FUNCTION {schema}.refuse();"
+        ))
+        .await
+        .unwrap();
+    let gate = scripting(&env.a, "refusing");
+    let e = run_script(&gate, 5)
+        .await
+        .expect_err("the script's result must be withheld");
+    assert!(
+        e.message.contains("a line of a call the script made") && e.message.contains("withheld"),
+        "{}",
+        e.message
+    );
+    let later = gate
+        .call(req("echo", json!({}), script("later")))
+        .await
+        .unwrap_err();
+    assert!(
+        later.message.contains("audit log cannot be written"),
+        "{}",
+        later.message
+    );
+    let unfinished = codemode_gate::unfinished_stream_calls(env.a.as_ref(), "refusing", None)
+        .await
+        .unwrap();
+    let echoes = unfinished
+        .iter()
+        .filter(|c| c.record["tool"] == "echo")
+        .count();
+    assert_eq!(echoes, 5, "each call that ran is on record as started");
+}

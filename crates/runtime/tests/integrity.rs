@@ -333,3 +333,54 @@ async fn scripts_of_one_session_side_by_side_cannot_overfill_its_store() {
         kept.keys()
     );
 }
+
+/// A script's calls are committed to the audit stream before their results reach the script,
+/// but their flush to disk may wait: the script's own `codemode` line comes after every one of
+/// them and is written durably, so nothing the script did reaches the model before all of it is
+/// on disk. Journal starts may wait for the outcome lines that follow them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scripts_lines_are_made_durable_by_its_own_line_which_comes_last() {
+    use codemode_state::{Durability, MemoryStore, StateStore};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::write(root.join("in.txt"), "hello").unwrap();
+    let registry = Registry::new();
+    for tool in builtin_tools(&ToolsConfig::new(&root)) {
+        registry.register(tool).unwrap();
+    }
+    let store = Arc::new(MemoryStore::default());
+    let shared: Arc<dyn StateStore> = store.clone();
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("test.cedar", "permit (principal, action, resource);").unwrap())
+        .audit(AuditLog::stream(shared, "calls", test_key()).unwrap())
+        .workspace(&root)
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).build().unwrap();
+    let run = codemode
+        .run_script(ScriptRequest::new(
+            "const t = await tools.read({path: 'in.txt'}); await tools.write({path: 'out.txt', content: 'x'}); return 1",
+            "s",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+
+    let lines = store.read_audit("calls", 0, 100).await.unwrap();
+    let tools: Vec<String> = lines
+        .iter()
+        .map(|r| {
+            let v: Value = serde_json::from_str(&r.line).unwrap();
+            v["tool"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    assert_eq!(tools, ["read", "write", "codemode"]);
+    assert_eq!(
+        store.durability_of("calls"),
+        [Durability::Deferred, Durability::Deferred, Durability::Now],
+        "the script's calls may wait for the disk; the script's own line, last, may not"
+    );
+    let journal = store.durability_of("calls.started");
+    assert_eq!(journal.len(), 2, "the script and its write were journalled");
+    assert!(journal.iter().all(|d| *d == Durability::Deferred));
+}

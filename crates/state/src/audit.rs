@@ -23,6 +23,22 @@ pub struct AuditHead {
     pub hash: Option<String>,
 }
 
+/// When an appended line must have reached the store's disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Before the append returns.
+    #[default]
+    Now,
+    /// The append returns once the line is committed (every replica sees it, and it stays if
+    /// the appending process dies), but the store may flush it to disk later: with the next
+    /// line appended [`Durability::Now`] (a flush takes every commit before it too) or on its
+    /// own shortly after (PostgreSQL: within three `wal_writer_delay`s, 0.6 s by default). Only
+    /// a crash of the store's server in that time loses it, and the appending process then
+    /// finds the stream's head behind its own last line and fails its next append. For lines
+    /// that a later durable line covers; stores without the distinction write every line now.
+    Deferred,
+}
+
 /// What the closure makes: the line's text and its hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditLine {

@@ -60,7 +60,7 @@ use std::sync::Arc;
 pub use approval::{
     Answer, ApprovalQuery, ApprovalRecord, ApprovalState, Decision, NewApproval, call_hash,
 };
-pub use audit::{AuditHead, AuditLine, AuditLineFn, AuditRecord};
+pub use audit::{AuditHead, AuditLine, AuditLineFn, AuditRecord, Durability};
 pub use budget::{
     Amounts, BudgetRefusal, Counter, LeaseTicket, LedgerKey, LedgerScope, LedgerSnapshot, Limits,
     Overrun, Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::approval::{self, Answer, ApprovalQuery, ApprovalRecord, ApprovalState, NewApproval};
-use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord};
+use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord, Durability};
 use crate::budget::{
     self, Amounts, LedgerKey, LedgerSnapshot, Reservation, ReserveOutcome, ReserveRequest,
     SettleOutcome,
@@ -46,6 +46,8 @@ struct Inner {
     ledgers: HashMap<String, Ledger>,
     holds: HashMap<String, Hold>,
     audit: HashMap<String, Vec<AuditRecord>>,
+    /// How each stream's lines were asked to be written, in order (memory has no disk).
+    durability: HashMap<String, Vec<Durability>>,
 }
 
 pub struct MemoryStore {
@@ -67,6 +69,16 @@ impl MemoryStore {
     // consistent before anything that could panic, so go on.
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The [`Durability`] each line of `stream` was appended with, in the stream's order: for
+    /// tests of what callers ask of a store that has a disk.
+    pub fn durability_of(&self, stream: &str) -> Vec<Durability> {
+        self.lock()
+            .durability
+            .get(stream)
+            .cloned()
+            .unwrap_or_default()
     }
 }
 
@@ -558,6 +570,15 @@ impl StateStore for MemoryStore {
         stream: &'a str,
         make: AuditLineFn,
     ) -> BoxFuture<'a, Result<AuditRecord>> {
+        self.append_audit_with(stream, make, Durability::Now)
+    }
+
+    fn append_audit_with<'a>(
+        &'a self,
+        stream: &'a str,
+        make: AuditLineFn,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<AuditRecord>> {
         let r = (|| {
             audit::validate_stream(stream)?;
             let now = self.clock.now_ms();
@@ -573,6 +594,8 @@ impl StateStore for MemoryStore {
             let record = audit::make_line(stream, &head, &make, now)?;
             let lines = inner.audit.entry(stream.to_string()).or_default();
             lines.push(record.clone());
+            let asked = inner.durability.entry(stream.to_string()).or_default();
+            asked.push(durability);
             Ok(record)
         })();
         ready(r)

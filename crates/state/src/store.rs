@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 
 use crate::approval::{Answer, ApprovalQuery, ApprovalRecord, NewApproval};
-use crate::audit::{AuditHead, AuditLineFn, AuditRecord};
+use crate::audit::{AuditHead, AuditLineFn, AuditRecord, Durability};
 use crate::budget::{
     Amounts, LedgerKey, LedgerSnapshot, Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,
 };
@@ -165,6 +165,18 @@ pub trait StateStore: Send + Sync + 'static {
         stream: &'a str,
         make: AuditLineFn,
     ) -> BoxFuture<'a, Result<AuditRecord>>;
+
+    /// [`StateStore::append_audit`], saying when the line must be on disk. Stores that flush
+    /// every commit (memory, SQLite) ignore `durability`.
+    fn append_audit_with<'a>(
+        &'a self,
+        stream: &'a str,
+        make: AuditLineFn,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<AuditRecord>> {
+        let _ = durability;
+        self.append_audit(stream, make)
+    }
 
     /// Up to `limit` lines with `seq > after_seq`, in order.
     fn read_audit<'a>(

@@ -43,7 +43,7 @@ pub use key::AuditKey;
 pub use stream::{StreamReport, verify_stream};
 pub use verify::{HeadCheck, VerifyReport, verify};
 
-use codemode_state::StateStore;
+use codemode_state::{Durability, StateStore};
 use futures::future::BoxFuture;
 
 pub(crate) const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -240,20 +240,33 @@ impl AuditLog {
         &self,
         record: Map<String, Value>,
     ) -> Result<Option<PendingLine>, AuditError> {
+        // A start is followed by its call's outcome line, which flushes it (or by the stream's
+        // next durable line, if the process dies first).
         match &self.journal {
-            Some(journal) => journal.submit(record),
+            Some(journal) => journal.submit_with(record, Durability::Deferred),
             None => Ok(None),
         }
     }
 
     /// Writes a record: a file line at once; a stream line through the returned future, which
-    /// the caller awaits (or spawns, where it cannot wait).
+    /// the caller awaits (or spawns, where it cannot wait). The line is durable when the
+    /// future completes.
     pub(crate) fn submit(
         &self,
         record: Map<String, Value>,
     ) -> Result<Option<PendingLine>, AuditError> {
+        self.submit_with(record, Durability::Now)
+    }
+
+    /// [`AuditLog::submit`], saying when a stream's line must be on the store's disk (a file's
+    /// line is written at once either way).
+    pub(crate) fn submit_with(
+        &self,
+        record: Map<String, Value>,
+        durability: Durability,
+    ) -> Result<Option<PendingLine>, AuditError> {
         if let Some(s) = &self.stream {
-            return Ok(Some(s.append(record)));
+            return Ok(Some(s.append(record, durability)));
         }
         self.append(record).map(|()| None)
     }

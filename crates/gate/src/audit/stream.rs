@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use codemode_state::{AuditHead, AuditLine, StateStore};
+use codemode_state::{AuditHead, AuditLine, Durability, StateStore};
 use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
@@ -30,10 +30,12 @@ impl StreamLog {
         )
     }
 
-    /// Appends one record; the returned future completes when the line is committed.
+    /// Appends one record; the returned future completes when the line is committed (and, if
+    /// `durability` says so, on the store's disk).
     pub(crate) fn append(
         self: &Arc<Self>,
         mut record: Map<String, Value>,
+        durability: Durability,
     ) -> BoxFuture<'static, Result<(), AuditError>> {
         let this = self.clone();
         Box::pin(async move {
@@ -46,7 +48,7 @@ impl StreamLog {
             // the head it was made on.
             let make = Box::new(move |head: &AuditHead| keyed_line(&key, &stream, head, &record));
             this.store
-                .append_audit(&this.stream, make)
+                .append_audit_with(&this.stream, make, durability)
                 .await
                 .map(|_| ())
                 .map_err(|e| AuditError::Write {

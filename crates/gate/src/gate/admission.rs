@@ -8,9 +8,11 @@ use codemode_spec::{
     CallFacts, CallKind, Effect, PreparedCall, Provenance, RunContext, ScriptFacts, ToolError,
     ToolErrorKind, ToolOutput, ToolSpec, Usage,
 };
+use codemode_state::Durability;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::script_lines::ScriptLines;
 use super::{Admitted, CallRequest, Inner, hook_event};
 use crate::audit::{PendingLine, sha256_hex};
 use crate::budget::{Reservation, SharedHold};
@@ -42,6 +44,8 @@ pub(crate) struct Pending {
     usage: Option<Usage>,
     /// Its start's id in the journal.
     journal_id: Option<String>,
+    /// For a script's `codemode` call on a stream: its calls' lines still being written.
+    script_lines: Option<Arc<ScriptLines>>,
     written: bool,
     /// The call's span (disabled unless a subscriber wants `codemode::call`).
     pub span: tracing::Span,
@@ -120,6 +124,7 @@ impl Pending {
             effect: None,
             usage: None,
             journal_id: None,
+            script_lines: None,
             written: false,
         }
     }
@@ -231,14 +236,36 @@ impl Pending {
         Ok(())
     }
 
-    /// Waits for a stream's line; a line that cannot be stored refuses every later call.
+    /// Waits for a stream's line; a line that cannot be stored refuses every later call. A
+    /// script's line waits for its calls' lines first, so it follows them in the stream.
     async fn store_line(&mut self, line: Option<PendingLine>) {
+        if let Some(lines) = self.script_lines.take() {
+            self.gate.script_lines.close(&lines);
+            if let Some(e) = lines.wait().await {
+                self.line_failed = Some(format!("a line of a call the script made: {e}"));
+            }
+        }
         if let Some(line) = line
             && let Err(e) = line.await
         {
             audit_failed(&self.gate, &e);
             self.line_failed = Some(e.to_string());
         }
+    }
+
+    /// Gives a journalled script call's outcome line to its script to wait for (see
+    /// `script_lines`); returns the line if the call must wait for it itself.
+    fn hand_to_script(&mut self, line: Option<PendingLine>) -> Option<PendingLine> {
+        let line = line?;
+        let parent = match &self.provenance.parent_call_id {
+            Some(p) if self.journal_id.is_some() && self.provenance.depth > 0 => p.clone(),
+            _ => return Some(line),
+        };
+        // Given back (`Err`) when the script is not open: the call then waits for it itself.
+        self.gate
+            .script_lines
+            .hand_over(&self.gate, &parent, line)
+            .err()
     }
 
     /// The call's one outcome line, and its record on the script's ledger. A file's line is
@@ -286,8 +313,16 @@ impl Pending {
             observer.finished(&outcome);
         }
         let mut pending = None;
+        // A script's call is committed before its result goes back to the script, but its flush
+        // to disk can wait for the script's own `codemode` line, which is durable and comes
+        // after it: nothing the script did reaches the model before every line of it is on disk.
+        let durability = if self.provenance.depth > 0 {
+            Durability::Deferred
+        } else {
+            Durability::Now
+        };
         if let Ok(Value::Object(record)) = serde_json::to_value(&outcome) {
-            match self.gate.audit.submit(record) {
+            match self.gate.audit.submit_with(record, durability) {
                 Ok(line) => pending = line,
                 Err(e) => {
                     audit_failed(&self.gate, &e);
@@ -341,7 +376,7 @@ impl Pending {
     }
 }
 
-fn audit_failed(gate: &Inner, e: &crate::audit::AuditError) {
+pub(super) fn audit_failed(gate: &Inner, e: &crate::audit::AuditError) {
     tracing::error!("{e}");
     *lock(&gate.audit_failure) = Some(e.to_string());
 }
@@ -365,7 +400,18 @@ fn in_background(gate: &Arc<Inner>, work: impl std::future::Future<Output = ()> 
 
 impl Drop for Pending {
     fn drop(&mut self) {
+        // A script's line follows its calls' lines, here too; each of those reports its own
+        // failure.
+        let script_lines = self.script_lines.take();
+        if let Some(lines) = &script_lines {
+            self.gate.script_lines.close(lines);
+        }
         if self.written {
+            if let Some(lines) = script_lines {
+                in_background(&self.gate, async move {
+                    lines.wait().await;
+                });
+            }
             return;
         }
         // The caller stopped waiting. A call that never started gives its reservation back; one
@@ -412,6 +458,9 @@ impl Drop for Pending {
         if let Some(line) = self.write(Status::Cancelled, Some(stage), Some(message), effect, 0) {
             let gate = self.gate.clone();
             in_background(&self.gate, async move {
+                if let Some(lines) = script_lines {
+                    lines.wait().await;
+                }
                 if let Err(e) = line.await {
                     audit_failed(&gate, &e);
                 }
@@ -479,6 +528,16 @@ impl Admission {
     pub async fn begin(&mut self) -> Result<(), ToolError> {
         self.record_start().await?;
         self.pending.ran = true;
+        if self.spec.name == crate::registry::CODEMODE_TOOL
+            && self.pending.gate.audit.stream_store().is_some()
+        {
+            let lines = self
+                .pending
+                .gate
+                .script_lines
+                .open(&self.provenance.call_id);
+            self.pending.script_lines = lines;
+        }
         Ok(())
     }
 
@@ -632,6 +691,7 @@ impl Admission {
         let line = self
             .pending
             .write(status, None, None, Effect::Applied, bytes);
+        let line = self.pending.hand_to_script(line);
         self.pending.store_line(line).await;
         if let Some(e) = self.pending.line_failed.take() {
             // "Every call that ran is in the audit log" cannot hold for this one: say so rather

@@ -3,6 +3,7 @@
 
 mod admission;
 mod protect;
+mod script_lines;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -108,6 +109,8 @@ pub(crate) struct Inner {
     pub(crate) trace_arguments: bool,
     /// Audit lines and budget settlements that a dropped call left to finish in the background.
     pub(crate) background: TaskTracker,
+    /// Outcome lines of running scripts' calls, written while the scripts go on.
+    pub(crate) script_lines: script_lines::InFlightLines,
 }
 
 /// The one place that decides every call. Cheap to clone; share it between the runtime, the MCP
@@ -271,6 +274,7 @@ impl GateBuilder {
                 spans: Mutex::new(HashMap::new()),
                 trace_arguments: self.trace_arguments,
                 background: TaskTracker::new(),
+                script_lines: Default::default(),
             }),
         })
     }

@@ -23,23 +23,21 @@ use tokio_postgres::types::ToSql;
 use super::ops::{OpError, OpResult};
 use super::pipelined::TxConn;
 use super::{pg_error, pool_error};
-use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord};
+use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord, Durability};
 use crate::error::{Result, StateError};
 
 const APPEND: &str =
     "SELECT written, head_seq, head_hash FROM codemode_append_audit($1, $2, $3, $4, $5, $6)";
-/// The same for a journal stream (a name ending in `.started`: the gate's record that a call
-/// is about to run). Its commit does not wait for the disk flush: a journal guards against the
-/// writing process dying mid-call, and the server has the line once the statement returns
-/// (the call's outcome line, written durably after it, flushes it too).
-const APPEND_JOURNAL: &str = "SELECT written, head_seq, head_hash, set_config('synchronous_commit', 'off', true) FROM codemode_append_audit($1, $2, $3, $4, $5, $6)";
+/// The same for a batch whose lines may reach the disk later ([`Durability::Deferred`]; every
+/// line of a journal stream, a name ending in `.started`: the gate's record that a call is
+/// about to run). Its commit does not wait for the disk flush: the server has the lines once
+/// the statement returns, and the next durable commit, of any stream, flushes them too.
+const APPEND_DEFERRED: &str = "SELECT written, head_seq, head_hash, set_config('synchronous_commit', 'off', true) FROM codemode_append_audit($1, $2, $3, $4, $5, $6)";
 
-fn append_statement(stream: &str) -> &'static str {
-    if stream.ends_with(".started") {
-        APPEND_JOURNAL
-    } else {
-        APPEND
-    }
+/// The statement for a batch: durable if any of its lines must be.
+fn append_statement(stream: &str, batch: &[Waiting]) -> &'static str {
+    let durable = !stream.ends_with(".started") && batch.iter().any(|w| w.durable);
+    if durable { APPEND } else { APPEND_DEFERRED }
 }
 const HEAD_ROW: &str = "INSERT INTO audit_heads (stream, seq, hash) VALUES ($1, 0, '') ON CONFLICT (stream) DO NOTHING";
 const LOCK_HEAD: &str = "SELECT seq, hash FROM audit_heads WHERE stream = $1 FOR UPDATE";
@@ -50,6 +48,7 @@ const MAX_BATCH: usize = 256;
 struct Waiting {
     make: AuditLineFn,
     now: i64,
+    durable: bool,
     done: oneshot::Sender<Result<AuditRecord>>,
 }
 
@@ -117,6 +116,7 @@ impl AuditWriter {
         stream: &str,
         make: AuditLineFn,
         now: i64,
+        durability: Durability,
     ) -> Result<AuditRecord> {
         let queue = lock(&self.queues)
             .entry(stream.to_string())
@@ -125,7 +125,12 @@ impl AuditWriter {
         let (done, result) = oneshot::channel();
         let start = {
             let mut q = lock(&queue);
-            q.waiting.push_back(Waiting { make, now, done });
+            q.waiting.push_back(Waiting {
+                make,
+                now,
+                durable: durability == Durability::Now,
+                done,
+            });
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
@@ -174,28 +179,49 @@ impl AuditWriter {
     }
 
     /// Writes the batch; returns each line's outcome, and the head as far as it is known.
+    /// `known` is the head after this process's last write here: the stream can only grow past
+    /// it, so a head found behind it means lines committed here were lost.
     async fn write(
         &self,
         stream: &str,
         batch: &[Waiting],
-        head: Option<AuditHead>,
+        known: Option<AuditHead>,
     ) -> (Result<Vec<Result<AuditRecord>>>, Option<AuditHead>) {
-        let mut head = head.unwrap_or_default();
+        let mut head = known.clone().unwrap_or_default();
         for _ in 0..self.optimistic_tries {
             let made = make_lines(stream, batch, &head);
             if made.head == head {
                 // Every closure refused: nothing to write.
                 return (Ok(made.records), Some(head));
             }
-            match self.try_append(stream, &head, &made).await {
+            match self.try_append(stream, batch, &head, &made).await {
                 Ok(Ok(())) => return (Ok(made.records), Some(made.head)),
-                Ok(Err(moved)) => head = moved,
+                Ok(Err(moved)) => {
+                    if let Err(e) = self.not_behind(stream, known.as_ref(), &moved) {
+                        return (Err(e), None);
+                    }
+                    head = moved;
+                }
                 Err(e) => return (Err(e), None),
             }
         }
-        match self.append_locked(stream, batch).await {
+        match self.append_locked(stream, batch, known.as_ref()).await {
             Ok((records, head)) => (Ok(records), Some(head)),
             Err(e) => (Err(e), None),
+        }
+    }
+
+    /// An error if the stream's head `found` is behind `known`, the head this process wrote.
+    fn not_behind(&self, stream: &str, known: Option<&AuditHead>, found: &AuditHead) -> Result<()> {
+        match known {
+            Some(known) if found.seq < known.seq => Err(StateError::Backend {
+                location: self.location.clone(),
+                detail: format!(
+                    "the audit stream `{stream}` ends at line {}, but this process wrote line {} to it: committed lines were lost (a server that crashed loses commits not yet on its disk) or deleted, so the log no longer records every call",
+                    found.seq, known.seq
+                ),
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -203,6 +229,7 @@ impl AuditWriter {
     async fn try_append(
         &self,
         stream: &str,
+        batch: &[Waiting],
         head: &AuditHead,
         made: &Made,
     ) -> Result<std::result::Result<(), AuditHead>> {
@@ -212,7 +239,9 @@ impl AuditWriter {
             .await
             .map_err(|e| pool_error(&self.location, e))?;
         let out = async {
-            let stmt = client.prepare_cached(append_statement(stream)).await?;
+            let stmt = client
+                .prepare_cached(append_statement(stream, batch))
+                .await?;
             let params = append_params(stream, head, made);
             let row = client.query_one(&stmt, &params.refs()).await?;
             let written: bool = row.try_get(0)?;
@@ -237,6 +266,7 @@ impl AuditWriter {
         &self,
         stream: &str,
         batch: &[Waiting],
+        known: Option<&AuditHead>,
     ) -> Result<(Vec<Result<AuditRecord>>, AuditHead)> {
         let client = self
             .pool
@@ -249,7 +279,7 @@ impl AuditWriter {
             let (head_row, lock_head, append) = (
                 c.prepare_cached(HEAD_ROW).await?,
                 c.prepare_cached(LOCK_HEAD).await?,
-                c.prepare_cached(append_statement(stream)).await?,
+                c.prepare_cached(append_statement(stream, batch)).await?,
             );
             conn.entering_tx();
             let stream_param: [&(dyn ToSql + Sync); 1] = [&stream];
@@ -266,6 +296,10 @@ impl AuditWriter {
                 seq: u64::try_from(row.try_get::<_, i64>(0)?).unwrap_or(0),
                 hash: (!hash.is_empty()).then_some(hash),
             };
+            if let Err(e) = self.not_behind(stream, known, &head) {
+                conn.rollback().await?;
+                return Err(OpError::State(e));
+            }
             let made = make_lines(stream, batch, &head);
             if made.head == head {
                 conn.rollback().await?;
@@ -368,4 +402,33 @@ fn append_params<'a>(stream: &'a str, head: &'a AuditHead, made: &'a Made) -> Ap
         p.at.push(r.at_ms);
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(durable: bool) -> Waiting {
+        Waiting {
+            make: Box::new(|_| Err("unused".into())),
+            now: 0,
+            durable,
+            done: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_batch_waits_for_the_disk_if_any_of_its_lines_must() {
+        assert_eq!(append_statement("main", &[waiting(true)]), APPEND);
+        assert_eq!(append_statement("main", &[waiting(false)]), APPEND_DEFERRED);
+        assert_eq!(
+            append_statement("main", &[waiting(false), waiting(true), waiting(false)]),
+            APPEND
+        );
+        // A journal's starts are always followed by their calls' outcome lines.
+        assert_eq!(
+            append_statement("main.started", &[waiting(true)]),
+            APPEND_DEFERRED
+        );
+    }
 }

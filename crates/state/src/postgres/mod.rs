@@ -25,7 +25,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::approval::{Answer, ApprovalQuery, ApprovalRecord, NewApproval};
-use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord};
+use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord, Durability};
 use crate::budget::{
     Amounts, LedgerKey, LedgerSnapshot, Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,
 };
@@ -943,10 +943,19 @@ impl StateStore for PostgresStore {
         stream: &'a str,
         make: AuditLineFn,
     ) -> BoxFuture<'a, Result<AuditRecord>> {
+        self.append_audit_with(stream, make, Durability::Now)
+    }
+
+    fn append_audit_with<'a>(
+        &'a self,
+        stream: &'a str,
+        make: AuditLineFn,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<AuditRecord>> {
         Box::pin(async move {
             audit::validate_stream(stream)?;
             let now = self.clock.now_ms();
-            self.audit.append(stream, make, now).await
+            self.audit.append(stream, make, now, durability).await
         })
     }
 

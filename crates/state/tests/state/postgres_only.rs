@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use codemode_state::{
-    Amounts, Answer, Clock, Decision, LedgerKey, Limits, NewApproval, PostgresOptions,
+    Amounts, Answer, Clock, Decision, Durability, LedgerKey, Limits, NewApproval, PostgresOptions,
     PostgresStore, ReserveOutcome, ReserveRequest, StateError, StateStore, Topic,
 };
 use futures::future::join_all;
@@ -594,4 +594,59 @@ async fn a_panicking_line_maker_fails_its_append_and_the_stream_goes_on() {
     }
     let lines = a.read_audit("main", 0, 1000).await.unwrap();
     assert_chain(&lines, 1 + 2 * rounds);
+}
+
+/// Lines appended `Deferred` chain and read back like durable ones, in one batch with them too.
+/// If committed lines vanish behind a writer's back (a crashed server loses commits not yet on
+/// its disk; here they are deleted, with the head moved back, as such a crash leaves them), the
+/// writer finds the head behind its own last line and fails instead of chaining on as if the
+/// log were whole. Another replica, which wrote none of them, cannot tell and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_lines_chain_and_lost_lines_stop_their_writer() {
+    let Some(url) = postgres_url() else { return };
+    let schema = fresh_schema();
+    let a = open(&url, &schema).await.unwrap();
+    let b = open(&url, &schema).await.unwrap();
+    let appends = ["one", "two", "three", "four"].map(|text| {
+        let durability = if text == "four" {
+            Durability::Now
+        } else {
+            Durability::Deferred
+        };
+        a.append_audit_with("main", line_maker(text.into()), durability)
+    });
+    for r in join_all(appends).await {
+        r.unwrap();
+    }
+    let lines = a.read_audit("main", 0, 100).await.unwrap();
+    assert_chain(&lines, 4);
+
+    let db = admin(&url).await;
+    db.batch_execute(&format!(
+        "DELETE FROM {schema}.audit_lines WHERE stream = 'main' AND seq > 2;
+         UPDATE {schema}.audit_heads SET seq = 2, hash = (SELECT hash FROM {schema}.audit_lines WHERE stream = 'main' AND seq = 2) WHERE stream = 'main';"
+    ))
+    .await
+    .unwrap();
+
+    let e = a
+        .append_audit_with("main", line_maker("five".into()), Durability::Deferred)
+        .await
+        .expect_err("the writer must notice that its lines are gone");
+    let message = e.to_string();
+    assert!(
+        message.contains("ends at line 2") && message.contains("wrote line 4"),
+        "{message}"
+    );
+    let lines = a.read_audit("main", 0, 100).await.unwrap();
+    assert_eq!(
+        lines.len(),
+        2,
+        "nothing was chained onto the shortened stream"
+    );
+
+    b.append_audit("main", line_maker("from b".into()))
+        .await
+        .unwrap();
+    assert_chain(&b.read_audit("main", 0, 100).await.unwrap(), 3);
 }
