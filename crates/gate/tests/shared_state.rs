@@ -673,12 +673,8 @@ async fn a_scripts_line_follows_every_line_of_its_calls() {
     }
 }
 
-/// The database refuses the outcome lines of the script's calls (a trigger): the calls ran and
-/// their results went back to the script, but the script's result is withheld, every later
-/// call is refused, and the journal names the calls as unfinished.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_script_whose_calls_lines_were_refused_has_its_result_withheld() {
-    let Some(env) = postgres().await else { return };
+/// Makes the database refuse every line of `echo` calls in `stream` (a trigger).
+async fn refuse_echo_lines(env: &Shared, stream: &str) {
     let (url, schema) = env.pg.clone().unwrap();
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -686,14 +682,54 @@ async fn a_script_whose_calls_lines_were_refused_has_its_result_withheld() {
     tokio::spawn(conn);
     client
         .batch_execute(&format!(
-            "CREATE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            "CREATE OR REPLACE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
                BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
-             CREATE TRIGGER refuse BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
-               WHEN (NEW.stream = 'refusing' AND NEW.line LIKE '%\"tool\":\"echo\"%')
+             CREATE TRIGGER refuse_{stream} BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
+               WHEN (NEW.stream = '{stream}' AND NEW.line LIKE '%\"tool\":\"echo\"%')
                EXECUTE FUNCTION {schema}.refuse();"
         ))
         .await
         .unwrap();
+}
+
+/// A call of another session that names a running script's call id as its parent is not
+/// that script's call: it waits for its own line (here refused), and fails with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_of_another_session_does_not_join_a_running_script() {
+    let Some(env) = postgres().await else { return };
+    refuse_echo_lines(&env, "sessions").await;
+    let gate = scripting(&env.a, "sessions");
+    let mut outer = gate
+        .admit(req(
+            "codemode",
+            json!({}),
+            codemode_spec::Provenance::model("cm-shared-id", "s1"),
+        ))
+        .await
+        .unwrap();
+    outer.begin().await.unwrap();
+    let mut p = script("intruder");
+    p.session_id = "s2".into();
+    p.parent_call_id = Some("cm-shared-id".into());
+    let e = gate
+        .call(req("echo", json!({}), p))
+        .await
+        .expect_err("its line was refused, and it waited for it");
+    assert!(
+        e.message.contains("audit line could not be written"),
+        "{}",
+        e.message
+    );
+    drop(outer);
+}
+
+/// The database refuses the outcome lines of the script's calls (a trigger): the calls ran and
+/// their results went back to the script, but the script's result is withheld, every later
+/// call is refused, and the journal names the calls as unfinished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_script_whose_calls_lines_were_refused_has_its_result_withheld() {
+    let Some(env) = postgres().await else { return };
+    refuse_echo_lines(&env, "refusing").await;
     let gate = scripting(&env.a, "refusing");
     let e = run_script(&gate, 5)
         .await

@@ -264,7 +264,7 @@ impl Pending {
         // Given back (`Err`) when the script is not open: the call then waits for it itself.
         self.gate
             .script_lines
-            .hand_over(&self.gate, &parent, line)
+            .hand_over(&self.gate, &self.provenance.session_id, &parent, line)
             .err()
     }
 
@@ -535,7 +535,7 @@ impl Admission {
                 .pending
                 .gate
                 .script_lines
-                .open(&self.provenance.call_id);
+                .open(&self.provenance.session_id, &self.provenance.call_id);
             self.pending.script_lines = lines;
         }
         Ok(())

@@ -20,7 +20,7 @@ use crate::audit::PendingLine;
 
 /// The lines still being written for one running script.
 pub(crate) struct ScriptLines {
-    call_id: String,
+    key: Key,
     tracker: TaskTracker,
     failed: Mutex<Option<String>>,
 }
@@ -34,10 +34,14 @@ impl ScriptLines {
     }
 }
 
-/// Open scripts by their `codemode` call's id.
+/// A script by its session and its `codemode` call's id: call ids are unique per front end,
+/// not per process, and a call of one session must never count as another session's.
+type Key = (String, String);
+
+/// Open scripts.
 #[derive(Default)]
 pub(crate) struct InFlightLines {
-    open: Mutex<HashMap<String, Arc<ScriptLines>>>,
+    open: Mutex<HashMap<Key, Arc<ScriptLines>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -45,19 +49,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl InFlightLines {
-    /// Opens the set of the script run by the call `call_id`; `None` if another running
-    /// script has that call id (its calls then wait for their own lines).
-    pub(crate) fn open(&self, call_id: &str) -> Option<Arc<ScriptLines>> {
+    /// Opens the set of the script run by the call `call_id` of `session`; `None` if another
+    /// running script of the session has that call id (its calls then wait for their own lines).
+    pub(crate) fn open(&self, session: &str, call_id: &str) -> Option<Arc<ScriptLines>> {
+        let key = (session.to_string(), call_id.to_string());
         let mut open = lock(&self.open);
-        if open.contains_key(call_id) {
+        if open.contains_key(&key) {
             return None;
         }
         let lines = Arc::new(ScriptLines {
-            call_id: call_id.to_string(),
+            key: key.clone(),
             tracker: TaskTracker::new(),
             failed: Mutex::new(None),
         });
-        open.insert(call_id.to_string(), lines.clone());
+        open.insert(key, lines.clone());
         Some(lines)
     }
 
@@ -65,20 +70,18 @@ impl InFlightLines {
     /// was opened is removed (a call id reused by another script keeps its own).
     pub(crate) fn close(&self, lines: &Arc<ScriptLines>) {
         let mut open = lock(&self.open);
-        if open
-            .get(&lines.call_id)
-            .is_some_and(|l| Arc::ptr_eq(l, lines))
-        {
-            open.remove(&lines.call_id);
+        if open.get(&lines.key).is_some_and(|l| Arc::ptr_eq(l, lines)) {
+            open.remove(&lines.key);
         }
     }
 
-    /// Writes `line` on the open script `parent`'s set, and `Ok`; or gives it back when that
-    /// script is not open (not a script, already finished, or no runtime to write it on). A
-    /// line that fails refuses every later call, as one the call waited for would.
+    /// Writes `line` on the set of the open script `parent` of `session`, and `Ok`; or gives
+    /// it back when that script is not open (not a script, already finished, or no runtime to
+    /// write it on). A line that fails refuses every later call, as one waited for would.
     pub(crate) fn hand_over(
         &self,
         gate: &Arc<Inner>,
+        session: &str,
         parent: &str,
         line: PendingLine,
     ) -> Result<(), PendingLine> {
@@ -88,7 +91,8 @@ impl InFlightLines {
         // Under the lock, so a script that is closing either waits for this line or was closed
         // before it and makes the call wait for it itself.
         let open = lock(&self.open);
-        let Some(lines) = open.get(parent).cloned() else {
+        let key = (session.to_string(), parent.to_string());
+        let Some(lines) = open.get(&key).cloned() else {
             return Err(line);
         };
         let gate = gate.clone();
