@@ -757,3 +757,36 @@ async fn a_script_whose_calls_lines_were_refused_has_its_result_withheld() {
         .count();
     assert_eq!(echoes, 5, "each call that ran is on record as started");
 }
+
+/// A script's `codemode` call dropped while its calls' lines are still being written (the
+/// client went away): its `cancelled` line still comes after every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_scripts_line_still_follows_its_calls_lines() {
+    for env in backends().await {
+        let gate = scripting(&env.a, "dropped");
+        let mut outer = gate
+            .admit(req(
+                "codemode",
+                json!({}),
+                codemode_spec::Provenance::model("cm-dropped", "s1"),
+            ))
+            .await
+            .unwrap();
+        outer.begin().await.unwrap();
+        let calls = (0..60).map(|i| {
+            let mut p = script("dropped");
+            p.parent_call_id = Some("cm-dropped".into());
+            gate.call(req("echo", json!({"path": format!("{i}")}), p))
+        });
+        for r in futures::future::join_all(calls).await {
+            r.unwrap();
+        }
+        drop(outer);
+        gate.flush().await;
+        let lines = env.a.read_audit("dropped", 0, 100).await.unwrap();
+        assert_eq!(lines.len(), 61, "{}", env.name);
+        let last: serde_json::Value = serde_json::from_str(&lines[60].line).unwrap();
+        assert_eq!(last["tool"], "codemode", "{}", env.name);
+        assert_eq!(last["status"], "cancelled", "{}", env.name);
+    }
+}
