@@ -8,12 +8,14 @@
 //! reports the calls per second, and the CPU time the replicas and the PostgreSQL server used
 //! (per 1,000 calls). PostgreSQL runs twice, interleaved: without budget leases (`pg
 //! per-call`: a reserve and a settle statement per call, as before schema 3) and with them
-//! (`pg leases`, the default: no budget statement per call; what is left per call is the
-//! audit line's durable append, and for a tool not marked read-only the journal's line before
-//! it runs). Calls are a script's calls (depth 1), whose lines wait for the disk only at the
-//! script's own line; sequential calls are measured for both kinds of tool (`echo`, and
-//! `echo_ro` marked read-only), and for `echo` called by the model itself (depth 0, "top-level":
-//! its line is durable before it returns). The parallel and replica rows call `echo`.
+//! (`pg leases`, the default: no budget statement per call; what is left per call is its audit
+//! lines). Calls are a script's calls (depth 1), whose lines wait for the disk only at the
+//! script's own line. The sequential rows run inside a `codemode` call, as the runtime does: a
+//! read-only tool (`echo_ro`) waits for its one line; a tool that can change something
+//! (`echo`) waits for its journal line and hands its outcome line to the script. `echo`
+//! called by the model itself (depth 0, "top-level") waits for both, the second durable. The
+//! parallel and replica rows call `echo` outside any open script, so each call waits for both
+//! of its lines (neither waits for the disk).
 //!
 //! ```sh
 //! WITH_POSTGRES_OPTS= scripts/with-postgres cargo run --release -p codemode-gate --example shared_state_overhead
