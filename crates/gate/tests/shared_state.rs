@@ -790,3 +790,59 @@ async fn a_dropped_scripts_line_still_follows_its_calls_lines() {
         assert_eq!(last["status"], "cancelled", "{}", env.name);
     }
 }
+
+/// The caller of a script's `codemode` call stops waiting while the script's line waits for
+/// its calls' lines (slowed here by a trigger): the script's line is written all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scripts_line_is_written_when_its_caller_stops_waiting_for_it() {
+    let Some(env) = postgres().await else { return };
+    let (url, schema) = env.pg.clone().unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.slow() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$;
+             CREATE TRIGGER slow BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
+               WHEN (NEW.stream = 'slow' AND NEW.line LIKE '%\"tool\":\"echo\"%')
+               EXECUTE FUNCTION {schema}.slow();"
+        ))
+        .await
+        .unwrap();
+    let gate = scripting(&env.a, "slow");
+    let mut outer = gate
+        .admit(req(
+            "codemode",
+            json!({}),
+            codemode_spec::Provenance::model("cm-slow", "s1"),
+        ))
+        .await
+        .unwrap();
+    outer.begin().await.unwrap();
+    let mut p = script("slow");
+    p.parent_call_id = Some("cm-slow".into());
+    gate.call(req("echo", json!({}), p)).await.unwrap();
+    let finish = outer.finish(Ok(codemode_spec::ToolOutput::value(json!("done"))));
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), finish)
+            .await
+            .is_err(),
+        "the script's line was still waiting for its call's line"
+    );
+    gate.flush().await;
+    let lines = env.a.read_audit("slow", 0, 10).await.unwrap();
+    let tools: Vec<String> = lines
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r.line).unwrap();
+            format!(
+                "{} {}",
+                v["tool"].as_str().unwrap(),
+                v["status"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(tools, ["echo ok", "codemode ok"]);
+}

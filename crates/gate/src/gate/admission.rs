@@ -241,9 +241,31 @@ impl Pending {
     async fn store_line(&mut self, line: Option<PendingLine>) {
         if let Some(lines) = self.script_lines.take() {
             self.gate.script_lines.close(&lines);
-            if let Some(e) = lines.wait().await {
+            let ours = async move {
+                let theirs = lines.wait().await;
+                let ours = match line {
+                    Some(line) => line.await,
+                    None => Ok(()),
+                };
+                (theirs, ours)
+            };
+            // On a task of its own: a caller that stops waiting here must not stop the
+            // script's line, which is only handed to the store once its calls' lines are in.
+            let (theirs, ours) = match tokio::runtime::Handle::try_current() {
+                Ok(rt) => match self.gate.background.spawn_on(ours, &rt).await {
+                    Ok(done) => done,
+                    Err(e) => (Some(format!("the task writing them failed: {e}")), Ok(())),
+                },
+                Err(_) => ours.await,
+            };
+            if let Some(e) = theirs {
                 self.line_failed = Some(format!("a line of a call the script made: {e}"));
             }
+            if let Err(e) = ours {
+                audit_failed(&self.gate, &e);
+                self.line_failed = Some(e.to_string());
+            }
+            return;
         }
         if let Some(line) = line
             && let Err(e) = line.await
