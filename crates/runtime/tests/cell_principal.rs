@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use codemode_gate::{Gate, PolicySet, Registry};
+use codemode_gate::{AuditKey, AuditLog, Gate, PolicySet, Registry};
 use codemode_runtime::{Cells, CellsConfig, Codemode};
 use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
 use codemode_state::{CellStatus, NewCell};
@@ -51,7 +51,7 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
             session_id: "s".into(),
             source: "await tools.counted({}); return 1".into(),
             source_hash: "0".repeat(64),
-            options: json!({"call_id": "c1", "seed": 1, "start_ms": 0.0, "yield_after_ms": 1000}),
+            options: json!({"call_id": "c1", "journal_id": "j1", "seed": 1, "start_ms": 0.0, "yield_after_ms": 1000}),
             owner: "dead-replica".into(),
             lease: Duration::ZERO,
             max_live_per_session: None,
@@ -67,12 +67,17 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
             runs: runs.clone(),
         }))
         .unwrap();
-    let cells = Cells::new(CellsConfig::new(store.clone()));
+    let log = dir.path().join("audit.jsonl");
+    let audit = AuditLog::open_with_key(&log, AuditKey::from_bytes([7; 32])).unwrap();
+    let mut config = CellsConfig::new(store.clone());
+    config.audit = audit.clone();
+    let cells = Cells::new(config);
     let policy =
         r#"permit (principal, action == Action::"tool_call", resource == Tool::"counted");"#;
     let gate = Gate::builder()
         .registry(registry)
         .policy(PolicySet::parse("p.cedar", policy).unwrap())
+        .audit(audit)
         .build()
         .unwrap();
     let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
@@ -87,4 +92,28 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
         "{text}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+
+    // The script's call, journalled as `j1` when it started, gets its end line here.
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ends: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["event"] == "taken_over_script_end")
+        .collect();
+    assert_eq!(ends.len(), 1, "{lines:?}");
+    let end = ends[0];
+    assert_eq!(end["journal_id"], "j1");
+    assert_eq!(end["cell_id"], "cell_old");
+    assert_eq!(end["status"], "error");
+    assert_eq!(end["cell_status"], "failed");
+    assert!(
+        end["message"]
+            .as_str()
+            .unwrap()
+            .contains("principal its session acted for was not recorded"),
+        "{end}"
+    );
 }

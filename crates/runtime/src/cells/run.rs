@@ -257,11 +257,33 @@ impl Codemode {
             };
             // Fail closed: a cell whose principal is unknown would charge its calls to nobody.
             let Some(acts_for) = options.acts_for.clone() else {
-                fail(format!(
+                let message = format!(
                     "cell {} cannot be taken over: the principal its session acted for was not recorded (the cell was started by an older codemode), so its calls could not be charged to that principal's budgets; run the script again",
                     claimed.id
-                ))
+                );
+                // The script's call ends here: its journalled start gets its end line, so
+                // `audit verify` does not list it as a call whose outcome is unknown.
+                let mut req =
+                    ScriptRequest::new(claimed.source.clone(), claimed.session_id.clone());
+                req.client = options.client.clone();
+                let run = ScriptRun::refused(claimed.id.clone(), message.clone());
+                let ids = (
+                    options.call_id.as_str(),
+                    options.journal_id.as_deref(),
+                    claimed.id.as_str(),
+                );
+                let why = "the script was not taken over after the process that started it stopped: the principal its session acted for was not recorded; none of its calls ran again";
+                write_resumed_end(
+                    &config.audit,
+                    &req,
+                    ids,
+                    None,
+                    CellStatus::Failed,
+                    &run,
+                    why,
+                )
                 .await;
+                fail(message).await;
                 continue;
             };
             let entries = store.read_replay(&claimed.id).await?;
@@ -491,7 +513,8 @@ async fn drive(
     if let Some(journal_id) = resumed {
         let ids = (call_id.as_str(), journal_id.as_deref(), cell_id.as_str());
         let principal = codemode.gate().principal_of(&req.session_id).map(|p| p.id);
-        write_resumed_end(&config.audit, &req, ids, principal, status, &run).await;
+        let why = "the script was taken over by replay after the process that started it stopped, and ended here";
+        write_resumed_end(&config.audit, &req, ids, principal, status, &run, why).await;
     }
     let written = store
         .update_cell(
@@ -594,6 +617,7 @@ async fn write_resumed_end(
     principal: Option<String>,
     status: CellStatus,
     run: &ScriptRun,
+    message: &str,
 ) {
     let mut line = Map::new();
     line.insert("time".into(), json!(format_ms(now_ms())));
@@ -615,10 +639,7 @@ async fn write_resumed_end(
         json!(if run.is_error { "error" } else { "ok" }),
     );
     line.insert("cell_status".into(), json!(status.as_str()));
-    line.insert(
-        "message".into(),
-        json!("the script was taken over by replay after the process that started it stopped, and ended here"),
-    );
+    line.insert("message".into(), json!(message));
     if let Err(e) = audit.append_async(line).await {
         tracing::error!(cell = %cell_id, "the taken-over script's audit line could not be written: {e}");
     }
