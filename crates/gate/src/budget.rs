@@ -345,6 +345,24 @@ impl Ledger {
         crossed.map_or(Ok(()), Err)
     }
 
+    /// Counts a call that ran elsewhere (see `Gate::count_replayed_call`), without checks.
+    pub(crate) fn count_replayed(
+        &self,
+        session_id: &str,
+        script_id: &str,
+        kind: CallKind,
+        bytes: u64,
+    ) {
+        let mut inner = self.lock();
+        let nothing = Usage::default();
+        let script = inner.scripts.entry(script_id.to_string()).or_default();
+        bump(script, kind, &nothing);
+        script.bytes += bytes;
+        let session = inner.sessions.entry(session_id.to_string()).or_default();
+        bump(session, kind, &nothing);
+        session.bytes += bytes;
+    }
+
     pub(crate) fn record(&self, script_id: &str, record: CallRecord) {
         if let Some(s) = self.lock().scripts.get_mut(script_id) {
             s.records.push(record);

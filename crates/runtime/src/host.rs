@@ -157,7 +157,23 @@ impl HostState {
         if let Some(link) = &self.identity.cell {
             match link.replay(call.id, &call.name, &call.args) {
                 crate::cells::record::Replayed::Live => {}
-                crate::cells::record::Replayed::Result(r) => return r,
+                crate::cells::record::Replayed::Result(r) => {
+                    // What ran is counted again here (a refusal was not counted where it ran).
+                    let ran = match &r {
+                        Ok(v) => Some(serde_json::to_vec(v).map_or(0, |b| b.len() as u64)),
+                        Err(e) => (e.properties.get("stage") == Some(&Value::from("execute")))
+                            .then_some(0),
+                    };
+                    if let Some(bytes) = ran {
+                        self.gate.count_replayed_call(
+                            &tool,
+                            &self.identity.session_id,
+                            &self.identity.script_id,
+                            bytes,
+                        );
+                    }
+                    return r;
+                }
                 crate::cells::record::Replayed::Stop(message) => {
                     return Err(host_error(message, "Error", Map::new()));
                 }

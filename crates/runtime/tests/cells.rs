@@ -613,6 +613,66 @@ return [a.n, b.n, d.n];"#;
     assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
 }
 
+/// A script's budget holds across a takeover: the calls the new process answers from the log
+/// count as they did where they ran, so the rebuilt script cannot make its budget's worth of
+/// calls again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_budget_holds_across_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(600);
+    let setup = || Setup {
+        lease,
+        budgets: Budgets {
+            script: BudgetLimits {
+                max_calls: Some(3),
+                ..BudgetLimits::default()
+            },
+            ..Budgets::default()
+        },
+        ..Setup::default()
+    };
+    let first = world(dir.path(), setup()).await;
+    let code = r#"await tools.counted({ step: 1 });
+await tools.counted({ step: 2 });
+await tools.danger({});
+const seen = [];
+for (let i = 0; i < 3; i++) {
+  try { await tools.counted({ step: 3 + i }); seen.push("ok"); } catch (e) { seen.push(e.stage); }
+}
+return seen;"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    first.codemode.cells().unwrap().abandon();
+    codemode_runtime::cells::answer_approval(
+        first.store.as_ref(),
+        &AuditLog::disabled(),
+        &approval,
+        Decision::Approve,
+        "alice",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    let second = world(dir.path(), setup()).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    assert_eq!(
+        last.structured()["value"],
+        json!(["budget", "budget", "budget"]),
+        "two replayed calls and the approved one use the budget of 3: {}",
+        last.text
+    );
+    assert_eq!(second.runs.load(Ordering::SeqCst), 0);
+    assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
+}
+
 /// Starts `code` as a cell of session "s" that waits for an approval, abandons it, sets the
 /// store's "mode" to "b" behind it, and lets a second process take it over and finish it.
 async fn replayed_after_the_store_changed(

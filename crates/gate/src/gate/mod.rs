@@ -372,6 +372,20 @@ impl Gate {
         &self.inner.registry
     }
 
+    /// Counts, in a script's (and its session's) budget, a call the script got from its replay
+    /// log instead of running it: the call ran, and was counted, in the process that started
+    /// the script, whose counters are gone. Without this a script rebuilt in another process
+    /// would start its budget again. Counted, never refused: the call already ran.
+    pub fn count_replayed_call(&self, tool: &str, session_id: &str, script_id: &str, bytes: u64) {
+        let kind = match self.inner.registry.lookup(tool) {
+            Lookup::Found(r) => r.spec.kind,
+            Lookup::Missing { .. } => CallKind::Tool,
+        };
+        self.inner
+            .ledger
+            .count_replayed(session_id, script_id, kind, bytes);
+    }
+
     /// The paths no tool call may change (or, for secret ones, read), the audit log's included:
     /// what the programs codemode starts must be kept from too.
     pub fn protected_paths(&self) -> &[ProtectedPath] {
