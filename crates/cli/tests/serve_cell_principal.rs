@@ -2,9 +2,10 @@
 //! nobody: its calls are charged to that principal's daily budget (and refused over it, naming
 //! them) and its audit lines name them, though its client never came back to say who it is.
 //!
-//! The real `codemode serve --listen` with a tokens file and SQLite state: alice's session starts
-//! a cell that pauses for approval; the server is killed; the approval is answered from the
-//! CLI; a new server takes the cell over and its calls meet alice's `max_calls`.
+//! The real `codemode serve --listen` with a tokens file and SQLite state (and, in a second
+//! test, PostgreSQL): alice's session starts a cell that pauses for approval; the server is
+//! killed; the approval is answered from the CLI; a new server takes the cell over and its
+//! calls meet alice's `max_calls`.
 
 mod common;
 
@@ -70,7 +71,8 @@ struct Env {
 }
 
 impl Env {
-    fn new() -> Env {
+    /// `state`: the state URL, or `None` for SQLite in the test's directory.
+    fn new(state: Option<String>) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         for d in ["config", "state", "project", "db", "tokens"] {
@@ -81,7 +83,7 @@ impl Env {
             "approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"},
             "audit": {"path": root.join("audit.jsonl")},
             // Shared state, so that budgets per principal outlive the server.
-            "state": {"url": format!("sqlite://{}", root.join("db/state.db").display())},
+            "state": {"url": state.unwrap_or_else(|| format!("sqlite://{}", root.join("db/state.db").display()))},
             "budgets": {"principal": {"max_calls": 4}},
         });
         std::fs::write(root.join("config/settings.json"), settings.to_string()).unwrap();
@@ -171,7 +173,27 @@ fn count(root: &Path) -> String {
 
 #[test]
 fn a_cell_taken_over_after_a_restart_is_charged_to_its_sessions_principal() {
-    let env = Env::new();
+    taken_over_after_a_restart(Env::new(None));
+}
+
+/// The same with the state in PostgreSQL.
+#[test]
+fn on_postgres_a_cell_taken_over_after_a_restart_is_charged_to_its_sessions_principal() {
+    let Some(pg) = std::env::var("CODEMODE_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+    else {
+        eprintln!(
+            "SKIPPED: a cell taken over on PostgreSQL, because CODEMODE_TEST_POSTGRES_URL is not set; run with `scripts/with-postgres cargo test -p codemode-cli --test serve_cell_principal`"
+        );
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let state = common::fresh_database(&rt, &pg, "cell_principal");
+    taken_over_after_a_restart(Env::new(Some(state)));
+}
+
+fn taken_over_after_a_restart(env: Env) {
     let (server, url) = env.serve();
     let mut node = Command::new("node");
     node.args(["-e", START, &url, ALICE, SCRIPT]);

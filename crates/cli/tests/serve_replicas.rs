@@ -81,25 +81,6 @@ fn sha256_hex(s: &str) -> String {
     hex::encode(sha2::Sha256::digest(s.as_bytes()))
 }
 
-/// A fresh database on the test server, and its URL; `tag` keeps the tests of one run apart.
-fn fresh_database(rt: &tokio::runtime::Runtime, url: &str, tag: &str) -> String {
-    let name = format!("cm_cli_{tag}_{}", std::process::id());
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        for sql in [
-            format!("DROP DATABASE IF EXISTS {name}"),
-            format!("CREATE DATABASE {name}"),
-        ] {
-            client.batch_execute(&sql).await.unwrap();
-        }
-    });
-    let (head, _) = url.rsplit_once('/').unwrap();
-    format!("{head}/{name}")
-}
-
 fn otlp_receiver(rt: &tokio::runtime::Runtime) -> (String, Arc<Mutex<Vec<Span>>>) {
     let spans = Arc::new(Mutex::new(Vec::new()));
     let keep = spans.clone();
@@ -154,7 +135,7 @@ fn two_replicas_share_one_budget_one_session_table_and_one_audit_chain() {
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let state_url = fresh_database(&rt, &pg, "budget");
+    let state_url = common::fresh_database(&rt, &pg, "budget");
     let (otlp, spans) = otlp_receiver(&rt);
 
     let config = tempfile::tempdir().unwrap();
@@ -330,7 +311,7 @@ fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it(
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let state_url = fresh_database(&rt, &pg, "approvals");
+    let state_url = common::fresh_database(&rt, &pg, "approvals");
 
     let config = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();

@@ -131,3 +131,22 @@ pub fn start_serving(cmd: &mut Command) -> (std::process::Child, String) {
     std::thread::spawn(move || for _ in lines {});
     (child, url)
 }
+
+/// A fresh database on the test server, and its URL; `tag` keeps the tests of one run apart.
+pub fn fresh_database(rt: &tokio::runtime::Runtime, url: &str, tag: &str) -> String {
+    let name = format!("cm_cli_{tag}_{}", std::process::id());
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name}"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            client.batch_execute(&sql).await.unwrap();
+        }
+    });
+    let (head, _) = url.rsplit_once('/').unwrap();
+    format!("{head}/{name}")
+}
