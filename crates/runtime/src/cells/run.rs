@@ -263,25 +263,18 @@ impl Codemode {
                 );
                 // The script's call ends here: its journalled start gets its end line, so
                 // `audit verify` does not list it as a call whose outcome is unknown.
-                let mut req =
-                    ScriptRequest::new(claimed.source.clone(), claimed.session_id.clone());
-                req.client = options.client.clone();
-                let run = ScriptRun::refused(claimed.id.clone(), message.clone());
-                let ids = (
-                    options.call_id.as_str(),
-                    options.journal_id.as_deref(),
-                    claimed.id.as_str(),
-                );
-                let why = "the script was not taken over after the process that started it stopped: the principal its session acted for was not recorded; none of its calls ran again";
-                write_resumed_end(
-                    &config.audit,
-                    &req,
-                    ids,
-                    None,
-                    CellStatus::Failed,
-                    &run,
-                    why,
-                )
+                ResumedEnd {
+                    call_id: &options.call_id,
+                    journal_id: options.journal_id.as_deref(),
+                    cell_id: &claimed.id,
+                    session_id: &claimed.session_id,
+                    client: options.client.as_deref(),
+                    principal: None,
+                    status: CellStatus::Failed,
+                    is_error: true,
+                    message: "the script was not taken over after the process that started it stopped: the principal its session acted for was not recorded; none of its calls ran again",
+                }
+                .write(&config.audit)
                 .await;
                 fail(message).await;
                 continue;
@@ -511,10 +504,19 @@ async fn drive(
     let config = cells.config();
     let store = cells.store();
     if let Some(journal_id) = resumed {
-        let ids = (call_id.as_str(), journal_id.as_deref(), cell_id.as_str());
-        let principal = codemode.gate().principal_of(&req.session_id).map(|p| p.id);
-        let why = "the script was taken over by replay after the process that started it stopped, and ended here";
-        write_resumed_end(&config.audit, &req, ids, principal, status, &run, why).await;
+        ResumedEnd {
+            call_id: &call_id,
+            journal_id: journal_id.as_deref(),
+            cell_id: &cell_id,
+            session_id: &req.session_id,
+            client: req.client.as_deref(),
+            principal: codemode.gate().principal_of(&req.session_id).map(|p| p.id),
+            status,
+            is_error: run.is_error,
+            message: "the script was taken over by replay after the process that started it stopped, and ended here",
+        }
+        .write(&config.audit)
+        .await;
     }
     let written = store
         .update_cell(
@@ -609,39 +611,45 @@ pub async fn answer_approval(
 
 /// The outcome line of a taken-over cell's script. The `codemode` call was admitted, and
 /// journalled, by the process that stopped, which could not write how it ended; this closes
-/// that call (same call id) on the replica that finished it.
-async fn write_resumed_end(
-    audit: &AuditLog,
-    req: &ScriptRequest,
-    (call_id, journal_id, cell_id): (&str, Option<&str>, &str),
+/// that call (same call id) on the replica that finished it, or that refused to take it over.
+struct ResumedEnd<'a> {
+    call_id: &'a str,
+    journal_id: Option<&'a str>,
+    cell_id: &'a str,
+    session_id: &'a str,
+    client: Option<&'a str>,
     principal: Option<String>,
     status: CellStatus,
-    run: &ScriptRun,
-    message: &str,
-) {
-    let mut line = Map::new();
-    line.insert("time".into(), json!(format_ms(now_ms())));
-    line.insert("event".into(), json!("taken_over_script_end"));
-    line.insert(
-        "provenance".into(),
-        json!({"call_id": call_id, "session_id": req.session_id, "client": req.client}),
-    );
-    if let Some(principal) = principal {
-        line.insert("principal".into(), json!(principal));
-    }
-    line.insert("tool".into(), json!(codemode_gate::CODEMODE_TOOL));
-    if let Some(id) = journal_id {
-        line.insert("journal_id".into(), json!(id));
-    }
-    line.insert("cell_id".into(), json!(cell_id));
-    line.insert(
-        "status".into(),
-        json!(if run.is_error { "error" } else { "ok" }),
-    );
-    line.insert("cell_status".into(), json!(status.as_str()));
-    line.insert("message".into(), json!(message));
-    if let Err(e) = audit.append_async(line).await {
-        tracing::error!(cell = %cell_id, "the taken-over script's audit line could not be written: {e}");
+    is_error: bool,
+    message: &'a str,
+}
+
+impl ResumedEnd<'_> {
+    async fn write(self, audit: &AuditLog) {
+        let mut line = Map::new();
+        line.insert("time".into(), json!(format_ms(now_ms())));
+        line.insert("event".into(), json!("taken_over_script_end"));
+        line.insert(
+            "provenance".into(),
+            json!({"call_id": self.call_id, "session_id": self.session_id, "client": self.client}),
+        );
+        if let Some(principal) = self.principal {
+            line.insert("principal".into(), json!(principal));
+        }
+        line.insert("tool".into(), json!(codemode_gate::CODEMODE_TOOL));
+        if let Some(id) = self.journal_id {
+            line.insert("journal_id".into(), json!(id));
+        }
+        line.insert("cell_id".into(), json!(self.cell_id));
+        line.insert(
+            "status".into(),
+            json!(if self.is_error { "error" } else { "ok" }),
+        );
+        line.insert("cell_status".into(), json!(self.status.as_str()));
+        line.insert("message".into(), json!(self.message));
+        if let Err(e) = audit.append_async(line).await {
+            tracing::error!(cell = %self.cell_id, "the taken-over script's audit line could not be written: {e}");
+        }
     }
 }
 
