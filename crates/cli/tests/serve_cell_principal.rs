@@ -179,13 +179,9 @@ fn a_cell_taken_over_after_a_restart_is_charged_to_its_sessions_principal() {
 /// The same with the state in PostgreSQL.
 #[test]
 fn on_postgres_a_cell_taken_over_after_a_restart_is_charged_to_its_sessions_principal() {
-    let Some(pg) = std::env::var("CODEMODE_TEST_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.trim().is_empty())
+    let Some(pg) =
+        common::postgres_url_or_skip("a cell taken over on PostgreSQL", "serve_cell_principal")
     else {
-        eprintln!(
-            "SKIPPED: a cell taken over on PostgreSQL, because CODEMODE_TEST_POSTGRES_URL is not set; run with `scripts/with-postgres cargo test -p codemode-cli --test serve_cell_principal`"
-        );
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();

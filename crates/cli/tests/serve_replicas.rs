@@ -18,8 +18,6 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::Value;
 
-const PG_URL_VAR: &str = "CODEMODE_TEST_POSTGRES_URL";
-
 struct Replica {
     child: Child,
     url: String,
@@ -125,13 +123,8 @@ fn write(path: &Path, text: &str) {
 
 #[test]
 fn two_replicas_share_one_budget_one_session_table_and_one_audit_chain() {
-    let Some(pg) = std::env::var(PG_URL_VAR)
-        .ok()
-        .filter(|u| !u.trim().is_empty())
+    let Some(pg) = common::postgres_url_or_skip("two replicas on PostgreSQL", "serve_replicas")
     else {
-        eprintln!(
-            "SKIPPED: two replicas on PostgreSQL, because {PG_URL_VAR} is not set; run with `scripts/with-postgres cargo test -p codemode-cli --test serve_replicas`"
-        );
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -301,13 +294,9 @@ fn audit_lines(rt: &tokio::runtime::Runtime, state_url: &str, stream: &str) -> V
 
 #[test]
 fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it() {
-    let Some(pg) = std::env::var(PG_URL_VAR)
-        .ok()
-        .filter(|u| !u.trim().is_empty())
+    let Some(pg) =
+        common::postgres_url_or_skip("approvals across replicas on PostgreSQL", "serve_replicas")
     else {
-        eprintln!(
-            "SKIPPED: approvals across replicas on PostgreSQL, because {PG_URL_VAR} is not set; run with `scripts/with-postgres cargo test -p codemode-cli --test serve_replicas`"
-        );
         return;
     };
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -606,23 +606,39 @@ fn scripting(store: &Arc<dyn StateStore>, stream: &str) -> Gate {
         .unwrap()
 }
 
-/// Runs a "script": admits and begins a `codemode` call, makes `n` nested `echo` calls at once,
-/// then finishes the `codemode` call. Every nested call must succeed.
-async fn run_script(gate: &Gate, n: usize) -> Result<(), codemode_gate::GateError> {
+/// Admits and begins the `codemode` call `call_id` of session "s1", as the runtime does before
+/// it runs a script.
+async fn begin_script(gate: &Gate, call_id: &str) -> codemode_gate::Admission {
     let mut outer = gate
         .admit(req(
             "codemode",
             json!({}),
-            codemode_spec::Provenance::model(format!("cm-{}", uuid::Uuid::new_v4().simple()), "s1"),
+            codemode_spec::Provenance::model(call_id, "s1"),
         ))
         .await
         .unwrap();
     outer.begin().await.unwrap();
+    outer
+}
+
+/// A script's call (session "s1") made by the script the `codemode` call `parent` runs.
+fn called_by(parent: &str, script_id: &str) -> codemode_spec::Provenance {
+    let mut p = script(script_id);
+    p.parent_call_id = Some(parent.to_string());
+    p
+}
+
+/// Runs a "script": admits and begins a `codemode` call, makes `n` nested `echo` calls at once,
+/// then finishes the `codemode` call. Every nested call must succeed.
+async fn run_script(gate: &Gate, n: usize) -> Result<(), codemode_gate::GateError> {
+    let outer = begin_script(gate, &format!("cm-{}", uuid::Uuid::new_v4().simple())).await;
     let parent = outer.call_id().to_string();
     let calls = (0..n).map(|i| {
-        let mut p = script("lines");
-        p.parent_call_id = Some(parent.clone());
-        gate.call(req("echo", json!({"path": format!("{i}")}), p))
+        gate.call(req(
+            "echo",
+            json!({"path": format!("{i}")}),
+            called_by(&parent, "lines"),
+        ))
     });
     for r in futures::future::join_all(calls).await {
         r.expect("the nested call ran and its result came back");
@@ -673,8 +689,8 @@ async fn a_scripts_line_follows_every_line_of_its_calls() {
     }
 }
 
-/// Makes the database refuse every line of `echo` calls in `stream` (a trigger).
-async fn refuse_echo_lines(env: &Shared, stream: &str) {
+/// Runs `body` (PL/pgSQL) before every line of an `echo` call is stored in `stream`.
+async fn on_echo_lines(env: &Shared, stream: &str, body: &str) {
     let (url, schema) = env.pg.clone().unwrap();
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -682,14 +698,19 @@ async fn refuse_echo_lines(env: &Shared, stream: &str) {
     tokio::spawn(conn);
     client
         .batch_execute(&format!(
-            "CREATE OR REPLACE FUNCTION {schema}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-               BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
-             CREATE TRIGGER refuse_{stream} BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
+            "CREATE FUNCTION {schema}.on_{stream}() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN {body} END $$;
+             CREATE TRIGGER on_{stream} BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
                WHEN (NEW.stream = '{stream}' AND NEW.line LIKE '%\"tool\":\"echo\"%')
-               EXECUTE FUNCTION {schema}.refuse();"
+               EXECUTE FUNCTION {schema}.on_{stream}();"
         ))
         .await
         .unwrap();
+}
+
+/// Makes the database refuse every line of `echo` calls in `stream`.
+async fn refuse_echo_lines(env: &Shared, stream: &str) {
+    on_echo_lines(env, stream, "RAISE EXCEPTION 'refused by the test';").await;
 }
 
 /// A call of another session that names a running script's call id as its parent is not
@@ -699,18 +720,9 @@ async fn a_call_of_another_session_does_not_join_a_running_script() {
     let Some(env) = postgres().await else { return };
     refuse_echo_lines(&env, "sessions").await;
     let gate = scripting(&env.a, "sessions");
-    let mut outer = gate
-        .admit(req(
-            "codemode",
-            json!({}),
-            codemode_spec::Provenance::model("cm-shared-id", "s1"),
-        ))
-        .await
-        .unwrap();
-    outer.begin().await.unwrap();
-    let mut p = script("intruder");
+    let outer = begin_script(&gate, "cm-shared-id").await;
+    let mut p = called_by("cm-shared-id", "intruder");
     p.session_id = "s2".into();
-    p.parent_call_id = Some("cm-shared-id".into());
     let e = gate
         .call(req("echo", json!({}), p))
         .await
@@ -764,19 +776,13 @@ async fn a_script_whose_calls_lines_were_refused_has_its_result_withheld() {
 async fn a_dropped_scripts_line_still_follows_its_calls_lines() {
     for env in backends().await {
         let gate = scripting(&env.a, "dropped");
-        let mut outer = gate
-            .admit(req(
-                "codemode",
-                json!({}),
-                codemode_spec::Provenance::model("cm-dropped", "s1"),
-            ))
-            .await
-            .unwrap();
-        outer.begin().await.unwrap();
+        let outer = begin_script(&gate, "cm-dropped").await;
         let calls = (0..60).map(|i| {
-            let mut p = script("dropped");
-            p.parent_call_id = Some("cm-dropped".into());
-            gate.call(req("echo", json!({"path": format!("{i}")}), p))
+            gate.call(req(
+                "echo",
+                json!({"path": format!("{i}")}),
+                called_by("cm-dropped", "dropped"),
+            ))
         });
         for r in futures::future::join_all(calls).await {
             r.unwrap();
@@ -796,34 +802,12 @@ async fn a_dropped_scripts_line_still_follows_its_calls_lines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_scripts_line_is_written_when_its_caller_stops_waiting_for_it() {
     let Some(env) = postgres().await else { return };
-    let (url, schema) = env.pg.clone().unwrap();
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!(
-            "CREATE FUNCTION {schema}.slow() RETURNS trigger LANGUAGE plpgsql AS $$
-               BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$;
-             CREATE TRIGGER slow BEFORE INSERT ON {schema}.audit_lines FOR EACH ROW
-               WHEN (NEW.stream = 'slow' AND NEW.line LIKE '%\"tool\":\"echo\"%')
-               EXECUTE FUNCTION {schema}.slow();"
-        ))
-        .await
-        .unwrap();
+    on_echo_lines(&env, "slow", "PERFORM pg_sleep(0.3); RETURN NEW;").await;
     let gate = scripting(&env.a, "slow");
-    let mut outer = gate
-        .admit(req(
-            "codemode",
-            json!({}),
-            codemode_spec::Provenance::model("cm-slow", "s1"),
-        ))
+    let outer = begin_script(&gate, "cm-slow").await;
+    gate.call(req("echo", json!({}), called_by("cm-slow", "slow")))
         .await
         .unwrap();
-    outer.begin().await.unwrap();
-    let mut p = script("slow");
-    p.parent_call_id = Some("cm-slow".into());
-    gate.call(req("echo", json!({}), p)).await.unwrap();
     let finish = outer.finish(Ok(codemode_spec::ToolOutput::value(json!("done"))));
     assert!(
         tokio::time::timeout(std::time::Duration::from_millis(50), finish)

@@ -548,6 +548,32 @@ async fn of_two_answers_at_once_exactly_one_wins() {
     );
 }
 
+/// The first process stops holding its cells (nothing is recorded about their end), `approval`
+/// is answered while nobody holds the cell, and once the lease ran out a second world (a new
+/// process on the same store, set up as `setup` says) is started, to take the cell over.
+async fn approved_while_abandoned(
+    first: &World,
+    approval: &str,
+    dir: &std::path::Path,
+    setup: Setup,
+) -> World {
+    let lease = setup.lease;
+    first.codemode.cells().unwrap().abandon();
+    codemode_runtime::cells::answer_approval(
+        first.store.as_ref(),
+        &AuditLog::disabled(),
+        approval,
+        Decision::Approve,
+        "alice",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    world(dir, setup).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_taken_over_by_another_process_replays_its_calls_and_runs_none_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -570,23 +596,11 @@ return [a.n, b.n, d.n];"#;
     assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
     let approval = r.pending[0].approval_id.clone();
     assert_eq!(first.runs.load(Ordering::SeqCst), 2);
-    // The first process dies (nothing is recorded about the cell's end) ...
-    first.codemode.cells().unwrap().abandon();
-    // ... the approval is answered while nobody holds the cell ...
-    codemode_runtime::cells::answer_approval(
-        first.store.as_ref(),
-        &AuditLog::disabled(),
+    // The first process dies, the approval is answered while nobody holds the cell, and a
+    // second process takes the cell over.
+    let second = approved_while_abandoned(
+        &first,
         &approval,
-        Decision::Approve,
-        "alice",
-        "cli",
-        None,
-    )
-    .await
-    .unwrap();
-    tokio::time::sleep(lease + Duration::from_millis(300)).await;
-    // ... and a second process takes the cell over.
-    let second = world(
         dir.path(),
         Setup {
             lease,
@@ -643,20 +657,7 @@ return seen;"#;
     let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
     assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
     let approval = r.pending[0].approval_id.clone();
-    first.codemode.cells().unwrap().abandon();
-    codemode_runtime::cells::answer_approval(
-        first.store.as_ref(),
-        &AuditLog::disabled(),
-        &approval,
-        Decision::Approve,
-        "alice",
-        "cli",
-        None,
-    )
-    .await
-    .unwrap();
-    tokio::time::sleep(lease + Duration::from_millis(300)).await;
-    let second = world(dir.path(), setup()).await;
+    let second = approved_while_abandoned(&first, &approval, dir.path(), setup()).await;
     assert_eq!(
         second.codemode.resume_cells().await.unwrap(),
         vec![r.cell.clone()]

@@ -150,3 +150,17 @@ pub fn fresh_database(rt: &tokio::runtime::Runtime, url: &str, tag: &str) -> Str
     let (head, _) = url.rsplit_once('/').unwrap();
     format!("{head}/{name}")
 }
+
+/// The test PostgreSQL server's URL (`scripts/with-postgres` sets it), or `None` after saying
+/// on stderr that `what` is skipped and how to run it.
+pub fn postgres_url_or_skip(what: &str, test_binary: &str) -> Option<String> {
+    let url = std::env::var("CODEMODE_TEST_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.trim().is_empty());
+    if url.is_none() {
+        eprintln!(
+            "SKIPPED: {what}, because CODEMODE_TEST_POSTGRES_URL is not set; run with `scripts/with-postgres cargo test -p codemode-cli --test {test_binary}`"
+        );
+    }
+    url
+}
