@@ -549,12 +549,23 @@ async fn check_owner(
         Some(_) => return Err(wrong_principal()),
         None => {}
     }
-    if guard.codemode.gate().state_store().is_none() {
+    let Some(store) = guard.codemode.gate().state_store() else {
         // Known here but not yet claimed: its first request is still being answered.
         return match caller {
             Owner::Anyone => Ok(()),
             _ => Err(wrong_principal()),
         };
+    };
+    // Begun elsewhere: continued only while its row lives. Ending a session (expiry, eviction,
+    // DELETE) deletes the row and with it the principal it was fixed to; claiming it anew would
+    // hand the session, and its cells, to whichever token presented the id next.
+    match store.get_session(id).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            guard.sessions.forget_ended(id).await;
+            return Err((StatusCode::NOT_FOUND, "Not Found: Session not found").into_response());
+        }
+        Err(e) => return Err(store_unreachable(e)),
     }
     claim(guard, id, caller, principal).await
 }

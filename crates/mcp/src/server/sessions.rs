@@ -183,6 +183,26 @@ impl Sessions {
         }
     }
 
+    /// Forgets a session found to have ended elsewhere (its row in the shared store is gone):
+    /// the local entry `is_known_anywhere` made for it, and its `initialize` parameters, so
+    /// its id stays unknown.
+    pub(crate) async fn forget_ended(&self, id: &str) {
+        {
+            let mut table = self.lock();
+            if table
+                .get(id)
+                .is_some_and(|r| r.owner.is_none() && r.in_flight == 0)
+            {
+                table.remove(id);
+            }
+        }
+        if let Some(store) = &self.shared
+            && let Err(e) = store.delete_session(&shared_key(id)).await
+        {
+            tracing::warn!(session = %id, "forgetting an ended shared session failed: {e}");
+        }
+    }
+
     pub(crate) fn is_known(&self, id: &str) -> bool {
         self.lock().contains_key(id)
     }
