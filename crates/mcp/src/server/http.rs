@@ -341,11 +341,25 @@ async fn accept_loop(
                 continue;
             }
         };
-        let service = hyper_util::service::TowerToHyperService::new(
-            router
-                .clone()
-                .map_request(|req: axum::http::Request<hyper::body::Incoming>| req.map(Body::new)),
-        );
+        let requests = Requests::default();
+        let counted = requests.clone();
+        let router = router.clone();
+        let service = hyper_util::service::TowerToHyperService::new(tower::service_fn(
+            move |req: axum::http::Request<hyper::body::Incoming>| {
+                // Counted from the moment the request arrives until its response is sent or
+                // dropped, so a long SSE answer is never taken for an idle connection.
+                let busy = counted.enter();
+                let router = router.clone();
+                async move {
+                    let response = router.oneshot(req.map(Body::new)).await?;
+                    let (parts, body) = response.into_parts();
+                    Ok::<_, std::convert::Infallible>(Response::from_parts(
+                        parts,
+                        Body::new(Held { body, _busy: busy }),
+                    ))
+                }
+            },
+        ));
         let stop = stop.clone();
         connections.spawn(async move {
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -355,17 +369,107 @@ async fn accept_loop(
                 .header_read_timeout(HEADER_READ_TIMEOUT);
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             let mut conn = std::pin::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => return,
-                _ = stop.cancelled() => {}
-            }
+            // HTTP/2 (h2c) has no header timeout: a connection without a request for as long
+            // as HTTP/1.1 may take over its headers is closed, whichever protocol it speaks.
+            let idle = loop {
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    _ = stop.cancelled() => break false,
+                    _ = tokio::time::sleep(IDLE_CHECK) => {
+                        if requests.idle_for() >= HEADER_READ_TIMEOUT {
+                            break true;
+                        }
+                    }
+                }
+            };
             conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            match idle {
+                // Nothing is being answered: a peer that does not close is not waited for.
+                true => {
+                    let _ = tokio::time::timeout(IDLE_CHECK, conn).await;
+                }
+                false => {
+                    let _ = conn.await;
+                }
+            }
         });
     }
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// How often a connection checks whether it has been idle too long.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// The requests of one connection being answered, and when the last one ended.
+#[derive(Clone)]
+struct Requests(Arc<std::sync::Mutex<(usize, std::time::Instant)>>);
+
+impl Default for Requests {
+    fn default() -> Self {
+        Requests(Arc::new(std::sync::Mutex::new((
+            0,
+            std::time::Instant::now(),
+        ))))
+    }
+}
+
+impl Requests {
+    fn enter(&self) -> Busy {
+        self.lock().0 += 1;
+        Busy(self.clone())
+    }
+
+    /// Zero while a request is being answered.
+    fn idle_for(&self) -> Duration {
+        let state = self.lock();
+        match state.0 {
+            0 => state.1.elapsed(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, std::time::Instant)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One request being answered; dropping it (response sent, or abandoned) ends it.
+struct Busy(Requests);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.0 = state.0.saturating_sub(1);
+        state.1 = std::time::Instant::now();
+    }
+}
+
+/// A response body that keeps its request counted until it is sent or dropped.
+struct Held {
+    body: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Held {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        hyper::body::Body::poll_frame(std::pin::Pin::new(&mut self.body), cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        hyper::body::Body::is_end_stream(&self.body)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::Body::size_hint(&self.body)
+    }
 }
 
 /// Ends idle connections and expired sessions, and gives freed memory back to the system.
