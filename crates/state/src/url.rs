@@ -34,8 +34,59 @@ impl StateUrl {
     }
 }
 
-/// The URL without its password, for messages and logs.
+/// The URL without its password, for messages and logs (and `/readyz`, which answers without
+/// a token): in the user part, or as a query parameter (`?password=…`, which libpq and
+/// tokio-postgres take too).
 pub fn redact(url: &str) -> String {
+    match url.split_once('?') {
+        Some((base, query)) => format!("{}?{}", redact_userinfo(base), redact_query(query)),
+        None => redact_userinfo(url),
+    }
+}
+
+/// Each parameter whose name (percent-decoded, any case) mentions a password gets `***`.
+fn redact_query(query: &str) -> String {
+    query
+        .split('&')
+        .map(|pair| {
+            let (key, _) = pair.split_once('=').unwrap_or((pair, ""));
+            if percent_decoded(key)
+                .to_ascii_lowercase()
+                .contains("password")
+            {
+                format!("{key}=***")
+            } else {
+                pair.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn percent_decoded(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
@@ -88,6 +139,14 @@ mod tests {
             "postgres://me:***@db:5432/cm?sslmode=disable"
         );
         assert_eq!(redact("postgres://db/cm"), "postgres://db/cm");
+        assert_eq!(
+            redact("postgres://me@db/cm?sslmode=disable&password=s3cret"),
+            "postgres://me@db/cm?sslmode=disable&password=***"
+        );
+        assert_eq!(
+            redact("postgres://me:a@db/cm?PassWord=s3cret&pass%77ord=s3cret"),
+            "postgres://me:***@db/cm?PassWord=***&pass%77ord=***"
+        );
         let e = StateUrl::parse("mysql://me:s3cret@db/x")
             .unwrap_err()
             .to_string();
