@@ -98,15 +98,12 @@ fn setup(root: &std::path::Path) -> Vec<PathBuf> {
     ]
 }
 
-#[test]
-fn an_expired_session_id_does_not_become_another_tokens_session() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path();
-    let dirs = setup(root);
+/// `codemode serve` on a free loopback port over the SQLite state in `root`.
+fn serve(root: &std::path::Path, dirs: &[PathBuf], idle: &str) -> (Server, String) {
     let (child, url) = common::start_serving(
         common::codemode()
             .args(["serve", "--listen", "127.0.0.1:0", "--mode", "only"])
-            .args(["--session-idle-timeout", "2s"])
+            .args(["--session-idle-timeout", idle])
             .arg("--policy")
             .arg(root.join("policy.cedar"))
             .arg("--tokens-file")
@@ -119,7 +116,69 @@ fn an_expired_session_id_does_not_become_another_tokens_session() {
             .arg(&dirs[2])
             .env_remove("CODEMODE_SERVE_TOKEN"),
     );
-    let _server = Server(child);
+    (Server(child), url)
+}
+
+/// Alice opens a session on replica 1, uses it once on replica 2, then keeps using it on
+/// replica 1 (every 500 ms for `busyMs`) and comes back to replica 2.
+const MOVES: &str = r#"
+const [one, two, alice, busyMs] = process.argv.slice(1);
+const h = (session) => Object.assign({ "content-type": "application/json",
+  accept: "application/json, text/event-stream", authorization: "Bearer " + alice },
+  session ? { "mcp-session-id": session } : {});
+const post = async (url, session, body) => {
+  const r = await fetch(url, { method: "POST", headers: h(session), body: JSON.stringify(body) });
+  await r.text();
+  return { status: r.status, session: r.headers.get("mcp-session-id") };
+};
+const ping = (url, s) => post(url, s, { jsonrpc: "2.0", id: 9, method: "ping" }).then((r) => r.status);
+(async () => {
+  const { session: s } = await post(one, null, { jsonrpc: "2.0", id: 1, method: "initialize",
+    params: { protocolVersion: "2025-06-18", capabilities: {}, clientInfo: { name: "alice", version: "1" } } });
+  await fetch(one, { method: "POST", headers: h(s),
+    body: JSON.stringify({ jsonrpc: "2.0", method: "notifications/initialized" }) });
+  const onTwo = await ping(two, s);
+  const onOne = [];
+  for (let t = 0; t < Number(busyMs); t += 500) {
+    onOne.push(await ping(one, s));
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  console.log(JSON.stringify({ session: s, onTwo, onOne, backOnTwo: await ping(two, s) }));
+})().catch((e) => { console.error(e); process.exit(1); });
+"#;
+
+/// Red team: each replica sweeps the sessions idle in its own table. A session alice kept
+/// using on replica 1 was idle on replica 2, whose sweep ended it everywhere: its row and
+/// `store()` values deleted from the shared store, its id unknown from then on.
+#[test]
+fn a_session_in_use_on_one_replica_is_not_ended_by_anothers_idle_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let dirs = setup(root);
+    let (_one, one) = serve(root, &dirs, "3s");
+    let (_two, two) = serve(root, &dirs, "3s");
+    let mut cmd = Command::new("node");
+    cmd.args(["-e", MOVES, &one, &two, ALICE, "7000"]);
+    let v = common::client_json(cmd);
+    assert_eq!(v["onTwo"], 200, "the session moves to replica 2: {v}");
+    assert!(
+        v["onOne"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(|s| s == 200)),
+        "{v}"
+    );
+    assert_eq!(
+        v["backOnTwo"], 200,
+        "a session used 500 ms ago was ended by replica 2's sweep: {v}"
+    );
+}
+
+#[test]
+fn an_expired_session_id_does_not_become_another_tokens_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let dirs = setup(root);
+    let (_server, url) = serve(root, &dirs, "2s");
     let mut cmd = Command::new("node");
     // Three times the idle limit: the sweep runs every few hundred milliseconds.
     cmd.args(["-e", PROBE, &url, ALICE, BOB, SCRIPT, "6000"]);
