@@ -557,6 +557,7 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
         if let Err(refused) = check_owner(&guard, id, &caller, principal.as_ref()).await {
             return refused;
         }
+        guard.sessions.keep_alive_shared(id, &caller).await;
     }
     match (req.method().clone(), session) {
         (Method::DELETE, Some(id)) => {

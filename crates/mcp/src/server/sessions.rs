@@ -48,6 +48,8 @@ struct Record {
     /// Who began it; `None` until the request that began it is answered, or for a session
     /// begun on another replica until its owner is read from the shared store.
     owner: Option<Owner>,
+    /// When this replica last told the shared store the session is in use.
+    shared_touch: Option<Instant>,
 }
 
 impl Record {
@@ -57,6 +59,7 @@ impl Record {
             last_active: Instant::now(),
             in_flight: 0,
             owner: None,
+            shared_touch: None,
         }
     }
 }
@@ -181,6 +184,58 @@ impl Sessions {
         {
             tracing::warn!(session = %id, "ending a shared session failed: {e}");
         }
+    }
+
+    /// Tells the other replicas that `id` is in use (its row's `last_seen`), at most every
+    /// quarter of the idle limit, so that none ends it as idle while it is used here. `owner`
+    /// began it: were its row gone, it is made again for them alone.
+    pub(crate) async fn keep_alive_shared(&self, id: &str, owner: &Owner) {
+        let Some(store) = &self.shared else { return };
+        {
+            let mut table = self.lock();
+            let Some(record) = table.get_mut(id) else {
+                return;
+            };
+            if record
+                .shared_touch
+                .is_some_and(|t| t.elapsed() < self.idle_timeout / 4)
+            {
+                return;
+            }
+            record.shared_touch = Some(Instant::now());
+        }
+        if let Err(e) = store.touch_session(id, owner.stored()).await {
+            tracing::warn!(session = %id, "telling the other replicas a session is in use failed: {e}");
+        }
+    }
+
+    /// Whether another replica used `id` within the idle limit (the shared row says when);
+    /// then its local entry counts as used then too.
+    async fn used_elsewhere(&self, id: &str) -> bool {
+        let Some(store) = &self.shared else {
+            return false;
+        };
+        let last_seen = match store.get_session(id).await {
+            Ok(Some(record)) => record.last_seen_ms,
+            Ok(None) => return false,
+            // Unknown: keep it for now rather than delete a session in use.
+            Err(e) => {
+                tracing::warn!(session = %id, "reading a shared session failed: {e}");
+                return true;
+            }
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let age = Duration::from_millis(now_ms.saturating_sub(last_seen).max(0) as u64);
+        if age >= self.idle_timeout {
+            return false;
+        }
+        if let Some(record) = self.lock().get_mut(id) {
+            record.last_active = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        }
+        true
     }
 
     /// Forgets a session found to have ended elsewhere (its row in the shared store is gone):
@@ -317,6 +372,10 @@ impl Sessions {
             (expired, idle)
         };
         for id in &expired {
+            // Idle here is not idle everywhere: a replica its client moved to keeps it alive.
+            if self.used_elsewhere(id).await {
+                continue;
+            }
             tracing::debug!(session = %id, "MCP session expired");
             self.end(id).await;
         }
