@@ -99,6 +99,39 @@ pub(crate) fn parse_vm_json(json: &str) -> Result<Value, serde_json::Error> {
     }
 }
 
+/// Most JSON values the host decodes from one call's arguments or a returned value. A decoded
+/// value takes 32 bytes and more where its text may take 2 (`0,`): a script within its heap
+/// limit could otherwise make the host hold gigabytes.
+const MAX_DECODED_VALUES: usize = 1 << 20;
+
+/// Whether `json` holds more than `limit` values, counted on the text before anything is
+/// decoded: every value but the first follows a `,` or opens an array or object.
+fn more_values_than(json: &str, limit: usize) -> bool {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in json.as_bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => {
+                count += 1;
+                if count > limit {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Whether a JSON error is serde_json's nesting limit (128 levels).
 fn too_deep(e: &serde_json::Error) -> bool {
     e.to_string().contains("recursion limit")
@@ -352,6 +385,14 @@ impl Session {
                 record,
             },
         );
+        if more_values_than(args_json, MAX_DECODED_VALUES) {
+            let mut err = HostError::new(format!(
+                "The arguments of {name} hold more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Pass less at once, or large data as one string."
+            ));
+            err.name = Some("RangeError".into());
+            self.complete(id, Err(err));
+            return Ok(());
+        }
         let args = match parse_vm_json(args_json) {
             Ok(v) => v,
             Err(e) => {
@@ -717,6 +758,20 @@ impl Session {
         }
         if fin.ok {
             res.ok = true;
+            if let Some(v) = &fin.value
+                && more_values_than(v, MAX_DECODED_VALUES)
+            {
+                res.ok = false;
+                res.error = Some(ScriptError {
+                    kind: ErrorKind::Script,
+                    name: Some("RangeError".into()),
+                    message: format!(
+                        "The returned value holds more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Return a summary, or JSON.stringify(value) and return the string."
+                    ),
+                    stack: None,
+                });
+                return self.seal(res);
+            }
             if let Some(v) = &fin.value {
                 match parse_vm_json(v) {
                     Ok(value) => res.value = Some(value),
@@ -862,4 +917,22 @@ fn build_config(script: &Script, limits: &Limits, det: Option<&Determinism>) -> 
         "rng": random_seed(),
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::more_values_than;
+
+    #[test]
+    fn values_are_counted_outside_strings_only() {
+        assert!(!more_values_than("0", 1));
+        assert!(more_values_than("[0]", 1));
+        assert!(!more_values_than("[0,1]", 3));
+        assert!(more_values_than("[0,1,2]", 3));
+        assert!(more_values_than(r#"{"a":[],"b":{}}"#, 4));
+        // Commas, brackets and escaped quotes inside a string are text, not values.
+        assert!(!more_values_than(r#"["a,b,[{c\",d"]"#, 2));
+        // An escaped backslash does not escape the quote after it.
+        assert!(more_values_than(r#"["\\",[1]]"#, 3));
+    }
 }
