@@ -56,3 +56,27 @@ async fn arguments_and_results_cannot_take_the_hosts_memory() {
         after_return - before
     );
 }
+
+#[tokio::test]
+async fn store_writes_cannot_take_the_hosts_memory() {
+    let sb = Sandbox::new(SandboxConfig {
+        isolation: Isolation::Process,
+        warm: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let host = Arc::new(Refuse);
+    let run = |src: &str| sb.run(Script::new(src, host.clone()));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    // Every store() is a write the host decodes, even of a key written before: A million
+    // writes of one small key are within the store's size limits and the script's heap.
+    let r = run("for (let i = 0; i < 1e6; i++) store('k', i); return 1").await;
+    let grew = peak_mib() - before;
+    assert!(
+        grew < 100,
+        "the host's peak memory grew by {grew} MiB for {} store writes",
+        r.store_writes.len()
+    );
+}
