@@ -104,9 +104,9 @@ pub(crate) fn parse_vm_json(json: &str) -> Result<Value, serde_json::Error> {
 /// limit could otherwise make the host hold gigabytes.
 const MAX_DECODED_VALUES: usize = 1 << 20;
 
-/// Whether `json` holds more than `limit` values, counted on the text before anything is
-/// decoded: every value but the first follows a `,` or opens an array or object.
-fn more_values_than(json: &str, limit: usize) -> bool {
+/// How many values `json` holds, counted on the text before anything is decoded (every value but
+/// the first follows a `,` or opens an array or object), stopping once past `limit`.
+fn count_values(json: &str, limit: usize) -> usize {
     let (mut count, mut in_string, mut escaped) = (1usize, false, false);
     for &b in json.as_bytes() {
         if in_string {
@@ -123,13 +123,18 @@ fn more_values_than(json: &str, limit: usize) -> bool {
             b',' | b'[' | b'{' => {
                 count += 1;
                 if count > limit {
-                    return true;
+                    return count;
                 }
             }
             _ => {}
         }
     }
-    false
+    count
+}
+
+/// Whether `json` holds more than `limit` values.
+fn more_values_than(json: &str, limit: usize) -> bool {
+    count_values(json, limit) > limit
 }
 
 /// Whether a JSON error is serde_json's nesting limit (128 levels).
@@ -854,6 +859,19 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     let Some(w) = writes else {
         return Ok(Vec::new());
     };
+    // The writes and every value in them count against one bound: each store() is a write,
+    // even of a key written before.
+    let too_many = || ScriptError {
+        kind: ErrorKind::Script,
+        name: Some("RangeError".into()),
+        message: format!(
+            "The script's store() writes hold more than {MAX_DECODED_VALUES} JSON values together, more than the host reads. Call store() less often (each call is a write, even of the same key), and keep big data elsewhere."
+        ),
+        stack: None,
+    };
+    let mut left = MAX_DECODED_VALUES
+        .checked_sub(count_values(w, MAX_DECODED_VALUES))
+        .ok_or_else(too_many)?;
     // Through `parse_vm_json`: a lone surrogate in a key is replaced as in a value.
     let raw: Vec<Vec<String>> = parse_vm_json(w)
         .and_then(serde_json::from_value)
@@ -864,6 +882,9 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
         let Some(key) = it.next() else { continue };
         match it.next() {
             Some(json) => {
+                left = left
+                    .checked_sub(count_values(&json, left))
+                    .ok_or_else(too_many)?;
                 let value = parse_vm_json(&json).map_err(|e| {
                     if too_deep(&e) {
                         ScriptError {
