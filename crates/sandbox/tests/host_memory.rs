@@ -19,6 +19,21 @@ impl Host for Refuse {
     }
 }
 
+/// Holds every call, arguments and all, until the script ends.
+struct Hold;
+
+impl Host for Hold {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        async move {
+            // As a real host holds a call's arguments while it runs (a gated call, its approval).
+            call.cancel.cancelled().await;
+            drop(call.args);
+            Err(HostError::new("cancelled"))
+        }
+        .boxed_local()
+    }
+}
+
 /// The peak resident memory of this process so far, in MiB.
 fn peak_mib() -> i64 {
     // SAFETY: getrusage writes the struct it is given.
@@ -78,5 +93,32 @@ async fn store_writes_cannot_take_the_hosts_memory() {
         grew < 100,
         "the host's peak memory grew by {grew} MiB for {} store writes",
         r.store_writes.len()
+    );
+}
+
+#[tokio::test]
+async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
+    let sb = Sandbox::new(SandboxConfig {
+        isolation: Isolation::Process,
+        warm: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let host = Arc::new(Hold);
+    let run = |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("hold", "Waits")]));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    // Each call's arguments are within the bound on one call; forty of them wait together,
+    // each decoded and held by the host until the script ends.
+    let r = run(
+        "const a = new Array(9e5).fill(0); const ps = []; for (let i = 0; i < 40; i++) ps.push(tools.hold(a).catch((e) => e.message)); return await Promise.race([...ps, Promise.resolve('returned')])",
+    )
+    .await;
+    let grew = peak_mib() - before;
+    assert!(
+        grew < 200,
+        "the host's peak memory grew by {grew} MiB for calls in flight ({:?})",
+        r.error
     );
 }
