@@ -42,6 +42,8 @@ struct InFlight {
     token: CancellationToken,
     /// Index into `calls` for tools.
     record: Option<usize>,
+    /// JSON values in its arguments, which the host holds while it runs.
+    values: usize,
 }
 
 struct Det {
@@ -61,6 +63,8 @@ pub(crate) struct Session {
     names: HashSet<String>,
     last_id: u64,
     inflight: BTreeMap<u64, InFlight>,
+    /// JSON values in the arguments of the calls in `inflight`, together.
+    inflight_values: usize,
     calls: Vec<CallRecord>,
     output: Vec<OutputItem>,
     output_bytes: usize,
@@ -103,6 +107,10 @@ pub(crate) fn parse_vm_json(json: &str) -> Result<Value, serde_json::Error> {
 /// value takes 32 bytes and more where its text may take 2 (`0,`): a script within its heap
 /// limit could otherwise make the host hold gigabytes.
 const MAX_DECODED_VALUES: usize = 1 << 20;
+
+/// Most JSON values the host holds for a script's calls in flight together: twice the largest
+/// call, so that calls waiting together cannot multiply what one may take.
+const MAX_INFLIGHT_VALUES: usize = 2 * MAX_DECODED_VALUES;
 
 /// How many values `json` holds, counted on the text before anything is decoded (every value but
 /// the first follows a `,` or opens an array or object), stopping once past `limit`.
@@ -305,6 +313,7 @@ impl Session {
             names,
             last_id: 0,
             inflight: BTreeMap::new(),
+            inflight_values: 0,
             calls: Vec::new(),
             output: Vec::new(),
             output_bytes: 0,
@@ -382,22 +391,35 @@ impl Session {
         } else {
             None
         };
+        let values = count_values(args_json, MAX_DECODED_VALUES);
+        // What the host would hold for calls in flight together, this one decoded too.
+        let held = self.inflight_values.saturating_add(values);
+        let admitted = values <= MAX_DECODED_VALUES && held <= MAX_INFLIGHT_VALUES;
         self.inflight.insert(
             id,
             InFlight {
                 started: Instant::now(),
                 token: token.clone(),
                 record,
+                values: if admitted { values } else { 0 },
             },
         );
-        if more_values_than(args_json, MAX_DECODED_VALUES) {
-            let mut err = HostError::new(format!(
-                "The arguments of {name} hold more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Pass less at once, or large data as one string."
-            ));
+        if !admitted {
+            let message = if values > MAX_DECODED_VALUES {
+                format!(
+                    "The arguments of {name} hold more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Pass less at once, or large data as one string."
+                )
+            } else {
+                format!(
+                    "The arguments of the calls running at once would hold more than {MAX_INFLIGHT_VALUES} JSON values together, more than the host keeps. Await some of them before starting more, or pass less at once."
+                )
+            };
+            let mut err = HostError::new(message);
             err.name = Some("RangeError".into());
             self.complete(id, Err(err));
             return Ok(());
         }
+        self.inflight_values = held;
         let args = match parse_vm_json(args_json) {
             Ok(v) => v,
             Err(e) => {
@@ -562,6 +584,7 @@ impl Session {
             self.held.release(&r);
             return;
         };
+        self.inflight_values = self.inflight_values.saturating_sub(inflight.values);
         if let Some(rec) = inflight.record.and_then(|i| self.calls.get_mut(i)) {
             rec.duration_ms = inflight.started.elapsed().as_secs_f64() * 1000.0;
             match &r {
@@ -661,6 +684,7 @@ impl Session {
 
     fn base_result(&mut self) -> ScriptResult {
         // Cancel calls that are still out: the script no longer waits for them.
+        self.inflight_values = 0;
         for f in std::mem::take(&mut self.inflight).into_values() {
             f.token.cancel();
             if let Some(rec) = f.record.and_then(|i| self.calls.get_mut(i)) {
