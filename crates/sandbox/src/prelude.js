@@ -233,6 +233,10 @@
   // ---- things that must not exist in the VM ----
   const banned = ["WeakRef", "FinalizationRegistry", "Atomics", "navigator", "gc", "os", "std", "scriptArgs", "print"];
   for (let i = 0; i < banned.length; i++) delete G[banned[i]];
+  // `Error.prepareStackTrace` is an accessor whose setter writes the context, which freezing
+  // does not stop; once set, its CallSite objects' getFunction() hands the script the function
+  // of every frame, the prelude's own among them. A plain data property cuts the setter off.
+  defineProperty(ErrorCtor, "prepareStackTrace", { value: undefined, writable: false, enumerable: false, configurable: false });
 
   // ---- lockdown: freeze every reachable built-in ----
   // Data properties that scripts commonly assign on their own objects ("override mistake") become

@@ -42,6 +42,8 @@ struct InFlight {
     token: CancellationToken,
     /// Index into `calls` for tools.
     record: Option<usize>,
+    /// JSON values in its arguments, which the host holds while it runs.
+    values: usize,
 }
 
 struct Det {
@@ -61,6 +63,8 @@ pub(crate) struct Session {
     names: HashSet<String>,
     last_id: u64,
     inflight: BTreeMap<u64, InFlight>,
+    /// JSON values in the arguments of the calls in `inflight`, together.
+    inflight_values: usize,
     calls: Vec<CallRecord>,
     output: Vec<OutputItem>,
     output_bytes: usize,
@@ -97,6 +101,48 @@ pub(crate) fn parse_vm_json(json: &str) -> Result<Value, serde_json::Error> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// Most JSON values the host decodes from one call's arguments or a returned value. A decoded
+/// value takes 32 bytes and more where its text may take 2 (`0,`): a script within its heap
+/// limit could otherwise make the host hold gigabytes.
+const MAX_DECODED_VALUES: usize = 1 << 20;
+
+/// Most JSON values the host holds for a script's calls in flight together: twice the largest
+/// call, so that calls waiting together cannot multiply what one may take.
+const MAX_INFLIGHT_VALUES: usize = 2 * MAX_DECODED_VALUES;
+
+/// How many values `json` holds, counted on the text before anything is decoded (every value but
+/// the first follows a `,` or opens an array or object), stopping once past `limit`.
+fn count_values(json: &str, limit: usize) -> usize {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in json.as_bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => {
+                count += 1;
+                if count > limit {
+                    return count;
+                }
+            }
+            _ => {}
+        }
+    }
+    count
+}
+
+/// Whether `json` holds more than `limit` values.
+fn more_values_than(json: &str, limit: usize) -> bool {
+    count_values(json, limit) > limit
 }
 
 /// Whether a JSON error is serde_json's nesting limit (128 levels).
@@ -267,6 +313,7 @@ impl Session {
             names,
             last_id: 0,
             inflight: BTreeMap::new(),
+            inflight_values: 0,
             calls: Vec::new(),
             output: Vec::new(),
             output_bytes: 0,
@@ -344,14 +391,35 @@ impl Session {
         } else {
             None
         };
+        let values = count_values(args_json, MAX_DECODED_VALUES);
+        // What the host would hold for calls in flight together, this one decoded too.
+        let held = self.inflight_values.saturating_add(values);
+        let admitted = values <= MAX_DECODED_VALUES && held <= MAX_INFLIGHT_VALUES;
         self.inflight.insert(
             id,
             InFlight {
                 started: Instant::now(),
                 token: token.clone(),
                 record,
+                values: if admitted { values } else { 0 },
             },
         );
+        if !admitted {
+            let message = if values > MAX_DECODED_VALUES {
+                format!(
+                    "The arguments of {name} hold more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Pass less at once, or large data as one string."
+                )
+            } else {
+                format!(
+                    "The arguments of the calls running at once would hold more than {MAX_INFLIGHT_VALUES} JSON values together, more than the host keeps. Await some of them before starting more, or pass less at once."
+                )
+            };
+            let mut err = HostError::new(message);
+            err.name = Some("RangeError".into());
+            self.complete(id, Err(err));
+            return Ok(());
+        }
+        self.inflight_values = held;
         let args = match parse_vm_json(args_json) {
             Ok(v) => v,
             Err(e) => {
@@ -516,6 +584,7 @@ impl Session {
             self.held.release(&r);
             return;
         };
+        self.inflight_values = self.inflight_values.saturating_sub(inflight.values);
         if let Some(rec) = inflight.record.and_then(|i| self.calls.get_mut(i)) {
             rec.duration_ms = inflight.started.elapsed().as_secs_f64() * 1000.0;
             match &r {
@@ -615,6 +684,7 @@ impl Session {
 
     fn base_result(&mut self) -> ScriptResult {
         // Cancel calls that are still out: the script no longer waits for them.
+        self.inflight_values = 0;
         for f in std::mem::take(&mut self.inflight).into_values() {
             f.token.cancel();
             if let Some(rec) = f.record.and_then(|i| self.calls.get_mut(i)) {
@@ -717,6 +787,20 @@ impl Session {
         }
         if fin.ok {
             res.ok = true;
+            if let Some(v) = &fin.value
+                && more_values_than(v, MAX_DECODED_VALUES)
+            {
+                res.ok = false;
+                res.error = Some(ScriptError {
+                    kind: ErrorKind::Script,
+                    name: Some("RangeError".into()),
+                    message: format!(
+                        "The returned value holds more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Return a summary, or JSON.stringify(value) and return the string."
+                    ),
+                    stack: None,
+                });
+                return self.seal(res);
+            }
             if let Some(v) = &fin.value {
                 match parse_vm_json(v) {
                     Ok(value) => res.value = Some(value),
@@ -799,6 +883,19 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     let Some(w) = writes else {
         return Ok(Vec::new());
     };
+    // The writes and every value in them count against one bound: each store() is a write,
+    // even of a key written before.
+    let too_many = || ScriptError {
+        kind: ErrorKind::Script,
+        name: Some("RangeError".into()),
+        message: format!(
+            "The script's store() writes hold more than {MAX_DECODED_VALUES} JSON values together, more than the host reads. Call store() less often (each call is a write, even of the same key), and keep big data elsewhere."
+        ),
+        stack: None,
+    };
+    let mut left = MAX_DECODED_VALUES
+        .checked_sub(count_values(w, MAX_DECODED_VALUES))
+        .ok_or_else(too_many)?;
     // Through `parse_vm_json`: a lone surrogate in a key is replaced as in a value.
     let raw: Vec<Vec<String>> = parse_vm_json(w)
         .and_then(serde_json::from_value)
@@ -809,6 +906,9 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
         let Some(key) = it.next() else { continue };
         match it.next() {
             Some(json) => {
+                left = left
+                    .checked_sub(count_values(&json, left))
+                    .ok_or_else(too_many)?;
                 let value = parse_vm_json(&json).map_err(|e| {
                     if too_deep(&e) {
                         ScriptError {
@@ -862,4 +962,22 @@ fn build_config(script: &Script, limits: &Limits, det: Option<&Determinism>) -> 
         "rng": random_seed(),
     })
     .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::more_values_than;
+
+    #[test]
+    fn values_are_counted_outside_strings_only() {
+        assert!(!more_values_than("0", 1));
+        assert!(more_values_than("[0]", 1));
+        assert!(!more_values_than("[0,1]", 3));
+        assert!(more_values_than("[0,1,2]", 3));
+        assert!(more_values_than(r#"{"a":[],"b":{}}"#, 4));
+        // Commas, brackets and escaped quotes inside a string are text, not values.
+        assert!(!more_values_than(r#"["a,b,[{c\",d"]"#, 2));
+        // An escaped backslash does not escape the quote after it.
+        assert!(more_values_than(r#"["\\",[1]]"#, 3));
+    }
 }

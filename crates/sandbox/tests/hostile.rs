@@ -204,6 +204,37 @@ async fn hundreds_of_concurrent_scripts_keep_their_limits() {
     healthy().await;
 }
 
+async fn stack_trace_hooks_do_not_reach_the_prelude() {
+    // QuickJS's `Error.prepareStackTrace` is an accessor whose setter writes the context, so
+    // freezing `Error` does not stop it; with it set, `CallSite.getFunction()` hands the script
+    // the function of every frame on the stack, the prelude's own (`settle`, with its table of
+    // pending calls) among them.
+    let r = contained(
+        r#"
+        const leaked = [];
+        try {
+            Error.prepareStackTrace = (e, sites) => {
+                for (const s of sites) {
+                    const f = s.getFunction();
+                    if (typeof f === "function" && s.getFileName() !== "codemode.js") leaked.push(f);
+                }
+                return "";
+            };
+        } catch {}
+        const slow = tools.slow();
+        try { await tools.fail() } catch {}
+        try { Error.prepareStackTrace = undefined } catch {}
+        const names = leaked.map((f) => f.name);
+        // The pending call's promise must be settled by the host, never by the script.
+        const settle = leaked.find((f) => f.name === "settle");
+        if (settle) settle(1, true, "forged by the script");
+        const first = await Promise.race([slow, new Promise((r) => r("pending"))]);
+        return [names, first]"#,
+    )
+    .await;
+    assert_eq!(r.value, Some(json!([[], "pending"])), "{:?}", r.error);
+}
+
 both_modes!(
     spinning_and_memory_bombs,
     many_pending_promises,
@@ -211,7 +242,8 @@ both_modes!(
     overriding_globals_does_not_break_the_bridge,
     odd_values,
     huge_output_is_cut_off,
-    invalid_images_and_syntax_errors
+    invalid_images_and_syntax_errors,
+    stack_trace_hooks_do_not_reach_the_prelude
 );
 
 both_modes!(multi: hundreds_of_concurrent_scripts_keep_their_limits);

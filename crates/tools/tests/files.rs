@@ -178,6 +178,23 @@ async fn write_replaces_by_rename_and_leaves_no_temp_files() {
 }
 
 #[tokio::test]
+async fn write_and_edit_take_names_as_long_as_the_file_system_does() {
+    // 255 bytes is the longest name Linux file systems take; the temporary file beside it
+    // must not need a longer one.
+    let b = Bench::new();
+    let name = "n".repeat(250);
+    b.text("write", json!({"path": name, "content": "one"}))
+        .await;
+    b.text(
+        "edit",
+        json!({"path": name, "old_string": "one", "new_string": "two"}),
+    )
+    .await;
+    assert_eq!(std::fs::read_to_string(b.path(&name)).unwrap(), "two");
+    assert_eq!(dir_names(&b, "."), vec![name]);
+}
+
+#[tokio::test]
 async fn write_through_a_symlink_updates_the_target_and_keeps_the_link() {
     let b = Bench::new();
     let target = b.put("real.txt", "before");

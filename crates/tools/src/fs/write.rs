@@ -113,10 +113,18 @@ fn fill(fd: OwnedFd, bytes: &[u8], keep_mode: Option<u32>) -> std::io::Result<()
     file.sync_all()
 }
 
+/// Bytes of the file's name a temporary name keeps: with its dot, process id and counter it
+/// stays within the 255 bytes a name may have, however long the file's own name is.
+const TEMP_NAME_KEEPS: usize = 200;
+
 fn temp_name(name: &OsStr) -> OsString {
+    use std::os::unix::ffi::OsStrExt;
     let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let mut out = OsString::from(".");
-    out.push(name);
+    let bytes = name.as_bytes();
+    out.push(OsStr::from_bytes(
+        &bytes[..bytes.len().min(TEMP_NAME_KEEPS)],
+    ));
     out.push(format!(".{}.{n}.tmp", std::process::id()));
     out
 }

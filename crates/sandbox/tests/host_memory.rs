@@ -1,0 +1,124 @@
+//! What one script can make the host process hold. Its own heap is capped in the worker, but the
+//! host decodes its call arguments and returned value into `serde_json::Value`s, which take 16
+//! and more bytes for every 2 bytes of JSON (`0,`): without a bound on what is decoded, a script
+//! within its heap limit makes the host take gigabytes, and every session of it dies with it.
+//! Its own file, so that the peak memory it reads is this test's alone.
+use std::sync::Arc;
+
+use codemode_sandbox::*;
+use futures::FutureExt;
+use futures::future::LocalBoxFuture;
+use serde_json::Value;
+
+/// Answers every call with an error at once, keeping nothing of it.
+struct Refuse;
+
+impl Host for Refuse {
+    fn call(&self, _call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        async { Err(HostError::new("refused")) }.boxed_local()
+    }
+}
+
+/// Holds every call, arguments and all, until the script ends.
+struct Hold;
+
+impl Host for Hold {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        async move {
+            // As a real host holds a call's arguments while it runs (a gated call, its approval).
+            call.cancel.cancelled().await;
+            drop(call.args);
+            Err(HostError::new("cancelled"))
+        }
+        .boxed_local()
+    }
+}
+
+/// The peak resident memory of this process so far, in MiB.
+fn peak_mib() -> i64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    u.ru_maxrss / 1024
+}
+
+#[tokio::test]
+async fn arguments_and_results_cannot_take_the_hosts_memory() {
+    let sb = Sandbox::new(SandboxConfig {
+        isolation: Isolation::Process,
+        warm: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let host = Arc::new(Refuse);
+    let run =
+        |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("sink", "Takes anything")]));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    // 8 million zeros: 128 MiB of the script's 256 MiB heap, 16 MB of JSON.
+    let r = run("const a = new Array(8e6).fill(0); try { await tools.sink(a) } catch (e) { return e.message }").await;
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let after_call = peak_mib();
+    let r = run("return new Array(8e6).fill(0)").await;
+    assert!(r.error.is_some() || r.value.is_some());
+    let after_return = peak_mib();
+    // The JSON text itself crosses (16 MB, a few copies); decoding must not multiply it.
+    assert!(
+        after_call - before < 100 && after_return - before < 100,
+        "the host's peak memory grew by {} MiB for a call's arguments, {} MiB with a returned value",
+        after_call - before,
+        after_return - before
+    );
+}
+
+#[tokio::test]
+async fn store_writes_cannot_take_the_hosts_memory() {
+    let sb = Sandbox::new(SandboxConfig {
+        isolation: Isolation::Process,
+        warm: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let host = Arc::new(Refuse);
+    let run = |src: &str| sb.run(Script::new(src, host.clone()));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    // Every store() is a write the host decodes, even of a key written before: A million
+    // writes of one small key are within the store's size limits and the script's heap.
+    let r = run("for (let i = 0; i < 1e6; i++) store('k', i); return 1").await;
+    let grew = peak_mib() - before;
+    assert!(
+        grew < 100,
+        "the host's peak memory grew by {grew} MiB for {} store writes",
+        r.store_writes.len()
+    );
+}
+
+#[tokio::test]
+async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
+    let sb = Sandbox::new(SandboxConfig {
+        isolation: Isolation::Process,
+        warm: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let host = Arc::new(Hold);
+    let run = |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("hold", "Waits")]));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    // Each call's arguments are within the bound on one call; forty of them wait together,
+    // each decoded and held by the host until the script ends.
+    let r = run(
+        "const a = new Array(9e5).fill(0); const ps = []; for (let i = 0; i < 40; i++) ps.push(tools.hold(a).catch((e) => e.message)); return await Promise.race([...ps, Promise.resolve('returned')])",
+    )
+    .await;
+    let grew = peak_mib() - before;
+    assert!(
+        grew < 200,
+        "the host's peak memory grew by {grew} MiB for calls in flight ({:?})",
+        r.error
+    );
+}
