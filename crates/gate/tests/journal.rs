@@ -319,3 +319,52 @@ async fn a_log_named_through_a_symlink_keeps_head_and_journal_beside_the_real_fi
             .is_empty()
     );
 }
+
+/// Red team: the journal is emptied, head and all (by a command that then kills codemode, so
+/// its own start goes too). An empty journal with no head reads as a fresh one, though the log
+/// names journal lines that are gone.
+#[tokio::test]
+async fn a_journal_emptied_with_its_head_is_reported_not_read_as_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _, _) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    drop(gate);
+    let journal = started_path(&path);
+    std::fs::write(&journal, "").unwrap();
+    std::fs::write(codemode_gate::head_path(&journal), "").unwrap();
+
+    let found = unfinished_calls(&path, Some(&test_key()));
+    assert!(
+        found.is_err(),
+        "an emptied journal passed as fresh: {found:?}"
+    );
+}
+
+/// Red team: the log and its head are replaced by the journal and the journal's head. Both are
+/// chains under the same key, so the log verifies, every outcome line (refusals included) is
+/// gone, and each start pairs with itself as its own outcome.
+#[tokio::test]
+async fn a_log_replaced_by_its_own_journal_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _, _) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    let refused = gate.call(req("w", json!({"path": 3}), script("a"))).await;
+    assert!(refused.is_err());
+    drop(gate);
+    let journal = started_path(&path);
+    std::fs::copy(&journal, &path).unwrap();
+    std::fs::copy(
+        codemode_gate::head_path(&journal),
+        codemode_gate::head_path(&path),
+    )
+    .unwrap();
+
+    let verified = codemode_gate::verify(&path, Some(&test_key()));
+    let found = unfinished_calls(&path, Some(&test_key()));
+    assert!(
+        verified.is_err() || found.is_err(),
+        "a journal passed as the log: {verified:?} {found:?}"
+    );
+}

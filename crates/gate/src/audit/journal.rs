@@ -78,19 +78,50 @@ fn call_id(record: &Value) -> Option<&str> {
 /// Started calls in `started` without a line in `outcomes`, in journal order. They pair by the
 /// journal line's id, which is unique: call ids start again in every process, so a call id
 /// alone would let an earlier run's outcome close a later run's killed call.
-fn unmatched(started: Vec<Value>, outcomes: impl Iterator<Item = Value>) -> Vec<UnfinishedCall> {
-    let ended: HashSet<String> = outcomes
-        .filter_map(|v| journal_id(&v).map(str::to_string))
-        .collect();
-    started
+/// Pairs starts with outcomes. Both chains use one key, so each side must also be what it says:
+/// a log that holds starts was replaced by its journal, and an outcome naming a start the
+/// journal lacks means the journal was cut or emptied (a start is written before its call runs).
+fn unmatched(
+    journal: &str,
+    started: Vec<Value>,
+    outcomes: impl Iterator<Item = Value>,
+) -> Result<Vec<UnfinishedCall>, AuditError> {
+    let wrong = |problem: &str| AuditError::Head {
+        path: journal.to_string(),
+        problem: problem.to_string(),
+    };
+    if started
+        .iter()
+        .any(|v| v.get("event").and_then(Value::as_str) != Some("started"))
+    {
+        return Err(wrong(
+            "it holds lines that are not starts: it was replaced by a log",
+        ));
+    }
+    let starts: HashSet<&str> = started.iter().filter_map(journal_id).collect();
+    let mut ended: HashSet<String> = HashSet::new();
+    for v in outcomes {
+        if v.get("event").and_then(Value::as_str) == Some("started") {
+            return Err(wrong(
+                "its log holds starts, not outcomes: the log was replaced by this journal",
+            ));
+        }
+        if let Some(id) = journal_id(&v) {
+            if !starts.contains(id) {
+                return Err(wrong(
+                    "the log names a start it lacks: starts were cut from it or it was emptied",
+                ));
+            }
+            ended.insert(id.to_string());
+        }
+    }
+    Ok(started
         .into_iter()
         .filter(|v| !journal_id(v).is_some_and(|id| ended.contains(id)))
         .map(|record| UnfinishedCall { record })
-        .collect()
+        .collect())
 }
 
-/// The records of a log or journal file. Its bytes are never decoded lossily: a line that is
-/// not UTF-8 was changed outside codemode, and is an error naming it.
 fn records(path: &Path) -> Result<Vec<Value>, AuditError> {
     let bytes = std::fs::read(path).map_err(|e| AuditError::Open {
         path: path.display().to_string(),
@@ -135,10 +166,11 @@ pub fn unfinished_calls(
         });
     }
     let started = records(&journal)?;
-    if started.is_empty() {
-        return Ok(Vec::new());
-    }
-    Ok(unmatched(started, records(log)?.into_iter()))
+    unmatched(
+        &journal.display().to_string(),
+        started,
+        records(log)?.into_iter(),
+    )
 }
 
 /// [`unfinished_calls`] for a stream in a state store.
@@ -170,7 +202,11 @@ pub async fn unfinished_stream_calls(
     verify_stream(store, &journal, key).await?;
     let started = read_stream(store, &journal).await.map_err(read_err)?;
     let outcomes = read_stream(store, stream).await.map_err(read_err)?;
-    Ok(unmatched(started, outcomes.into_iter()))
+    unmatched(
+        &format!("audit stream `{journal}` in {}", store.describe()),
+        started,
+        outcomes.into_iter(),
+    )
 }
 
 async fn read_stream(
