@@ -11,7 +11,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 const ALICE: &str = "alice-token-0123456789";
 const BOB: &str = "bob-token-9876543210";
