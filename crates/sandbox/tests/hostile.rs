@@ -235,6 +235,23 @@ async fn stack_trace_hooks_do_not_reach_the_prelude() {
     assert_eq!(r.value, Some(json!([[], "pending"])), "{:?}", r.error);
 }
 
+async fn stack_trace_limit_runs_no_script_code_when_errors_are_made() {
+    // `Error.stackTraceLimit` is an accessor in QuickJS too: an object with `valueOf` set there
+    // would run script code each time an error is made, native bridge errors included.
+    let r = contained(
+        r#"
+        let ran = 0;
+        try { Error.stackTraceLimit = { valueOf() { ran++; return 3; } }; } catch {}
+        const before = ran;
+        try { null.x } catch {}
+        new Error("made");
+        try { await tools.fail() } catch {}
+        return [ran - before, typeof Error.stackTraceLimit]"#,
+    )
+    .await;
+    assert_eq!(r.value, Some(json!([0, "number"])), "{:?}", r.error);
+}
+
 both_modes!(
     spinning_and_memory_bombs,
     many_pending_promises,
@@ -243,7 +260,8 @@ both_modes!(
     odd_values,
     huge_output_is_cut_off,
     invalid_images_and_syntax_errors,
-    stack_trace_hooks_do_not_reach_the_prelude
+    stack_trace_hooks_do_not_reach_the_prelude,
+    stack_trace_limit_runs_no_script_code_when_errors_are_made
 );
 
 both_modes!(multi: hundreds_of_concurrent_scripts_keep_their_limits);
