@@ -237,6 +237,9 @@
   // does not stop; once set, its CallSite objects' getFunction() hands the script the function
   // of every frame, the prelude's own among them. A plain data property cuts the setter off.
   defineProperty(ErrorCtor, "prepareStackTrace", { value: undefined, writable: false, enumerable: false, configurable: false });
+  // `Error.stackTraceLimit` is such an accessor too: an object with `valueOf` set there runs
+  // script code whenever an error is made, inside native bridge code as well.
+  defineProperty(ErrorCtor, "stackTraceLimit", { value: ErrorCtor.stackTraceLimit, writable: false, enumerable: false, configurable: false });
 
   // ---- lockdown: freeze every reachable built-in ----
   // Data properties that scripts commonly assign on their own objects ("override mistake") become
