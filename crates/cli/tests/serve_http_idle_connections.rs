@@ -26,12 +26,7 @@ fn serve(dir: &std::path::Path) -> (Server, String) {
             .args(["--token", "a-token-0123456789"])
             .env_remove("CODEMODE_SERVE_TOKEN"),
     );
-    let addr = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let addr = common::socket_address(&url);
     (Server(child), addr)
 }
 

@@ -395,12 +395,7 @@ const hold = async (token) => {{
 /// its name was pointed at 127.0.0.1 (DNS rebinding); returns the status code.
 fn get_with_host(url: &str, path: &str, host: &str) -> u16 {
     use std::io::{Read, Write};
-    let addr = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let addr = common::socket_address(url);
     let mut stream = std::net::TcpStream::connect(&addr).unwrap();
     write!(
         stream,
@@ -465,13 +460,7 @@ fn a_loopback_servers_pages_answer_only_requests_addressed_to_loopback() {
 fn a_client_that_never_finishes_its_headers_is_cut_off() {
     use std::io::{Read, Write};
     let server = Server::start(&[]);
-    let addr = server
-        .url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string();
+    let addr = common::socket_address(&server.url);
     let mut slow = std::net::TcpStream::connect(&addr).unwrap();
     slow.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         .unwrap();

@@ -49,12 +49,7 @@ fn readyz_never_shows_a_password_given_in_the_state_urls_query() {
             .env_remove("CODEMODE_SERVE_TOKEN"),
     );
     let _server = Server(child);
-    let addr = url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_string();
+    let addr = common::socket_address(&url);
     // No token: what anyone who reaches the port sees.
     let mut conn = std::net::TcpStream::connect(&addr).unwrap();
     write!(

@@ -34,6 +34,16 @@ impl Host for Hold {
     }
 }
 
+/// One warm worker process: what the host holds is measured in this (the host's) process.
+fn process_sandbox() -> Sandbox {
+    Sandbox::new(SandboxConfig {
+        isolation: Isolation::Process,
+        warm: 1,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// The peak resident memory of this process so far, in MiB.
 fn peak_mib() -> i64 {
     // SAFETY: getrusage writes the struct it is given.
@@ -44,12 +54,7 @@ fn peak_mib() -> i64 {
 
 #[tokio::test]
 async fn arguments_and_results_cannot_take_the_hosts_memory() {
-    let sb = Sandbox::new(SandboxConfig {
-        isolation: Isolation::Process,
-        warm: 1,
-        ..Default::default()
-    })
-    .unwrap();
+    let sb = process_sandbox();
     let host = Arc::new(Refuse);
     let run =
         |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("sink", "Takes anything")]));
@@ -74,12 +79,7 @@ async fn arguments_and_results_cannot_take_the_hosts_memory() {
 
 #[tokio::test]
 async fn store_writes_cannot_take_the_hosts_memory() {
-    let sb = Sandbox::new(SandboxConfig {
-        isolation: Isolation::Process,
-        warm: 1,
-        ..Default::default()
-    })
-    .unwrap();
+    let sb = process_sandbox();
     let host = Arc::new(Refuse);
     let run = |src: &str| sb.run(Script::new(src, host.clone()));
     let r = run("return 1").await;
@@ -98,12 +98,7 @@ async fn store_writes_cannot_take_the_hosts_memory() {
 
 #[tokio::test]
 async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
-    let sb = Sandbox::new(SandboxConfig {
-        isolation: Isolation::Process,
-        warm: 1,
-        ..Default::default()
-    })
-    .unwrap();
+    let sb = process_sandbox();
     let host = Arc::new(Hold);
     let run = |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("hold", "Waits")]));
     let r = run("return 1").await;

@@ -132,6 +132,15 @@ pub fn start_serving(cmd: &mut Command) -> (std::process::Child, String) {
     (child, url)
 }
 
+/// The `host:port` of a served URL such as `http://127.0.0.1:4000/mcp`, for raw sockets.
+pub fn socket_address(url: &str) -> String {
+    url.trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// A fresh database on the test server, and its URL; `tag` keeps the tests of one run apart.
 pub fn fresh_database(rt: &tokio::runtime::Runtime, url: &str, tag: &str) -> String {
     let name = format!("cm_cli_{tag}_{}", std::process::id());
