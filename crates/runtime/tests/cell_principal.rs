@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use codemode_gate::{AuditKey, AuditLog, Gate, PolicySet, Registry};
-use codemode_runtime::{Cells, CellsConfig, Codemode};
+use codemode_gate::{AuditKey, AuditLog, Gate, PolicySet, Principal, Registry};
+use codemode_runtime::{Cells, CellsConfig, Codemode, ScriptRequest};
 use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
 use codemode_state::{CellStatus, NewCell};
 use futures::FutureExt;
@@ -116,4 +116,44 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
             .contains("principal its session acted for was not recorded"),
         "{end}"
     );
+}
+
+/// The session row a cell makes when its session has none names the principal the session acts
+/// for, never the name its MCP client gave itself: replicas check who may continue a session
+/// by that row, and a client may call itself anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cells_session_row_names_its_principal_not_its_clients_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = codemode_state::open(
+        &format!("sqlite://{}", dir.path().join("state.db").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let cells = Cells::new(CellsConfig::new(store.clone()));
+    let gate = Gate::builder()
+        .registry(Registry::new())
+        .policy(PolicySet::parse("p.cedar", "").unwrap())
+        .build()
+        .unwrap();
+    gate.set_principal(
+        "alices-session",
+        Principal {
+            id: "alice".into(),
+            team: None,
+        },
+    );
+    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
+    for (session, client) in [("alices-session", "bob"), ("nobodys-session", "alice")] {
+        let mut req = ScriptRequest::new("return 1", session);
+        req.client = Some(client.into());
+        let report = codemode.start_cell(req).await.unwrap();
+        assert!(!report.is_error, "{}", report.text);
+    }
+    let row = |id: &'static str| {
+        let store = store.clone();
+        async move { store.get_session(id).await.unwrap().map(|r| r.principal) }
+    };
+    assert_eq!(row("alices-session").await, Some(Some("alice".into())));
+    assert_eq!(row("nobodys-session").await, Some(None));
 }
