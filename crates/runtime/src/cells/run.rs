@@ -105,9 +105,12 @@ impl Codemode {
             }),
         };
         let store = cells.store().clone();
+        // The row's principal is who may continue the session on other replicas: the one the
+        // session acts for, never the name its client gave itself.
+        let principal = self.gate().principal_of(&req.session_id).map(|p| p.id);
         let created = async {
             store
-                .touch_session(&req.session_id, req.client.as_deref())
+                .touch_session(&req.session_id, principal.as_deref())
                 .await?;
             store
                 .create_cell(NewCell {
