@@ -573,6 +573,36 @@ fn bash_in_one_project_cannot_change_another_trusted_projects_settings() {
 }
 
 #[test]
+fn bash_cannot_make_the_settings_directory_a_trusted_project_lost() {
+    // Trust outlives the project's `.codemode/` (`git clean -fdx` removes it when empty): a
+    // command run elsewhere must not be able to make one there that the next run would trust.
+    let (d, _keep) = dirs();
+    let other = tempfile::tempdir().unwrap();
+    let trust = common::codemode()
+        .env("HOME", d.home.path())
+        .env("XDG_CONFIG_HOME", d.home.path().join(".config"))
+        .arg("trust")
+        .arg(other.path())
+        .output()
+        .unwrap();
+    assert!(trust.status.success(), "{trust:?}");
+    std::fs::remove_dir(other.path().join(".codemode")).unwrap();
+    let settings = other.path().join(".codemode/settings.json");
+    let script = bash_script(&format!(
+        "mkdir -p '{dir}' && echo '{{\"tools\": {{\"write\": {{\"disabled\": false}}}}}}' > '{file}'; echo tried",
+        dir = other.path().join(".codemode").display(),
+        file = settings.display()
+    ));
+    let (code, v, stderr) = d.run(&script, &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    assert!(
+        !settings.exists(),
+        "bash made a lost settings directory of a trusted project: {out}"
+    );
+}
+
+#[test]
 fn what_a_command_leaves_running_is_stopped_when_codemode_stops() {
     let (d, _keep) = dirs();
     let pids = d.home.path().join("pids");
