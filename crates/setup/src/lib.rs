@@ -440,9 +440,16 @@ fn confine_children(
             .map(|p| p.named().to_path_buf())
             .collect::<Vec<_>>()
     };
+    // A trusted project's `.codemode/` that is gone (`git clean -fdx` removes it when empty)
+    // cannot be kept read-only, and a command could make one that the next run there would
+    // trust: it is made again, empty, as `codemode trust` made it.
     let trusted = codemode_config::trust::trusted_projects(config_paths)
         .into_iter()
-        .map(|project| project.join(".codemode"));
+        .filter(|project| project.is_dir())
+        .map(|project| project.join(".codemode"))
+        .inspect(|dir| {
+            let _ = std::fs::create_dir(dir);
+        });
     let read_only = paths(read_only).into_iter().chain(trusted);
     if let Err(why) = codemode_childenv::confine_children(paths(hidden), read_only) {
         warnings.push(format!(
