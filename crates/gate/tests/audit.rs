@@ -295,6 +295,30 @@ async fn an_intact_log_reports_what_it_proves() {
     assert!(verify(&path, Some(&other)).is_err());
 }
 
+#[tokio::test]
+async fn an_older_head_put_back_is_not_read_as_proof_that_nothing_was_cut() {
+    // Two lines and their head, kept; two more lines; then the last line cut and the kept head
+    // put back: a holder of no key can do this, and it reads as a head left behind.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 2).await;
+    let old_head = std::fs::read(codemode_gate::head_path(&path)).unwrap();
+    write_log(&path, 2).await;
+    let l = lines(&path);
+    assert_eq!(l.len(), 4);
+    write_lines(&path, &l[..3]);
+    std::fs::write(codemode_gate::head_path(&path), &old_head).unwrap();
+    let report = verify(&path, Some(&test_key())).unwrap();
+    assert_eq!(
+        report.head,
+        codemode_gate::HeadCheck::Behind { extra: 1 },
+        "{report:?}"
+    );
+    let proves = report.proves().join(" ");
+    assert!(!proves.contains("no line was cut from the end"), "{proves}");
+    assert!(proves.contains("older head"), "{proves}");
+}
+
 const WRITER_ENV: &str = "CODEMODE_TEST_AUDIT_WRITER";
 const LINES_PER_WRITER: usize = 150;
 
