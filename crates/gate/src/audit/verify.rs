@@ -47,7 +47,7 @@ impl VerifyReport {
                 out.push("no line was cut from the end: the keyed head names the last line".into())
             }
             (HeadCheck::Behind { extra }, true) => out.push(format!(
-                "no line was cut from the end; the last {extra} line(s) came after the head was last written (a process stopped between the two)"
+                "no line the head names was cut; the last {extra} line(s) came after the head was last written (a process stopped between the two), unless an older head was put back, which would also hide lines cut after it"
             )),
             _ => {}
         }
