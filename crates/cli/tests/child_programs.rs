@@ -544,9 +544,8 @@ fn your_setting_can_start_programs_unconfined_and_every_start_says_so() {
     );
 }
 
-#[test]
-fn bash_in_one_project_cannot_change_another_trusted_projects_settings() {
-    let (d, _keep) = dirs();
+/// Another project, trusted by the user of `d` with `codemode trust`.
+fn trusted_project(d: &Dirs) -> tempfile::TempDir {
     let other = tempfile::tempdir().unwrap();
     let trust = common::codemode()
         .env("HOME", d.home.path())
@@ -556,6 +555,13 @@ fn bash_in_one_project_cannot_change_another_trusted_projects_settings() {
         .output()
         .unwrap();
     assert!(trust.status.success(), "{trust:?}");
+    other
+}
+
+#[test]
+fn bash_in_one_project_cannot_change_another_trusted_projects_settings() {
+    let (d, _keep) = dirs();
+    let other = trusted_project(&d);
     let settings = other.path().join(".codemode/settings.json");
     assert!(other.path().join(".codemode").is_dir(), "trust makes it");
     let script = bash_script(&format!(
@@ -577,15 +583,7 @@ fn bash_cannot_make_the_settings_directory_a_trusted_project_lost() {
     // Trust outlives the project's `.codemode/` (`git clean -fdx` removes it when empty): a
     // command run elsewhere must not be able to make one there that the next run would trust.
     let (d, _keep) = dirs();
-    let other = tempfile::tempdir().unwrap();
-    let trust = common::codemode()
-        .env("HOME", d.home.path())
-        .env("XDG_CONFIG_HOME", d.home.path().join(".config"))
-        .arg("trust")
-        .arg(other.path())
-        .output()
-        .unwrap();
-    assert!(trust.status.success(), "{trust:?}");
+    let other = trusted_project(&d);
     std::fs::remove_dir(other.path().join(".codemode")).unwrap();
     let settings = other.path().join(".codemode/settings.json");
     let script = bash_script(&format!(

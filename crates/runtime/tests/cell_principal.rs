@@ -34,15 +34,20 @@ impl Tool for Counted {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = codemode_state::open(
-        &format!("sqlite://{}", dir.path().join("state.db").display()),
+/// A SQLite state store in `dir`.
+async fn sqlite_store(dir: &std::path::Path) -> Arc<dyn codemode_state::StateStore> {
+    codemode_state::open(
+        &format!("sqlite://{}", dir.join("state.db").display()),
         Default::default(),
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_store(dir.path()).await;
     // Options as a codemode that did not record `acts_for` wrote them; the holder is gone
     // (its lease already ran out).
     store
@@ -124,12 +129,7 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cells_session_row_names_its_principal_not_its_clients_name() {
     let dir = tempfile::tempdir().unwrap();
-    let store = codemode_state::open(
-        &format!("sqlite://{}", dir.path().join("state.db").display()),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let store = sqlite_store(dir.path()).await;
     let cells = Cells::new(CellsConfig::new(store.clone()));
     let gate = Gate::builder()
         .registry(Registry::new())
