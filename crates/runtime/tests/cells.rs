@@ -304,17 +304,22 @@ async fn cells_of_a_session_its_client_ended_are_terminated_even_when_they_start
     assert_eq!(other.status, CellStatus::Running);
 }
 
+/// Budgets that let a script make three calls.
+fn three_calls_per_script() -> Budgets {
+    Budgets {
+        script: BudgetLimits {
+            max_calls: Some(3),
+            ..BudgetLimits::default()
+        },
+        ..Budgets::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_script_budget_holds_across_yields() {
     let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
-        budgets: Budgets {
-            script: BudgetLimits {
-                max_calls: Some(3),
-                ..BudgetLimits::default()
-            },
-            ..Budgets::default()
-        },
+        budgets: three_calls_per_script(),
         ..Setup::default()
     };
     let w = world(dir.path(), setup).await;
@@ -636,13 +641,7 @@ async fn the_script_budget_holds_across_a_takeover() {
     let lease = Duration::from_millis(600);
     let setup = || Setup {
         lease,
-        budgets: Budgets {
-            script: BudgetLimits {
-                max_calls: Some(3),
-                ..BudgetLimits::default()
-            },
-            ..Budgets::default()
-        },
+        budgets: three_calls_per_script(),
         ..Setup::default()
     };
     let first = world(dir.path(), setup()).await;

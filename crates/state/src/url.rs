@@ -50,7 +50,8 @@ fn redact_query(query: &str) -> String {
         .split('&')
         .map(|pair| {
             let (key, _) = pair.split_once('=').unwrap_or((pair, ""));
-            if percent_decoded(key)
+            if percent_encoding::percent_decode_str(key)
+                .decode_utf8_lossy()
                 .to_ascii_lowercase()
                 .contains("password")
             {
@@ -61,29 +62,6 @@ fn redact_query(query: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("&")
-}
-
-fn percent_decoded(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn redact_userinfo(url: &str) -> String {

@@ -77,8 +77,8 @@ fn call_id(record: &Value) -> Option<&str> {
 
 /// Started calls in `started` without a line in `outcomes`, in journal order. They pair by the
 /// journal line's id, which is unique: call ids start again in every process, so a call id
-/// alone would let an earlier run's outcome close a later run's killed call.
-/// Pairs starts with outcomes. Both chains use one key, so each side must also be what it says:
+/// alone would let an earlier run's outcome close a later run's killed call. Both chains use
+/// one key, so each side must also be what it says:
 /// a log that holds starts was replaced by its journal, and an outcome naming a start the
 /// journal lacks means the journal was cut or emptied (a start is written before its call runs).
 fn unmatched(
@@ -122,6 +122,8 @@ fn unmatched(
         .collect())
 }
 
+/// The records of a log or journal file. Its bytes are never decoded lossily: a line that is
+/// not UTF-8 was changed outside codemode, and is an error naming it.
 fn records(path: &Path) -> Result<Vec<Value>, AuditError> {
     let bytes = std::fs::read(path).map_err(|e| AuditError::Open {
         path: path.display().to_string(),
