@@ -38,9 +38,10 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-/// Waits (up to 10 s) until something listens on `port`.
+/// Waits (up to 60 s: a loaded 2-core machine starts node slowly) until something listens on
+/// `port`, and fails the test if nothing does.
 async fn wait_listening(port: u16) {
-    for _ in 0..100 {
+    for _ in 0..600 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .is_ok()
@@ -49,6 +50,7 @@ async fn wait_listening(port: u16) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    panic!("nothing listens on port {port} after 60 s");
 }
 
 /// A hub whose calls time out far beyond any test's own limit: a call that waits for its
@@ -605,17 +607,27 @@ async fn streamable_http_server_with_headers() {
 /// once (not at its timeout), and the next call on the same server works.
 #[tokio::test]
 async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
-    let port = free_port();
+    // The server picks its own port and names it: no other process can take it between a
+    // test's choice and the server's bind.
     let mut child = tokio::process::Command::new("node")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/hostile-http-server.cjs"
         ))
-        .arg(port.to_string())
+        .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    wait_listening(port).await;
+    let mut first = String::new();
+    let stdout = child.stdout.take().unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::io::AsyncBufReadExt::read_line(&mut tokio::io::BufReader::new(stdout), &mut first),
+    )
+    .await
+    .expect("the hostile server names its port within 60 s")
+    .unwrap();
+    let port: u16 = first.trim().parse().expect("a port number");
     let hub = patient_hub(json!({"web": {"url": format!("http://127.0.0.1:{port}/mcp")}})).await;
     assert!(
         matches!(hub.status()[0].state, ServerState::Connected { .. }),
