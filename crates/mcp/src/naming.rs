@@ -23,6 +23,17 @@ pub fn sanitize(s: &str) -> String {
         .collect()
 }
 
+/// The server's own tool whose name sanitizes to `local`, the name codemode gives a tool it adds
+/// for the server (`read-resource` for `read_resource`). Such a tool may hold the registered name
+/// `mcp__<server>__<local>`, so codemode adds no tool of that name: a request meant for it would
+/// run the server's tool instead.
+pub(crate) fn own_tool_claiming<'a>(
+    tools: impl IntoIterator<Item = &'a str>,
+    local: &str,
+) -> Option<&'a str> {
+    tools.into_iter().find(|t| sanitize(t) == local)
+}
+
 /// The namespace of a server's tools: `mcp__<server>` (sanitized).
 pub fn mcp_namespace(server: &str) -> String {
     format!("mcp__{}", sanitize(server))

@@ -71,12 +71,15 @@ async fn a_proxied_resource_read_never_runs_a_tool_that_took_the_readers_name() 
             server("s", json!({"tools": [tool], "resources": ["s://secret"]})),
         )])
         .await;
-        if let Ok(name) = hub.resource_read_tool("s://secret") {
-            let text = run(&find(&hub, &name), json!({"uri": "s://secret"})).await;
-            assert!(
-                text.contains("s read s://secret"),
-                "a resource read ran the server's tool {tool:?} as {name}: {text}"
-            );
+        match hub.resource_read_tool("s://secret") {
+            Ok(name) => {
+                let text = run(&find(&hub, &name), json!({"uri": "s://secret"})).await;
+                assert!(
+                    text.contains("s read s://secret"),
+                    "a resource read ran the server's tool {tool:?} as {name}: {text}"
+                );
+            }
+            Err(e) => assert!(e.to_string().contains(tool), "{e}"),
         }
         hub.shutdown().await;
     }
@@ -90,12 +93,15 @@ async fn a_proxied_prompt_never_runs_a_tool_that_took_the_prompt_tools_name() {
         server("s", json!({"tools": ["get-prompt"], "prompts": ["p"]})),
     )])
     .await;
-    if let Ok((name, local)) = hub.prompt_get_tool("mcp__s__p") {
-        let text = run(&find(&hub, &name), json!({"name": local, "arguments": {}})).await;
-        assert!(
-            text.contains("s prompt p"),
-            "a prompt request ran the server's tool get-prompt as {name}: {text}"
-        );
+    match hub.prompt_get_tool("mcp__s__p") {
+        Ok((name, local)) => {
+            let text = run(&find(&hub, &name), json!({"name": local, "arguments": {}})).await;
+            assert!(
+                text.contains("s prompt p"),
+                "a prompt request ran the server's tool get-prompt as {name}: {text}"
+            );
+        }
+        Err(e) => assert!(e.to_string().contains("get-prompt"), "{e}"),
     }
     hub.shutdown().await;
 }

@@ -157,6 +157,7 @@ impl McpHub {
             let catalog = upstream.catalog();
             let raw: Vec<String> = catalog.tools.iter().map(|t| t.name.to_string()).collect();
             let names = name_server_tools(upstream.name(), &raw, &taken);
+            let own = || raw.iter().map(String::as_str);
             for (def, name) in catalog.tools.iter().zip(names) {
                 taken.insert(name.clone());
                 let exposure = upstream.config.exposure_for(&def.name);
@@ -168,7 +169,7 @@ impl McpHub {
                 )));
             }
             if catalog.resources.is_some() {
-                for (kind, local, name) in resource_tool_names(upstream.name(), &taken) {
+                for (kind, local, name) in resource_tool_names(upstream.name(), own(), &taken) {
                     let exposure = upstream.config.exposure_for(local);
                     taken.insert(name.clone());
                     out.push(Arc::new(ResourceTool::new(
@@ -180,7 +181,7 @@ impl McpHub {
                 }
             }
             if catalog.prompts.as_ref().is_some_and(|p| !p.is_empty())
-                && let Some(name) = prompt_tool_name(upstream.name(), &taken)
+                && let Some(name) = prompt_tool_name(upstream.name(), own(), &taken)
             {
                 let exposure = prompt_exposure(upstream.config.exposure_for(PROMPT_TOOL));
                 taken.insert(name.clone());

@@ -16,13 +16,21 @@ use serde_json::{Map, Value, json};
 
 use super::resources::read_only;
 use super::upstream::Upstream;
-use crate::naming::mcp_namespace;
+use crate::naming::{mcp_namespace, own_tool_claiming};
 
 /// The server-side name the tool answers to in exposure rules.
 pub(crate) const PROMPT_TOOL: &str = "get_prompt";
 
-/// The registered name of a server's prompt tool, unless one of its own tools took it.
-pub(crate) fn prompt_tool_name(server: &str, taken: &HashSet<String>) -> Option<String> {
+/// The registered name of a server's prompt tool, unless one of its own tools took it or
+/// sanitizes to it (`get-prompt`).
+pub(crate) fn prompt_tool_name<'a>(
+    server: &str,
+    own_tools: impl IntoIterator<Item = &'a str>,
+    taken: &HashSet<String>,
+) -> Option<String> {
+    if own_tool_claiming(own_tools, PROMPT_TOOL).is_some() {
+        return None;
+    }
     let name = format!("{}__{PROMPT_TOOL}", mcp_namespace(server));
     (!taken.contains(&name)).then_some(name)
 }

@@ -9,7 +9,7 @@ use rmcp::model::{Prompt, ReadResourceResult, Resource, ResourceTemplate};
 use tokio_util::sync::CancellationToken;
 
 use super::hub::McpHub;
-use crate::naming::mcp_namespace;
+use crate::naming::{mcp_namespace, own_tool_claiming};
 
 /// Why a proxied resource or prompt request failed; the message is for the person.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,15 +91,14 @@ impl McpHub {
     /// (`mcp__<server>__read_resource`), so a client's own resource reads pass the gate too.
     pub fn resource_read_tool(&self, uri: &str) -> Result<String, ProxyError> {
         let upstream = &self.upstreams()[self.resource_upstream(uri)?];
-        if upstream
-            .catalog()
-            .tools
-            .iter()
-            .any(|t| t.name == "read_resource")
+        let catalog = upstream.catalog();
+        if let Some(tool) =
+            own_tool_claiming(catalog.tools.iter().map(|t| &*t.name), "read_resource")
         {
             return Err(ProxyError::Failed(format!(
-                "MCP server {} has a tool of its own named read_resource, so its resources have no \
-                 gated reader here; rename that tool on the server to read its resources through codemode",
+                "MCP server {} has a tool of its own named {tool:?}, which takes the name of \
+                 codemode's read_resource, so its resources have no gated reader here; rename \
+                 that tool on the server to read its resources through codemode",
                 upstream.name()
             )));
         }
@@ -179,14 +178,14 @@ impl McpHub {
             {
                 continue;
             }
-            if catalog
-                .tools
-                .iter()
-                .any(|t| t.name == super::prompts::PROMPT_TOOL)
-            {
+            if let Some(tool) = own_tool_claiming(
+                catalog.tools.iter().map(|t| &*t.name),
+                super::prompts::PROMPT_TOOL,
+            ) {
                 return Err(ProxyError::Failed(format!(
-                    "MCP server {} has a tool of its own named get_prompt, so its prompts have no \
-                     gated reader here; rename that tool on the server to get its prompts through codemode",
+                    "MCP server {} has a tool of its own named {tool:?}, which takes the name of \
+                     codemode's get_prompt, so its prompts have no gated reader here; rename that \
+                     tool on the server to get its prompts through codemode",
                     u.name()
                 )));
             }

@@ -16,7 +16,7 @@ use codemode_spec::{
 use serde_json::{Value, json};
 
 use super::upstream::Upstream;
-use crate::naming::mcp_namespace;
+use crate::naming::{mcp_namespace, own_tool_claiming};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ResourceKind {
@@ -25,9 +25,11 @@ pub(crate) enum ResourceKind {
 }
 
 /// The resource tools of a server whose names are free: (kind, name on the server's side for
-/// exposure rules, registered name). A server's own tool of the same name wins.
-pub(crate) fn resource_tool_names(
+/// exposure rules, registered name). A server's own tool of the same name, or one that sanitizes
+/// to it (`read-resource`), wins.
+pub(crate) fn resource_tool_names<'a>(
     server: &str,
+    own_tools: impl IntoIterator<Item = &'a str> + Clone,
     taken: &HashSet<String>,
 ) -> Vec<(ResourceKind, &'static str, String)> {
     [
@@ -35,6 +37,7 @@ pub(crate) fn resource_tool_names(
         (ResourceKind::Read, "read_resource"),
     ]
     .into_iter()
+    .filter(|(_, local)| own_tool_claiming(own_tools.clone(), local).is_none())
     .map(|(kind, local)| (kind, local, format!("{}__{local}", mcp_namespace(server))))
     .filter(|(_, _, name)| !taken.contains(name))
     .collect()
