@@ -312,6 +312,7 @@ fn listing(
             closed = true;
         }
         out.push_str(&group.heading(!shown));
+        shortened |= group.description_shortened;
         if !shown {
             continue;
         }
@@ -500,6 +501,8 @@ struct Group<'t> {
     /// What every tool's name starts with (`mcp__memory__`), printed once as `Ns<prefix, …>`.
     prefix: Option<String>,
     description: Vec<String>,
+    /// The description was cut to [`NAMESPACE_DESCRIPTION_CHARS`].
+    description_shortened: bool,
     /// In name order.
     entries: Vec<Entry<'t>>,
     /// All entries, printed without shared types: counted only when the budget needs it.
@@ -570,6 +573,19 @@ fn shared_prefix(namespace: &str, entries: &[Entry<'_>]) -> Option<String> {
     all.then_some(prefix)
 }
 
+/// Most characters of a namespace's description in its heading (up to twice as many when its
+/// first sentence is that long). An MCP server writes it, and the heading is printed whether or
+/// not the budget lists the namespace's tools; `describeNamespace` has it whole.
+const NAMESPACE_DESCRIPTION_CHARS: usize = 400;
+
+/// A namespace's description as heading comment lines, and whether it was shortened.
+fn heading_description(text: &str) -> (Vec<String>, bool) {
+    match shorten(text, NAMESPACE_DESCRIPTION_CHARS) {
+        Some(short) => (comment_lines(&short), true),
+        None => (comment_lines(text), false),
+    }
+}
+
 fn one_line_name(name: &str) -> String {
     comment_lines(name).join(" ")
 }
@@ -600,7 +616,7 @@ fn group_by_namespace<'t>(
         .into_iter()
         .map(|(name, entries)| {
             // With duplicate specs for one name, the smallest wins, whatever their order.
-            let description = name
+            let (description, description_shortened) = name
                 .as_ref()
                 .and_then(|n| {
                     namespaces.iter().filter(|ns| &ns.name == n).min_by(|a, b| {
@@ -608,7 +624,7 @@ fn group_by_namespace<'t>(
                     })
                 })
                 .and_then(|ns| ns.description.as_deref())
-                .map(comment_lines)
+                .map(heading_description)
                 .unwrap_or_default();
             let prefix = name.as_deref().and_then(|n| shared_prefix(n, &entries));
             let wrapper = match (&name, &prefix) {
@@ -625,6 +641,7 @@ fn group_by_namespace<'t>(
                 name,
                 prefix,
                 description,
+                description_shortened,
                 entries,
                 text,
                 cost: OnceCell::new(),
