@@ -63,7 +63,7 @@ fn url_secrets(url: &str) -> Vec<String> {
     out
 }
 
-/// `text` with every secret replaced.
+/// `text` with every secret replaced, and its control characters made visible.
 pub(crate) fn redact(text: &str, secrets: &[String]) -> String {
     let mut out = text.to_string();
     for secret in secrets {
@@ -71,13 +71,44 @@ pub(crate) fn redact(text: &str, secrets: &[String]) -> String {
             out = out.replace(secret.as_str(), "[redacted]");
         }
     }
+    visible_controls(&out)
+}
+
+/// Every control character but line feed and tab written as `\u{1b}`. A server's words (an
+/// error message, its stderr) reach a person's terminal in warnings and the log, where an escape
+/// sequence could retitle the window, write the clipboard or clear the screen.
+fn visible_controls(text: &str) -> String {
+    if !text.chars().any(is_hidden_control) {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_hidden_control(c) {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
     out
+}
+
+fn is_hidden_control(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn control_characters_are_shown_not_sent() {
+        assert_eq!(
+            redact("a\u{1b}]0;t\u{7}b\r\u{9b}\n\tc", &[]),
+            "a\\u{1b}]0;t\\u{7}b\\u{d}\\u{9b}\n\tc"
+        );
+        assert_eq!(redact("plain\nlines", &[]), "plain\nlines");
+    }
 
     #[test]
     fn url_credentials_query_values_and_header_values_are_redacted() {
