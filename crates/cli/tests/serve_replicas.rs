@@ -375,16 +375,13 @@ fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it(
             .contains("runs in another codemode process"),
         "{on_b}"
     );
-    // Only the process that runs a cell can stop it; B says so rather than pretending.
+    // Only the process that runs a cell can terminate it on its own; B says so rather than
+    // pretending, and names what stops it from anywhere.
     let stop = &cli["terminateOnB"];
     assert_eq!(stop["isError"], true, "{stop}");
-    assert!(
-        stop["text"]
-            .as_str()
-            .unwrap()
-            .contains("only that process can stop it"),
-        "{stop}"
-    );
+    let said = stop["text"].as_str().unwrap();
+    assert!(said.contains("works only through that process"), "{stop}");
+    assert!(said.contains("Ending the session"), "{stop}");
     assert!(
         cli["listedBefore"]["stdout"]
             .as_str()

@@ -304,6 +304,91 @@ async fn cells_of_a_session_its_client_ended_are_terminated_even_when_they_start
     assert_eq!(other.status, CellStatus::Running);
 }
 
+/// A session ended in one process (its client's `DELETE` or its expiry, answered there) ends
+/// its cells in every process on the store: a looping cell run by another process stops at its
+/// next call, a paused one is denied and never runs, and a cell whose holder is gone is closed
+/// with its script call named. Another session's cell runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_in_one_process_ends_its_cells_in_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let runner = world(dir.path(), Setup::default()).await;
+    let ender = world(dir.path(), Setup::default()).await;
+    let looping =
+        "// @options: {\"yield_after_ms\": 200}\nwhile (true) await tools.counted({ms: 20});";
+    let paused = "// @options: {\"yield_after_ms\": 200}\nawait tools.danger({});";
+    let cell = runner.codemode.start_cell(req(looping, "s")).await.unwrap();
+    assert_eq!(cell.status, CellStatus::Running, "{}", cell.text);
+    let waiting = runner.codemode.start_cell(req(paused, "s")).await.unwrap();
+    assert_eq!(waiting.status, CellStatus::WaitingForApproval);
+    let long = "// @options: {\"yield_after_ms\": 200}\nawait tools.counted({ms: 60000});";
+    let kept = runner.codemode.start_cell(req(long, "kept")).await.unwrap();
+    // A cell whose holder died without a word.
+    ender
+        .store
+        .create_cell(codemode_state::NewCell {
+            id: "cell_orphan".into(),
+            session_id: "s".into(),
+            source: paused.into(),
+            source_hash: "h".into(),
+            options: json!({"call_id": "codemode_9", "journal_id": "j-orphan"}),
+            owner: "a-dead-process".into(),
+            lease: Duration::from_millis(1),
+            max_live_per_session: None,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let ender_cells = ender.codemode.cells().unwrap();
+    let ended = ender_cells
+        .end_session_everywhere("s", "its client ended it")
+        .await;
+    assert_eq!(ended, 3);
+    // No call of the looping cell starts any more: it stops at its next one.
+    let (end, _) = finish(&runner, "s", &cell.cell).await;
+    assert_eq!(end.status, CellStatus::Terminated, "{}", end.text);
+    assert!(end.text.contains("its session ended"), "{}", end.text);
+    let runs = runner.runs.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(runner.runs.load(Ordering::SeqCst) <= runs + 1);
+    let (end, _) = finish(&runner, "s", &waiting.cell).await;
+    assert_eq!(end.status, CellStatus::Terminated, "{}", end.text);
+    assert_eq!(runner.danger_runs.load(Ordering::SeqCst), 0);
+    let approval = runner
+        .store
+        .get_approval(&waiting.pending[0].approval_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(approval.answered_channel.as_deref(), Some("session-ended"));
+    let other = runner
+        .codemode
+        .wait_cell("kept", &kept.cell, wait_for(0))
+        .await
+        .unwrap();
+    assert_eq!(other.status, CellStatus::Running, "{}", other.text);
+
+    let stopped: Vec<Value> = audit_lines(&runner.audit)
+        .into_iter()
+        .filter(|l| l["event"] == "cell_stopped")
+        .collect();
+    assert_eq!(stopped.len(), 3, "{stopped:?}");
+    let runner_name = &runner.codemode.cells().unwrap().config().replica;
+    for l in &stopped {
+        assert_eq!(l["session_id"], "s");
+        assert_eq!(l["reason"], "session_ended");
+        assert_eq!(l["stopped_by"], ender_cells.config().replica.as_str());
+        if l["cell_id"] == "cell_orphan" {
+            // Nobody else will end its script call: this line does, for `audit verify`.
+            assert_eq!(l["journal_id"], "j-orphan", "{l}");
+            assert_eq!(l["provenance"]["call_id"], "codemode_9", "{l}");
+        } else {
+            assert_eq!(l["holder"], runner_name.as_str(), "{l}");
+            assert!(l.get("journal_id").is_none(), "{l}");
+        }
+    }
+}
+
 /// Budgets that let a script make three calls.
 fn three_calls_per_script() -> Budgets {
     Budgets {

@@ -189,6 +189,22 @@ pub(crate) fn check_steps(cell: &str, last: u64, entries: &[ReplayEntry]) -> Res
     Ok(())
 }
 
+/// What [`crate::StateStore::end_session_cells`] writes to each cell it ends.
+pub(crate) fn session_end(result: &Value) -> CellUpdate {
+    CellUpdate {
+        status: CellStatus::Terminated,
+        approval_id: None,
+        result: Some(result.clone()),
+    }
+}
+
+/// Whether [`crate::StateStore::end_session_cells`] ends `cell`.
+pub(crate) fn ends_with_session(cell: &CellRecord, session: &str, except: &str) -> bool {
+    cell.session_id == session
+        && !cell.status.is_terminal()
+        && cell.owner.as_deref() != Some(except)
+}
+
 /// What a cell looks like after an update by its holder.
 pub(crate) fn apply_update(cell: &mut CellRecord, update: &CellUpdate, now_ms: i64) {
     cell.status = update.status;

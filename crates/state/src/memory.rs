@@ -342,6 +342,36 @@ impl StateStore for MemoryStore {
         ready(Ok(v))
     }
 
+    fn end_session_cells<'a>(
+        &'a self,
+        session: &'a str,
+        except: &'a str,
+        result: Value,
+    ) -> BoxFuture<'a, Result<Vec<CellRecord>>> {
+        if let Err(e) = check_id("session id", session) {
+            return ready(Err(e));
+        }
+        let now = self.clock.now_ms();
+        let end = cell::session_end(&result);
+        let mut inner = self.lock();
+        let mut ended: Vec<CellRecord> = Vec::new();
+        for c in inner.cells.values_mut() {
+            if cell::ends_with_session(c, session, except) {
+                ended.push(c.clone());
+                cell::apply_update(c, &end, now);
+            }
+        }
+        for c in &ended {
+            inner.replay.remove(&c.id);
+        }
+        drop(inner);
+        ended.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        for c in &ended {
+            self.notifier.notify(Topic::Cell(c.id.clone()));
+        }
+        ready(Ok(ended))
+    }
+
     fn delete_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
         let mut inner = self.lock();
         inner.replay.remove(id);

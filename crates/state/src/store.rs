@@ -92,6 +92,18 @@ pub trait StateStore: Send + Sync + 'static {
     /// Live cells nobody holds a live lease on: what a starting replica may pick up.
     fn claimable_cells(&self) -> BoxFuture<'_, Result<Vec<CellRecord>>>;
 
+    /// Ends, in one write, every live cell of `session` that `except` (the calling replica,
+    /// which stops its own) does not hold, because the session ended for good: each becomes
+    /// `terminated` with `result`, held by nobody, and its replay log is dropped. Its holder's
+    /// next write (a call's log line, a lease renewal) is refused, so none of its calls starts
+    /// after this returns, and nobody takes it over. Returns each cell as it was before.
+    fn end_session_cells<'a>(
+        &'a self,
+        session: &'a str,
+        except: &'a str,
+        result: Value,
+    ) -> BoxFuture<'a, Result<Vec<CellRecord>>>;
+
     /// Deletes a cell and its replay log. Returns whether it existed.
     fn delete_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
 

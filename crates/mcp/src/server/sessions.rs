@@ -175,8 +175,11 @@ impl Sessions {
 
     /// A client ended the session (`DELETE`): no replica continues it.
     pub(crate) async fn end_everywhere(&self, id: &str) {
+        // First its cells, on every replica: none of their calls starts after the answer.
         if let Some(cells) = self.codemode.cells() {
-            cells.terminate_session(id);
+            cells
+                .end_session_everywhere(id, "its client ended it with HTTP DELETE")
+                .await;
         }
         self.end(id).await;
         if let Some(store) = &self.shared
@@ -377,6 +380,15 @@ impl Sessions {
                 continue;
             }
             tracing::debug!(session = %id, "MCP session expired");
+            // Nobody can reach its cells any more, here or on another replica.
+            if let Some(cells) = self.codemode.cells() {
+                cells
+                    .end_session_everywhere(
+                        id,
+                        "no request came for longer than the session idle limit",
+                    )
+                    .await;
+            }
             self.end(id).await;
         }
         // Every session ended since the last sweep counts, whoever ended it.

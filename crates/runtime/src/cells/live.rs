@@ -35,6 +35,8 @@ struct State {
     /// Why the cell cannot go on (replay divergence, a lost lease, a log that cannot be
     /// written); it fails with this message.
     failure: Option<String>,
+    /// Why another process ended the cell (its session ended there); the store has the end.
+    ended_elsewhere: Option<String>,
     end: Option<End>,
 }
 
@@ -131,6 +133,22 @@ impl LiveCell {
         self.lock().failure.get_or_insert(message);
         self.abort.cancel();
         self.bump();
+    }
+
+    /// Stops the script because another process ended the cell in the store (its session
+    /// ended there): it ends `terminated` with `message`, which the store holds already.
+    pub fn end_elsewhere(&self, message: String) {
+        {
+            let mut s = self.lock();
+            s.terminated = true;
+            s.ended_elsewhere.get_or_insert(message);
+        }
+        self.abort.cancel();
+        self.bump();
+    }
+
+    pub fn ended_elsewhere(&self) -> Option<String> {
+        self.lock().ended_elsewhere.clone()
     }
 
     pub fn lost_lease(&self, message: String) {

@@ -23,6 +23,7 @@ mod live;
 pub(crate) mod record;
 mod report;
 mod run;
+mod session_end;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -105,7 +106,7 @@ pub enum CellError {
     )]
     Finished { id: String, status: String },
     #[error(
-        "cell `{id}` is run by another codemode process ({owner}); only that process can stop it (send `terminate` through it), or this one once that process has stopped"
+        "cell `{id}` is run by another codemode process ({owner}); `terminate` works only through that process, or through this one once that process has stopped. Ending the session (HTTP DELETE) stops all its cells, wherever they run"
     )]
     HeldElsewhere { id: String, owner: String },
     #[error("{0}")]
@@ -198,6 +199,11 @@ impl Cells {
     /// otherwise run on, unreachable, and a client could end and reopen sessions to run more
     /// cells than `max_per_session` allows.
     pub fn terminate_session(&self, session_id: &str) -> usize {
+        self.terminate_session_cells(session_id).len()
+    }
+
+    /// [`Cells::terminate_session`], returning the ids of the cells it terminated.
+    fn terminate_session_cells(&self, session_id: &str) -> Vec<String> {
         {
             // First remembered, then the live cells scanned: a cell registered meanwhile finds
             // the session ended (`Cells::register`), so none escapes both.
@@ -218,7 +224,7 @@ impl Cells {
         for cell in &live {
             cell.terminate();
         }
-        live.len()
+        live.iter().map(|c| c.id.clone()).collect()
     }
 
     /// The ids of the cells this process drives now.
@@ -283,6 +289,18 @@ async fn background(cells: Weak<CellsInner>) {
                     .claim_cell(&cell.id, &cells.config().replica, lease)
                     .await;
                 if let Err(e) = claim {
+                    let by_session_end = match e {
+                        StateError::CellFinished { .. } => {
+                            session_end::ended_elsewhere(cells.store().as_ref(), &cell.id).await
+                        }
+                        _ => None,
+                    };
+                    if let Some(why) = by_session_end {
+                        // Its session ended on another process, which recorded the end.
+                        tracing::info!(cell = %cell.id, "stopping the cell: {why}");
+                        cell.end_elsewhere(why);
+                        continue;
+                    }
                     match e {
                         StateError::CellHeld { .. }
                         | StateError::NotCellOwner { .. }

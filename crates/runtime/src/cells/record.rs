@@ -205,6 +205,15 @@ impl CellLink {
                 Ok(())
             }
             Err(e) => {
+                if let codemode_state::StateError::CellFinished { .. } = e
+                    && let Some(why) =
+                        super::session_end::ended_elsewhere(self.store.as_ref(), &self.cell.id)
+                            .await
+                {
+                    // Its session ended on another process: this call does not run.
+                    self.cell.end_elsewhere(why.clone());
+                    return Err(why);
+                }
                 let message = format!(
                     "The cell's replay log could not be written ({e}), so the cell could not be rebuilt after a restart; it was stopped."
                 );

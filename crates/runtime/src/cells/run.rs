@@ -493,7 +493,12 @@ async fn drive(
         cells.lock().remove(&cell_id);
         return;
     }
-    let status = if let Some(message) = live.failure() {
+    let ended_elsewhere = live.ended_elsewhere();
+    let status = if let Some(message) = &ended_elsewhere {
+        run.text = message.clone();
+        run.is_error = true;
+        CellStatus::Terminated
+    } else if let Some(message) = live.failure() {
         run.text = message;
         run.is_error = true;
         CellStatus::Failed
@@ -521,19 +526,22 @@ async fn drive(
         .write(&config.audit)
         .await;
     }
-    let written = store
-        .update_cell(
-            &cell_id,
-            &config.replica,
-            CellUpdate {
-                status,
-                approval_id: None,
-                result: Some(json!({ "text": run.text, "isError": run.is_error })),
-            },
-        )
-        .await;
-    if let Err(e) = written {
-        tracing::warn!(cell = %cell_id, "could not record how the cell ended: {e}");
+    // A cell ended elsewhere has its end in the store already, written by whoever ended it.
+    if ended_elsewhere.is_none() {
+        let written = store
+            .update_cell(
+                &cell_id,
+                &config.replica,
+                CellUpdate {
+                    status,
+                    approval_id: None,
+                    result: Some(json!({ "text": run.text, "isError": run.is_error })),
+                },
+            )
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(cell = %cell_id, "could not record how the cell ended: {e}");
+        }
     }
     // A call still waiting when the script ended will never run: its approval is void.
     if let Ok(left) = store

@@ -773,6 +773,30 @@ impl StateStore for PostgresStore {
         })
     }
 
+    fn end_session_cells<'a>(
+        &'a self,
+        session: &'a str,
+        except: &'a str,
+        result: Value,
+    ) -> BoxFuture<'a, Result<Vec<CellRecord>>> {
+        Box::pin(async move {
+            check_id("session id", session)?;
+            let now = self.clock.now_ms();
+            let channel = &self.channel;
+            let ended = in_tx!(self, tx => async {
+                let ended = ops::end_session_cells(&tx, session, except, &result, now).await?;
+                for c in &ended {
+                    ops::notify(&tx, channel, &Topic::Cell(c.id.clone())).await?;
+                }
+                Ok::<_, OpError>(ended)
+            });
+            for c in &ended {
+                self.notify_local(Topic::Cell(c.id.clone()));
+            }
+            Ok(ended)
+        })
+    }
+
     fn delete_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             let topic = Topic::Cell(id.to_string());

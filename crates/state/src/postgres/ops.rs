@@ -424,6 +424,39 @@ pub(crate) async fn claimable_cells(
     rows.iter().map(cell_row).collect()
 }
 
+pub(crate) async fn end_session_cells(
+    tx: &impl GenericClient,
+    session: &str,
+    except: &str,
+    result: &Value,
+    now: i64,
+) -> OpResult<Vec<CellRecord>> {
+    // Locked as their holders' writes lock them: a holder's log line commits before this
+    // (and its call runs) or is refused after it.
+    let rows = query(
+        tx,
+        &format!(
+            "SELECT {CELL_COLS} FROM cells
+              WHERE session_id = $1
+                AND status NOT IN ('finished', 'failed', 'terminated')
+                AND owner IS DISTINCT FROM $2
+              ORDER BY created_at_ms, id
+              FOR UPDATE"
+        ),
+        &[&session, &except],
+    )
+    .await?;
+    let live = rows.iter().map(cell_row).collect::<OpResult<Vec<_>>>()?;
+    let end = cell::session_end(result);
+    for c in &live {
+        let mut ended = c.clone();
+        cell::apply_update(&mut ended, &end, now);
+        write_cell(tx, &ended).await?;
+        execute(tx, "DELETE FROM cell_replay WHERE cell_id = $1", &[&c.id]).await?;
+    }
+    Ok(live)
+}
+
 pub(crate) async fn delete_cell(tx: &impl GenericClient, id: &str) -> OpResult<bool> {
     execute(tx, "DELETE FROM cell_replay WHERE cell_id = $1", &[&id]).await?;
     Ok(execute(tx, "DELETE FROM cells WHERE id = $1", &[&id]).await? > 0)

@@ -484,6 +484,26 @@ impl StateStore for SqliteStore {
         self.run(move |c| ops::claimable_cells(c, now))
     }
 
+    fn end_session_cells<'a>(
+        &'a self,
+        session: &'a str,
+        except: &'a str,
+        result: Value,
+    ) -> BoxFuture<'a, Result<Vec<CellRecord>>> {
+        if let Err(e) = check_id("session id", session) {
+            return fail(e);
+        }
+        let (session, except, now) = (session.to_string(), except.to_string(), self.clock.now_ms());
+        let fut = self.run(move |c| ops::end_session_cells(c, &session, &except, &result, now));
+        Box::pin(async move {
+            let ended = fut.await?;
+            for c in &ended {
+                self.notifier.notify(Topic::Cell(c.id.clone()));
+            }
+            Ok(ended)
+        })
+    }
+
     fn delete_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
         let owned = id.to_string();
         let fut = self.run(move |c| ops::delete_cell(c, &owned));

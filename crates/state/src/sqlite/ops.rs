@@ -418,6 +418,36 @@ pub(crate) fn claimable_cells(conn: &mut Connection, now: i64) -> OpResult<Vec<C
     )
 }
 
+pub(crate) fn end_session_cells(
+    conn: &mut Connection,
+    session: &str,
+    except: &str,
+    result: &Value,
+    now: i64,
+) -> OpResult<Vec<CellRecord>> {
+    let tx = write_tx(conn)?;
+    let live = read_cells(
+        &tx,
+        &format!(
+            "SELECT {CELL_COLS} FROM cells
+              WHERE session_id = ?1
+                AND status NOT IN ('finished', 'failed', 'terminated')
+                AND (owner IS NULL OR owner <> ?2)
+              ORDER BY created_at_ms, id"
+        ),
+        params![session, except],
+    )?;
+    let end = cell::session_end(result);
+    for c in &live {
+        let mut ended = c.clone();
+        cell::apply_update(&mut ended, &end, now);
+        write_cell(&tx, &ended)?;
+        exec(&tx, "DELETE FROM cell_replay WHERE cell_id = ?1", [&c.id])?;
+    }
+    tx.commit()?;
+    Ok(live)
+}
+
 pub(crate) fn delete_cell(conn: &mut Connection, id: &str) -> OpResult<bool> {
     let tx = write_tx(conn)?;
     exec(&tx, "DELETE FROM cell_replay WHERE cell_id = ?1", [id])?;

@@ -36,6 +36,7 @@ every_backend!(
     sessions_and_store,
     store_limits_hold_under_concurrent_writers,
     cells_are_fenced_by_lease,
+    a_session_end_ends_its_cells_held_elsewhere,
     live_cells_per_session_are_bounded_under_races,
     replay_log_continues_exactly,
     approvals_are_exact_and_answered_once,

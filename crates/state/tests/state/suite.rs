@@ -379,6 +379,116 @@ pub async fn cells_are_fenced_by_lease(env: Env) {
     assert!(!env.b.delete_cell("c2").await.unwrap());
 }
 
+/// A session ended on replica a ends its cells held elsewhere (b's, and a dead holder's),
+/// never a's own, another session's or a cell that already ended; b is fenced off from them
+/// at once, and nobody takes them over.
+pub async fn a_session_end_ends_its_cells_held_elsewhere(env: Env) {
+    for (id, session, owner) in [
+        ("mine", "s1", "replica-a"),
+        ("theirs", "s1", "replica-b"),
+        ("orphan", "s1", "replica-dead"),
+        ("other", "s2", "replica-b"),
+        ("over", "s1", "replica-b"),
+    ] {
+        env.a
+            .create_cell(new_cell(id, session, owner))
+            .await
+            .unwrap();
+    }
+    let done = CellUpdate {
+        status: CellStatus::Finished,
+        approval_id: None,
+        result: Some(json!("done")),
+    };
+    env.b.update_cell("over", "replica-b", done).await.unwrap();
+    let step = |n: u64| ReplayEntry {
+        step: n,
+        entry: json!({"call": n}),
+    };
+    env.b
+        .append_replay("theirs", "replica-b", &[step(1)])
+        .await
+        .unwrap();
+    env.clock.advance(Duration::from_secs(10));
+    let mut watch = env.b.watch(Topic::Cell("theirs".into()));
+
+    let why = json!({"text": "its session ended", "isError": true});
+    let ended = env
+        .a
+        .end_session_cells("s1", "replica-a", why.clone())
+        .await
+        .unwrap();
+    // As they were before (oldest first, then by id): who held them.
+    let seen: Vec<(&str, Option<&str>, CellStatus)> = ended
+        .iter()
+        .map(|c| (c.id.as_str(), c.owner.as_deref(), c.status))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("orphan", Some("replica-dead"), CellStatus::Running),
+            ("theirs", Some("replica-b"), CellStatus::Running),
+        ],
+        "{}",
+        env.name
+    );
+    for id in ["theirs", "orphan"] {
+        let c = env.b.get_cell(id).await.unwrap().unwrap();
+        assert_eq!(c.status, CellStatus::Terminated, "{}: {c:?}", env.name);
+        assert_eq!(c.owner, None);
+        assert_eq!(c.result.as_ref(), Some(&why));
+        assert!(env.b.read_replay(id).await.unwrap().is_empty());
+    }
+    for (id, status) in [
+        ("mine", CellStatus::Running),
+        ("other", CellStatus::Running),
+        ("over", CellStatus::Finished),
+    ] {
+        let c = env.b.get_cell(id).await.unwrap().unwrap();
+        assert_eq!(c.status, status, "{}: {c:?}", env.name);
+    }
+    tokio::time::timeout(Duration::from_secs(20), watch.changed())
+        .await
+        .unwrap_or_else(|_| panic!("{}: b's waiter never woke", env.name));
+
+    // b's next log line and renewal are refused: none of its calls starts from now on.
+    let e = env
+        .b
+        .append_replay("theirs", "replica-b", &[step(2)])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StateError::CellFinished { .. }), "{e}");
+    let e = env
+        .b
+        .claim_cell("theirs", "replica-b", MINUTE)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StateError::CellFinished { .. }), "{e}");
+    env.clock.advance(Duration::from_secs(60));
+    let claimable: Vec<String> = env
+        .b
+        .claimable_cells()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(claimable, ["mine", "other"], "{}", env.name);
+
+    // Ending it again ends nothing more.
+    let again = env
+        .b
+        .end_session_cells("s1", "replica-b", why)
+        .await
+        .unwrap();
+    assert_eq!(
+        again.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        ["mine"],
+        "{}",
+        env.name
+    );
+}
+
 pub async fn live_cells_per_session_are_bounded_under_races(env: Env) {
     let mut tasks = Vec::new();
     for i in 0..24 {
