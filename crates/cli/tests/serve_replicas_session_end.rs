@@ -369,3 +369,76 @@ fn on_postgres_a_session_deleted_through_one_replica_ends_its_cells_on_the_other
     drop(rt);
     a_session_ended_on_one_replica_ends_its_cells_on_the_other(Env::new(Some(url)), Ending::Delete);
 }
+
+/// A POST of `body` in `session` (or none), on raw HTTP/1.1: the status, the session id the
+/// answer names, and the body.
+fn post(url: &str, session: Option<&str>, body: &Value) -> (u16, Option<String>, String) {
+    let addr = common::socket_address(url);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    let body = body.to_string();
+    let session = session
+        .map(|id| format!("mcp-session-id: {id}\r\nmcp-protocol-version: 2025-06-18\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\n{session}content-length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let id = out.lines().take_while(|l| !l.is_empty()).find_map(|l| {
+        l.split_once(':')
+            .filter(|(k, _)| k.eq_ignore_ascii_case("mcp-session-id"))
+            .map(|(_, v)| v.trim().to_string())
+    });
+    (status, id, out)
+}
+
+/// Red-team finding: after its client ended a session through replica A, replica B, which had
+/// served it, went on answering it from its own table (and ran scripts in it).
+#[test]
+fn a_session_deleted_through_one_replica_is_refused_by_the_other() {
+    let env = Env::new(None);
+    let a = env.serve("1h");
+    let b = env.serve("1h");
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"}}});
+    let (status, session, text) = post(&a.url, None, &init);
+    assert_eq!(status, 200, "{text}");
+    let session = session.expect("the answer names the session");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(post(&a.url, Some(&session), &initialized).0, 202);
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, _, text) = post(&b.url, Some(&session), &list);
+    assert_eq!(status, 200, "B serves the session begun on A: {text}");
+
+    assert_eq!(delete_session(&a.url, &session), 204);
+    let ended_at = Instant::now();
+    let run = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "codemode",
+        "arguments": {"code": "await tools.bash({ command: 'echo ran >> after-delete.txt' }); return 1"}}});
+    // B may trust its own table for a moment (it asks the store once a second per session).
+    let mut last = (0, None, String::new());
+    while ended_at.elapsed() < Duration::from_secs(10) {
+        last = post(&b.url, Some(&session), &list);
+        if last.0 == 404 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        last.0, 404,
+        "B still answers the deleted session: {}",
+        last.2
+    );
+    let (status, _, text) = post(&b.url, Some(&session), &run);
+    assert_eq!(
+        status, 404,
+        "B runs a script in the deleted session: {text}"
+    );
+    assert_eq!(post(&a.url, Some(&session), &list).0, 404);
+    assert!(!env.root.join("project/after-delete.txt").exists());
+}
