@@ -557,6 +557,14 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
         if let Err(refused) = check_owner(&guard, id, &caller, principal.as_ref()).await {
             return refused;
         }
+        match guard.sessions.ended_elsewhere(id).await {
+            Ok(false) => {}
+            Ok(true) => {
+                guard.codemode.gate().forget_session(id);
+                return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+            }
+            Err(e) => return store_unreachable(e),
+        }
         guard.sessions.keep_alive_shared(id, &caller).await;
     }
     match (req.method().clone(), session) {

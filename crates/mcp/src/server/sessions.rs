@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use codemode_runtime::Codemode;
-use codemode_state::{StateStore, StoreChange};
+use codemode_state::{StateError, StateStore, StoreChange};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::{
     SessionId, SessionManager, SessionState, SessionStore, SessionStoreError,
@@ -34,6 +34,11 @@ pub(crate) struct Sessions {
     ended: std::sync::atomic::AtomicUsize,
 }
 
+/// How long a replica trusts its own table that a session it serves was not ended on another
+/// replica before it asks the shared store again: a session ended anywhere is refused
+/// everywhere within this, at one read per session and interval.
+const ENDED_ELSEWHERE_RECHECK: Duration = Duration::from_secs(1);
+
 /// The pseudo-session under which a session's `initialize` parameters are kept in the shared
 /// store, apart from the session's own `store()` values (which scripts read).
 fn shared_key(id: &str) -> String {
@@ -50,6 +55,8 @@ struct Record {
     owner: Option<Owner>,
     /// When this replica last told the shared store the session is in use.
     shared_touch: Option<Instant>,
+    /// When this replica last found the session's row in the shared store.
+    shared_checked: Option<Instant>,
 }
 
 impl Record {
@@ -60,6 +67,7 @@ impl Record {
             in_flight: 0,
             owner: None,
             shared_touch: None,
+            shared_checked: None,
         }
     }
 }
@@ -187,6 +195,40 @@ impl Sessions {
         {
             tracing::warn!(session = %id, "ending a shared session failed: {e}");
         }
+    }
+
+    /// Whether `id`, a session this replica serves, was ended on another one (a `DELETE` or its
+    /// idle end there deleted its row in the shared store); then it is ended here too, its cells
+    /// here stopped. Without this, a replica that had served the session went on answering it
+    /// from its own table after the client ended it elsewhere.
+    pub(crate) async fn ended_elsewhere(&self, id: &str) -> Result<bool, StateError> {
+        let Some(store) = &self.shared else {
+            return Ok(false);
+        };
+        {
+            let mut table = self.lock();
+            let Some(record) = table.get_mut(id) else {
+                return Ok(false);
+            };
+            // Not claimed yet: its row is being made by the request that began it.
+            if record.owner.is_none()
+                || record
+                    .shared_checked
+                    .is_some_and(|t| t.elapsed() < ENDED_ELSEWHERE_RECHECK)
+            {
+                return Ok(false);
+            }
+            record.shared_checked = Some(Instant::now());
+        }
+        if store.get_session(id).await?.is_some() {
+            return Ok(false);
+        }
+        tracing::info!(session = %id, "the MCP session was ended on another replica; ending it here");
+        if let Some(cells) = self.codemode.cells() {
+            cells.terminate_session(id);
+        }
+        self.end(id).await;
+        Ok(true)
     }
 
     /// Tells the other replicas that `id` is in use (its row's `last_seen`), at most every
