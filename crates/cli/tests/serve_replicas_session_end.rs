@@ -105,10 +105,15 @@ impl Env {
 
     /// A replica with its own idle limit; killed when dropped.
     fn serve(&self, idle: &str) -> Replica {
+        self.serve_with(idle, &[])
+    }
+
+    fn serve_with(&self, idle: &str, extra: &[&str]) -> Replica {
         let (child, url) = common::start_serving(
             common::codemode()
                 .args(["serve", "--listen", "127.0.0.1:0", "--mode", "only"])
                 .args(["--session-idle-timeout", idle])
+                .args(extra)
                 .arg("--policy")
                 .arg(self.root.join("policy.cedar"))
                 .arg("--config-dir")
@@ -441,4 +446,65 @@ fn a_session_deleted_through_one_replica_is_refused_by_the_other() {
     );
     assert_eq!(post(&a.url, Some(&session), &list).0, 404);
     assert!(!env.root.join("project/after-delete.txt").exists());
+}
+
+/// Opens a session on `url`: its id.
+fn open_session(url: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"}}});
+    let (status, session, text) = post(url, None, &init);
+    assert_eq!(status, 200, "{text}");
+    let session = session.expect("the answer names the session");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(post(url, Some(&session), &initialized).0, 202);
+    session
+}
+
+/// Red-team finding: a full session table (`--max-sessions`) ended the longest-idle session
+/// without its cells, which ran on unreachable: a client could open sessions to push out its
+/// own and run more cells than one session may.
+#[test]
+fn a_session_pushed_out_of_a_full_table_leaves_no_cell_running_unreachable() {
+    let env = Env::new(None);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(codemode_state::open(&env.state_url, Default::default()))
+        .unwrap();
+    let a = env.serve_with("1h", &["--max-sessions", "2"]);
+    let first = open_session(&a.url);
+    let run = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "codemode", "arguments": {"code": LOOP}}});
+    let (status, _, text) = post(&a.url, Some(&first), &run);
+    assert_eq!(status, 200, "{text}");
+    let at = text.find("\"cell\":\"").expect("the loop yielded a cell") + 8;
+    let cell_id: String = text[at..].chars().take_while(|c| *c != '"').collect();
+    wait_until("the loop calls bash", Duration::from_secs(20), || {
+        env.ticks().len() >= 2
+    });
+    // Two more sessions: the table holds two, so one session must go.
+    let _second = open_session(&a.url);
+    let _third = open_session(&a.url);
+    let ping = json!({"jsonrpc": "2.0", "id": 3, "method": "ping"});
+    let (status, _, _) = post(&a.url, Some(&first), &ping);
+    if status == 200 {
+        // Kept: its cell is still reachable (wait, terminate).
+        assert_eq!(
+            cell(&rt, store.as_ref(), &cell_id).status,
+            CellStatus::Running
+        );
+        return;
+    }
+    assert_eq!(status, 404);
+    let ended_at = Instant::now();
+    let mut last = cell(&rt, store.as_ref(), &cell_id);
+    while !last.status.is_terminal() && ended_at.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(200));
+        last = cell(&rt, store.as_ref(), &cell_id);
+    }
+    assert!(
+        last.status.is_terminal(),
+        "20 s after its session was pushed out, its cell still runs, unreachable: {last:?}; {} ticks",
+        env.ticks().len()
+    );
 }
