@@ -337,11 +337,18 @@ impl Sessions {
 
     /// Room for one more session, for `asking` (whoever asks for it). When the table is full,
     /// ends the longest-idle session of whoever holds the most, so that one person opening
-    /// many sessions ends their own, never another's; when all of theirs are busy, nobody's
-    /// is ended and the new session is refused. Where tokens tell people apart, one holding
+    /// many sessions ends their own, never another's; when all of theirs are busy (answering a
+    /// request, or running a cell here), nobody's is ended and the new session is refused. An
+    /// ended session's cells on other replicas are ended with it. Where tokens tell people apart, one holding
     /// half of the table already ends one of their own idle sessions for a new one, or is
     /// refused: sessions held busy (a long `wait`) cannot lock others out.
     pub(crate) async fn make_room(&self, asking: &Owner) -> Result<(), Full> {
+        // A session with a cell running here is in use: its client may come back to `wait`.
+        let with_cells = self
+            .codemode
+            .cells()
+            .map(|c| c.sessions_with_live_cells())
+            .unwrap_or_default();
         let victim = {
             let table = self.lock();
             let mut held: HashMap<Option<&Owner>, usize> = HashMap::new();
@@ -355,7 +362,9 @@ impl Sessions {
             }
             *held.entry(Some(asking)).or_default() += 1;
             let most = held.values().copied().max().unwrap_or(0);
-            let candidates = table.iter().filter(|(_, r)| r.in_flight == 0);
+            let candidates = table
+                .iter()
+                .filter(|(id, r)| r.in_flight == 0 && !with_cells.contains(*id));
             let victim = match at_share {
                 true => candidates
                     .filter(|(_, r)| r.owner.as_ref() == Some(asking))
@@ -378,6 +387,15 @@ impl Sessions {
         match victim {
             Some(id) => {
                 tracing::info!(session = %id, "too many MCP sessions: ending the longest idle one");
+                // Its cells on other replicas would run on, unreachable.
+                if let Some(cells) = self.codemode.cells() {
+                    cells
+                        .end_session_everywhere(
+                            &id,
+                            "the server's session table was full and it was the longest idle",
+                        )
+                        .await;
+                }
                 self.end(&id).await;
                 Ok(())
             }

@@ -227,6 +227,15 @@ impl Cells {
         live.iter().map(|c| c.id.clone()).collect()
     }
 
+    /// The sessions that have a cell this process drives now.
+    pub fn sessions_with_live_cells(&self) -> std::collections::HashSet<String> {
+        self.lock()
+            .values()
+            .filter(|c| !c.is_done())
+            .map(|c| c.session_id.clone())
+            .collect()
+    }
+
     /// The ids of the cells this process drives now.
     pub fn live_ids(&self) -> Vec<String> {
         self.lock()
