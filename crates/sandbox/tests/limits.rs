@@ -90,7 +90,8 @@ async fn abort_stops_even_a_spinning_script() {
         abort.cancel();
         let r = handle.await.unwrap();
         assert_eq!(r.error.as_ref().unwrap().kind, ErrorKind::Aborted, "{src}");
-        assert!(t.elapsed() < Duration::from_secs(2));
+        // Far below the 60 s default deadline, with room for a loaded 2-core machine.
+        assert!(t.elapsed() < Duration::from_secs(10), "{src}: {:?}", t.elapsed());
         if src.contains("slow") {
             assert_eq!(r.calls[0].status, CallStatus::Cancelled);
         }
