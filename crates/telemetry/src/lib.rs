@@ -25,7 +25,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, filter::Targets, reload};
 
-pub use metrics::{Gauges, Metrics, MetricsSlot, UpstreamState};
+pub use metrics::{Gauges, Metrics, MetricsSlot, UNRESOLVED_TOOL, UpstreamState};
 
 type OtelLayer = tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>;
 

@@ -14,7 +14,7 @@ use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
 use codemode_spec::{
     CallFacts, Exposure, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec,
 };
-use codemode_telemetry::{Telemetry, TelemetryConfig};
+use codemode_telemetry::{Telemetry, TelemetryConfig, UNRESOLVED_TOOL};
 use serde_json::{Value, json};
 
 struct Echo(ToolSpec);
@@ -104,6 +104,22 @@ async fn made_up_tool_names_neither_become_labels_nor_crowd_out_real_tools() {
         leaked.len(),
         text.len(),
         shown(&leaked)
+    );
+    let refused_counted = text.lines().any(|l| {
+        l.starts_with("codemode_denials_total{")
+            && l.contains("stage=\"resolve\"")
+            && l.contains(&format!("tool=\"{UNRESOLVED_TOOL}\""))
+            && l.ends_with(" 2100")
+    });
+    assert!(
+        refused_counted,
+        "the refused calls are counted together:\n{}",
+        shown(
+            &text
+                .lines()
+                .filter(|l| l.starts_with("codemode_denials_total{"))
+                .collect::<Vec<_>>()
+        )
     );
     assert!(
         text.len() < 64 * 1024,
