@@ -25,7 +25,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, filter::Targets, reload};
 
-pub use metrics::{Gauges, Metrics, MetricsSlot, UpstreamState};
+pub use metrics::{Gauges, Metrics, MetricsSlot, UNRESOLVED_TOOL, UpstreamState};
 
 type OtelLayer = tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>;
 
@@ -209,21 +209,61 @@ impl Telemetry {
         String::from_utf8(out).ok()
     }
 
-    /// Exports what is buffered and stops. Blocks (the exporters are blocking HTTP clients):
-    /// call it from a blocking thread in async code.
+    /// Exports what is buffered and stops, waiting at most [`SHUTDOWN_LIMIT`]. Blocks (the
+    /// exporters are blocking HTTP clients): call it from a blocking thread in async code.
     pub fn shutdown(&self) {
-        if let Some(t) = &self.tracer {
-            let _ = t.force_flush();
-            if let Err(e) = t.shutdown() {
-                tracing::warn!("stopping the trace exporter: {e}");
+        self.shutdown_within(SHUTDOWN_LIMIT);
+    }
+
+    /// As [`Telemetry::shutdown`], waiting at most `limit`; false when the exporters had not
+    /// finished by then. A receiver that hangs holds each exporter up to its timeout in turn
+    /// (half a minute in all), so they are flushed on a thread of their own and what they have
+    /// not sent by then is given up: the process must stop when it is told to.
+    pub fn shutdown_within(&self, limit: Duration) -> bool {
+        let tracer = self.tracer.clone();
+        let meter = self.meter.clone();
+        let (done, finished) = std::sync::mpsc::channel();
+        let flush = move || {
+            flush_and_stop(tracer.as_ref(), meter.as_ref());
+            let _ = done.send(());
+        };
+        let in_time = match std::thread::Builder::new()
+            .name("telemetry-flush".into())
+            .spawn(flush)
+        {
+            Ok(_) => finished.recv_timeout(limit).is_ok(),
+            Err(e) => {
+                tracing::warn!("no thread to flush telemetry on ({e}); it is not flushed");
+                false
             }
-        }
+        };
+        // No more spans for exporters that are stopped or being given up.
         if let Some(switch) = &self.switch {
             let _ = switch.handle.reload(None);
         }
-        if let Some(m) = &self.meter {
-            let _ = m.force_flush();
-            let _ = m.shutdown();
+        if !in_time {
+            tracing::warn!(
+                "telemetry not sent within {} s of stopping is dropped; check that \
+                 telemetry.otlp_endpoint answers",
+                limit.as_secs()
+            );
         }
+        in_time
+    }
+}
+
+/// How long [`Telemetry::shutdown`] waits for the exporters.
+pub const SHUTDOWN_LIMIT: Duration = Duration::from_secs(5);
+
+fn flush_and_stop(tracer: Option<&SdkTracerProvider>, meter: Option<&SdkMeterProvider>) {
+    if let Some(t) = tracer {
+        let _ = t.force_flush();
+        if let Err(e) = t.shutdown() {
+            tracing::warn!("stopping the trace exporter: {e}");
+        }
+    }
+    if let Some(m) = meter {
+        let _ = m.force_flush();
+        let _ = m.shutdown();
     }
 }

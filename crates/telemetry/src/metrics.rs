@@ -35,6 +35,9 @@ impl Gauges {
     }
 }
 
+/// The `tool` label of a call whose name did not resolve to a registered tool.
+pub const UNRESOLVED_TOOL: &str = "(unresolved)";
+
 /// The instruments. Attributes are bounded sets (tool names of the registry, statuses,
 /// stages), never arguments.
 pub struct Metrics {
@@ -114,7 +117,7 @@ impl Metrics {
 
 impl CallObserver for Metrics {
     fn finished(&self, o: &CallOutcome) {
-        let tool = KeyValue::new("tool", o.tool.clone());
+        let tool = KeyValue::new("tool", tool_label(o));
         let status = KeyValue::new("status", o.status.as_str());
         self.calls.add(
             1,
@@ -141,6 +144,17 @@ impl CallObserver for Metrics {
         if o.bytes > 0 {
             self.bytes.add(o.bytes, &[tool]);
         }
+    }
+}
+
+/// The call's tool, when the gate found it in the registry. A name that did not resolve is
+/// whatever the caller asked for (a client's `tools/call` name): as a label, every made-up name
+/// would be a series of its own, and enough of them would fill the SDK's series limit and push
+/// real tools into its overflow series.
+fn tool_label(o: &CallOutcome) -> String {
+    match o.kind {
+        Some(_) => o.tool.clone(),
+        None => UNRESOLVED_TOOL.to_string(),
     }
 }
 
