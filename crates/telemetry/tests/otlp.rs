@@ -154,8 +154,12 @@ async fn a_call_and_its_nested_calls_arrive_as_parent_and_children_without_argum
     let a = tokio::spawn(async move { g.call(nested("echo", 1)).await });
     let g = gate.clone();
     let b = tokio::spawn(async move { g.call(nested("bad", 2)).await });
+    // A name that resolves to no tool: a client may send any text as a call's name.
+    let g = gate.clone();
+    let c = tokio::spawn(async move { g.call(nested("made-up-name-17", 3)).await });
     a.await.unwrap().unwrap();
     assert!(b.await.unwrap().is_err());
+    assert!(c.await.unwrap().is_err());
     outer
         .finish(Ok(ToolOutput::value(json!("done"))))
         .await
@@ -196,6 +200,14 @@ async fn a_call_and_its_nested_calls_arrive_as_parent_and_children_without_argum
     assert_eq!(text(bad, "codemode.stage"), "policy");
     assert!(attr(echo, "codemode.duration_ms").is_some());
     assert_eq!(text(outer, "codemode.call_id"), "outer-1");
+    // Span names stay a small set (trace backends index them): the caller's text is not one.
+    let unresolved = by_name(codemode_telemetry::UNRESOLVED_TOOL);
+    assert_eq!(text(unresolved, "codemode.stage"), "resolve");
+    assert!(
+        r.spans.iter().all(|s| !s.name.contains("made-up")),
+        "{:?}",
+        r.spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
     for s in &r.spans {
         for kv in &s.attributes {
             let shown = format!("{:?}", kv.value);
