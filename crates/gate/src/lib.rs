@@ -35,7 +35,7 @@ pub use gate::{Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, Pr
 pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
 pub use model_rules::ModelRules;
 pub use observe::CallObserver;
-pub use outcome::{CallOutcome, CallRecord, Status};
+pub use outcome::{CallOutcome, CallRecord, Status, UNRESOLVED_TOOL};
 pub use policy::{
     Decision, ExplainInput, Explanation, PolicyError, PolicySchema, PolicySet, ToolLiteral, check,
     explain,

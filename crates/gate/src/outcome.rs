@@ -81,3 +81,8 @@ pub struct CallOutcome {
 
 /// The ledger's record of a call is its outcome.
 pub type CallRecord = CallOutcome;
+
+/// What a call whose name resolved to no registered tool is called in telemetry (its span's
+/// name, its metrics' `tool` label): a caller may send any text as a name, and those names
+/// must stay a small set. The audit line keeps the name asked for.
+pub const UNRESOLVED_TOOL: &str = "(unresolved)";

@@ -35,8 +35,9 @@ impl Gauges {
     }
 }
 
-/// The `tool` label of a call whose name did not resolve to a registered tool.
-pub const UNRESOLVED_TOOL: &str = "(unresolved)";
+/// The `tool` label of a call whose name did not resolve to a registered tool (its span's name
+/// too).
+pub use codemode_gate::UNRESOLVED_TOOL;
 
 /// The instruments. Attributes are bounded sets (tool names of the registry, statuses,
 /// stages), never arguments.

@@ -366,7 +366,11 @@ impl Pending {
             return;
         }
         span.record("codemode.tool", o.tool.as_str());
-        span.record("otel.name", o.tool.as_str());
+        let name = match o.kind {
+            Some(_) => o.tool.as_str(),
+            None => crate::UNRESOLVED_TOOL,
+        };
+        span.record("otel.name", name);
         span.record("codemode.decision", o.decision.as_str());
         span.record("codemode.policy_ids", o.policy_ids.join(",").as_str());
         span.record("codemode.status", o.status.as_str());
