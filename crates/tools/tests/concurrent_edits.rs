@@ -4,7 +4,7 @@
 
 mod common;
 
-use codemode_spec::{Provenance, RunContext, Tool};
+use codemode_spec::{Provenance, RunContext};
 use common::Bench;
 use futures::future::join_all;
 use serde_json::json;
@@ -135,7 +135,9 @@ async fn an_edit_never_undoes_a_write_it_raced() {
         let (e, w) = tokio::join!(e.run(run_ctx()), w.run(run_ctx()));
         let file = std::fs::read_to_string(&path).unwrap();
         if w.is_ok() && e.is_ok() {
-            panic!("round {round}: both the edit and the write of the same file succeeded, yet one was judged on content the other replaced; the file holds {file:?}");
+            panic!(
+                "round {round}: both the edit and the write of the same file succeeded, yet one was judged on content the other replaced; the file holds {file:?}"
+            );
         }
         if w.is_ok() {
             assert_eq!(file, format!("written {round}\n"));
