@@ -444,3 +444,34 @@ async fn a_dropped_call_still_writes_its_one_outcome_line() {
     codemode_gate::verify(&path, Some(&test_key())).unwrap();
     assert_eq!(gate.end_script("d").calls, 1);
 }
+
+/// A workspace whose name is not UTF-8 (a Latin-1 `café`) is no text a path can start with:
+/// its lossy spelling (`caf\u{FFFD}`) is another directory, outside it, which must not count
+/// as inside. Tools refuse non-UTF-8 paths, so nothing counts as inside such a workspace.
+#[tokio::test]
+async fn a_directory_named_like_a_non_utf8_workspace_is_outside_it() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path().canonicalize().unwrap();
+    let root = parent.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir_all(&root).unwrap();
+    let look_alike = parent.join("caf\u{FFFD}");
+    std::fs::create_dir_all(&look_alike).unwrap();
+    std::fs::write(look_alike.join("notes.txt"), "not in the workspace").unwrap();
+    let gate = Gate::builder()
+        .registry(writer_and_reader(&root))
+        .workspace(&root)
+        .build()
+        .unwrap();
+    let path = look_alike.join("notes.txt").display().to_string();
+    let err = gate
+        .call(req("read", json!({"path": path}), script("w")))
+        .await
+        .expect_err("a read outside the workspace ran without asking");
+    assert_eq!(err.stage, Stage::Approval, "{}", err.message);
+    assert!(
+        err.message.contains("outside the workspace"),
+        "{}",
+        err.message
+    );
+}
