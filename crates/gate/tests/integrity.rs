@@ -475,3 +475,40 @@ async fn a_directory_named_like_a_non_utf8_workspace_is_outside_it() {
         err.message
     );
 }
+
+/// A project may ship `.codemode` as a symlink whose target does not exist yet. Reading the
+/// settings follows it, and so do the file tools (a write through a dangling symlink lands at
+/// its target): the target is what must be protected, not the link's own name.
+#[tokio::test]
+async fn a_protected_path_that_is_a_dangling_symlink_protects_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir_all(root.join("config")).unwrap();
+    std::os::unix::fs::symlink("config/codemode", root.join(".codemode")).unwrap();
+    // And one whose target is named through another dangling link, absolutely.
+    std::os::unix::fs::symlink(root.join("elsewhere/state"), root.join("state-link")).unwrap();
+    std::os::unix::fs::symlink(root.join("state-link/real"), root.join("state")).unwrap();
+    let gate = builder(&writer_and_reader(&root))
+        .protect(ProtectedPath::new(
+            root.join(".codemode"),
+            "the project's codemode settings",
+        ))
+        .protect(ProtectedPath::new(root.join("state"), "codemode's state"))
+        .build()
+        .unwrap();
+    // What the file tools report for `.codemode/settings.json` and `state/x`: the targets.
+    for path in [
+        "config/codemode/settings.json",
+        "config/codemode",
+        "elsewhere/state/real/x",
+    ] {
+        let err = gate
+            .call(req("write", json!({"path": path}), script("p")))
+            .await
+            .expect_err(path);
+        assert_eq!(err.stage, Stage::Protected, "{path}: {}", err.message);
+    }
+    gate.call(req("write", json!({"path": "config/other.json"}), script("p")))
+        .await
+        .unwrap();
+}
