@@ -508,7 +508,11 @@ async fn a_protected_path_that_is_a_dangling_symlink_protects_its_target() {
             .expect_err(path);
         assert_eq!(err.stage, Stage::Protected, "{path}: {}", err.message);
     }
-    gate.call(req("write", json!({"path": "config/other.json"}), script("p")))
-        .await
-        .unwrap();
+    gate.call(req(
+        "write",
+        json!({"path": "config/other.json"}),
+        script("p"),
+    ))
+    .await
+    .unwrap();
 }
