@@ -444,3 +444,75 @@ async fn a_dropped_call_still_writes_its_one_outcome_line() {
     codemode_gate::verify(&path, Some(&test_key())).unwrap();
     assert_eq!(gate.end_script("d").calls, 1);
 }
+
+/// A workspace whose name is not UTF-8 (a Latin-1 `café`) is no text a path can start with:
+/// its lossy spelling (`caf\u{FFFD}`) is another directory, outside it, which must not count
+/// as inside. Tools refuse non-UTF-8 paths, so nothing counts as inside such a workspace.
+#[tokio::test]
+async fn a_directory_named_like_a_non_utf8_workspace_is_outside_it() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let parent = dir.path().canonicalize().unwrap();
+    let root = parent.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir_all(&root).unwrap();
+    let look_alike = parent.join("caf\u{FFFD}");
+    std::fs::create_dir_all(&look_alike).unwrap();
+    std::fs::write(look_alike.join("notes.txt"), "not in the workspace").unwrap();
+    let gate = Gate::builder()
+        .registry(writer_and_reader(&root))
+        .workspace(&root)
+        .build()
+        .unwrap();
+    let path = look_alike.join("notes.txt").display().to_string();
+    let err = gate
+        .call(req("read", json!({"path": path}), script("w")))
+        .await
+        .expect_err("a read outside the workspace ran without asking");
+    assert_eq!(err.stage, Stage::Approval, "{}", err.message);
+    assert!(
+        err.message.contains("outside the workspace"),
+        "{}",
+        err.message
+    );
+}
+
+/// A project may ship `.codemode` as a symlink whose target does not exist yet. Reading the
+/// settings follows it, and so do the file tools (a write through a dangling symlink lands at
+/// its target): the target is what must be protected, not the link's own name.
+#[tokio::test]
+async fn a_protected_path_that_is_a_dangling_symlink_protects_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    std::fs::create_dir_all(root.join("config")).unwrap();
+    std::os::unix::fs::symlink("config/codemode", root.join(".codemode")).unwrap();
+    // And one whose target is named through another dangling link, absolutely.
+    std::os::unix::fs::symlink(root.join("elsewhere/state"), root.join("state-link")).unwrap();
+    std::os::unix::fs::symlink(root.join("state-link/real"), root.join("state")).unwrap();
+    let gate = builder(&writer_and_reader(&root))
+        .protect(ProtectedPath::new(
+            root.join(".codemode"),
+            "the project's codemode settings",
+        ))
+        .protect(ProtectedPath::new(root.join("state"), "codemode's state"))
+        .build()
+        .unwrap();
+    // What the file tools report for `.codemode/settings.json` and `state/x`: the targets.
+    for path in [
+        "config/codemode/settings.json",
+        "config/codemode",
+        "elsewhere/state/real/x",
+    ] {
+        let err = gate
+            .call(req("write", json!({"path": path}), script("p")))
+            .await
+            .expect_err(path);
+        assert_eq!(err.stage, Stage::Protected, "{path}: {}", err.message);
+    }
+    gate.call(req(
+        "write",
+        json!({"path": "config/other.json"}),
+        script("p"),
+    ))
+    .await
+    .unwrap();
+}

@@ -667,6 +667,9 @@ fn broad_workspace(workdir: &Path) -> Option<&'static str> {
     if workdir.parent().is_none() {
         return Some("is the file system's root");
     }
+    if workdir.to_str().is_none() {
+        return Some("is not valid UTF-8, which path rules cannot check");
+    }
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .and_then(|h| h.canonicalize().ok())?;

@@ -1,5 +1,6 @@
 //! `edit`: replace an exact piece of text in a file.
 
+use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
-use crate::fs::{Leaf, Resolved, SecretFiles, write_atomic};
+use crate::fs::{Leaf, Resolved, SecretFiles, rewrite};
 use crate::paths::path_facts;
 use crate::support::{Behaviour, Context, io_error, make_spec, run_change, text_output};
 
@@ -99,10 +100,20 @@ fn edit_file(
         ))
         .with_effect(Effect::None));
     }
-    let file = target
-        .open_file()
-        .map_err(|e| e.with_effect(Effect::None))?;
-    secrets.refuse(&file, path)?;
+    // Read, matched and replaced with no other change of the file in between.
+    let Replaced { count, lines } = rewrite(target, |file| {
+        secrets.refuse(&file, path)?;
+        let text = read_text(file, path)?;
+        replace_text(&text, path, args)
+    })?;
+    let plural = if count == 1 { "" } else { "s" };
+    Ok(text_output(format!(
+        "Edited {shown}: replaced {count} occurrence{plural} (line{plural} {}).",
+        join_numbers(&lines)
+    )))
+}
+
+fn read_text(file: File, path: &Path) -> Result<String, ToolError> {
     let size = file.metadata().map(|m| m.len()).unwrap_or(0);
     if size > MAX_EDIT_BYTES {
         return Err(ToolError::invalid(format!(
@@ -114,23 +125,37 @@ fn edit_file(
     file.take(MAX_EDIT_BYTES)
         .read_to_end(&mut bytes)
         .map_err(|e| io_error("read", path, &e).with_effect(Effect::None))?;
-    let text = String::from_utf8(bytes).map_err(|_| {
+    String::from_utf8(bytes).map_err(|_| {
         ToolError::invalid(format!(
             "{} is not UTF-8 text, so edit cannot match text in it",
             path.display()
         ))
-    })?;
+    })
+}
+
+/// How many occurrences an edit replaced, and the lines they were on.
+struct Replaced {
+    count: usize,
+    lines: Vec<usize>,
+}
+
+/// The edited content, with how many occurrences were replaced and on which lines.
+fn replace_text(
+    text: &str,
+    path: &Path,
+    args: &EditArgs,
+) -> Result<(Vec<u8>, Replaced), ToolError> {
     let starts: Vec<usize> = text
         .match_indices(&args.old_string)
         .map(|(at, _)| at)
         .collect();
     if starts.is_empty() {
         return Err(
-            ToolError::failed(no_match_message(path, &text, &args.old_string))
+            ToolError::failed(no_match_message(path, text, &args.old_string))
                 .with_effect(Effect::None),
         );
     }
-    let lines = lines_of(&text, &starts);
+    let lines = lines_of(text, &starts);
     if starts.len() > 1 && !args.replace_all {
         return Err(ToolError::failed(format!(
             "old_string occurs {} times in {} (at lines {}); include more surrounding text to make it unique, or set replace_all to true to replace them all",
@@ -154,13 +179,13 @@ fn edit_file(
         .with_effect(Effect::None));
     }
     let updated = text.replace(&args.old_string, &args.new_string);
-    write_atomic(target, updated.as_bytes())?;
-    let plural = if starts.len() == 1 { "" } else { "s" };
-    Ok(text_output(format!(
-        "Edited {shown}: replaced {} occurrence{plural} (line{plural} {}).",
-        starts.len(),
-        join_numbers(&lines)
-    )))
+    Ok((
+        updated.into_bytes(),
+        Replaced {
+            count: starts.len(),
+            lines,
+        },
+    ))
 }
 
 fn no_match_message(path: &Path, text: &str, old: &str) -> String {

@@ -263,9 +263,11 @@ impl GateBuilder {
                 audit_failure: Mutex::new(None),
                 models: self.models,
                 max_depth: self.max_depth,
+                // A root that is not UTF-8 has no text form: a lossy one would be another
+                // directory's name, so nothing counts as inside it (tools refuse such paths).
                 workspace: self
                     .workspace
-                    .map(|w| protect::resolved(&w).to_string_lossy().into_owned()),
+                    .and_then(|w| protect::resolved(&w).to_str().map(str::to_owned)),
                 protected,
                 shared,
                 principals: Mutex::new(HashMap::new()),

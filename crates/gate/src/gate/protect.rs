@@ -1,6 +1,8 @@
 //! Paths the gate keeps for itself: its configuration, the audit log and its key.
 
-use std::path::{Path, PathBuf};
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
 
 use codemode_spec::{CallFacts, ToolSpec};
 
@@ -24,8 +26,8 @@ pub struct ProtectedPath {
 }
 
 impl ProtectedPath {
-    /// `path` is resolved as far as it exists (symlinks followed), so it compares with the
-    /// resolved paths tools report.
+    /// `path` is resolved as the file tools resolve theirs (symlinks followed, a dangling one
+    /// to where a write through it lands), so it compares with the resolved paths they report.
     pub fn new(path: impl AsRef<Path>, why: impl Into<String>) -> Self {
         ProtectedPath {
             path: resolved(path.as_ref()),
@@ -66,24 +68,77 @@ impl ProtectedPath {
     }
 }
 
-/// `path` with its deepest existing ancestor canonicalized and the rest appended.
+/// Most symlinks followed while resolving one path, as Linux's own limit; more means a loop.
+const MAX_SYMLINK_HOPS: u32 = 40;
+
+/// One step of a path still to resolve.
+enum Step {
+    Root,
+    Parent,
+    Name(OsString),
+}
+
+fn steps(path: &Path) -> impl DoubleEndedIterator<Item = Step> + '_ {
+    path.components().filter_map(|c| match c {
+        Component::RootDir => Some(Step::Root),
+        Component::ParentDir => Some(Step::Parent),
+        Component::Normal(name) => Some(Step::Name(name.to_os_string())),
+        Component::CurDir | Component::Prefix(_) => None,
+    })
+}
+
+/// `path` as the file tools resolve the paths they report: absolute, `..` applied to what is
+/// resolved before it, every symlink followed, dangling ones too (a write through one lands at
+/// its target), and the names that do not exist yet appended as they are.
 pub(crate) fn resolved(path: &Path) -> PathBuf {
-    let mut missing = Vec::new();
-    let mut current = path.to_path_buf();
-    loop {
-        if let Ok(real) = std::fs::canonicalize(&current) {
-            let mut out = real;
-            out.extend(missing.iter().rev());
-            return out;
+    let mut out = if path.is_absolute() {
+        PathBuf::from("/")
+    } else {
+        match std::env::current_dir().and_then(std::fs::canonicalize) {
+            Ok(dir) => dir,
+            Err(_) => return path.to_path_buf(),
         }
-        match (current.file_name(), current.parent()) {
-            (Some(name), Some(parent)) => {
-                missing.push(name.to_os_string());
-                current = parent.to_path_buf();
+    };
+    let mut pending: VecDeque<Step> = steps(path).collect();
+    // Names appended past the deepest existing directory: nothing beneath them is looked up.
+    let mut missing = 0usize;
+    let mut hops = 0u32;
+    while let Some(step) = pending.pop_front() {
+        match step {
+            Step::Root => {
+                out = PathBuf::from("/");
+                missing = 0;
             }
-            _ => return path.to_path_buf(),
+            Step::Parent => {
+                out.pop();
+                missing = missing.saturating_sub(1);
+            }
+            Step::Name(name) => {
+                out.push(name);
+                if missing > 0 {
+                    missing += 1;
+                    continue;
+                }
+                let Ok(meta) = std::fs::symlink_metadata(&out) else {
+                    missing = 1;
+                    continue;
+                };
+                if !meta.file_type().is_symlink() || hops == MAX_SYMLINK_HOPS {
+                    // A loop keeps the link's own name: nothing can be written through it.
+                    continue;
+                }
+                let Ok(target) = std::fs::read_link(&out) else {
+                    continue;
+                };
+                hops += 1;
+                out.pop();
+                for step in steps(&target).rev() {
+                    pending.push_front(step);
+                }
+            }
         }
     }
+    out
 }
 
 /// Refuses a call that may change a protected path, or that names a secret one. Read-only tools

@@ -11,6 +11,7 @@
 //! follows a symlink and never leaves the root (`openat2` with `RESOLVE_BENEATH` and
 //! `RESOLVE_NO_SYMLINKS` where the kernel has it, a component-wise `O_NOFOLLOW` walk where not).
 
+mod entry_lock;
 mod resolve;
 mod walk;
 mod write;
@@ -27,10 +28,10 @@ use rustix::io::Errno;
 
 pub(crate) use resolve::{Leaf, Resolved, resolve};
 pub(crate) use walk::{Ignores, MAX_DIR_ENTRIES, open_file_beneath, read_entries, walk};
-pub(crate) use write::write_atomic;
+pub(crate) use write::{rewrite, write_atomic};
 
 /// Which file an open descriptor is: two descriptors with the same id name the same file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct FileId {
     dev: u64,
     ino: u64,
@@ -97,6 +98,16 @@ pub(crate) fn file_type(st: &Stat) -> FileType {
 pub(crate) fn changed(path: &Path) -> ToolError {
     ToolError::failed(format!(
         "{} changed after the call was checked (a symlink or directory was swapped while the call waited), so nothing was done; call it again",
+        path.display()
+    ))
+    .with_effect(codemode_spec::Effect::None)
+}
+
+/// The error for a file that another file took the place of after the call was checked (another
+/// call, or a program, wrote it meanwhile).
+pub(crate) fn replaced(path: &Path) -> ToolError {
+    ToolError::failed(format!(
+        "{} was replaced after the call was checked (another call or a program wrote it meanwhile), so nothing was done; read it again if the change depends on its content, and call it again",
         path.display()
     ))
     .with_effect(codemode_spec::Effect::None)

@@ -11,7 +11,7 @@ use codemode_spec::ToolError;
 use rustix::fs::{CWD, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{FileId, changed, errno_error, file_type, still_at};
+use super::{FileId, changed, errno_error, file_type, replaced, still_at};
 
 /// Most symlinks followed while resolving one path, as Linux's own limit; more means a loop.
 const MAX_SYMLINK_HOPS: u32 = 40;
@@ -254,6 +254,7 @@ impl Resolved {
         })?;
         match (FileId::of_fd(&fd), FileId::of_fd(held)) {
             (Ok(a), Ok(b)) if a == b => {}
+            (Ok(_), Ok(_)) => return Err(replaced(&self.path)),
             _ => return Err(changed(&self.path)),
         }
         Ok(File::from(fd))

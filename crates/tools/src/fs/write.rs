@@ -4,14 +4,16 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use codemode_spec::{Effect, ToolError};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{FileId, Leaf, Resolved, changed, errno_error, file_type};
+use super::entry_lock::EntryLock;
+use super::{FileId, Leaf, Resolved, changed, errno_error, file_type, replaced};
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -70,9 +72,58 @@ pub(crate) fn write_atomic(target: &Resolved, bytes: &[u8]) -> Result<(), ToolEr
         dir = Some(next);
     }
     let dir = dir.as_ref().unwrap_or(&target.dir.fd);
-    let mode = match rustix::fs::statat(dir, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW) {
+    let _lock = EntryLock::take(dir, name, path)?;
+    replace_in(dir.as_fd(), name, judged, bytes, path)
+}
+
+/// Reads the resolved file and replaces it with what `change` makes of it, with no other
+/// change of that file by this process in between: two edits of one file made together (a
+/// script's `Promise.all`) each see the other's result, or are refused, and neither is lost.
+/// `change` returns the new content and what to report; an error from it changes nothing.
+pub(crate) fn rewrite<T>(
+    target: &Resolved,
+    change: impl FnOnce(File) -> Result<(Vec<u8>, T), ToolError>,
+) -> Result<T, ToolError> {
+    let path = &target.path;
+    let Leaf::Entry { name, fd, mode, .. } = &target.leaf else {
+        // open_file says what is wrong with a directory or a missing file.
+        return Err(target
+            .open_file()
+            .err()
+            .unwrap_or_else(|| changed(path))
+            .with_effect(Effect::None));
+    };
+    let judged = FileId::of_fd(fd).map_err(|e| errno_error("inspect", path, e))?;
+    let _lock = EntryLock::take(&target.dir.fd, name, path)?;
+    let file = target
+        .open_file()
+        .map_err(|e| e.with_effect(Effect::None))?;
+    let (bytes, report) = change(file)?;
+    replace_in(
+        target.dir.fd.as_fd(),
+        name,
+        Some((judged, *mode)),
+        &bytes,
+        path,
+    )?;
+    Ok(report)
+}
+
+/// The rename itself, once the directory is known and the name locked: refuses when the name
+/// no longer holds the judged file (or, for a new file, holds something else than a file).
+fn replace_in(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    judged: Option<(FileId, u32)>,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(), ToolError> {
+    let mode = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(now) => {
             let same = judged.is_some_and(|(id, _)| FileId::of(&now) == id);
+            if !same && judged.is_some() && file_type(&now) == FileType::RegularFile {
+                return Err(replaced(path));
+            }
             if !same && (judged.is_some() || file_type(&now) != FileType::RegularFile) {
                 return Err(changed(path));
             }
@@ -93,8 +144,7 @@ pub(crate) fn write_atomic(target: &Resolved, bytes: &[u8]) -> Result<(), ToolEr
     .map_err(|e| errno_error("create a temporary file beside", path, e))?;
     let keep_mode = judged.map(|(_, mode)| mode);
     let written = fill(temp, bytes, keep_mode).and_then(|()| {
-        rustix::fs::renameat(dir, temp_name.as_os_str(), dir, name.as_os_str())
-            .map_err(std::io::Error::from)
+        rustix::fs::renameat(dir, temp_name.as_os_str(), dir, name).map_err(std::io::Error::from)
     });
     if let Err(e) = written {
         let _ = rustix::fs::unlinkat(dir, temp_name.as_os_str(), AtFlags::empty());

@@ -1,0 +1,149 @@
+//! A script fires many calls at one file at once (`Promise.all`). Every change a tool reports
+//! as done must be in the file afterwards: a call may be refused (and say so), but never report
+//! success for a change a concurrent call then threw away.
+
+mod common;
+
+use codemode_spec::{Provenance, RunContext};
+use common::Bench;
+use futures::future::join_all;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const ROUNDS: usize = 20;
+const EDITS: usize = 8;
+
+fn run_ctx() -> RunContext {
+    RunContext {
+        provenance: Provenance::model("parallel", "s"),
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn lines(round: usize) -> String {
+    (0..EDITS)
+        .map(|i| format!("round {round} line {i}: old\n"))
+        .collect()
+}
+
+/// What the edits that reported success changed, and whether the file still has each change.
+fn lost_changes(file: &str, round: usize, succeeded: &[usize]) -> Vec<usize> {
+    succeeded
+        .iter()
+        .copied()
+        .filter(|i| !file.contains(&format!("round {round} line {i}: new\n")))
+        .collect()
+}
+
+/// Edits of different lines of one file, all judged before any runs (as the gate admits a
+/// script's calls made together), then run together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_edits_of_one_file_lose_no_reported_change() {
+    let b = Bench::new();
+    let edit = b.tool("edit");
+    let mut successes = 0;
+    for round in 0..ROUNDS {
+        let path = b.put("shared.txt", lines(round));
+        let prepared: Vec<_> = (0..EDITS)
+            .map(|i| {
+                edit.prepare(json!({
+                    "path": "shared.txt",
+                    "old_string": format!("line {i}: old"),
+                    "new_string": format!("line {i}: new"),
+                }))
+                .unwrap()
+            })
+            .collect();
+        let results = join_all(prepared.into_iter().map(|p| p.run(run_ctx()))).await;
+        let succeeded: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| i)
+            .collect();
+        for r in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(r.message.contains("call it again"), "{}", r.message);
+        }
+        successes += succeeded.len();
+        let file = std::fs::read_to_string(&path).unwrap();
+        let lost = lost_changes(&file, round, &succeeded);
+        assert!(
+            lost.is_empty(),
+            "round {round}: edits {lost:?} reported success but their change is gone:\n{file}"
+        );
+    }
+    assert!(successes >= ROUNDS, "too few edits ran: {successes}");
+}
+
+/// Edits each prepared and run at once, as direct calls in parallel would be, mixed with
+/// writes of another file in the same directory (which must not disturb them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_calls_of_edit_lose_no_reported_change() {
+    let b = Bench::new();
+    for round in 0..ROUNDS {
+        let path = b.put("shared.txt", lines(round));
+        let calls = (0..EDITS).map(|i| {
+            let args = json!({
+                "path": "shared.txt",
+                "old_string": format!("line {i}: old"),
+                "new_string": format!("line {i}: new"),
+            });
+            let b = &b;
+            async move { b.call("edit", args).await }
+        });
+        let writes = (0..EDITS).map(|i| {
+            let b = &b;
+            async move {
+                b.call(
+                    "write",
+                    json!({"path": format!("other-{i}.txt"), "content": "x"}),
+                )
+                .await
+            }
+        });
+        let (results, written) = tokio::join!(join_all(calls), join_all(writes));
+        assert!(written.iter().all(Result::is_ok), "{written:?}");
+        let succeeded: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| i)
+            .collect();
+        let file = std::fs::read_to_string(&path).unwrap();
+        let lost = lost_changes(&file, round, &succeeded);
+        assert!(
+            lost.is_empty(),
+            "round {round}: edits {lost:?} reported success but their change is gone:\n{file}"
+        );
+    }
+}
+
+/// An edit racing a write of the same file: whichever comes second sees the first's result or
+/// is refused; the write's content is never replaced by an edit of the content it replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_edit_never_undoes_a_write_it_raced() {
+    let b = Bench::new();
+    let (edit, write) = (b.tool("edit"), b.tool("write"));
+    for round in 0..ROUNDS * 2 {
+        let path = b.put("shared.txt", "before\n");
+        let e = edit
+            .prepare(json!({"path": "shared.txt", "old_string": "before", "new_string": "edited"}))
+            .unwrap();
+        let w = write
+            .prepare(json!({"path": "shared.txt", "content": format!("written {round}\n")}))
+            .unwrap();
+        let (e, w) = tokio::join!(e.run(run_ctx()), w.run(run_ctx()));
+        let file = std::fs::read_to_string(&path).unwrap();
+        if w.is_ok() && e.is_ok() {
+            panic!(
+                "round {round}: both the edit and the write of the same file succeeded, yet one was judged on content the other replaced; the file holds {file:?}"
+            );
+        }
+        if w.is_ok() {
+            assert_eq!(file, format!("written {round}\n"));
+        }
+        if e.is_ok() {
+            assert_eq!(file, "edited\n");
+        }
+    }
+}
