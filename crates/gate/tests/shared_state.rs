@@ -830,3 +830,67 @@ async fn a_scripts_line_is_written_when_its_caller_stops_waiting_for_it() {
         .collect();
     assert_eq!(tools, ["echo ok", "codemode ok"]);
 }
+
+/// Red team: a provider reporting more tokens than a database counter holds (`u64::MAX`, above
+/// `i64::MAX`) made the shared settle fail ("settled amounts … above the largest storable"), so
+/// the call's spending was never charged and its hold ran out 15 minutes later: the principal's
+/// daily budget came back whole. An absurd count must use the budget up instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_token_count_uses_up_the_shared_budget_instead_of_being_dropped() {
+    for env in backends().await {
+        let lying = codemode_spec::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: 50,
+            cost_usd: 1e30,
+            ..Default::default()
+        };
+        let reg = Registry::new();
+        let tool = TestTool::model("models.classify", "acme", "small", lying);
+        let runs = tool.runs.clone();
+        reg.register(Arc::new(tool)).unwrap();
+        let limits = BudgetLimits {
+            max_tokens: Some(1_000_000),
+            max_cost_usd: Some(10.0),
+            ..BudgetLimits::default()
+        };
+        let gate = builder(&reg)
+            .shared_budgets(
+                env.a.clone(),
+                DailyBudgets {
+                    principal: limits,
+                    ..DailyBudgets::default()
+                },
+            )
+            .principal(alice())
+            .build()
+            .unwrap();
+        let call = || gate.call(req("models.classify", json!({"text": "x"}), script("a")));
+        let first = call().await;
+        assert!(
+            first.is_ok(),
+            "{}: the call ran and was charged: {:?}",
+            env.name,
+            first.err().map(|e| e.message)
+        );
+        let day = utc_day(Clock::system().now_ms());
+        let ledger = env
+            .a
+            .get_ledger(&LedgerKey::principal_day("alice", day))
+            .await
+            .unwrap();
+        assert!(
+            ledger.used.tokens >= 1_000_000,
+            "{}: the spending was not charged: {ledger:?}",
+            env.name
+        );
+        assert!(
+            ledger.used.cost_micro_usd >= 10_000_000,
+            "{}: the cost was not charged: {ledger:?}",
+            env.name
+        );
+        assert_eq!(ledger.reserved.tokens, 0, "{}: a hold was left", env.name);
+        let e = call().await.unwrap_err();
+        assert_eq!(e.stage, Stage::Budget, "{}: {}", env.name, e.message);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}", env.name);
+    }
+}
