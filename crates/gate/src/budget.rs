@@ -627,10 +627,17 @@ fn amounts(kind: CallKind, usage: Option<&Usage>, bytes: u64) -> Amounts {
     Amounts {
         calls: 1,
         model_calls: u64::from(model),
-        tokens: usage.map_or(0, Usage::total_tokens),
-        cost_micro_usd: usage.map_or(0, |u| micro_usd(u.cost_usd)),
-        bytes,
+        tokens: storable(usage.map_or(0, Usage::total_tokens)),
+        cost_micro_usd: storable(usage.map_or(0, |u| micro_usd(u.cost_usd))),
+        bytes: storable(bytes),
     }
+}
+
+/// The stores keep counters as signed 64-bit integers and refuse larger amounts. An absurd
+/// count (a provider reporting `u64::MAX` tokens) is charged as the largest they hold, which
+/// uses up any limit: refused, the settle would charge nothing and the hold would run out.
+fn storable(n: u64) -> u64 {
+    n.min(i64::MAX as u64)
 }
 
 fn refusal(r: &BudgetRefusal) -> String {
