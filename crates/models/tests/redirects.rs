@@ -39,10 +39,7 @@ async fn a_redirect_to_another_host_sends_it_neither_headers_nor_data() {
         .unwrap();
     for status in [301, 302, 303, 307, 308] {
         provider.configure(|k| {
-            k.redirect = Some((
-                status,
-                format!("{}/chat/completions", elsewhere.base_url()),
-            ))
+            k.redirect = Some((status, format!("{}/chat/completions", elsewhere.base_url())))
         });
         let out = gated(classify, classify_args()).await.unwrap();
         for seen in elsewhere.requests() {
