@@ -468,6 +468,19 @@ pub(crate) struct SharedLedger {
     pub(crate) audit_follows: bool,
 }
 
+/// How long a refused settle is tried again ([`SharedLedger::settle_later`]); `Gate::flush`
+/// waits for these tries.
+const SETTLE_RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// Why a shared settle did not simply succeed.
+#[derive(Debug)]
+pub(crate) enum SettleError {
+    /// The result crossed a `max_bytes` limit; the spending was charged.
+    Overrun(String),
+    /// The store did not take the charge; it is to be tried again.
+    Store(String),
+}
+
 /// What a call holds in the shared store.
 #[derive(Debug, Clone)]
 pub(crate) struct SharedHold {
@@ -551,7 +564,7 @@ impl SharedLedger {
         usage: Option<&Usage>,
         bytes: u64,
         line_follows: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), SettleError> {
         let actual = amounts(hold.kind, usage, bytes);
         let settled = if line_follows && self.audit_follows {
             self.store
@@ -566,20 +579,44 @@ impl SharedLedger {
                 .iter()
                 .find(|o| o.counter == Counter::Bytes)
             {
-                Some(o) => Err(format!(
+                Some(o) => Err(SettleError::Overrun(format!(
                     "the result ({bytes} bytes) crosses the {} budget `max_bytes` ({} used of {}); it was withheld. Ask for less, or raise budgets.{}.max_bytes in settings",
                     scope_name(&o.ledger),
                     o.used,
                     o.limit,
                     scope_name(&o.ledger)
-                )),
+                ))),
                 None => Ok(()),
             },
             Err(e) => {
                 tracing::error!("settling a shared budget failed: {e}");
-                Err(format!(
-                    "what the call spent could not be charged to the shared budget ({e}); its result was withheld"
-                ))
+                Err(SettleError::Store(format!(
+                    "what the call spent could not be charged to the shared budget ({e}); its result was withheld, and the charge is tried again while the store is away"
+                )))
+            }
+        }
+    }
+
+    /// Charges a settle the store refused, trying again until it takes it, for up to
+    /// [`SETTLE_RETRY_FOR`]. Left alone, the hold would run out and give the budget back,
+    /// though the call ran and spent it. A hold the store no longer knows was settled or
+    /// released after all (the refused attempt committed, but its answer was lost).
+    pub(crate) async fn settle_later(&self, hold: &SharedHold, usage: Option<&Usage>, bytes: u64) {
+        let actual = amounts(hold.kind, usage, bytes);
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            tokio::time::sleep(wait).await;
+            match self.store.settle(&hold.reservation, actual).await {
+                Ok(_) | Err(codemode_state::StateError::UnknownReservation { .. }) => return,
+                Err(e) if started.elapsed() >= SETTLE_RETRY_FOR => {
+                    tracing::error!(
+                        "a call's spending was never charged to the shared budget: the store refused it for {} s ({e})",
+                        SETTLE_RETRY_FOR.as_secs()
+                    );
+                    return;
+                }
+                Err(_) => wait = (wait * 2).min(Duration::from_secs(5)),
             }
         }
     }
@@ -627,10 +664,17 @@ fn amounts(kind: CallKind, usage: Option<&Usage>, bytes: u64) -> Amounts {
     Amounts {
         calls: 1,
         model_calls: u64::from(model),
-        tokens: usage.map_or(0, Usage::total_tokens),
-        cost_micro_usd: usage.map_or(0, |u| micro_usd(u.cost_usd)),
-        bytes,
+        tokens: storable(usage.map_or(0, Usage::total_tokens)),
+        cost_micro_usd: storable(usage.map_or(0, |u| micro_usd(u.cost_usd))),
+        bytes: storable(bytes),
     }
+}
+
+/// The stores keep counters as signed 64-bit integers and refuse larger amounts. An absurd
+/// count (a provider reporting `u64::MAX` tokens) is charged as the largest they hold, which
+/// uses up any limit: refused, the settle would charge nothing and the hold would run out.
+fn storable(n: u64) -> u64 {
+    n.min(i64::MAX as u64)
 }
 
 fn refusal(r: &BudgetRefusal) -> String {

@@ -830,3 +830,149 @@ async fn a_scripts_line_is_written_when_its_caller_stops_waiting_for_it() {
         .collect();
     assert_eq!(tools, ["echo ok", "codemode ok"]);
 }
+
+/// Red team: a provider reporting more tokens than a database counter holds (`u64::MAX`, above
+/// `i64::MAX`) made the shared settle fail ("settled amounts … above the largest storable"), so
+/// the call's spending was never charged and its hold ran out 15 minutes later: the principal's
+/// daily budget came back whole. An absurd count must use the budget up instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_token_count_uses_up_the_shared_budget_instead_of_being_dropped() {
+    for env in backends().await {
+        let lying = codemode_spec::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: 50,
+            cost_usd: 1e30,
+            ..Default::default()
+        };
+        let reg = Registry::new();
+        let tool = TestTool::model("models.classify", "acme", "small", lying);
+        let runs = tool.runs.clone();
+        reg.register(Arc::new(tool)).unwrap();
+        let limits = BudgetLimits {
+            max_tokens: Some(1_000_000),
+            max_cost_usd: Some(10.0),
+            ..BudgetLimits::default()
+        };
+        let gate = builder(&reg)
+            .shared_budgets(
+                env.a.clone(),
+                DailyBudgets {
+                    principal: limits,
+                    ..DailyBudgets::default()
+                },
+            )
+            .principal(alice())
+            .build()
+            .unwrap();
+        let call = || gate.call(req("models.classify", json!({"text": "x"}), script("a")));
+        let first = call().await;
+        assert!(
+            first.is_ok(),
+            "{}: the call ran and was charged: {:?}",
+            env.name,
+            first.err().map(|e| e.message)
+        );
+        let day = utc_day(Clock::system().now_ms());
+        let ledger = env
+            .a
+            .get_ledger(&LedgerKey::principal_day("alice", day))
+            .await
+            .unwrap();
+        assert!(
+            ledger.used.tokens >= 1_000_000,
+            "{}: the spending was not charged: {ledger:?}",
+            env.name
+        );
+        assert!(
+            ledger.used.cost_micro_usd >= 10_000_000,
+            "{}: the cost was not charged: {ledger:?}",
+            env.name
+        );
+        assert_eq!(ledger.reserved.tokens, 0, "{}: a hold was left", env.name);
+        let e = call().await.unwrap_err();
+        assert_eq!(e.stage, Stage::Budget, "{}: {}", env.name, e.message);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}", env.name);
+    }
+}
+
+/// Red team: when the store could not take a call's settle (SQLite busy past its timeout, a
+/// PostgreSQL hiccup), the result was withheld but what the call spent was never charged: its
+/// hold stayed until it ran out 15 minutes later, and then the principal's budget came back
+/// whole, though the model call ran and was billed. The spending must reach the ledger once
+/// the store answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_the_store_refused_is_charged_once_it_answers_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let (clock, manual) = Clock::manual(Clock::system().now_ms());
+    let store: Arc<dyn StateStore> = Arc::new(
+        SqliteStore::open(
+            &path,
+            SqliteOptions {
+                busy_timeout: std::time::Duration::from_millis(300),
+                ..SqliteOptions::default()
+            },
+            clock,
+        )
+        .await
+        .unwrap(),
+    );
+    let spent = codemode_spec::Usage {
+        input_tokens: 600,
+        output_tokens: 400,
+        ..Default::default()
+    };
+    let reg = Registry::new();
+    let mut tool = TestTool::model("models.classify", "acme", "small", spent);
+    tool.delay_ms = 1000;
+    let runs = tool.runs.clone();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg)
+        .shared_budgets(
+            store.clone(),
+            DailyBudgets {
+                principal: BudgetLimits {
+                    max_tokens: Some(1_000_000),
+                    ..BudgetLimits::default()
+                },
+                ..DailyBudgets::default()
+            },
+        )
+        .principal(alice())
+        .build()
+        .unwrap();
+    let call = {
+        let gate = gate.clone();
+        tokio::spawn(async move {
+            gate.call(req("models.classify", json!({"text": "x"}), script("a")))
+                .await
+        })
+    };
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Another process holds the database's write lock while the call ends.
+    let locker = rusqlite::Connection::open(&path).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let e = call.await.unwrap().unwrap_err();
+    assert!(e.message.contains("could not be charged"), "{}", e.message);
+    locker.execute_batch("ROLLBACK").unwrap();
+    drop(locker);
+
+    // The hold runs out; what the call spent must be on the ledger all the same.
+    manual.advance(std::time::Duration::from_secs(16 * 60));
+    let key = LedgerKey::principal_day("alice", utc_day(Clock::system().now_ms()));
+    let started = std::time::Instant::now();
+    let ledger = loop {
+        let ledger = store.get_ledger(&key).await.unwrap();
+        if ledger.used.tokens >= 1000 || started.elapsed() > std::time::Duration::from_secs(20) {
+            break ledger;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        ledger.used.tokens, 1000,
+        "the call ran and spent 1,000 tokens: {ledger:?}"
+    );
+    assert_eq!(ledger.reserved.tokens, 0, "{ledger:?}");
+}

@@ -48,10 +48,14 @@ impl HttpClient {
     pub(crate) fn new(config: ModelsHttpConfig) -> Self {
         // Building a client fails only when TLS or the resolver cannot start; the default
         // client is the best fallback then, and its own errors surface per request.
+        // No redirects: following one would send the catalog's headers (which may hold a key;
+        // reqwest drops only `Authorization` across hosts) and the script's data to a URL the
+        // user never configured.
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .unwrap_or_default();
+            .unwrap_or_else(|_| unfollowing_client());
         HttpClient { client, config }
     }
 
@@ -113,6 +117,13 @@ impl HttpClient {
             }
             body.extend_from_slice(&chunk);
         }
+        if status.is_redirection() {
+            // The target is not shown: scripts never see provider URLs.
+            return Err(format!(
+                "the provider \"{provider}\" answered HTTP {} (a redirect); codemode does not follow redirects from providers, so the request was not sent on. Set the provider's baseUrl in models.json to the address it redirects to",
+                status.as_u16()
+            ));
+        }
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body);
             // Whole here: `post_json` cuts the message once it is redacted.
@@ -125,6 +136,15 @@ impl HttpClient {
         serde_json::from_slice(&body)
             .map_err(|e| format!("the provider \"{provider}\" answered with malformed JSON ({e})"))
     }
+}
+
+/// A client with only the settings that keep data where it was sent, for when the configured
+/// one cannot be built; its own errors surface per request.
+fn unfollowing_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default()
 }
 
 /// The error and its causes in one line, without the URL (scripts never see provider URLs).

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use crate::catalog::Model;
 use crate::classify::token_cost;
 use crate::mime::image_mime;
-use crate::tokens::reported;
+use crate::tokens::{InputCount, reported};
 use crate::validate::ImagesInput;
 
 pub(crate) fn request_body(model: &Model, input: &ImagesInput) -> Value {
@@ -44,17 +44,42 @@ pub(crate) fn read_output(response: &Value) -> Result<Vec<Value>, String> {
     Ok(output)
 }
 
-pub(crate) fn usage_of(response: &Value, output: &[Value], model: &Model) -> Usage {
-    let images = output.iter().filter(|b| b["type"] == "image").count() as u64;
+/// What an image call is charged: its images at the price per image, and for a model billed
+/// by tokens too, its tokens. Fails closed like a classify call: when the provider reports no
+/// input tokens or less than half of codemode's count, the count stands in; when it reports no
+/// output tokens (or zero), each image is charged `max_output` of them. `estimated` says so.
+pub(crate) fn usage_of(
+    response: &Value,
+    images: u64,
+    model: &Model,
+    sent: InputCount,
+    max_output: u64,
+) -> Usage {
     let usage = response.get("usage");
-    let input = reported(usage, &["input_tokens", "prompt_tokens"]).unwrap_or(0);
-    let output_tokens = reported(usage, &["output_tokens", "completion_tokens"]).unwrap_or(0);
+    let reported_input = reported(usage, &["input_tokens", "prompt_tokens"]);
+    let reported_output =
+        reported(usage, &["output_tokens", "completion_tokens"]).filter(|n| *n > 0);
+    let (input, output, estimated) = if model.price.input > 0.0 || model.price.output > 0.0 {
+        let plausible_input = reported_input.filter(|n| *n >= sent.estimate / 2);
+        (
+            plausible_input.unwrap_or(sent.estimate),
+            reported_output.unwrap_or(max_output.saturating_mul(images.max(1))),
+            plausible_input.is_none() || reported_output.is_none(),
+        )
+    } else {
+        // Billed per image only: its token counts are information, not cost.
+        (
+            reported_input.unwrap_or(0),
+            reported_output.unwrap_or(0),
+            false,
+        )
+    };
     Usage {
         input_tokens: input,
-        output_tokens,
+        output_tokens: output,
         images,
-        cost_usd: images as f64 * model.price.image + token_cost(model, input, output_tokens),
-        estimated: false,
+        cost_usd: images as f64 * model.price.image + token_cost(model, input, output),
+        estimated,
     }
 }
 

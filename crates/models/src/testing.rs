@@ -54,6 +54,8 @@ pub struct Knobs {
     pub echo_authorization: bool,
     /// With `status`, echo the bare key (no `Bearer `) after this many padding characters.
     pub echo_key_after: Option<usize>,
+    /// Answer with this redirect status and `Location` instead.
+    pub redirect: Option<(u16, String)>,
 }
 
 impl Default for Knobs {
@@ -71,6 +73,7 @@ impl Default for Knobs {
             raw_usage: None,
             echo_authorization: false,
             echo_key_after: None,
+            redirect: None,
         }
     }
 }
@@ -202,6 +205,13 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let knobs = lock(&shared.knobs).clone();
     if !knobs.delay.is_zero() {
         tokio::time::sleep(knobs.delay).await;
+    }
+    if let Some((status, location)) = &knobs.redirect {
+        return Response::builder()
+            .status(StatusCode::from_u16(*status).unwrap_or(StatusCode::TEMPORARY_REDIRECT))
+            .header(header::LOCATION, location.as_str())
+            .body(Body::empty())
+            .unwrap_or_default();
     }
     if let Some(status) = knobs.status {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -220,7 +220,8 @@ async fn run(shared: &Shared, request: Request, went_out: &AtomicBool) -> (Value
         }
         Checked::Images(m, _) => match images::read_output(&response) {
             Ok(output) => {
-                let usage = images::usage_of(&response, &output, m);
+                let count = output.iter().filter(|b| b["type"] == "image").count() as u64;
+                let usage = images::usage_of(&response, count, m, sent, max_output);
                 let mut value = json!({
                     "provider": m.provider, "model": m.id, "output": output, "stopReason": "stop",
                 });
@@ -242,13 +243,10 @@ async fn run(shared: &Shared, request: Request, went_out: &AtomicBool) -> (Value
 fn unread_usage(checked: &Checked, sent: InputCount, max_output: u64) -> Usage {
     match checked {
         Checked::Classify(m, _) => classify::usage_of(&Value::Null, m, sent, max_output),
-        Checked::Images(m, _) => {
-            let mut usage = images::usage_of(&Value::Null, &[], m);
-            usage.images = 1;
-            usage.cost_usd += m.price.image;
-            usage.estimated = true;
-            usage
-        }
+        Checked::Images(m, _) => Usage {
+            estimated: true,
+            ..images::usage_of(&Value::Null, 1, m, sent, max_output)
+        },
     }
 }
 

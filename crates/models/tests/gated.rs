@@ -221,3 +221,80 @@ async fn parallel_image_calls_priced_by_tokens_stay_under_a_cost_cap() {
         "spent ${spent} against a cap of ${cap}, {ran} calls ran"
     );
 }
+
+/// Red team: an image model billed by tokens (gpt-image-1 style, no price per image) was
+/// charged only the tokens its provider reported. A provider that reported none, or zero,
+/// made every image free: one call after another all passed a cost cap that allows two.
+/// Codemode's own count stands in for a missing report, as for classify calls.
+#[tokio::test]
+async fn image_calls_priced_by_tokens_are_not_free_when_the_provider_reports_no_usage() {
+    type SetKnobs = Box<dyn Fn(&mut codemode_models::testing::Knobs)>;
+    let cases: [(&str, SetKnobs); 2] = [
+        ("missing", Box::new(|k| k.usage = None)),
+        ("zero", Box::new(|k| k.usage = Some((0, 0)))),
+    ];
+    for (name, knob) in cases {
+        let provider = codemode_models::testing::TestProvider::start()
+            .await
+            .unwrap();
+        provider.configure(|k| knob(k));
+        let mut models = catalog_json(&provider.base_url());
+        models["models"].as_array_mut().unwrap().push(
+            json!({ "provider": "p", "id": "tokpainter", "type": "image",
+                          "price": { "input": 5.0, "output": 40.0 } }),
+        );
+        let catalog = codemode_models::Catalog::from_json(&models).unwrap();
+        let tools = codemode_models::model_tools(
+            std::sync::Arc::new(catalog),
+            codemode_models::ModelsHttpConfig::default(),
+        );
+        let reg = Registry::new();
+        for t in tools {
+            reg.register(t).unwrap();
+        }
+        // Room for two images at the reserved 6,240 output tokens ($0.25 each).
+        let cap = 0.6;
+        let gate = Gate::builder()
+            .registry(reg)
+            .policy(
+                PolicySet::parse(
+                    "all.cedar",
+                    "@id(\"all\") permit(principal, action, resource);",
+                )
+                .unwrap(),
+            )
+            .budgets(Budgets {
+                script: BudgetLimits {
+                    max_cost_usd: Some(cap),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
+        let mut ran = 0;
+        for n in 0..10 {
+            let mut p = Provenance::model(format!("cm-img/{n}"), "s1");
+            p.origin = codemode_spec::Origin::Script;
+            p.script_id = Some("img".into());
+            let args = json!({"model": { "type": "image", "provider": "p", "id": "tokpainter" },
+                              "context": {"input": [{"type": "text", "text": "a fox"}]}});
+            match gate
+                .call(CallRequest::new("models.generateImages", args, p))
+                .await
+            {
+                Ok(out) => {
+                    assert_eq!(out.value["stopReason"], "stop", "{name}: {}", out.value);
+                    let usage = out.usage.expect("usage");
+                    assert!(usage.estimated, "{name}: {usage:?}");
+                    assert!(usage.cost_usd > 0.0, "{name}: an image came free");
+                    ran += 1;
+                }
+                Err(e) => assert_eq!(e.stage, Stage::Budget, "{name}: {}", e.message),
+            }
+        }
+        let spent = gate.end_script("img").usage.cost_usd;
+        assert!(ran <= 2, "{name}: {ran} images ran under a cap of ${cap}");
+        assert!(spent > 0.0 && spent <= cap, "{name}: spent ${spent}");
+    }
+}

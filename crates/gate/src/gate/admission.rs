@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::script_lines::ScriptLines;
 use super::{Admitted, CallRequest, Inner, hook_event};
 use crate::audit::{PendingLine, sha256_hex};
-use crate::budget::{Reservation, SharedHold};
+use crate::budget::{Reservation, SettleError, SharedHold};
 use crate::error::{GateError, Stage};
 use crate::hooks::AfterDecision;
 use crate::outcome::{CallOutcome, Status};
@@ -194,7 +194,19 @@ impl Pending {
             .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes);
         let shared = match (&r.shared, &self.gate.shared) {
             // Every caller writes the call's line next and waits for it.
-            (Some(hold), Some(shared)) => shared.settle(hold, usage, bytes, true).await,
+            (Some(hold), Some(shared)) => match shared.settle(hold, usage, bytes, true).await {
+                Ok(()) => Ok(()),
+                Err(SettleError::Overrun(m)) => Err(m),
+                Err(SettleError::Store(m)) => {
+                    let (gate, hold, usage) = (self.gate.clone(), hold.clone(), usage.cloned());
+                    in_background(&self.gate, async move {
+                        if let Some(shared) = &gate.shared {
+                            shared.settle_later(&hold, usage.as_ref(), bytes).await;
+                        }
+                    });
+                    Err(m)
+                }
+            },
             _ => Ok(()),
         };
         local.and(shared)
@@ -463,7 +475,11 @@ impl Drop for Pending {
                     if let Some(shared) = &gate.shared {
                         if ran {
                             // The line is written by another task, maybe first: settle durably.
-                            let _ = shared.settle(&hold, charged.as_ref(), 0, false).await;
+                            if let Err(SettleError::Store(_)) =
+                                shared.settle(&hold, charged.as_ref(), 0, false).await
+                            {
+                                shared.settle_later(&hold, charged.as_ref(), 0).await;
+                            }
                         } else {
                             shared.release(&hold).await;
                         }
