@@ -634,3 +634,35 @@ async fn a_last_line_cut_inside_a_character_is_reported_as_truncated() {
     assert_eq!(line, 1);
     assert!(problem.contains("truncated"), "{problem}");
 }
+
+/// Red-team finding: any process that can open the log, even read-only (a permitted `bash`
+/// whose view keeps it read-only), can hold its `flock`. Every call then waited for the lock
+/// forever, each holding a runtime thread, until the whole process stood still. A call now
+/// waits a bounded time and is refused, with a message that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_locked_by_another_process_refuses_calls_instead_of_hanging_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, runs) = counting_gate(&path);
+    gate.call(req("t", json!({}), script("a"))).await.unwrap();
+    let holder = std::fs::File::open(&path).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let g = gate.clone();
+    let call = tokio::spawn(async move { g.call(req("t", json!({}), script("a"))).await });
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), call).await;
+    drop(holder);
+    let err = outcome
+        .expect("the call ends while the lock is held")
+        .unwrap()
+        .expect_err("a call that cannot be audited is refused");
+    assert!(
+        err.message.contains("locked") && err.message.contains("audit.jsonl"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "only the first call ran"
+    );
+}
