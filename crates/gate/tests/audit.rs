@@ -638,7 +638,7 @@ async fn a_last_line_cut_inside_a_character_is_reported_as_truncated() {
 /// Red-team finding: any process that can open the log, even read-only (a permitted `bash`
 /// whose view keeps it read-only), can hold its `flock`. Every call then waited for the lock
 /// forever, each holding a runtime thread, until the whole process stood still. A call now
-/// waits a bounded time and is refused, with a message that says why.
+/// waits a bounded time and fails, with a message that says why, and no later call runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_locked_by_another_process_refuses_calls_instead_of_hanging_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -660,9 +660,16 @@ async fn a_log_locked_by_another_process_refuses_calls_instead_of_hanging_them()
         "{}",
         err.message
     );
-    assert_eq!(
-        runs.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "only the first call ran"
+    // That call was journalled, so it may have run (its result is withheld); none after it runs.
+    let ran = runs.load(std::sync::atomic::Ordering::SeqCst);
+    let later = gate
+        .call(req("t", json!({}), script("a")))
+        .await
+        .expect_err("every later call is refused");
+    assert!(
+        later.message.contains("audit log cannot be written"),
+        "{}",
+        later.message
     );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), ran);
 }

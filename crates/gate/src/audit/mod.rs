@@ -433,13 +433,35 @@ impl Inner {
     }
 }
 
+/// How long an append waits for the log's lock. Writers hold it for one line; anything longer
+/// is a process that took it to stop codemode (a read-only descriptor is enough to take it).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// An advisory exclusive lock on a file, released when dropped.
 struct Flock<'a>(&'a File);
 
 impl<'a> Flock<'a> {
+    /// Takes the lock, waiting at most [`LOCK_WAIT`]: a call must fail, not hang (and hold a
+    /// thread) while another process keeps the log locked.
     fn exclusive(file: &'a File) -> std::io::Result<Self> {
-        rustix::fs::flock(file, FlockOperation::LockExclusive)?;
-        Ok(Flock(file))
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(Flock(file)),
+                Err(rustix::io::Errno::WOULDBLOCK) if started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    return Err(std::io::Error::other(format!(
+                        "another process has held the log locked (flock) for more than {} s; find it with `fuser` or `lsof` on the file and stop it (a program a script started can take the lock), then restart codemode",
+                        LOCK_WAIT.as_secs()
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 
