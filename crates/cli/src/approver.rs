@@ -79,8 +79,8 @@ fn question(req: &ApprovalRequest) -> String {
     };
     format!(
         "codemode: a script wants to call `{}` with ({} characters):\n{args}\nReason: {}{policies}",
-        req.tool_name,
+        codemode_gate::shown_text(&req.tool_name),
         args.chars().count(),
-        req.reason
+        codemode_gate::shown_text(&req.reason)
     )
 }

@@ -32,7 +32,11 @@ impl ApprovalRequest {
 
 const LONG_RUN: usize = 32;
 
-fn shown_arguments(args: &Value) -> String {
+/// A call's arguments as a person deciding on it is shown them: compact JSON, long runs of
+/// spaces or tabs counted instead of printed (padding could push the end of a command out of
+/// sight), and characters that could move the cursor, recolour or reorder the terminal's text
+/// escaped, so what is shown is what runs.
+pub fn shown_arguments(args: &Value) -> String {
     let json = serde_json::to_string(args).unwrap_or_default();
     let mut out = String::with_capacity(json.len());
     let mut chars = json.chars().peekable();
@@ -51,14 +55,34 @@ fn shown_arguments(args: &Value) -> String {
             }
             continue;
         }
-        let reorders = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
-        if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || reorders {
+        push_shown(&mut out, c);
+    }
+    out
+}
+
+/// Text a call brings (a tool name, a hook's reason) as a person is shown it: every control
+/// character but tab, and every character that reorders text, escaped.
+pub fn shown_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\t' {
             out.push_str(&format!("\\u{:04x}", c as u32));
         } else {
-            out.push(c);
+            push_shown(&mut out, c);
         }
     }
     out
+}
+
+/// `c`, or its escape when a terminal could act on it (DEL, C1) or it reorders text.
+fn push_shown(out: &mut String, c: char) {
+    let reorders =
+        matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || reorders {
+        out.push_str(&format!("\\u{:04x}", c as u32));
+    } else {
+        out.push(c);
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -5,6 +5,7 @@
 //! the process holding the cell sees it and carries on; this command writes the audit line
 //! naming who answered through the `cli` channel.
 
+use codemode_gate::{shown_arguments, shown_text};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -82,8 +83,8 @@ pub async fn run(cmd: ApprovalsCommand) -> Result<ExitCode> {
                         "{}  {:<8}  {}  {}  (expires {})",
                         a.id,
                         a.state.as_str(),
-                        a.tool,
-                        cut(&a.arguments.to_string(), 80),
+                        shown_text(&a.tool),
+                        cut(&shown_arguments(&a.arguments), 80),
                         format_ms(a.expires_at_ms)
                     );
                 }
@@ -163,12 +164,11 @@ async fn answer(args: AnswerArgs, decision: Decision) -> Result<ExitCode> {
 fn show(a: &ApprovalRecord, cell: Option<&codemode_state::CellRecord>) {
     println!("approval   {}", a.id);
     println!("state      {}", a.state.as_str());
-    println!("tool       {}", a.tool);
-    println!(
-        "arguments  {}",
-        serde_json::to_string_pretty(&a.arguments).unwrap_or_default()
-    );
-    println!("why        {}", a.reason);
+    // The arguments and the reason come from the script and from hooks: shown escaped, so
+    // no character in them reorders or recolours what the person reads.
+    println!("tool       {}", shown_text(&a.tool));
+    println!("arguments  {}", shown_arguments(&a.arguments));
+    println!("why        {}", shown_text(&a.reason));
     println!(
         "policies   {}",
         if a.policy_ids.is_empty() {
@@ -177,7 +177,7 @@ fn show(a: &ApprovalRecord, cell: Option<&codemode_state::CellRecord>) {
             a.policy_ids.join(", ")
         }
     );
-    println!("session    {}", a.session_id);
+    println!("session    {}", shown_text(&a.session_id));
     if let Some(c) = cell {
         println!(
             "cell       {} ({}, held by {})",
@@ -190,7 +190,11 @@ fn show(a: &ApprovalRecord, cell: Option<&codemode_state::CellRecord>) {
     println!("expires    {}", format_ms(a.expires_at_ms));
     println!("call hash  {}", a.call_hash);
     if let (Some(by), Some(channel)) = (&a.answered_by, &a.answered_channel) {
-        println!("answered   by {by} through {channel}");
+        println!(
+            "answered   by {} through {}",
+            shown_text(by),
+            shown_text(channel)
+        );
     }
 }
 
