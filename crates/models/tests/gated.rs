@@ -149,22 +149,13 @@ async fn a_model_call_cut_off_in_flight_is_audited_as_cancelled_and_charged_its_
     assert_eq!(line["kind"], "model", "{line}");
 }
 
-/// Red team: an image model billed by tokens as well (gpt-image-1 is) was reserved only its
-/// price per image, so four parallel calls passed a $1.50 cap together and spent $4. The
-/// reservation now holds its token prices too, at 6,240 output tokens an image.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parallel_image_calls_priced_by_tokens_stay_under_a_cost_cap() {
-    let provider = codemode_models::testing::TestProvider::start()
-        .await
-        .unwrap();
-    provider.configure(|k| {
-        k.delay = Duration::from_millis(300);
-        k.usage = Some((10, 4_000));
-    });
+/// A gate that permits everything, with the provider's catalog plus `tokpainter`, an image
+/// model billed by tokens only (gpt-image-1 style), and a script cost cap of `cap` dollars.
+fn token_priced_image_gate(provider: &codemode_models::testing::TestProvider, cap: f64) -> Gate {
     let mut models = catalog_json(&provider.base_url());
     models["models"].as_array_mut().unwrap().push(
         json!({ "provider": "p", "id": "tokpainter", "type": "image",
-                      "price": { "input": 5.0, "output": 40.0 } }),
+                "price": { "input": 5.0, "output": 40.0 } }),
     );
     let catalog = codemode_models::Catalog::from_json(&models).unwrap();
     let tools = codemode_models::model_tools(
@@ -175,8 +166,7 @@ async fn parallel_image_calls_priced_by_tokens_stay_under_a_cost_cap() {
     for t in tools {
         reg.register(t).unwrap();
     }
-    let cap = 0.6;
-    let gate = Gate::builder()
+    Gate::builder()
         .registry(reg)
         .policy(
             PolicySet::parse(
@@ -193,7 +183,23 @@ async fn parallel_image_calls_priced_by_tokens_stay_under_a_cost_cap() {
             ..Default::default()
         })
         .build()
+        .unwrap()
+}
+
+/// Red team: an image model billed by tokens as well (gpt-image-1 is) was reserved only its
+/// price per image, so four parallel calls passed a $1.50 cap together and spent $4. The
+/// reservation now holds its token prices too, at 6,240 output tokens an image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_image_calls_priced_by_tokens_stay_under_a_cost_cap() {
+    let provider = codemode_models::testing::TestProvider::start()
+        .await
         .unwrap();
+    provider.configure(|k| {
+        k.delay = Duration::from_millis(300);
+        k.usage = Some((10, 4_000));
+    });
+    let cap = 0.6;
+    let gate = token_priced_image_gate(&provider, cap);
     let calls = (0..4).map(|n| {
         let gate = gate.clone();
         async move {
@@ -238,40 +244,9 @@ async fn image_calls_priced_by_tokens_are_not_free_when_the_provider_reports_no_
             .await
             .unwrap();
         provider.configure(|k| knob(k));
-        let mut models = catalog_json(&provider.base_url());
-        models["models"].as_array_mut().unwrap().push(
-            json!({ "provider": "p", "id": "tokpainter", "type": "image",
-                          "price": { "input": 5.0, "output": 40.0 } }),
-        );
-        let catalog = codemode_models::Catalog::from_json(&models).unwrap();
-        let tools = codemode_models::model_tools(
-            std::sync::Arc::new(catalog),
-            codemode_models::ModelsHttpConfig::default(),
-        );
-        let reg = Registry::new();
-        for t in tools {
-            reg.register(t).unwrap();
-        }
         // Room for two images at the reserved 6,240 output tokens ($0.25 each).
         let cap = 0.6;
-        let gate = Gate::builder()
-            .registry(reg)
-            .policy(
-                PolicySet::parse(
-                    "all.cedar",
-                    "@id(\"all\") permit(principal, action, resource);",
-                )
-                .unwrap(),
-            )
-            .budgets(Budgets {
-                script: BudgetLimits {
-                    max_cost_usd: Some(cap),
-                    ..Default::default()
-                },
-                ..Default::default()
-            })
-            .build()
-            .unwrap();
+        let gate = token_priced_image_gate(&provider, cap);
         let mut ran = 0;
         for n in 0..10 {
             let mut p = Provenance::model(format!("cm-img/{n}"), "s1");

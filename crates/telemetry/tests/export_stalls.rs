@@ -7,28 +7,16 @@
 //! each up to its 5 to 10 s timeout): about 33 s after every signal, longer than the 30 s an
 //! orchestrator gives a container before it kills it.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
-use codemode_spec::{
-    CallFacts, Exposure, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec,
-};
+use codemode_spec::{Exposure, Provenance, ToolSpec};
 use codemode_telemetry::{Telemetry, TelemetryConfig};
-use serde_json::{Value, json};
-
-struct Echo(ToolSpec);
-
-impl Tool for Echo {
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
-        Ok(codemode_spec::prepared(CallFacts::default(), move |_| {
-            Box::pin(async move { Ok(ToolOutput::value(args)) })
-        }))
-    }
-}
+use common::Echo;
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_receiver_that_never_answers_holds_up_neither_calls_nor_shutdown() {

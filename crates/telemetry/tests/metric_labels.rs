@@ -8,27 +8,15 @@
 //! caller's own text, and filled the SDK's 2,000 series per instrument: the calls of real tools
 //! not counted before then were only counted in the `otel_metric_overflow` series, with no tool.
 
+mod common;
+
 use std::sync::Arc;
 
 use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
-use codemode_spec::{
-    CallFacts, Exposure, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec,
-};
+use codemode_spec::{Exposure, Provenance, ToolSpec};
 use codemode_telemetry::{Telemetry, TelemetryConfig, UNRESOLVED_TOOL};
-use serde_json::{Value, json};
-
-struct Echo(ToolSpec);
-
-impl Tool for Echo {
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
-        Ok(codemode_spec::prepared(CallFacts::default(), move |_| {
-            Box::pin(async move { Ok(ToolOutput::value(args)) })
-        }))
-    }
-}
+use common::Echo;
+use serde_json::json;
 
 const MADE_UP: &str = "made-up-tool-name";
 

@@ -1,35 +1,23 @@
 //! Traces and metrics checked where they arrive: a real OTLP/HTTP receiver in the test decodes
 //! the protobuf exports, so what is asserted is what a collector would get.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
-use codemode_spec::{
-    CallFacts, Exposure, Origin, PreparedCall, Provenance, Tool, ToolError, ToolOutput, ToolSpec,
-    prepared,
-};
+use codemode_spec::{Exposure, Origin, Provenance, ToolOutput, ToolSpec};
 use codemode_telemetry::{Telemetry, TelemetryConfig, UpstreamState};
+use common::Echo;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use serde_json::{Value, json};
-
-struct Echo(ToolSpec);
-impl Tool for Echo {
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-    fn prepare(&self, args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
-        Ok(prepared(CallFacts::default(), move |_| {
-            Box::pin(async move { Ok(ToolOutput::value(args)) })
-        }))
-    }
-}
+use serde_json::json;
 
 #[derive(Default)]
 struct Received {
