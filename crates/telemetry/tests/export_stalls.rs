@@ -9,13 +9,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
-use codemode_spec::{Exposure, Provenance, ToolSpec};
+use codemode_gate::CallRequest;
+use codemode_spec::Provenance;
 use codemode_telemetry::{Telemetry, TelemetryConfig};
-use common::Echo;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,16 +38,7 @@ async fn a_receiver_that_never_answers_holds_up_neither_calls_nor_shutdown() {
         Some(&switch),
     )
     .unwrap();
-    let registry = Registry::new();
-    let mut spec = ToolSpec::new("echo", "returns its arguments", json!({"type": "object"}));
-    spec.exposure = Exposure::Direct;
-    registry.register(Arc::new(Echo(spec))).unwrap();
-    let gate = Gate::builder()
-        .registry(registry)
-        .policy(PolicySet::parse("t.cedar", "permit(principal, action, resource);").unwrap())
-        .observer(telemetry.metrics().unwrap())
-        .build()
-        .unwrap();
+    let gate = common::echo_gate(telemetry.metrics().unwrap());
     for i in 0..2_000 {
         let started = Instant::now();
         gate.call(CallRequest::new(

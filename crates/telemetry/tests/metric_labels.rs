@@ -10,12 +10,9 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
-use codemode_spec::{Exposure, Provenance, ToolSpec};
+use codemode_gate::CallRequest;
+use codemode_spec::Provenance;
 use codemode_telemetry::{Telemetry, TelemetryConfig, UNRESOLVED_TOOL};
-use common::Echo;
 use serde_json::json;
 
 const MADE_UP: &str = "made-up-tool-name";
@@ -30,16 +27,7 @@ async fn made_up_tool_names_neither_become_labels_nor_crowd_out_real_tools() {
         None,
     )
     .unwrap();
-    let registry = Registry::new();
-    let mut spec = ToolSpec::new("echo", "returns its arguments", json!({"type": "object"}));
-    spec.exposure = Exposure::Direct;
-    registry.register(Arc::new(Echo(spec))).unwrap();
-    let gate = Gate::builder()
-        .registry(registry)
-        .policy(PolicySet::parse("t.cedar", "permit(principal, action, resource);").unwrap())
-        .observer(telemetry.metrics().unwrap())
-        .build()
-        .unwrap();
+    let gate = common::echo_gate(telemetry.metrics().unwrap());
 
     // What a client can send as `tools/call` names, one request each: more names than the
     // SDK keeps series for.
