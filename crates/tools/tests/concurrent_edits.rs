@@ -147,3 +147,92 @@ async fn an_edit_never_undoes_a_write_it_raced() {
         }
     }
 }
+
+const OTHER_PROCESS_ENV: &str = "CONCURRENT_EDITS_OTHER_PROCESS";
+const CROSS_EDITS: usize = 30;
+
+fn cross_lines() -> String {
+    ["here", "there"]
+        .iter()
+        .flat_map(|who| (0..CROSS_EDITS).map(move |i| format!("<{who}> line {i}: old\n")))
+        .collect()
+}
+
+/// Edits the `who` lines of the file at `path`, one call after another, with tools of their
+/// own; the indices of the edits that reported success.
+async fn edit_lines(root: &std::path::Path, who: &str) -> Vec<usize> {
+    let tools = codemode_tools::builtin_tools(&codemode_tools::ToolsConfig::new(root));
+    let edit = tools.iter().find(|t| t.spec().name == "edit").unwrap();
+    let mut succeeded = Vec::new();
+    for i in 0..CROSS_EDITS {
+        let prepared = edit
+            .prepare(json!({
+                "path": "shared.txt",
+                "old_string": format!("<{who}> line {i}: old"),
+                "new_string": format!("<{who}> line {i}: new"),
+            }))
+            .unwrap();
+        match prepared.run(run_ctx()).await {
+            Ok(_) => succeeded.push(i),
+            Err(e) => assert!(e.message.contains("call it again"), "{}", e.message),
+        }
+    }
+    succeeded
+}
+
+/// Not a test of its own: the body of the other codemode process, which edits the same file.
+#[tokio::test]
+async fn other_process_edits() {
+    let Ok(root) = std::env::var(OTHER_PROCESS_ENV) else {
+        return;
+    };
+    let succeeded = edit_lines(std::path::Path::new(&root), "there").await;
+    println!("SUCCEEDED {}", json!(succeeded));
+}
+
+/// Two codemode processes (two agents, two replicas on one machine) editing one file: neither
+/// may report an edit that the other then throws away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_from_two_processes_lose_no_reported_change() {
+    for round in 0..5 {
+        let b = Bench::new();
+        let path = b.put("shared.txt", cross_lines());
+        let other = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "other_process_edits",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(OTHER_PROCESS_ENV, &b.root)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let here = edit_lines(&b.root, "here").await;
+        let out = other.wait_with_output().unwrap();
+        assert!(out.status.success());
+        // Wherever the test harness put it (on the line that names the test).
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let there: Vec<usize> = said
+            .lines()
+            .find_map(|l| l.split_once("SUCCEEDED ").map(|(_, list)| list))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap_or_else(|| panic!("the other process reports: {said}"));
+        let file = std::fs::read_to_string(&path).unwrap();
+        for (who, succeeded) in [("here", &here), ("there", &there)] {
+            let lost: Vec<_> = succeeded
+                .iter()
+                .filter(|i| !file.contains(&format!("<{who}> line {i}: new\n")))
+                .collect();
+            assert!(
+                lost.is_empty(),
+                "round {round}: {who}'s edits {lost:?} reported success and are gone"
+            );
+        }
+    }
+}
