@@ -236,3 +236,23 @@ async fn edits_from_two_processes_lose_no_reported_change() {
         }
     }
 }
+
+/// A program that holds the file's lock (any that can open it can) makes a change wait a
+/// bounded time and fail with nothing changed, not hang the call.
+#[tokio::test]
+async fn an_edit_of_a_file_another_process_keeps_locked_fails_with_nothing_changed() {
+    let b = Bench::new();
+    let path = b.put("held.txt", "keep: old\n");
+    let holder = std::fs::File::open(&path).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let err = b
+        .call(
+            "edit",
+            json!({"path": "held.txt", "old_string": "old", "new_string": "new"}),
+        )
+        .await
+        .expect_err("the file stays locked");
+    assert!(err.message.contains("locked (flock)"), "{}", err.message);
+    assert_eq!(err.effect, codemode_spec::Effect::None);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep: old\n");
+}

@@ -1,17 +1,23 @@
-//! One change at a time per directory entry, within this process.
+//! One change at a time per file.
 //!
 //! `edit` reads a file and renames its new content over it; a second edit (or write) of the
 //! same file between that read and that rename would be thrown away by it while both report
 //! success. Changes of one entry (a directory, by identity, and a name in it) therefore wait
-//! for each other; the one that comes second then finds the file replaced and says so.
+//! for each other within the process, and changes of an existing file wait across processes
+//! too, on an exclusive `flock` of the file itself; the one that comes second then finds the
+//! file replaced and says so.
 
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use codemode_spec::ToolError;
+use codemode_spec::{Effect, ToolError};
+use rustix::fs::FlockOperation;
+use rustix::io::Errno;
 
 use super::{FileId, errno_error};
 
@@ -52,5 +58,45 @@ impl Drop for EntryLock {
             set.remove(&self.key);
         }
         RELEASED.notify_all();
+    }
+}
+
+/// How long a change waits for another process's change of the same file. Changes hold the
+/// lock for one read and one write; longer means a program holds it on purpose.
+const FILE_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// An exclusive `flock` on an existing file, held until dropped: another codemode process
+/// changing the same file waits for this change to end (and then finds the file replaced).
+pub(crate) struct FileLock(#[allow(dead_code)] File);
+
+impl FileLock {
+    /// Locks `file` (through a descriptor of its own, so the lock outlives `file`), waiting at
+    /// most [`FILE_LOCK_WAIT`].
+    pub fn take(file: &File, path: &Path) -> Result<Self, ToolError> {
+        let held = file
+            .try_clone()
+            .map_err(|e| crate::support::io_error("lock", path, &e).with_effect(Effect::None))?;
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match rustix::fs::flock(&held, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => return Ok(FileLock(held)),
+                Err(Errno::WOULDBLOCK) if started.elapsed() < FILE_LOCK_WAIT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                Err(Errno::WOULDBLOCK) => {
+                    return Err(ToolError::failed(format!(
+                        "{} is locked (flock) by another process for more than {} s, so nothing was changed; call it again once that process is done with it",
+                        path.display(),
+                        FILE_LOCK_WAIT.as_secs()
+                    ))
+                    .with_effect(Effect::None));
+                }
+                // A file system without flock: the process-wide lock still holds.
+                Err(Errno::NOLCK | Errno::NOSYS | Errno::OPNOTSUPP) => return Ok(FileLock(held)),
+                Err(e) => return Err(super::errno_error("lock", path, e).with_effect(Effect::None)),
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@ use codemode_spec::{Effect, ToolError};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::entry_lock::EntryLock;
+use super::entry_lock::{EntryLock, FileLock};
 use super::{FileId, Leaf, Resolved, changed, errno_error, file_type, replaced};
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -73,6 +73,15 @@ pub(crate) fn write_atomic(target: &Resolved, bytes: &[u8]) -> Result<(), ToolEr
     }
     let dir = dir.as_ref().unwrap_or(&target.dir.fd);
     let _lock = EntryLock::take(dir, name, path)?;
+    // An existing file: another process's change of it ends first. One that cannot be opened
+    // for reading is replaced without that lock (the checks below still hold).
+    let _file_lock = match judged {
+        Some(_) => match target.open_file() {
+            Ok(file) => Some(FileLock::take(&file, path)?),
+            Err(_) => None,
+        },
+        None => None,
+    };
     replace_in(dir.as_fd(), name, judged, bytes, path)
 }
 
@@ -98,6 +107,8 @@ pub(crate) fn rewrite<T>(
     let file = target
         .open_file()
         .map_err(|e| e.with_effect(Effect::None))?;
+    // Held from the read to the rename, across processes.
+    let _file_lock = FileLock::take(&file, path)?;
     let (bytes, report) = change(file)?;
     replace_in(
         target.dir.fd.as_fd(),
