@@ -4,17 +4,16 @@
 
 use std::sync::Arc;
 
+use super::changes::Changes;
+use super::progress::Watchers;
 use rmcp::ClientHandler;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, Implementation, LoggingLevel,
     LoggingMessageNotificationParam, ProgressNotificationParam,
 };
 use rmcp::service::{NotificationContext, RoleClient};
-use tokio::sync::mpsc::UnboundedSender;
 
-use super::progress::Watchers;
-
-/// What changed on a server, for the hub's refresher.
+/// What changed on a server, for its refresher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Listing {
     Tools,
@@ -22,34 +21,28 @@ pub(crate) enum Listing {
     Prompts,
 }
 
-/// Per-connection handler: forwards list changes to the hub's refresher, progress to whoever
-/// waits for the call, and logs the server's log messages through `tracing` (never into results).
+/// Per-connection handler: notes list changes for the server's refresher, forwards progress to
+/// whoever waits for the call, and logs the server's log messages through `tracing` (never into
+/// results).
 #[derive(Clone)]
 pub(crate) struct Handler {
     pub(crate) server: Arc<str>,
-    pub(crate) list_changed: UnboundedSender<(Arc<str>, Listing)>,
+    pub(crate) changes: Arc<Changes>,
     pub(crate) progress: Watchers,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server = %self.server, "tool list changed");
-        // The hub may be shutting down; then there is nobody left to refresh for.
-        let _ = self
-            .list_changed
-            .send((self.server.clone(), Listing::Tools));
+        self.changes.mark(Listing::Tools);
     }
 
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self
-            .list_changed
-            .send((self.server.clone(), Listing::Resources));
+        self.changes.mark(Listing::Resources);
     }
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self
-            .list_changed
-            .send((self.server.clone(), Listing::Prompts));
+        self.changes.mark(Listing::Prompts);
     }
 
     async fn on_progress(

@@ -1,5 +1,6 @@
 //! The client side: the user's MCP servers as codemode tools.
 
+mod changes;
 mod handler;
 mod hub;
 mod listing;
