@@ -160,25 +160,53 @@ async fn requests_a_server_sends_the_client_are_refused_with_errors_that_say_why
     hub.shutdown().await;
 }
 
+/// Forwards the progress of one call of `tool` and returns the lines that reached the sink.
+async fn forwarded_progress(hub: &McpHub, tool: &str, args: Value) -> Vec<String> {
+    let route = format!("codemode_protocol_{tool}");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = lines.clone();
+    let _route = route_progress(
+        &route,
+        Arc::new(move |line| seen.lock().unwrap().push(line)),
+    );
+    let mut provenance = Provenance::model("c2", "s1");
+    provenance.parent_call_id = Some(route);
+    run_as(&find(hub, tool), args, provenance).await;
+    lines.lock().unwrap().clone()
+}
+
+/// Red-team finding: every progress notification of an upstream was forwarded to the client of
+/// `codemode serve`, through an unbounded queue: a server could flood the client, and fill the
+/// host's memory while the client read slowly.
+#[tokio::test]
+async fn a_flood_of_upstream_progress_reaches_the_client_thinned() {
+    let hub = hub(json!({"loud": server()})).await;
+    let lines = forwarded_progress(
+        &hub,
+        "mcp__loud__loud_progress",
+        json!({"count": 20000, "bytes": 10}),
+    )
+    .await;
+    assert!(!lines.is_empty(), "the progress was forwarded");
+    assert!(
+        lines.len() <= 100,
+        "20,000 notifications sent in one burst became {} progress lines",
+        lines.len()
+    );
+    hub.shutdown().await;
+}
+
 /// Red-team finding: an upstream's progress message went whole (up to 16 MiB a notification)
 /// to the client of `codemode serve`, as often as the server sent one.
 #[tokio::test]
 async fn an_upstream_progress_message_reaches_the_client_cut_short() {
     let hub = hub(json!({"loud": server()})).await;
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = lines.clone();
-    let _route = route_progress(
-        "codemode_protocol_test",
-        Arc::new(move |line| seen.lock().unwrap().push(line)),
-    );
-    let mut provenance = Provenance::model("c2", "s1");
-    provenance.parent_call_id = Some("codemode_protocol_test".into());
-    let tool = find(&hub, "mcp__loud__loud_progress");
-    assert_eq!(
-        run_as(&tool, json!({"bytes": 1_000_000}), provenance).await,
-        "loud"
-    );
-    let lines = lines.lock().unwrap().clone();
+    let lines = forwarded_progress(
+        &hub,
+        "mcp__loud__loud_progress",
+        json!({"bytes": 1_000_000}),
+    )
+    .await;
     assert!(!lines.is_empty(), "the progress was forwarded");
     for line in &lines {
         assert!(
