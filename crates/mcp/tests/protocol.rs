@@ -222,3 +222,30 @@ async fn an_upstream_progress_message_reaches_the_client_cut_short() {
     }
     hub.shutdown().await;
 }
+
+/// Red-team finding: a stdio server that exited while something it started still held its
+/// stdout open (a helper, a daemon, `cmd &` in a launcher) was never seen to stop: the call
+/// it was answering and every later call waited for their timeouts, and the server was never
+/// started again.
+#[tokio::test]
+async fn a_server_that_exits_while_its_child_holds_stdout_is_seen_to_stop() {
+    let launcher = format!("sleep 300 & exec node {FIXTURE}");
+    let hub = hub(json!({"leaky": {"command": "sh", "args": ["-c", launcher]}})).await;
+    let first = run(&hub, "mcp__leaky__pid", json!({})).await;
+    let exit = find(&hub, "mcp__leaky__exit");
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        exit.call(ToolCall {
+            args: json!({}),
+            provenance: Provenance::model("c3", "s1"),
+            cancel: CancellationToken::new(),
+        }),
+    )
+    .await
+    .expect("the call fails when the server exits, not at its timeout")
+    .unwrap_err();
+    assert!(err.message.contains("closed the connection"), "{err}");
+    let second = run(&hub, "mcp__leaky__pid", json!({})).await;
+    assert_ne!(first, second, "a new process answers");
+    hub.shutdown().await;
+}
