@@ -4,17 +4,18 @@
 
 use std::sync::Arc;
 
+use super::changes::Changes;
+use super::progress::Watchers;
 use rmcp::ClientHandler;
+use rmcp::ErrorData;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, Implementation, LoggingLevel,
+    ClientCapabilities, ClientConfig, CreateMessageRequestParams, CreateMessageResult,
+    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsResult, LoggingLevel,
     LoggingMessageNotificationParam, ProgressNotificationParam,
 };
-use rmcp::service::{NotificationContext, RoleClient};
-use tokio::sync::mpsc::UnboundedSender;
+use rmcp::service::{NotificationContext, RequestContext, RoleClient};
 
-use super::progress::Watchers;
-
-/// What changed on a server, for the hub's refresher.
+/// What changed on a server, for its refresher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Listing {
     Tools,
@@ -22,34 +23,74 @@ pub(crate) enum Listing {
     Prompts,
 }
 
-/// Per-connection handler: forwards list changes to the hub's refresher, progress to whoever
-/// waits for the call, and logs the server's log messages through `tracing` (never into results).
+/// Per-connection handler: notes list changes for the server's refresher, forwards progress to
+/// whoever waits for the call, and logs the server's log messages through `tracing` (never into
+/// results).
 #[derive(Clone)]
 pub(crate) struct Handler {
     pub(crate) server: Arc<str>,
-    pub(crate) list_changed: UnboundedSender<(Arc<str>, Listing)>,
+    pub(crate) changes: Arc<Changes>,
     pub(crate) progress: Watchers,
 }
 
+impl Handler {
+    /// The answer to a request for something codemode does not offer a server: an error that
+    /// says so, logged against the server.
+    fn refuse(&self, method: &str, what: &str) -> ErrorData {
+        tracing::warn!(server = %self.server, %method, "MCP server request refused");
+        ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            format!(
+                "codemode does not offer {what} to MCP servers and did not advertise it; \
+                 {method} is refused"
+            ),
+            None,
+        )
+    }
+}
+
 impl ClientHandler for Handler {
+    // Sampling would spend the user's model credentials outside the gate, elicitation would put
+    // a server's question to the person, roots would name the workspace and home directories.
+    // None is advertised (see `get_info`), and each is refused rather than answered: an empty
+    // list or a "decline" would read as the person's answer.
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        Err(self.refuse("sampling/createMessage", "sampling (model calls)"))
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        Err(self.refuse(
+            "elicitation/create",
+            "elicitation (questions to the person)",
+        ))
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        Err(self.refuse("roots/list", "roots (the workspace's directories)"))
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server = %self.server, "tool list changed");
-        // The hub may be shutting down; then there is nobody left to refresh for.
-        let _ = self
-            .list_changed
-            .send((self.server.clone(), Listing::Tools));
+        self.changes.mark(Listing::Tools);
     }
 
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self
-            .list_changed
-            .send((self.server.clone(), Listing::Resources));
+        self.changes.mark(Listing::Resources);
     }
 
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self
-            .list_changed
-            .send((self.server.clone(), Listing::Prompts));
+        self.changes.mark(Listing::Prompts);
     }
 
     async fn on_progress(

@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use codemode_spec::{NamespaceSpec, Tool};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use super::handler::Listing;
+use super::changes;
 use super::prompts::{PROMPT_TOOL, PromptTool, prompt_exposure, prompt_tool_name};
 use super::resources::{ResourceTool, resource_tool_names};
 use super::tool::McpTool;
@@ -76,7 +76,6 @@ impl McpHub {
     pub fn start(config: &McpConfig, opts: ConnectOptions) -> McpHub {
         let (generation_tx, generation) = watch::channel(0u64);
         let generation_tx = Arc::new(generation_tx);
-        let (list_changed, mut changes) = mpsc::unbounded_channel::<(Arc<str>, Listing)>();
         let mut upstreams = Vec::new();
         let mut disabled = Vec::new();
         for server in config.servers() {
@@ -90,7 +89,6 @@ impl McpHub {
                     .connect_timeout
                     .unwrap_or_else(|| opts.connect_timeout_for(&server.name)),
                 opts.call_timeout,
-                list_changed.clone(),
                 generation_tx.clone(),
             )));
         }
@@ -114,15 +112,12 @@ impl McpHub {
                 }
             }));
         }
-        let watched = upstreams.clone();
-        let refresher = tokio::spawn(async move {
-            while let Some((server, what)) = changes.recv().await {
-                if let Some(upstream) = watched.iter().find(|u| u.name() == &*server) {
-                    upstream.refresh(what).await;
-                }
-            }
-        });
-        tasks.push(refresher);
+        // A refresher per server: one that never answers its re-listing holds up no other.
+        tasks.extend(
+            upstreams
+                .iter()
+                .map(|u| tokio::spawn(changes::follow(u.clone()))),
+        );
         McpHub {
             upstreams,
             disabled,

@@ -1,5 +1,7 @@
 //! The client side: the user's MCP servers as codemode tools.
 
+mod changes;
+mod exited;
 mod handler;
 mod hub;
 mod listing;

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use rmcp::model::ProgressToken;
 
@@ -39,13 +40,33 @@ pub(crate) fn sink_for(call_id: &str) -> Option<ProgressSink> {
     lock(&ROUTES).get(call_id).cloned()
 }
 
+/// The least time between two lines forwarded for one call: a server may send progress as
+/// often as it likes, and every line goes on to the client (through a queue while it reads).
+/// Each notification still resets the call's timeout; only the forwarding is thinned.
+const MIN_GAP: Duration = Duration::from_millis(100);
+
+/// The most bytes of a server's progress message forwarded; the rest is cut.
+const MAX_MESSAGE: usize = 1000;
+
+/// Where one call's progress goes, and when a line last went there.
+struct Watcher {
+    sink: ProgressSink,
+    label: String,
+    last: Option<Instant>,
+}
+
 /// One connection's requests that want their progress forwarded, by the token rmcp put on them.
 #[derive(Clone, Default)]
-pub(crate) struct Watchers(Arc<Mutex<HashMap<ProgressToken, (ProgressSink, String)>>>);
+pub(crate) struct Watchers(Arc<Mutex<HashMap<ProgressToken, Watcher>>>);
 
 impl Watchers {
     pub(crate) fn watch(&self, token: ProgressToken, sink: ProgressSink, label: String) -> Watch {
-        lock(&self.0).insert(token.clone(), (sink, label));
+        let watcher = Watcher {
+            sink,
+            label,
+            last: None,
+        };
+        lock(&self.0).insert(token.clone(), watcher);
         Watch {
             watchers: self.clone(),
             token,
@@ -59,18 +80,39 @@ impl Watchers {
         total: Option<f64>,
         message: Option<&str>,
     ) {
-        let Some((sink, label)) = lock(&self.0).get(token).cloned() else {
-            return;
+        let (sink, label) = {
+            let mut watchers = lock(&self.0);
+            let Some(watcher) = watchers.get_mut(token) else {
+                return;
+            };
+            let now = Instant::now();
+            if watcher.last.is_some_and(|last| now < last + MIN_GAP) {
+                return;
+            }
+            watcher.last = Some(now);
+            (watcher.sink.clone(), watcher.label.clone())
         };
         let amount = match total {
             Some(total) => format!("{progress}/{total}"),
             None => format!("{progress}"),
         };
         match message {
-            Some(m) if !m.is_empty() => sink(format!("{label}: {m} ({amount})")),
+            Some(m) if !m.is_empty() => sink(format!("{label}: {} ({amount})", cut(m))),
             _ => sink(format!("{label}: {amount}")),
         }
     }
+}
+
+/// `message` within `MAX_MESSAGE` bytes, cut at a character boundary and marked when cut.
+fn cut(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MAX_MESSAGE {
+        return message.into();
+    }
+    let mut end = MAX_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes cut)", &message[..end], message.len() - end).into()
 }
 
 /// Stops forwarding when dropped.

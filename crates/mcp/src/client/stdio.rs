@@ -26,6 +26,10 @@ use crate::bounded_line::BoundedLine;
 /// limit, so that everything the screen passes rmcp also reads.
 pub(crate) const MAX_LINE: usize = DEFAULT_MAX_LINE_LENGTH;
 
+/// How long the screen keeps reading after the server exited, while output still arrives: the
+/// server's last lines may still be in the pipe, though something it started keeps it open.
+const DRAIN_QUIET: Duration = Duration::from_millis(200);
+
 /// How long `close` waits for the server to exit after its stdin closed, and again after SIGTERM.
 const EXIT_WAIT: Duration = Duration::from_secs(3);
 
@@ -55,8 +59,13 @@ impl ChildTransport {
             .take()
             .ok_or_else(|| io::Error::other("the server's stdout was not piped"))?;
         let stderr = child.stderr().take();
+        let exited: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
+            match child.id().and_then(super::exited::exit_of) {
+                Some(exit) => Box::pin(exit),
+                None => Box::pin(std::future::pending()),
+            };
         let (read, write) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(screen_lines(server, stdout, write, MAX_LINE));
+        tokio::spawn(screen_lines(server, stdout, write, MAX_LINE, exited));
         let transport = ChildTransport {
             child: Some(child),
             inner: AsyncRwTransport::new_client(read, stdin),
@@ -114,19 +123,41 @@ impl Drop for ChildTransport {
 }
 
 /// Copies the server's lines to rmcp, replacing each response over a limit with an error for
-/// its request. Ends at the server's end of output or when rmcp stops reading.
+/// its request. Ends at the server's end of output, shortly after `exited` resolves (the server
+/// exited, though something it started may hold its output open), or when rmcp stops reading.
+/// Ending is how rmcp learns the connection is closed.
 async fn screen_lines(
     server: Arc<str>,
     from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     max_line: usize,
+    exited: impl Future<Output = ()>,
 ) {
     let mut from = BufReader::with_capacity(64 * 1024, from);
     let mut line = BoundedLine::new(max_line);
     let mut scanner = Scanner::default();
+    let mut exited = std::pin::pin!(exited);
+    let mut gone = false;
     loop {
         let (taken, ended) = {
-            let available = match from.fill_buf().await {
+            let read = if gone {
+                match tokio::time::timeout(DRAIN_QUIET, from.fill_buf()).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        tracing::debug!(%server, "the MCP server exited; something it started still holds its stdout");
+                        break;
+                    }
+                }
+            } else {
+                tokio::select! {
+                    read = from.fill_buf() => read,
+                    () = &mut exited => {
+                        gone = true;
+                        continue;
+                    }
+                }
+            };
+            let available = match read {
                 Ok(available) => available,
                 Err(e) => {
                     tracing::debug!(%server, error = %e, "reading the MCP server's stdout failed");
@@ -231,6 +262,7 @@ mod tests {
             std::io::Cursor::new(input),
             into,
             max_line,
+            std::future::pending(),
         ));
         let mut text = String::new();
         out.read_to_string(&mut text).await.unwrap();

@@ -19,9 +19,9 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::changes::Changes;
 use super::handler::{Handler, Listing};
 use super::listing;
 use super::ordered::CancelAfterRequest;
@@ -76,7 +76,8 @@ pub(crate) struct Upstream {
     pub(crate) config: ServerConfig,
     connect_timeout: Duration,
     call_timeout: Duration,
-    list_changed: UnboundedSender<(Arc<str>, Listing)>,
+    /// What the server announced as changed, for its refresher (`changes::follow`).
+    changes: Arc<Changes>,
     progress: Watchers,
     /// Set once the first attempt to start finished, whatever its outcome.
     attempted: AtomicBool,
@@ -121,7 +122,6 @@ impl Upstream {
         config: ServerConfig,
         connect_timeout: Duration,
         default_call_timeout: Duration,
-        list_changed: UnboundedSender<(Arc<str>, Listing)>,
         generation: Arc<tokio::sync::watch::Sender<u64>>,
     ) -> Self {
         let call_timeout = config.timeout.unwrap_or(default_call_timeout);
@@ -131,7 +131,7 @@ impl Upstream {
             config,
             connect_timeout,
             call_timeout,
-            list_changed,
+            changes: Arc::default(),
             progress: Watchers::default(),
             attempted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -288,7 +288,7 @@ impl Upstream {
         lock(&self.stderr_tail).clear();
         let handler = Handler {
             server: Arc::from(self.name()),
-            list_changed: self.list_changed.clone(),
+            changes: self.changes.clone(),
             progress: self.progress.clone(),
         };
         let mut group = None;
@@ -429,13 +429,40 @@ impl Upstream {
         });
     }
 
-    /// Lists again what a server said changed. Returns true when the list changed.
+    /// What the server announced as changed and is not listed again yet.
+    pub(crate) fn changes(&self) -> &Changes {
+        &self.changes
+    }
+
+    /// Lists again what a server said changed. Returns true when the list changed. A server
+    /// that does not answer within the call timeout keeps its old list until it announces a
+    /// change again.
     pub(crate) async fn refresh(&self, what: Listing) -> bool {
         let Some(peer) = self.live_peer() else {
             return false;
         };
-        let changed = match what {
-            Listing::Tools => match listing::tools(&peer, listing::BOUNDS).await {
+        let changed = match tokio::time::timeout(self.call_timeout, self.relist(&peer, what)).await
+        {
+            Ok(changed) => changed,
+            Err(_) => {
+                tracing::warn!(
+                    server = %self.name(),
+                    listing = ?what,
+                    "MCP server did not answer its re-listing within {}; its old list stays",
+                    human_duration(self.call_timeout)
+                );
+                false
+            }
+        };
+        if changed {
+            self.bump();
+        }
+        changed
+    }
+
+    async fn relist(&self, peer: &Peer<RoleClient>, what: Listing) -> bool {
+        match what {
+            Listing::Tools => match listing::tools(peer, listing::BOUNDS).await {
                 Ok(tools) => {
                     let tools = self.kept(tools);
                     replace_if_changed(&mut write(&self.catalog).tools, tools)
@@ -445,25 +472,21 @@ impl Upstream {
                     false
                 }
             },
-            Listing::Resources => match self.list_resources(&peer).await {
+            Listing::Resources => match self.list_resources(peer).await {
                 Ok(r) => replace_if_changed(&mut write(&self.catalog).resources, Some(r)),
                 Err(e) => {
                     tracing::warn!(server = %self.name(), error = %e, "refreshing MCP resources failed");
                     false
                 }
             },
-            Listing::Prompts => match self.list_prompts(&peer).await {
+            Listing::Prompts => match self.list_prompts(peer).await {
                 Ok(p) => replace_if_changed(&mut write(&self.catalog).prompts, Some(p)),
                 Err(e) => {
                     tracing::warn!(server = %self.name(), error = %e, "refreshing MCP prompts failed");
                     false
                 }
             },
-        };
-        if changed {
-            self.bump();
         }
-        changed
     }
 
     /// What a bounded listing kept; what it left out is logged against the server.
