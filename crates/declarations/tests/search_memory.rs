@@ -61,9 +61,18 @@ fn a_huge_query_costs_the_host_little_memory() {
     );
     // Names given to describeTool and describeNamespace are not expanded either.
     for (what, peak) in [
-        ("describeTool", peak_during(|| index.describe_tool(&query).is_err()).1),
-        ("describeTool schema", peak_during(|| index.input_schema(&query).is_err()).1),
-        ("describeNamespace", peak_during(|| index.describe_namespace(&query).is_err()).1),
+        (
+            "describeTool",
+            peak_during(|| index.describe_tool(&query).is_err()).1,
+        ),
+        (
+            "describeTool schema",
+            peak_during(|| index.input_schema(&query).is_err()).1,
+        ),
+        (
+            "describeNamespace",
+            peak_during(|| index.describe_namespace(&query).is_err()).1,
+        ),
     ] {
         assert!(
             peak < 16 << 20,
