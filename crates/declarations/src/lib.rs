@@ -36,6 +36,7 @@ pub use render::{
     DEFAULT_MAX_TYPE_CHARS, RenderOptions, render_declaration, render_type, tool_sample,
 };
 pub use search::{
-    DEFAULT_SEARCH_LIMIT, LookupError, SearchError, SearchHit, SearchOptions, ToolIndex,
+    DEFAULT_SEARCH_LIMIT, LookupError, MAX_QUERY_BYTES, SearchError, SearchHit, SearchOptions,
+    ToolIndex,
 };
 pub use tokens::{Encoding, count_tokens, direct_definitions_json};

@@ -29,6 +29,13 @@ const FIELDS: usize = 3;
 const NAMESPACE_FIELD: usize = 2;
 /// Schema properties read for the text field; bounds work on huge schemas.
 const MAX_SCHEMA_WORDS_NODES: usize = 2_000;
+/// Longest query `searchTools` reads, in bytes of UTF-8. Normalizing and splitting a query takes
+/// up to a hundred times its size (one character can become eighteen in NFKC), and the query comes
+/// from a script: a bound keeps that work small, and no topic needs more words.
+pub const MAX_QUERY_BYTES: usize = 128 * 1024;
+/// Longest unknown name for which the closest names are guessed. Guessing compares the name with
+/// every tool's; a longer name is still looked up, but gets no guesses.
+const MAX_GUESSED_NAME_BYTES: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SearchOptions {
@@ -110,6 +117,10 @@ pub enum SearchError {
         "searchTools() limit must be a positive integer, got 0; omit it for {DEFAULT_SEARCH_LIMIT} results"
     )]
     InvalidLimit,
+    #[error(
+        "searchTools() takes a query of at most {max} bytes, got {bytes}; search with a few words about what the tool does"
+    )]
+    QueryTooLong { bytes: usize, max: usize },
 }
 
 struct Doc {
@@ -225,13 +236,20 @@ impl ToolIndex {
     }
 
     /// Ranks the tools for `query`. An empty (or blank) query and a zero limit are errors; a query
-    /// of only stop words finds nothing. Long queries are fine: each distinct word is scored once.
+    /// of only stop words finds nothing. Long queries are fine (each distinct word is scored once)
+    /// up to [`MAX_QUERY_BYTES`]; a longer one is an error.
     pub fn search(&self, query: &str, opts: &SearchOptions) -> Result<Vec<SearchHit>, SearchError> {
         if query.trim().is_empty() {
             return Err(SearchError::EmptyQuery);
         }
         if opts.limit == 0 {
             return Err(SearchError::InvalidLimit);
+        }
+        if query.len() > MAX_QUERY_BYTES {
+            return Err(SearchError::QueryTooLong {
+                bytes: query.len(),
+                max: MAX_QUERY_BYTES,
+            });
         }
         let mut terms = tokenize(query);
         terms.sort();
@@ -300,7 +318,12 @@ impl ToolIndex {
                 continue;
             }
             let covered = matched.get(&doc_index).map_or(0, Vec::len);
-            if !doc.local_terms.is_empty() && doc.local_terms.iter().all(|t| terms.contains(t)) {
+            if !doc.local_terms.is_empty()
+                && doc
+                    .local_terms
+                    .iter()
+                    .all(|t| terms.binary_search(t).is_ok())
+            {
                 for term in &doc.local_terms {
                     let df = self.doc_freq.get(term).copied().unwrap_or(0) as f64;
                     score += (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
@@ -390,8 +413,12 @@ impl ToolIndex {
     /// other, a few typos (in the whole name or the part after the namespace), or when none is
     /// that close, names sharing a word with it. Descriptions are not consulted: a name that matches nothing gets no guesses.
     fn closest_tools(&self, wanted: &str) -> Vec<String> {
+        if wanted.len() > MAX_GUESSED_NAME_BYTES {
+            return Vec::new();
+        }
         let want = normalize(wanted);
-        let want_terms = tokenize(wanted);
+        let want_chars = want.chars().count();
+        let want_terms: HashSet<String> = tokenize(wanted).into_iter().collect();
         let mut scored: Vec<(usize, &str)> = Vec::new();
         for doc in &self.docs {
             let local = doc.tool.name.rsplit("__").next().unwrap_or(&doc.tool.name);
@@ -404,19 +431,25 @@ impl ToolIndex {
                     if *n == want {
                         return Some(0);
                     }
-                    let inside = n.contains(&want) && 2 * want.len() >= n.len();
-                    let around = want.contains(n.as_str()) && 2 * n.len() >= want.len();
+                    // Lengths first: they are cheap, the searches are not.
+                    let inside = 2 * want.len() >= n.len() && n.contains(&want);
+                    let around = 2 * n.len() >= want.len() && want.contains(n.as_str());
                     if inside || around {
                         return Some(1);
                     }
+                    let most = (n.len().max(want.len()) / 3).max(2);
+                    // The distance is at least the difference in length: skip what cannot be close.
+                    if n.chars().count().abs_diff(want_chars) > most {
+                        return None;
+                    }
                     let distance = strsim::levenshtein(n, &want);
-                    (distance <= (n.len().max(want.len()) / 3).max(2)).then_some(1 + distance)
+                    (distance <= most).then_some(1 + distance)
                 })
                 .min();
             let shared_words = doc
                 .local_terms
                 .iter()
-                .filter(|t| t.len() > 2 && want_terms.contains(t))
+                .filter(|t| t.len() > 2 && want_terms.contains(*t))
                 .count();
             let score = match (similar, shared_words) {
                 (Some(s), _) => s,
@@ -463,14 +496,15 @@ impl ToolIndex {
             .find(|c| c.name == name)
             .or_else(|| candidates.iter().find(|c| namespace_matches(&c.name, name)))
         else {
-            let want = normalize(name);
+            // A name longer than any guess is worth lists the namespaces by name alone.
+            let want = (name.len() <= MAX_GUESSED_NAME_BYTES).then(|| normalize(name));
             let mut known: Vec<(usize, String)> = candidates
                 .iter()
                 .map(|c| {
-                    (
-                        strsim::levenshtein(&normalize(&c.name), &want),
-                        c.name.clone(),
-                    )
+                    let distance = want
+                        .as_ref()
+                        .map_or(0, |w| strsim::levenshtein(&normalize(&c.name), w));
+                    (distance, c.name.clone())
                 })
                 .collect();
             known.sort();

@@ -431,3 +431,39 @@ fn describe_tool_can_return_the_input_schema() {
         json!({"type": "object"})
     );
 }
+
+/// An unknown name of a megabyte is answered (as unknown) at once: the host does not compare it
+/// letter by letter with every tool's names, which took minutes and stopped for no deadline.
+#[test]
+fn a_huge_unknown_name_is_answered_at_once() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let index = index();
+        let words: String = (0..1 << 17).map(|i| format!("w{i} ")).collect();
+        for name in ["a".repeat(1 << 20), "\u{e9}".repeat(1 << 19), words] {
+            let described = index.describe_tool(&name);
+            let schema = index.input_schema(&name);
+            let namespace = index.describe_namespace(&name);
+            if tx.send((described, schema, namespace)).is_err() {
+                return;
+            }
+        }
+    });
+    for _ in 0..3 {
+        let (described, schema, namespace) = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("each huge name is answered within 30 s");
+        assert!(
+            matches!(described, Err(LookupError::UnknownTool { .. })),
+            "{described:?}"
+        );
+        assert!(
+            matches!(schema, Err(LookupError::UnknownTool { .. })),
+            "{schema:?}"
+        );
+        assert!(
+            matches!(namespace, Err(LookupError::UnknownNamespace { .. })),
+            "{namespace:?}"
+        );
+    }
+}

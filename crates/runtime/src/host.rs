@@ -1,7 +1,9 @@
 //! The bridge from the sandbox to the gate: every call a script makes arrives here.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use codemode_declarations::ToolIndex;
 use codemode_gate::{CallRequest, Gate, GateError};
@@ -47,6 +49,11 @@ struct HostState {
     namespaces: Vec<codemode_spec::NamespaceSpec>,
     index: OnceLock<ToolIndex>,
     catalog: Option<Arc<Catalog>>,
+    /// Host time the read-only globals may take for this script: its CPU budget. They run
+    /// outside the VM, where the budget is not counted.
+    read_only_budget: Duration,
+    /// Host time they took so far, in nanoseconds.
+    read_only_spent: AtomicU64,
     /// Global name → registered tool name, for globals that carry authority.
     gated_globals: HashMap<String, String>,
     spent: Mutex<Spent>,
@@ -62,16 +69,29 @@ pub(crate) struct Spent {
     pub generated_images: Vec<String>,
 }
 
+/// What the read-only globals answer from, and the host time they may take.
+pub(crate) struct ReadOnlyView {
+    pub tools: Vec<ToolSpec>,
+    pub namespaces: Vec<codemode_spec::NamespaceSpec>,
+    pub catalog: Option<Arc<Catalog>>,
+    /// The script's CPU budget.
+    pub budget: Duration,
+}
+
 impl RuntimeHost {
     pub(crate) fn new(
         gate: Gate,
         io: Option<tokio::runtime::Handle>,
         identity: ScriptIdentity,
-        tools: Vec<ToolSpec>,
-        namespaces: Vec<codemode_spec::NamespaceSpec>,
-        catalog: Option<Arc<Catalog>>,
+        view: ReadOnlyView,
         gated_globals: HashMap<String, String>,
     ) -> Self {
+        let ReadOnlyView {
+            tools,
+            namespaces,
+            catalog,
+            budget: read_only_budget,
+        } = view;
         let on_call = identity.on_call.clone();
         RuntimeHost {
             state: Arc::new(HostState {
@@ -82,6 +102,8 @@ impl RuntimeHost {
                 namespaces,
                 index: OnceLock::new(),
                 catalog,
+                read_only_budget,
+                read_only_spent: AtomicU64::new(0),
                 gated_globals,
                 spent: Mutex::new(Spent::default()),
                 on_call,
@@ -135,7 +157,23 @@ impl HostState {
                 let index = self
                     .index
                     .get_or_init(|| ToolIndex::new(&self.tools, &self.namespaces));
-                match globals::answer(&call.name, &args, index, self.catalog.as_deref()) {
+                let spent = Duration::from_nanos(self.read_only_spent.load(Ordering::Relaxed));
+                if spent >= self.read_only_budget {
+                    return Err(host_error(
+                        format!(
+                            "{}: searchTools, describeTool, describeNamespace and the model catalog readers have used up this script's CPU budget of {} ms on the host. Search once and keep what you found, or split the work over several scripts.",
+                            call.name,
+                            self.read_only_budget.as_millis()
+                        ),
+                        "RangeError",
+                        Map::new(),
+                    ));
+                }
+                let started = Instant::now();
+                let answer = globals::answer(&call.name, &args, index, self.catalog.as_deref());
+                let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.read_only_spent.fetch_add(took, Ordering::Relaxed);
+                match answer {
                     Some(Ok(v)) => Ok(v),
                     Some(Err(message)) => Err(host_error(message, "TypeError", Map::new())),
                     None => Err(host_error(

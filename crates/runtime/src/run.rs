@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Codemode;
 use crate::codemode_tool::script_facts;
 use crate::globals::{DISCOVERY, MODEL_READERS};
-use crate::host::{RuntimeHost, ScriptIdentity};
+use crate::host::{ReadOnlyView, RuntimeHost, ScriptIdentity};
 
 /// What to run, for whom.
 #[derive(Debug, Clone)]
@@ -311,10 +311,16 @@ impl Codemode {
         call_id: String,
         cell: Option<std::sync::Arc<crate::cells::CellLink>>,
     ) -> ScriptRun {
-        if let Err(e) = codemode_sandbox::parse_source(&source) {
+        let parsed = match codemode_sandbox::parse_source(&source) {
+            Ok(parsed) => parsed,
             // Refused input never reaches the sandbox and has no "script failed" header.
-            return ScriptRun::refused(script_id, e.to_string());
-        }
+            Err(e) => return ScriptRun::refused(script_id, e.to_string()),
+        };
+        // The CPU budget the sandbox will give the script, which its read-only globals share.
+        let config = self.sandbox().config();
+        let cpu_ms =
+            codemode_sandbox::Limits::effective(&config.defaults, &config.maximum, &parsed.options)
+                .cpu_ms;
         let identity = ScriptIdentity {
             session_id: req.session_id.clone(),
             client: req.client.clone(),
@@ -339,9 +345,12 @@ impl Codemode {
             self.gate().clone(),
             tokio::runtime::Handle::try_current().ok(),
             identity,
-            tool_specs,
-            self.gate().registry().namespaces(),
-            self.inner.catalog.clone(),
+            ReadOnlyView {
+                tools: tool_specs,
+                namespaces: self.gate().registry().namespaces(),
+                catalog: self.inner.catalog.clone(),
+                budget: std::time::Duration::from_millis(cpu_ms),
+            },
             surface.gated_globals.clone(),
         );
         let spent = host.spent_handle();

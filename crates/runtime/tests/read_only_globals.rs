@@ -1,0 +1,93 @@
+//! The read-only globals (`runtime::READ_ONLY_GLOBALS`) are answered on the host without the
+//! gate, so what a script passes them must not make the host work or allocate without bound.
+
+mod common;
+
+use codemode_runtime::ScriptRequest;
+use common::*;
+
+#[tokio::test]
+async fn a_huge_search_query_is_refused_with_the_limit() {
+    let world = world(Options::default()).await;
+    // 6 MB of U+FDFA is 108 million characters once normalized: the host allocated about
+    // 600 MB to split it into words.
+    let run = world
+        .codemode
+        .run_script(ScriptRequest::new(
+            r#"const query = "\uFDFA".repeat(2000000);
+               return await searchTools(query).then(hits => "answered: " + hits.length, e => e.name + ": " + e.message);"#,
+            "s1",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    let answer = run.result.unwrap().value.unwrap();
+    let answer = answer.as_str().unwrap();
+    assert!(
+        answer.starts_with("TypeError: searchTools()") && answer.contains("at most"),
+        "the script is told the query's limit: {answer}"
+    );
+    // A query within the limit is still answered.
+    let run = world
+        .codemode
+        .run_script(ScriptRequest::new(
+            r#"return (await searchTools("echo ".repeat(1000))).map(h => h.name);"#,
+            "s1",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    assert!(run.text.contains("echo"), "{}", run.text);
+}
+
+/// Each answer is quick now, but a script may ask again and again: what the host spends
+/// answering is bounded by the script's CPU budget, as the time its JavaScript runs is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_answers_are_charged_to_the_scripts_cpu_budget() {
+    use codemode_gate::{AuditLog, Gate, PolicySet, Registry};
+    use codemode_sandbox::SandboxConfig;
+    use codemode_spec::{CallKind, Exposure};
+
+    let registry = Registry::new();
+    for i in 0..3_000 {
+        registry
+            .register(Echo::tool(
+                &format!("mcp__area{}__create_record_number_{i}", i % 40),
+                CallKind::Tool,
+                Exposure::Deferred,
+            ))
+            .unwrap();
+    }
+    let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("test.cedar", PERMIT_ALL).unwrap())
+        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
+        .build()
+        .unwrap();
+    let mut sandbox = SandboxConfig::default();
+    sandbox.defaults.cpu_ms = 1_000;
+    sandbox.defaults.timeout_ms = 30_000;
+    let codemode = codemode_runtime::Codemode::builder()
+        .gate(gate)
+        .sandbox_config(sandbox)
+        .build()
+        .unwrap();
+    // Every unknown name is compared with all 3,000 tools' names for the closest.
+    let run = codemode
+        .run_script(ScriptRequest::new(
+            r#"let last = "";
+               for (let i = 0; i < 2000; i++) {
+                 last = await describeTool("create_recrd_numbr_" + i).then(() => "found", e => e.message);
+                 if (last.includes("CPU budget")) break;
+               }
+               return last;"#,
+            "s1",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    let last = run.result.unwrap().value.unwrap();
+    let last = last.as_str().unwrap();
+    assert!(
+        last.contains("CPU budget of 1000 ms"),
+        "the script is told its helpers used up its CPU budget: {last}"
+    );
+}
