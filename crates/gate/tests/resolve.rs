@@ -408,3 +408,29 @@ async fn client_requests_cannot_start_scripts_reach_hidden_tools_or_escape_polic
     assert_eq!(lines.len(), 4, "every client request has a line");
     assert!(lines.iter().all(|l| l["provenance"]["origin"] == "client"));
 }
+
+/// Red team: a name the caller chooses (an MCP client's `tools/call`, a model's direct call)
+/// reached "did you mean" whole: an edit distance against every registered name, quadratic in
+/// its length. A megabyte of name must be answered at once, not after minutes.
+#[test]
+fn a_huge_unknown_name_is_refused_at_once() {
+    let reg = registry_with(
+        (0..500)
+            .map(|i| TestTool::new(&format!("mcp__server__tool_number_{i}"), object_schema()))
+            .collect(),
+    );
+    let gate = builder(&reg).build().unwrap();
+    let name = "mcp__server__tool_number_".repeat(40_000);
+    // On a thread of its own, so a test that fails does not wait for the work to end.
+    let (done, answer) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let _ = done.send(rt.block_on(gate.call(req(&name, json!({}), model_origin()))));
+    });
+    let err = answer
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("answered within 30 s")
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Resolve);
+    assert!(err.message.len() < 4096, "{} bytes", err.message.len());
+}
