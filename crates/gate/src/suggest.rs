@@ -1,8 +1,17 @@
 //! "Did you mean" for unknown tool names.
 
+/// Longest name "did you mean" looks at. Registered names are far shorter; the caller chooses
+/// `wanted` (an MCP client's `tools/call`), and the edit distance grows with its length times
+/// each candidate's.
+const MAX_WANTED_BYTES: usize = 256;
+
 /// Up to three names close to `wanted`, closest first: same identifier ignoring case and `-`/`_`,
-/// a shared prefix or substring, or a small edit distance.
+/// a shared prefix or substring, or a small edit distance. None for a name longer than
+/// [`MAX_WANTED_BYTES`].
 pub(crate) fn close_names(wanted: &str, candidates: &[&str]) -> Vec<String> {
+    if wanted.len() > MAX_WANTED_BYTES {
+        return Vec::new();
+    }
     let norm = |s: &str| s.to_ascii_lowercase().replace(['-', '.', ' '], "_");
     let w = norm(wanted);
     let mut scored: Vec<(usize, &str)> = candidates
