@@ -91,10 +91,12 @@ impl Serve {
     }
 
     fn handshake(&mut self) {
-        self.send(json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        self.send(
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18",
             "capabilities": {"elicitation": {}},
-            "clientInfo": {"name": "silent", "version": "1"}}}));
+            "clientInfo": {"name": "silent", "version": "1"}}}),
+        );
         self.answer_to(0, Duration::from_secs(60), &mut Vec::new())
             .expect("initialize answered");
         self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));

@@ -92,6 +92,14 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     for warning in installation.warnings() {
         tracing::warn!("{warning}");
     }
+    // A question the client leaves unanswered expires like any other approval.
+    approvals.set_answer_within(
+        installation
+            .configuration()
+            .settings
+            .durable
+            .approval_expiry,
+    );
     // Cells of this project whose process stopped (killed, crashed) are rebuilt here by
     // replaying their logs, once that process's lease lapsed: look now and then, in the
     // background so that clients are answered at once.

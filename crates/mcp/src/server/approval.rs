@@ -1,7 +1,9 @@
 //! Approvals asked of the person through their MCP client (elicitation).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use codemode_gate::{ApprovalAnswer, ApprovalRequest, Approver};
 use codemode_spec::BoxFuture;
@@ -9,7 +11,7 @@ use rmcp::model::{
     ClientResult, ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction,
     ServerRequest,
 };
-use rmcp::service::{Peer, RoleServer};
+use rmcp::service::{Peer, PeerRequestOptions, RoleServer};
 use serde_json::{Value, json};
 
 /// Routes the gate's approval questions to the MCP client of the session that made the call.
@@ -17,11 +19,29 @@ use serde_json::{Value, json};
 /// Build the gate with this approver (`Gate::builder().approver(Arc::new(router.clone()))`) and
 /// hand the same router to [`crate::serve_stdio`] or [`crate::serve_http`]. A question goes to the
 /// client as a form elicitation; a client that did not declare the elicitation capability, or a
-/// session that is gone, gets *no* (failing closed), with the reason in the log.
-#[derive(Clone, Default)]
+/// session that is gone, gets *no* (failing closed), with the reason in the log. A question
+/// the client leaves unanswered for [`ElicitationApprover::set_answer_within`] is withdrawn
+/// (`notifications/cancelled`) and counts as unasked: a client that declares elicitation and
+/// never answers would otherwise hold the call, its script and its sandbox worker for as long
+/// as the session lives.
+#[derive(Clone)]
 pub struct ElicitationApprover {
     sessions: Arc<RwLock<HashMap<String, SessionPeer>>>,
+    /// How long a question waits for the client's answer, in milliseconds (shared by clones).
+    answer_within_ms: Arc<AtomicU64>,
 }
+
+impl Default for ElicitationApprover {
+    fn default() -> Self {
+        ElicitationApprover {
+            sessions: Arc::default(),
+            answer_within_ms: Arc::new(AtomicU64::new(DEFAULT_ANSWER_WITHIN.as_millis() as u64)),
+        }
+    }
+}
+
+/// The default of `approvals.expire_after`, which `codemode serve` sets instead.
+const DEFAULT_ANSWER_WITHIN: Duration = Duration::from_secs(3600);
 
 #[derive(Clone)]
 struct SessionPeer {
@@ -35,6 +55,17 @@ struct SessionPeer {
 impl ElicitationApprover {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// How long a question waits for the client's answer before it is withdrawn and counts as
+    /// unasked (`approvals.expire_after`). Applies to every clone, questions asked later.
+    pub fn set_answer_within(&self, limit: Duration) {
+        let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.answer_within_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn answer_within(&self) -> Duration {
+        Duration::from_millis(self.answer_within_ms.load(Ordering::Relaxed))
     }
 
     pub(crate) fn register(
@@ -120,14 +151,29 @@ impl ElicitationApprover {
                 return ApprovalAnswer::Unasked("the approval request could not be built");
             }
         };
-        let asked = target
+        // rmcp withdraws the question (notifications/cancelled) when the limit passes.
+        let limit = self.answer_within();
+        let sent = target
             .peer
-            .send_request(ServerRequest::ElicitRequest(ElicitRequest::new(params)))
-            .await
-            .and_then(|r| match r {
-                ClientResult::ElicitResult(answer) => Ok(answer),
-                _ => Err(rmcp::ServiceError::UnexpectedResponse),
-            });
+            .send_request_with_option(
+                ServerRequest::ElicitRequest(ElicitRequest::new(params)),
+                PeerRequestOptions::with_timeout(limit),
+            )
+            .await;
+        let asked = match sent {
+            Ok(handle) => handle.await_response().await,
+            Err(e) => Err(e),
+        };
+        if let Err(rmcp::ServiceError::Timeout { .. }) = &asked {
+            tracing::warn!(%session, tool = %req.tool_name, ?limit, "approval not given: the client did not answer in time");
+            return ApprovalAnswer::Unasked(
+                "the client did not answer the approval request before it expired (approvals.expire_after)",
+            );
+        }
+        let asked = asked.and_then(|r| match r {
+            ClientResult::ElicitResult(answer) => Ok(answer),
+            _ => Err(rmcp::ServiceError::UnexpectedResponse),
+        });
         let asked: Result<ElicitResult, _> = asked;
         match asked {
             Ok(answer) if answer.action == ElicitationAction::Accept => {
