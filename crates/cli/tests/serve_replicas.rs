@@ -320,7 +320,15 @@ fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it(
         "--workdir",
         work.path().to_str().unwrap(),
     ];
+    // Dana's token: what she answers is recorded under her name, whatever her client calls
+    // itself ("dana-laptop").
+    let dana = "dana-token-0123456789";
+    let tokens =
+        serde_json::json!({"tokens": [{"name": "dana", "token_sha256": sha256_hex(dana)}]});
+    let tokens_file = config.path().join("tokens.json");
+    write(&tokens_file, &tokens.to_string());
     let mut serve_args = vec!["--mode", "only", "--policy", policy.to_str().unwrap()];
+    serve_args.extend(["--tokens-file", tokens_file.to_str().unwrap()]);
     serve_args.extend(dirs);
     let a = Replica::start(&serve_args);
     let b = Replica::start(&serve_args);
@@ -338,6 +346,7 @@ fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it(
         .arg(env!("CARGO_BIN_EXE_codemode"))
         .args([&a.url, &b.url])
         .arg(serde_json::json!(approvals_args).to_string())
+        .env("CODEMODE_TEST_TOKEN", dana)
         .output()
         .unwrap();
     assert!(
@@ -441,7 +450,8 @@ fn an_approval_answered_elsewhere_resumes_the_cell_on_the_replica_that_holds_it(
     let shown: Value = serde_json::from_str(el["shown"]["stdout"].as_str().unwrap()).unwrap();
     assert_eq!(shown["approval"]["state"], "approved", "{shown}");
     assert_eq!(shown["approval"]["answered_channel"], "elicitation");
-    assert_eq!(shown["approval"]["answered_by"], "dana-laptop");
+    // The token's principal, not the name the client gave itself.
+    assert_eq!(shown["approval"]["answered_by"], "dana");
     assert_eq!(shown["cell"]["id"], cell2, "{shown}");
 
     // Each call ran exactly once, though two processes saw each cell and two answers could
