@@ -200,8 +200,9 @@ impl ElicitationApprover {
 impl ElicitationApprover {
     /// Asks the client of `session_id`, one at a time, about the calls of its cells that paused
     /// for approval (nobody could be asked then), and answers each through the state store
-    /// (channel `elicitation`, answerer the client's name). The cell then goes on, in whichever
-    /// process holds it. An approval answered meanwhile elsewhere is skipped.
+    /// (channel `elicitation`; the answerer is the session's principal, or the client's name
+    /// where no token names one). The cell then goes on, in whichever process holds it. An
+    /// approval answered meanwhile elsewhere is skipped.
     pub(crate) async fn ask_pending(
         &self,
         codemode: &codemode_runtime::Codemode,
@@ -244,7 +245,14 @@ impl ElicitationApprover {
                 // The client did not answer: the approval stays pending for another channel.
                 ApprovalAnswer::Unasked(_) => continue,
             };
-            let by = client.clone().unwrap_or_else(|| "mcp-client".into());
+            // Who answered: the session's principal (its token) where there is one; a client
+            // names itself, so its name is only the answerer where no token says more.
+            let by = codemode
+                .gate()
+                .principal_of(session_id)
+                .map(|p| p.id)
+                .or_else(|| client.clone())
+                .unwrap_or_else(|| "mcp-client".into());
             let answered = codemode_runtime::cells::answer_approval(
                 cells.store().as_ref(),
                 &cells.config().audit,
