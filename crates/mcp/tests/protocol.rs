@@ -249,3 +249,78 @@ async fn a_server_that_exits_while_its_child_holds_stdout_is_seen_to_stop() {
     assert_ne!(first, second, "a new process answers");
     hub.shutdown().await;
 }
+
+/// The process's resident memory, from `/proc/self/status`.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("a VmRSS line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS in kB");
+    kib * 1024
+}
+
+/// Red-team finding: rmcp answers every request a server sends (a `ping`) and keeps each answer
+/// in memory until it can be written; a server that sent requests and never read its stdin
+/// made the host hold every answer, as much memory as the server cared to send. A server that
+/// stops reading is broken: it is closed, and the next call starts it again.
+#[tokio::test]
+async fn a_server_that_floods_requests_and_never_reads_the_answers_is_restarted_not_hoarded() {
+    let hub = hub(json!({"deaf": server()})).await;
+    let first_pid = run(&hub, "mcp__deaf__pid", json!({})).await;
+    let before = resident_bytes();
+    // 3,000 answers of 100 KB each: 300 MB held if nothing bounds them.
+    let flood = tokio::time::timeout(
+        Duration::from_secs(300),
+        find(&hub, "mcp__deaf__deaf_flood").call(ToolCall {
+            args: json!({"count": 3000, "idBytes": 100_000}),
+            provenance: Provenance::model("c3", "s1"),
+            cancel: CancellationToken::new(),
+        }),
+    )
+    .await
+    .expect("the flood call ends within 300 s");
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        grown < 200 * 1024 * 1024,
+        "the host grew by {} MB holding answers for a server that reads none (the call: {:?})",
+        grown / (1024 * 1024),
+        flood.map(|o| o.value)
+    );
+    let error = flood.expect_err("a server that reads nothing cannot be answered");
+    assert!(
+        error.message.contains("stopped reading"),
+        "the error does not say what the server did: {}",
+        error.message
+    );
+    // The broken server is replaced: a later call reaches a new process.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pid = tokio::time::timeout(
+            Duration::from_secs(60),
+            find(&hub, "mcp__deaf__pid").call(ToolCall {
+                args: json!({}),
+                provenance: Provenance::model("c4", "s1"),
+                cancel: CancellationToken::new(),
+            }),
+        )
+        .await
+        .expect("the call answers within 60 s");
+        if let Ok(out) = pid {
+            let pid = out.value["content"][0]["text"].as_str().unwrap_or_default();
+            assert_ne!(pid, first_pid, "the deaf server was never restarted");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never came back: {pid:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    hub.shutdown().await;
+}
