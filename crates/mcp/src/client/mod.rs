@@ -1,5 +1,6 @@
 //! The client side: the user's MCP servers as codemode tools.
 
+mod backlog;
 mod changes;
 mod exited;
 mod handler;

@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 
+use super::backlog::Backlog;
 use super::changes::Changes;
 use super::handler::{Handler, Listing};
 use super::listing;
@@ -93,6 +94,9 @@ pub(crate) struct Upstream {
     catalog: RwLock<Catalog>,
     failure: RwLock<Option<String>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// What waits to be written to the stdio server last started, to tell a server that
+    /// stopped reading from one that crashed.
+    backlog: RwLock<Option<Arc<Backlog>>>,
     /// Values of the configuration that may be secret, kept out of every message.
     secrets: Vec<String>,
 }
@@ -142,6 +146,7 @@ impl Upstream {
             catalog: RwLock::new(Catalog::default()),
             failure: RwLock::new(None),
             stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+            backlog: RwLock::new(None),
         }
     }
 
@@ -348,6 +353,7 @@ impl Upstream {
                 if let Some(pid) = transport.id() {
                     codemode_childenv::started_confined(pid);
                 }
+                *write(&self.backlog) = Some(transport.backlog());
                 group = transport
                     .id()
                     .and_then(|id| libc::pid_t::try_from(id).ok())
@@ -681,6 +687,10 @@ impl Upstream {
                     "(it may have stopped, or sent a response codemode cannot read: larger \
                      than 16 MiB, nested more than 127 levels, or not a JSON-RPC response)"
                 }
+                ServerTransport::Stdio { .. } if self.stopped_reading() => {
+                    "(it stopped reading what codemode sends it: too many messages went unread, \
+                     so it was closed as broken)"
+                }
                 ServerTransport::Stdio { .. } => "(it may have crashed)",
             };
             return ToolError::failed(self.unavailable(&format!(
@@ -700,6 +710,12 @@ impl Upstream {
             ServiceError::Cancelled { .. } => ToolError::cancelled(),
             other => ToolError::failed(format!("MCP tool {server}/{tool} failed: {other}")),
         }
+    }
+
+    fn stopped_reading(&self) -> bool {
+        read(&self.backlog)
+            .as_ref()
+            .is_some_and(|backlog| backlog.is_stalled())
     }
 
     /// Closes the session and stops the server's process group; nothing starts it again.
