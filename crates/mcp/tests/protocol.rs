@@ -324,3 +324,64 @@ async fn a_server_that_floods_requests_and_never_reads_the_answers_is_restarted_
     }
     hub.shutdown().await;
 }
+
+/// Everything written through `tracing` at warn level and above on this thread (the test's
+/// runtime and the tasks rmcp spawns on it), as codemode's default log filter lets it through.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Red-team finding: a server's `notifications/message` went to the host's log whole (up to
+/// 16 MiB a line) and at error level, as often as the server sent one: a server could fill the
+/// log, or the disk under it. What is logged is cut per message and limited per second, and
+/// says how much was left out.
+#[tokio::test]
+async fn a_flood_of_huge_server_log_messages_is_cut_and_thinned_in_the_host_log() {
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let hub = hub(json!({"loud": server()})).await;
+    // 200 messages of 1 MB: 200 MB of log if each went whole.
+    assert_eq!(
+        run(&hub, "mcp__loud__loud_log", json!({"count": 200, "bytes": 1_000_000})).await,
+        "logged"
+    );
+    // The next message comes after the burst's second: it reports what was dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        run(&hub, "mcp__loud__loud_log", json!({"count": 1, "bytes": 10})).await,
+        "logged"
+    );
+    let text = log.text();
+    assert!(
+        text.len() < 1024 * 1024,
+        "201 server log messages wrote {} MB to the host's log",
+        text.len() / (1024 * 1024)
+    );
+    assert!(text.contains("bytes cut"), "a cut message does not say so");
+    assert!(
+        text.contains("dropped"),
+        "the log does not say that messages were dropped"
+    );
+    hub.shutdown().await;
+}
