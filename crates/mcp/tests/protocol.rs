@@ -363,13 +363,23 @@ async fn a_flood_of_huge_server_log_messages_is_cut_and_thinned_in_the_host_log(
     let hub = hub(json!({"loud": server()})).await;
     // 200 messages of 1 MB: 200 MB of log if each went whole.
     assert_eq!(
-        run(&hub, "mcp__loud__loud_log", json!({"count": 200, "bytes": 1_000_000})).await,
+        run(
+            &hub,
+            "mcp__loud__loud_log",
+            json!({"count": 200, "bytes": 1_000_000})
+        )
+        .await,
         "logged"
     );
     // The next message comes after the burst's second: it reports what was dropped.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        run(&hub, "mcp__loud__loud_log", json!({"count": 1, "bytes": 10})).await,
+        run(
+            &hub,
+            "mcp__loud__loud_log",
+            json!({"count": 1, "bytes": 10})
+        )
+        .await,
         "logged"
     );
     let text = log.text();

@@ -14,6 +14,7 @@ mod redact;
 mod resources;
 mod result;
 mod screen;
+mod server_log;
 mod stdio;
 mod tool;
 mod upstream;

@@ -27,6 +27,7 @@ use super::handler::{Handler, Listing};
 use super::listing;
 use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
+use super::server_log::LogLimit;
 use super::stdio::ChildTransport;
 use crate::config::{ServerConfig, ServerTransport};
 
@@ -80,6 +81,8 @@ pub(crate) struct Upstream {
     /// What the server announced as changed, for its refresher (`changes::follow`).
     changes: Arc<Changes>,
     progress: Watchers,
+    /// The server's log messages in the host's log, per second (kept across restarts).
+    log_limit: Arc<LogLimit>,
     /// Set once the first attempt to start finished, whatever its outcome.
     attempted: AtomicBool,
     /// Set by `shutdown`: nothing starts the server again.
@@ -137,6 +140,7 @@ impl Upstream {
             call_timeout,
             changes: Arc::default(),
             progress: Watchers::default(),
+            log_limit: Arc::default(),
             attempted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             retry_every: Mutex::new(None),
@@ -295,6 +299,7 @@ impl Upstream {
             server: Arc::from(self.name()),
             changes: self.changes.clone(),
             progress: self.progress.clone(),
+            log_limit: self.log_limit.clone(),
         };
         let mut group = None;
         let project_dir = self.config.project_dir.as_deref();
