@@ -395,3 +395,41 @@ async fn a_flood_of_huge_server_log_messages_is_cut_and_thinned_in_the_host_log(
     );
     hub.shutdown().await;
 }
+
+/// Red-team finding: each progress notification restarted a call's timeout and nothing else
+/// ended it, so a server that reported progress forever held a call (and a direct model call,
+/// which has no script deadline) open for good. A call ends after 10 times its server's
+/// timeout however much progress it reports, with an error naming that limit.
+#[tokio::test]
+async fn a_call_kept_alive_by_endless_progress_ends_at_its_total_limit() {
+    let config =
+        McpConfig::from_json(&json!({ "mcpServers": {"busy": server()} }), "test").unwrap();
+    let opts = ConnectOptions {
+        call_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let hub = McpHub::connect(&config, opts).await;
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        find(&hub, "mcp__busy__endless").call(ToolCall {
+            args: json!({"everyMs": 200}),
+            provenance: Provenance::model("c5", "s1"),
+            cancel: CancellationToken::new(),
+        }),
+    )
+    .await
+    .expect("a call that reports progress forever still ends (here after 10 s)");
+    let error = outcome.expect_err("the server never answers");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "the call ended before its total limit: {}",
+        error.message
+    );
+    assert!(
+        error.message.contains("10 s in all"),
+        "the error does not name the total limit: {}",
+        error.message
+    );
+    hub.shutdown().await;
+}
