@@ -74,10 +74,17 @@ pub(crate) struct Resources {
     pub(crate) templates: Vec<ResourceTemplate>,
 }
 
+/// How many call timeouts one request may take in all. Progress restarts the timeout; without
+/// a total, a server reporting progress forever would hold a call (and a direct call, which has
+/// no script deadline) open for good.
+pub(crate) const CALL_LIMIT_FACTOR: u32 = 10;
+
 pub(crate) struct Upstream {
     pub(crate) config: ServerConfig,
     connect_timeout: Duration,
     call_timeout: Duration,
+    /// The most one request may take in all, progress or not (`CALL_LIMIT_FACTOR` timeouts).
+    call_limit: Duration,
     /// What the server announced as changed, for its refresher (`changes::follow`).
     changes: Arc<Changes>,
     progress: Watchers,
@@ -138,6 +145,7 @@ impl Upstream {
             config,
             connect_timeout,
             call_timeout,
+            call_limit: call_timeout.saturating_mul(CALL_LIMIT_FACTOR),
             changes: Arc::default(),
             progress: Watchers::default(),
             log_limit: Arc::default(),
@@ -670,6 +678,8 @@ impl Upstream {
             // The guard sends the cancellation from its own task: this future may itself be
             // dropped at any await from here on, which must not lose the notification.
             _ = cancel.cancelled() => return Err(RequestError::Cancelled),
+            // The guard cancels the request on the server.
+            () = tokio::time::sleep(self.call_limit) => return Err(RequestError::OverLimit),
         };
         // rmcp itself cancels on its timeout; an answer or a closed transport needs nothing.
         guard.disarm();
@@ -780,6 +790,8 @@ pub(crate) fn human_duration(d: Duration) -> String {
 enum RequestError {
     Service(ServiceError),
     Cancelled,
+    /// Still running at the total limit, its progress notwithstanding.
+    OverLimit,
 }
 
 impl RequestError {
@@ -787,6 +799,15 @@ impl RequestError {
         match self {
             RequestError::Cancelled => ToolError::cancelled(),
             RequestError::Service(e) => upstream.call_error(what, e),
+            RequestError::OverLimit => ToolError::timeout(format!(
+                "MCP tool {}/{what} was still running after {} in all ({CALL_LIMIT_FACTOR} times \
+                 the server's timeout of {}), the most one call may take even while the server \
+                 reports progress; the request was cancelled. Raise \"timeout\" for this server \
+                 if the tool needs longer",
+                upstream.name(),
+                human_duration(upstream.call_limit),
+                human_duration(upstream.call_timeout),
+            )),
         }
     }
 }
