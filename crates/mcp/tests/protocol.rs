@@ -249,3 +249,187 @@ async fn a_server_that_exits_while_its_child_holds_stdout_is_seen_to_stop() {
     assert_ne!(first, second, "a new process answers");
     hub.shutdown().await;
 }
+
+/// The process's resident memory, from `/proc/self/status`.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("a VmRSS line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS in kB");
+    kib * 1024
+}
+
+/// Red-team finding: rmcp answers every request a server sends (a `ping`) and keeps each answer
+/// in memory until it can be written; a server that sent requests and never read its stdin
+/// made the host hold every answer, as much memory as the server cared to send. A server that
+/// stops reading is broken: it is closed, and the next call starts it again.
+#[tokio::test]
+async fn a_server_that_floods_requests_and_never_reads_the_answers_is_restarted_not_hoarded() {
+    let hub = hub(json!({"deaf": server()})).await;
+    let first_pid = run(&hub, "mcp__deaf__pid", json!({})).await;
+    let before = resident_bytes();
+    // 3,000 answers of 100 KB each: 300 MB held if nothing bounds them.
+    let flood = tokio::time::timeout(
+        Duration::from_secs(300),
+        find(&hub, "mcp__deaf__deaf_flood").call(ToolCall {
+            args: json!({"count": 3000, "idBytes": 100_000}),
+            provenance: Provenance::model("c3", "s1"),
+            cancel: CancellationToken::new(),
+        }),
+    )
+    .await
+    .expect("the flood call ends within 300 s");
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(
+        grown < 200 * 1024 * 1024,
+        "the host grew by {} MB holding answers for a server that reads none (the call: {:?})",
+        grown / (1024 * 1024),
+        flood.map(|o| o.value)
+    );
+    let error = flood.expect_err("a server that reads nothing cannot be answered");
+    assert!(
+        error.message.contains("stopped reading"),
+        "the error does not say what the server did: {}",
+        error.message
+    );
+    // The broken server is replaced: a later call reaches a new process.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let pid = tokio::time::timeout(
+            Duration::from_secs(60),
+            find(&hub, "mcp__deaf__pid").call(ToolCall {
+                args: json!({}),
+                provenance: Provenance::model("c4", "s1"),
+                cancel: CancellationToken::new(),
+            }),
+        )
+        .await
+        .expect("the call answers within 60 s");
+        if let Ok(out) = pid {
+            let pid = out.value["content"][0]["text"].as_str().unwrap_or_default();
+            assert_ne!(pid, first_pid, "the deaf server was never restarted");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never came back: {pid:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    hub.shutdown().await;
+}
+
+/// Everything written through `tracing` at warn level and above on this thread (the test's
+/// runtime and the tasks rmcp spawns on it), as codemode's default log filter lets it through.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Red-team finding: a server's `notifications/message` went to the host's log whole (up to
+/// 16 MiB a line) and at error level, as often as the server sent one: a server could fill the
+/// log, or the disk under it. What is logged is cut per message and limited per second, and
+/// says how much was left out.
+#[tokio::test]
+async fn a_flood_of_huge_server_log_messages_is_cut_and_thinned_in_the_host_log() {
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let hub = hub(json!({"loud": server()})).await;
+    // 200 messages of 1 MB: 200 MB of log if each went whole.
+    assert_eq!(
+        run(
+            &hub,
+            "mcp__loud__loud_log",
+            json!({"count": 200, "bytes": 1_000_000})
+        )
+        .await,
+        "logged"
+    );
+    // The next message comes after the burst's second: it reports what was dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        run(
+            &hub,
+            "mcp__loud__loud_log",
+            json!({"count": 1, "bytes": 10})
+        )
+        .await,
+        "logged"
+    );
+    let text = log.text();
+    assert!(
+        text.len() < 1024 * 1024,
+        "201 server log messages wrote {} MB to the host's log",
+        text.len() / (1024 * 1024)
+    );
+    assert!(text.contains("bytes cut"), "a cut message does not say so");
+    assert!(
+        text.contains("dropped"),
+        "the log does not say that messages were dropped"
+    );
+    hub.shutdown().await;
+}
+
+/// Red-team finding: each progress notification restarted a call's timeout and nothing else
+/// ended it, so a server that reported progress forever held a call (and a direct model call,
+/// which has no script deadline) open for good. A call ends after 10 times its server's
+/// timeout however much progress it reports, with an error naming that limit.
+#[tokio::test]
+async fn a_call_kept_alive_by_endless_progress_ends_at_its_total_limit() {
+    let config =
+        McpConfig::from_json(&json!({ "mcpServers": {"busy": server()} }), "test").unwrap();
+    let opts = ConnectOptions {
+        call_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let hub = McpHub::connect(&config, opts).await;
+    let started = std::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        find(&hub, "mcp__busy__endless").call(ToolCall {
+            args: json!({"everyMs": 200}),
+            provenance: Provenance::model("c5", "s1"),
+            cancel: CancellationToken::new(),
+        }),
+    )
+    .await
+    .expect("a call that reports progress forever still ends (here after 10 s)");
+    let error = outcome.expect_err("the server never answers");
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "the call ended before its total limit: {}",
+        error.message
+    );
+    assert!(
+        error.message.contains("10 s in all"),
+        "the error does not name the total limit: {}",
+        error.message
+    );
+    hub.shutdown().await;
+}

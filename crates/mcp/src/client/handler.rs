@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::changes::Changes;
 use super::progress::Watchers;
+use super::server_log::{Admit, LogLimit};
 use rmcp::ClientHandler;
 use rmcp::ErrorData;
 use rmcp::model::{
@@ -31,6 +32,8 @@ pub(crate) struct Handler {
     pub(crate) server: Arc<str>,
     pub(crate) changes: Arc<Changes>,
     pub(crate) progress: Watchers,
+    /// How much of the server's own log reaches the host's.
+    pub(crate) log_limit: Arc<LogLimit>,
 }
 
 impl Handler {
@@ -112,7 +115,18 @@ impl ClientHandler for Handler {
         _context: NotificationContext<RoleClient>,
     ) {
         let server = &self.server;
-        let data = params.data;
+        let Admit::Write { dropped } = self.log_limit.admit(std::time::Instant::now()) else {
+            return;
+        };
+        if dropped > 0 {
+            tracing::warn!(
+                %server,
+                dropped,
+                "MCP server log: {dropped} messages dropped (more than {} a second)",
+                super::server_log::MAX_PER_SECOND
+            );
+        }
+        let data = super::server_log::shown(&params.data);
         match params.level {
             LoggingLevel::Debug => tracing::debug!(%server, %data, "MCP server log"),
             LoggingLevel::Info | LoggingLevel::Notice => {

@@ -1,5 +1,6 @@
 //! The client side: the user's MCP servers as codemode tools.
 
+mod backlog;
 mod changes;
 mod exited;
 mod handler;
@@ -13,6 +14,7 @@ mod redact;
 mod resources;
 mod result;
 mod screen;
+mod server_log;
 mod stdio;
 mod tool;
 mod upstream;

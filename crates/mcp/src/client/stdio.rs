@@ -19,6 +19,7 @@ use rmcp::transport::async_rw::{AsyncRwTransport, DEFAULT_MAX_LINE_LENGTH};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
 use tokio::process::{ChildStderr, ChildStdin};
 
+use super::backlog::Backlog;
 use super::screen::{MAX_DEPTH, Scanner};
 use crate::bounded_line::BoundedLine;
 
@@ -34,8 +35,11 @@ const DRAIN_QUIET: Duration = Duration::from_millis(200);
 const EXIT_WAIT: Duration = Duration::from_secs(3);
 
 pub(crate) struct ChildTransport {
+    server: Arc<str>,
     child: Option<Box<dyn ChildWrapper>>,
     inner: AsyncRwTransport<RoleClient, DuplexStream, ChildStdin>,
+    /// What waits to be written to the server's stdin: a server that stops reading is closed.
+    backlog: Arc<Backlog>,
 }
 
 impl ChildTransport {
@@ -65,16 +69,29 @@ impl ChildTransport {
                 None => Box::pin(std::future::pending()),
             };
         let (read, write) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(screen_lines(server, stdout, write, MAX_LINE, exited));
+        tokio::spawn(screen_lines(
+            server.clone(),
+            stdout,
+            write,
+            MAX_LINE,
+            exited,
+        ));
         let transport = ChildTransport {
+            server,
             child: Some(child),
             inner: AsyncRwTransport::new_client(read, stdin),
+            backlog: Arc::default(),
         };
         Ok((transport, stderr))
     }
 
     pub(crate) fn id(&self) -> Option<u32> {
         self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// What waits to be written to the server, for telling why the connection closed.
+    pub(crate) fn backlog(&self) -> Arc<Backlog> {
+        self.backlog.clone()
     }
 }
 
@@ -85,15 +102,43 @@ impl Transport<RoleClient> for ChildTransport {
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.inner.send(item)
+        // Measured as written: the message's JSON and its newline.
+        let bytes = serde_json::to_vec(&item).map_or(0, |json| json.len() + 1);
+        let send = match self.backlog.queue(&self.server, bytes) {
+            Some(queued) => Ok((queued, self.inner.send(item))),
+            None => Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the MCP server stopped reading what codemode sends it",
+            )),
+        };
+        async move {
+            let (_queued, send) = send?;
+            send.await
+        }
     }
 
+    /// Ends (rmcp then closes the connection) once the server was found to read nothing.
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
-        self.inner.receive()
+        let backlog = self.backlog.clone();
+        let receive = self.inner.receive();
+        async move {
+            tokio::select! {
+                biased;
+                () = backlog.stalled() => None,
+                message = receive => message,
+            }
+        }
     }
 
-    /// The MCP stdio shutdown: close the server's stdin, wait, SIGTERM, wait, kill.
+    /// The MCP stdio shutdown: close the server's stdin, wait, SIGTERM, wait, kill. A server that
+    /// stopped reading is killed first: a write blocked on its full stdin holds the writer,
+    /// which closing its stdin waits for.
     async fn close(&mut self) -> Result<(), Self::Error> {
+        if self.backlog.is_stalled()
+            && let Some(child) = self.child.as_mut()
+        {
+            let _ = child.start_kill();
+        }
         self.inner.close().await?;
         let Some(child) = self.child.as_mut() else {
             return Ok(());

@@ -21,11 +21,13 @@ use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 
+use super::backlog::Backlog;
 use super::changes::Changes;
 use super::handler::{Handler, Listing};
 use super::listing;
 use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
+use super::server_log::LogLimit;
 use super::stdio::ChildTransport;
 use crate::config::{ServerConfig, ServerTransport};
 
@@ -72,13 +74,22 @@ pub(crate) struct Resources {
     pub(crate) templates: Vec<ResourceTemplate>,
 }
 
+/// How many call timeouts one request may take in all. Progress restarts the timeout; without
+/// a total, a server reporting progress forever would hold a call (and a direct call, which has
+/// no script deadline) open for good.
+pub(crate) const CALL_LIMIT_FACTOR: u32 = 10;
+
 pub(crate) struct Upstream {
     pub(crate) config: ServerConfig,
     connect_timeout: Duration,
     call_timeout: Duration,
+    /// The most one request may take in all, progress or not (`CALL_LIMIT_FACTOR` timeouts).
+    call_limit: Duration,
     /// What the server announced as changed, for its refresher (`changes::follow`).
     changes: Arc<Changes>,
     progress: Watchers,
+    /// The server's log messages in the host's log, per second (kept across restarts).
+    log_limit: Arc<LogLimit>,
     /// Set once the first attempt to start finished, whatever its outcome.
     attempted: AtomicBool,
     /// Set by `shutdown`: nothing starts the server again.
@@ -93,6 +104,9 @@ pub(crate) struct Upstream {
     catalog: RwLock<Catalog>,
     failure: RwLock<Option<String>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// What waits to be written to the stdio server last started, to tell a server that
+    /// stopped reading from one that crashed.
+    backlog: RwLock<Option<Arc<Backlog>>>,
     /// Values of the configuration that may be secret, kept out of every message.
     secrets: Vec<String>,
 }
@@ -131,8 +145,10 @@ impl Upstream {
             config,
             connect_timeout,
             call_timeout,
+            call_limit: call_timeout.saturating_mul(CALL_LIMIT_FACTOR),
             changes: Arc::default(),
             progress: Watchers::default(),
+            log_limit: Arc::default(),
             attempted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             retry_every: Mutex::new(None),
@@ -142,6 +158,7 @@ impl Upstream {
             catalog: RwLock::new(Catalog::default()),
             failure: RwLock::new(None),
             stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+            backlog: RwLock::new(None),
         }
     }
 
@@ -290,6 +307,7 @@ impl Upstream {
             server: Arc::from(self.name()),
             changes: self.changes.clone(),
             progress: self.progress.clone(),
+            log_limit: self.log_limit.clone(),
         };
         let mut group = None;
         let project_dir = self.config.project_dir.as_deref();
@@ -348,6 +366,7 @@ impl Upstream {
                 if let Some(pid) = transport.id() {
                     codemode_childenv::started_confined(pid);
                 }
+                *write(&self.backlog) = Some(transport.backlog());
                 group = transport
                     .id()
                     .and_then(|id| libc::pid_t::try_from(id).ok())
@@ -659,6 +678,8 @@ impl Upstream {
             // The guard sends the cancellation from its own task: this future may itself be
             // dropped at any await from here on, which must not lose the notification.
             _ = cancel.cancelled() => return Err(RequestError::Cancelled),
+            // The guard cancels the request on the server.
+            () = tokio::time::sleep(self.call_limit) => return Err(RequestError::OverLimit),
         };
         // rmcp itself cancels on its timeout; an answer or a closed transport needs nothing.
         guard.disarm();
@@ -681,6 +702,10 @@ impl Upstream {
                     "(it may have stopped, or sent a response codemode cannot read: larger \
                      than 16 MiB, nested more than 127 levels, or not a JSON-RPC response)"
                 }
+                ServerTransport::Stdio { .. } if self.stopped_reading() => {
+                    "(it stopped reading what codemode sends it: too many messages went unread, \
+                     so it was closed as broken)"
+                }
                 ServerTransport::Stdio { .. } => "(it may have crashed)",
             };
             return ToolError::failed(self.unavailable(&format!(
@@ -700,6 +725,12 @@ impl Upstream {
             ServiceError::Cancelled { .. } => ToolError::cancelled(),
             other => ToolError::failed(format!("MCP tool {server}/{tool} failed: {other}")),
         }
+    }
+
+    fn stopped_reading(&self) -> bool {
+        read(&self.backlog)
+            .as_ref()
+            .is_some_and(|backlog| backlog.is_stalled())
     }
 
     /// Closes the session and stops the server's process group; nothing starts it again.
@@ -759,6 +790,8 @@ pub(crate) fn human_duration(d: Duration) -> String {
 enum RequestError {
     Service(ServiceError),
     Cancelled,
+    /// Still running at the total limit, its progress notwithstanding.
+    OverLimit,
 }
 
 impl RequestError {
@@ -766,6 +799,15 @@ impl RequestError {
         match self {
             RequestError::Cancelled => ToolError::cancelled(),
             RequestError::Service(e) => upstream.call_error(what, e),
+            RequestError::OverLimit => ToolError::timeout(format!(
+                "MCP tool {}/{what} was still running after {} in all ({CALL_LIMIT_FACTOR} times \
+                 the server's timeout of {}), the most one call may take even while the server \
+                 reports progress; the request was cancelled. Raise \"timeout\" for this server \
+                 if the tool needs longer",
+                upstream.name(),
+                human_duration(upstream.call_limit),
+                human_duration(upstream.call_timeout),
+            )),
         }
     }
 }
