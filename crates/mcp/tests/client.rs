@@ -1,10 +1,12 @@
 //! The client against real MCP servers: the npm servers of the testbed and a misbehaving fixture.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
 use codemode_mcp::{ConnectOptions, McpConfig, McpHub, ServerState};
-use codemode_spec::{ContentBlock, Exposure, Provenance, Tool, ToolCall, ToolErrorKind};
+use codemode_spec::{ContentBlock, Exposure, Provenance, ToolCall, ToolErrorKind};
+use common::find;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -61,13 +63,6 @@ async fn patient_hub(servers: Value) -> McpHub {
         ..Default::default()
     };
     McpHub::connect(&config(servers), opts).await
-}
-
-fn find(hub: &McpHub, name: &str) -> Arc<dyn Tool> {
-    hub.tools()
-        .into_iter()
-        .find(|t| t.spec().name == name)
-        .unwrap_or_else(|| panic!("no tool {name}"))
 }
 
 fn call_with(args: Value, cancel: CancellationToken) -> ToolCall {

@@ -3,10 +3,13 @@
 //! sanitizes to one of those names (`read-resource`) holds the name; a client's `resources/read`
 //! or `prompts/get` must then never be run as that tool.
 
+mod common;
+
 use std::sync::Arc;
 
 use codemode_mcp::{ConnectOptions, McpConfig, McpHub};
 use codemode_spec::{Provenance, Tool, ToolCall};
+use common::{assert_all_connected, find};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -29,23 +32,8 @@ async fn hub(servers: &[(&str, Value)]) -> McpHub {
     }
     let config = McpConfig::from_json(&json!({ "mcpServers": map }), "test").unwrap();
     let hub = McpHub::connect(&config, ConnectOptions::default()).await;
-    for status in hub.status() {
-        assert!(
-            matches!(status.state, codemode_mcp::ServerState::Connected { .. }),
-            "{status:?}"
-        );
-    }
+    assert_all_connected(&hub);
     hub
-}
-
-fn find(hub: &McpHub, name: &str) -> Arc<dyn Tool> {
-    hub.tools()
-        .into_iter()
-        .find(|t| t.spec().name == name)
-        .unwrap_or_else(|| {
-            let names: Vec<String> = hub.tools().iter().map(|t| t.spec().name.clone()).collect();
-            panic!("no tool {name} among {names:?}")
-        })
 }
 
 async fn run(tool: &Arc<dyn Tool>, args: Value) -> String {

@@ -2,11 +2,14 @@
 //! listings they never answer, requests to the client, oversized progress. The fixture speaks
 //! raw JSON-RPC (see `fixtures/protocol-server.cjs`).
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use codemode_mcp::{ConnectOptions, McpConfig, McpHub, ServerState, route_progress};
+use codemode_mcp::{ConnectOptions, McpConfig, McpHub, route_progress};
 use codemode_spec::{Provenance, Tool, ToolCall};
+use common::{assert_all_connected, find};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -28,20 +31,8 @@ async fn hub(servers: Value) -> McpHub {
         ..Default::default()
     };
     let hub = McpHub::connect(&config, opts).await;
-    for status in hub.status() {
-        assert!(
-            matches!(status.state, ServerState::Connected { .. }),
-            "{status:?}"
-        );
-    }
+    assert_all_connected(&hub);
     hub
-}
-
-fn find(hub: &McpHub, name: &str) -> Arc<dyn Tool> {
-    hub.tools()
-        .into_iter()
-        .find(|t| t.spec().name == name)
-        .unwrap_or_else(|| panic!("no tool {name}"))
 }
 
 async fn run_as(tool: &Arc<dyn Tool>, args: Value, provenance: Provenance) -> String {
