@@ -673,7 +673,7 @@ async fn check_owner(
     // DELETE) deletes the row and with it the principal it was fixed to; claiming it anew would
     // hand the session, and its cells, to whichever token presented the id next.
     match store.get_session(id).await {
-        Ok(Some(_)) => {}
+        Ok(Some(_)) => guard.sessions.found_in_store(id),
         Ok(None) => {
             guard.sessions.forget_ended(id).await;
             return Err((StatusCode::NOT_FOUND, "Not Found: Session not found").into_response());

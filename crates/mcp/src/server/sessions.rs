@@ -231,6 +231,14 @@ impl Sessions {
         Ok(true)
     }
 
+    /// Notes that `id`'s row was just found in the shared store, so
+    /// [`Sessions::ended_elsewhere`] need not read it again within its interval.
+    pub(crate) fn found_in_store(&self, id: &str) {
+        if let Some(record) = self.lock().get_mut(id) {
+            record.shared_checked = Some(Instant::now());
+        }
+    }
+
     /// Tells the other replicas that `id` is in use (its row's `last_seen`), at most every
     /// quarter of the idle limit, so that none ends it as idle while it is used here. `owner`
     /// began it: were its row gone, it is made again for them alone.
@@ -269,10 +277,7 @@ impl Sessions {
                 return true;
             }
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
+        let now_ms = codemode_state::Clock::system().now_ms();
         let age = Duration::from_millis(now_ms.saturating_sub(last_seen).max(0) as u64);
         if age >= self.idle_timeout {
             return false;

@@ -167,8 +167,5 @@ pub(crate) async fn ended_elsewhere(store: &dyn StateStore, id: &str) -> Option<
 }
 
 fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    codemode_state::Clock::system().now_ms()
 }

@@ -67,7 +67,10 @@ const FILE_LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// An exclusive `flock` on an existing file, held until dropped: another codemode process
 /// changing the same file waits for this change to end (and then finds the file replaced).
-pub(crate) struct FileLock(#[allow(dead_code)] File);
+pub(crate) struct FileLock {
+    /// Closing it releases the lock.
+    _held: File,
+}
 
 impl FileLock {
     /// Locks `file` (through a descriptor of its own, so the lock outlives `file`), waiting at
@@ -80,7 +83,7 @@ impl FileLock {
         let mut pause = Duration::from_millis(1);
         loop {
             match rustix::fs::flock(&held, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(FileLock(held)),
+                Ok(()) => return Ok(FileLock { _held: held }),
                 Err(Errno::WOULDBLOCK) if started.elapsed() < FILE_LOCK_WAIT => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(50));
@@ -94,7 +97,9 @@ impl FileLock {
                     .with_effect(Effect::None));
                 }
                 // A file system without flock: the process-wide lock still holds.
-                Err(Errno::NOLCK | Errno::NOSYS | Errno::OPNOTSUPP) => return Ok(FileLock(held)),
+                Err(Errno::NOLCK | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                    return Ok(FileLock { _held: held });
+                }
                 Err(e) => return Err(super::errno_error("lock", path, e).with_effect(Effect::None)),
             }
         }
