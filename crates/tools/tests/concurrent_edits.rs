@@ -256,3 +256,133 @@ async fn an_edit_of_a_file_another_process_keeps_locked_fails_with_nothing_chang
     assert_eq!(err.effect, codemode_spec::Effect::None);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep: old\n");
 }
+
+/// Writes that each create the same new file, judged together (a script's `Promise.all`) and
+/// run together: whichever comes second finds the file the first created and is refused, as it
+/// is for a file that existed; two cannot both report creating it while one replaced the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parallel_writes_creating_one_file_report_one_creation() {
+    let b = Bench::new();
+    let write = b.tool("write");
+    for round in 0..ROUNDS {
+        let name = format!("new-{round}.txt");
+        let prepared: Vec<_> = (0..EDITS)
+            .map(|i| {
+                write
+                    .prepare(json!({"path": name, "content": format!("writer {i}\n")}))
+                    .unwrap()
+            })
+            .collect();
+        let results = join_all(prepared.into_iter().map(|p| p.run(run_ctx()))).await;
+        let succeeded: Vec<usize> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.is_ok())
+            .map(|(i, _)| i)
+            .collect();
+        for r in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(r.message.contains("call it again"), "{}", r.message);
+            assert_eq!(r.effect, codemode_spec::Effect::None);
+        }
+        let file = std::fs::read_to_string(b.path(&name)).unwrap();
+        assert_eq!(
+            succeeded.len(),
+            1,
+            "round {round}: writers {succeeded:?} all reported creating {name}, which holds {file:?}"
+        );
+        assert_eq!(file, format!("writer {}\n", succeeded[0]));
+    }
+}
+
+/// A write judged when its file did not exist, of a file another program created before the
+/// write ran: it does not replace that file while reporting that it created it.
+#[tokio::test]
+async fn a_write_judged_as_creating_does_not_replace_a_file_created_meanwhile() {
+    let b = Bench::new();
+    let prepared = b
+        .tool("write")
+        .prepare(json!({"path": "notes.md", "content": "the model's notes\n"}))
+        .unwrap();
+    let path = b.put("notes.md", "the user's notes, written meanwhile\n");
+    let err = prepared
+        .run(run_ctx())
+        .await
+        .expect_err("the file the write was judged to create exists now");
+    assert!(err.message.contains("call it again"), "{}", err.message);
+    assert_eq!(err.effect, codemode_spec::Effect::None);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "the user's notes, written meanwhile\n"
+    );
+}
+
+const OTHER_CREATOR_ENV: &str = "CONCURRENT_EDITS_OTHER_CREATOR";
+const CROSS_CREATES: usize = 40;
+
+/// Creates `new-0.txt`, `new-1.txt`, … beneath `root` with `write`, each holding `who`; the
+/// indices of the writes that reported creating their file (rather than replacing one).
+async fn create_files(root: &std::path::Path, who: &str) -> Vec<usize> {
+    let tools = codemode_tools::builtin_tools(&codemode_tools::ToolsConfig::new(root));
+    let write = tools.iter().find(|t| t.spec().name == "write").unwrap();
+    let mut succeeded = Vec::new();
+    for i in 0..CROSS_CREATES {
+        let prepared = write
+            .prepare(json!({"path": format!("new-{i}.txt"), "content": who}))
+            .unwrap();
+        match prepared.run(run_ctx()).await {
+            Ok(out) if format!("{:?}", out.value).contains("Created") => succeeded.push(i),
+            Ok(_) => {}
+            Err(e) => assert!(e.message.contains("call it again"), "{}", e.message),
+        }
+    }
+    succeeded
+}
+
+/// Not a test of its own: the body of the other codemode process, which creates the same files.
+#[tokio::test]
+async fn other_process_creates() {
+    let Ok(root) = std::env::var(OTHER_CREATOR_ENV) else {
+        return;
+    };
+    let succeeded = create_files(std::path::Path::new(&root), "there").await;
+    println!("SUCCEEDED {}", json!(succeeded));
+}
+
+/// Two codemode processes creating the same new files: for each, at most one may report that
+/// it created it (the other, coming second, replaces it knowingly or is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creations_from_two_processes_report_one_creation_each() {
+    for round in 0..5 {
+        let b = Bench::new();
+        let other = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "other_process_creates",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(OTHER_CREATOR_ENV, &b.root)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let here = create_files(&b.root, "here").await;
+        let out = other.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let there: Vec<usize> = said
+            .lines()
+            .find_map(|l| l.split_once("SUCCEEDED ").map(|(_, list)| list))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .unwrap_or_else(|| panic!("the other process reports: {said}"));
+        let both: Vec<_> = here.iter().filter(|i| there.contains(i)).collect();
+        assert!(
+            both.is_empty(),
+            "round {round}: both processes reported creating new-N.txt for N in {both:?}"
+        );
+    }
+}
