@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use codemode_spec::{Effect, ToolError};
-use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
 use rustix::io::Errno;
 
 use super::entry_lock::{EntryLock, FileLock};
@@ -129,20 +129,23 @@ fn replace_in(
     bytes: &[u8],
     path: &Path,
 ) -> Result<(), ToolError> {
-    let mode = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(now) => {
-            let same = judged.is_some_and(|(id, _)| FileId::of(&now) == id);
-            if !same && judged.is_some() && file_type(&now) == FileType::RegularFile {
-                return Err(replaced(path));
-            }
-            if !same && (judged.is_some() || file_type(&now) != FileType::RegularFile) {
-                return Err(changed(path));
-            }
-            judged.map_or(now.st_mode & 0o7777, |(_, mode)| mode)
+    let mode = match (
+        rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
+        judged,
+    ) {
+        (Ok(now), Some((id, mode))) if FileId::of(&now) == id => mode,
+        // Judged as a new file, or as another file: a file that took the name since (another
+        // call's, a program's) is not this call's to replace.
+        (Ok(now), judged) if file_type(&now) == FileType::RegularFile => {
+            return Err(match judged {
+                Some(_) => replaced(path),
+                None => appeared(path),
+            });
         }
-        Err(Errno::NOENT) if judged.is_none() => 0o666,
-        Err(Errno::NOENT) => return Err(changed(path)),
-        Err(e) => return Err(errno_error("inspect", path, e)),
+        (Ok(_), _) => return Err(changed(path)),
+        (Err(Errno::NOENT), None) => 0o666,
+        (Err(Errno::NOENT), Some(_)) => return Err(changed(path)),
+        (Err(e), _) => return Err(errno_error("inspect", path, e)),
     };
     let temp_name = temp_name(name);
     let temp = rustix::fs::openat(
@@ -154,14 +157,44 @@ fn replace_in(
     )
     .map_err(|e| errno_error("create a temporary file beside", path, e))?;
     let keep_mode = judged.map(|(_, mode)| mode);
-    let written = fill(temp, bytes, keep_mode).and_then(|()| {
-        rustix::fs::renameat(dir, temp_name.as_os_str(), dir, name).map_err(std::io::Error::from)
+    let written = fill(temp, bytes, keep_mode)
+        .map_err(|e| crate::support::io_error("write", path, &e).with_effect(Effect::None));
+    let renamed = written.and_then(|()| match judged {
+        Some(_) => rustix::fs::renameat(dir, temp_name.as_os_str(), dir, name)
+            .map_err(|e| errno_error("write", path, e).with_effect(Effect::None)),
+        None => rename_new(dir, &temp_name, name, path),
     });
-    if let Err(e) = written {
+    if renamed.is_err() {
         let _ = rustix::fs::unlinkat(dir, temp_name.as_os_str(), AtFlags::empty());
-        return Err(crate::support::io_error("write", path, &e).with_effect(Effect::None));
     }
-    Ok(())
+    renamed
+}
+
+/// Renames the temporary file to a name judged free, only if it still is: another process may
+/// have created it since the check above (the in-process lock does not reach it).
+fn rename_new(
+    dir: BorrowedFd<'_>,
+    temp_name: &OsStr,
+    name: &OsStr,
+    path: &Path,
+) -> Result<(), ToolError> {
+    match rustix::fs::renameat_with(dir, temp_name, dir, name, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(Errno::EXIST) => Err(appeared(path)),
+        // A file system (or kernel) without RENAME_NOREPLACE: the check above stands alone.
+        Err(Errno::INVAL | Errno::NOSYS) => rustix::fs::renameat(dir, temp_name, dir, name)
+            .map_err(|e| errno_error("write", path, e).with_effect(Effect::None)),
+        Err(e) => Err(errno_error("write", path, e).with_effect(Effect::None)),
+    }
+}
+
+/// The error for a file that did not exist when the call was checked and does now.
+fn appeared(path: &Path) -> ToolError {
+    ToolError::failed(format!(
+        "{} did not exist when the call was checked and was created meanwhile (by another call or a program), so nothing was written; read it first if its content matters, then call it again to replace it",
+        path.display()
+    ))
+    .with_effect(Effect::None)
 }
 
 fn fill(fd: OwnedFd, bytes: &[u8], keep_mode: Option<u32>) -> std::io::Result<()> {
