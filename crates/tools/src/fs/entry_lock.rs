@@ -7,7 +7,7 @@
 //! too, on an exclusive `flock` of the file itself; the one that comes second then finds the
 //! file replaced and says so.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::AsFd;
@@ -23,11 +23,19 @@ use super::{FileId, errno_error};
 
 type Key = (FileId, OsString);
 
-/// Entries being changed now, and the signal that one was released.
-static CHANGING: Mutex<Option<HashSet<Key>>> = Mutex::new(None);
+/// Entries being changed now, and when a change of one last gave up on another process's lock.
+#[derive(Default)]
+struct Changing {
+    held: HashSet<Key>,
+    /// A change that waited behind one that then gave up would only wait the same bound again
+    /// for the same lock, one after another; it gives up with it instead.
+    gave_up: HashMap<Key, Instant>,
+}
+
+static CHANGING: Mutex<Option<Changing>> = Mutex::new(None);
 static RELEASED: Condvar = Condvar::new();
 
-fn changing() -> MutexGuard<'static, Option<HashSet<Key>>> {
+fn changing() -> MutexGuard<'static, Option<Changing>> {
     // A panic while the set was held leaves it consistent (inserts and removes are single
     // steps), so a poisoned lock is still usable.
     CHANGING.lock().unwrap_or_else(|e| e.into_inner())
@@ -39,23 +47,43 @@ pub(crate) struct EntryLock {
 }
 
 impl EntryLock {
-    /// Waits until no other change of `name` in `dir` is under way, then holds it.
+    /// Waits until no other change of `name` in `dir` is under way, then holds it. Fails when
+    /// one it waited for gave up on another process's lock of the file meanwhile.
     pub fn take(dir: impl AsFd, name: &OsStr, path: &Path) -> Result<Self, ToolError> {
         let dir_id = FileId::of_fd(dir).map_err(|e| errno_error("inspect", path, e))?;
         let key = (dir_id, name.to_os_string());
-        let mut set = changing();
-        while set.as_ref().is_some_and(|s| s.contains(&key)) {
-            set = RELEASED.wait(set).unwrap_or_else(|e| e.into_inner());
+        let since = Instant::now();
+        let mut guard = changing();
+        loop {
+            let state = guard.get_or_insert_with(Changing::default);
+            if state.gave_up.get(&key).is_some_and(|at| *at >= since) {
+                return Err(locked_elsewhere(path));
+            }
+            if !state.held.contains(&key) {
+                state.held.insert(key.clone());
+                return Ok(EntryLock { key });
+            }
+            guard = RELEASED.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
-        set.get_or_insert_with(HashSet::new).insert(key.clone());
-        Ok(EntryLock { key })
+    }
+
+    /// Records whether this change got another process's lock of the file, for the changes
+    /// waiting behind it.
+    fn note_file_lock(&self, taken: bool) {
+        let mut guard = changing();
+        let state = guard.get_or_insert_with(Changing::default);
+        if taken {
+            state.gave_up.remove(&self.key);
+        } else {
+            state.gave_up.insert(self.key.clone(), Instant::now());
+        }
     }
 }
 
 impl Drop for EntryLock {
     fn drop(&mut self) {
-        if let Some(set) = changing().as_mut() {
-            set.remove(&self.key);
+        if let Some(state) = changing().as_mut() {
+            state.held.remove(&self.key);
         }
         RELEASED.notify_all();
     }
@@ -74,8 +102,8 @@ pub(crate) struct FileLock {
 
 impl FileLock {
     /// Locks `file` (through a descriptor of its own, so the lock outlives `file`), waiting at
-    /// most [`FILE_LOCK_WAIT`].
-    pub fn take(file: &File, path: &Path) -> Result<Self, ToolError> {
+    /// most [`FILE_LOCK_WAIT`]; `entry` is this change's lock in the process.
+    pub fn take(file: &File, path: &Path, entry: &EntryLock) -> Result<Self, ToolError> {
         let held = file
             .try_clone()
             .map_err(|e| crate::support::io_error("lock", path, &e).with_effect(Effect::None))?;
@@ -83,18 +111,17 @@ impl FileLock {
         let mut pause = Duration::from_millis(1);
         loop {
             match rustix::fs::flock(&held, FlockOperation::NonBlockingLockExclusive) {
-                Ok(()) => return Ok(FileLock { _held: held }),
+                Ok(()) => {
+                    entry.note_file_lock(true);
+                    return Ok(FileLock { _held: held });
+                }
                 Err(Errno::WOULDBLOCK) if started.elapsed() < FILE_LOCK_WAIT => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
                 Err(Errno::WOULDBLOCK) => {
-                    return Err(ToolError::failed(format!(
-                        "{} is locked (flock) by another process for more than {} s, so nothing was changed; call it again once that process is done with it",
-                        path.display(),
-                        FILE_LOCK_WAIT.as_secs()
-                    ))
-                    .with_effect(Effect::None));
+                    entry.note_file_lock(false);
+                    return Err(locked_elsewhere(path));
                 }
                 // A file system without flock: the process-wide lock still holds.
                 Err(Errno::NOLCK | Errno::NOSYS | Errno::OPNOTSUPP) => {
@@ -104,4 +131,14 @@ impl FileLock {
             }
         }
     }
+}
+
+/// The error for a file another process kept locked past [`FILE_LOCK_WAIT`].
+fn locked_elsewhere(path: &Path) -> ToolError {
+    ToolError::failed(format!(
+        "{} is locked (flock) by another process for more than {} s, so nothing was changed; call it again once that process is done with it",
+        path.display(),
+        FILE_LOCK_WAIT.as_secs()
+    ))
+    .with_effect(Effect::None)
 }

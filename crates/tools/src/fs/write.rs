@@ -72,12 +72,12 @@ pub(crate) fn write_atomic(target: &Resolved, bytes: &[u8]) -> Result<(), ToolEr
         dir = Some(next);
     }
     let dir = dir.as_ref().unwrap_or(&target.dir.fd);
-    let _lock = EntryLock::take(dir, name, path)?;
+    let lock = EntryLock::take(dir, name, path)?;
     // An existing file: another process's change of it ends first. One that cannot be opened
     // for reading is replaced without that lock (the checks below still hold).
     let _file_lock = match judged {
         Some(_) => match target.open_file() {
-            Ok(file) => Some(FileLock::take(&file, path)?),
+            Ok(file) => Some(FileLock::take(&file, path, &lock)?),
             Err(_) => None,
         },
         None => None,
@@ -103,12 +103,12 @@ pub(crate) fn rewrite<T>(
             .with_effect(Effect::None));
     };
     let judged = FileId::of_fd(fd).map_err(|e| errno_error("inspect", path, e))?;
-    let _lock = EntryLock::take(&target.dir.fd, name, path)?;
+    let lock = EntryLock::take(&target.dir.fd, name, path)?;
     let file = target
         .open_file()
         .map_err(|e| e.with_effect(Effect::None))?;
     // Held from the read to the rename, across processes.
-    let _file_lock = FileLock::take(&file, path)?;
+    let _file_lock = FileLock::take(&file, path, &lock)?;
     let (bytes, report) = change(file)?;
     replace_in(
         target.dir.fd.as_fd(),
