@@ -659,3 +659,39 @@ async fn a_log_locked_by_another_process_refuses_calls_instead_of_hanging_them()
     refused_because(&gate, "audit log cannot be written").await;
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), ran);
 }
+
+/// Calls made together while another process holds the log's lock each wait the bounded time
+/// once, together: the appends queued behind this process's own lock do not wait 10 s again
+/// each in turn (six calls end in about 10 s, not a minute, with threads held all along).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_made_together_while_another_process_holds_the_log_lock_end_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _) = counting_gate(&path);
+    gate.call(req("t", json!({}), script("a"))).await.unwrap();
+    let holder = std::fs::File::open(&path).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    let started = std::time::Instant::now();
+    let calls: Vec<_> = (0..6)
+        .map(|_| {
+            let g = gate.clone();
+            tokio::spawn(async move { g.call(req("t", json!({}), script("a"))).await })
+        })
+        .collect();
+    let outcome = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        futures::future::join_all(calls),
+    )
+    .await;
+    let took = started.elapsed();
+    drop(holder);
+    for result in outcome.expect("the calls end while the lock is held") {
+        result
+            .unwrap()
+            .expect_err("a call that cannot be audited fails");
+    }
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "six calls made together took {took:?}: each waited for the lock after the one before"
+    );
+}
