@@ -125,6 +125,10 @@ struct Files {
     /// Where this process's last line ended, and its hash: a log found shorter, or different
     /// there, was cut or replaced behind the gate's back (a `bash` command can do that).
     written: Option<Written>,
+    /// Set once an append gave up waiting for the log's `flock`: later appends (the calls that
+    /// were already running when it did; the gate refuses every call after) take the lock only
+    /// if it is free at once, rather than wait the bound again one after another.
+    gave_up: bool,
 }
 
 struct Written {
@@ -327,11 +331,12 @@ impl AuditLog {
                 log,
                 head,
                 written: None,
+                gave_up: false,
             }),
         };
         {
             let files = inner.lock();
-            let _lock = Flock::exclusive(&files.log).map_err(open_err)?;
+            let _lock = Flock::exclusive(&files.log, LOCK_WAIT).map_err(open_err)?;
             let report = verify::verify_open(&inner.path, &files.log, &files.head, &inner.key)?;
             if report.head_stale {
                 // A process stopped between writing a line and its head: catch the head up.
@@ -375,7 +380,15 @@ impl AuditLog {
         };
         let mut guard = inner.lock();
         let files = &mut *guard;
-        let _lock = Flock::exclusive(&files.log).map_err(|e| write_err(e.to_string()))?;
+        let wait = if files.gave_up {
+            std::time::Duration::ZERO
+        } else {
+            LOCK_WAIT
+        };
+        let _lock = Flock::exclusive(&files.log, wait).map_err(|e| {
+            files.gave_up = true;
+            write_err(e.to_string())
+        })?;
         files.still_ours(&inner.path)?;
         // Another process may have appended since our last line: the end is read from the file.
         let end = chain_end(&inner.path, &files.log, &files.head, &inner.key)?;
@@ -441,15 +454,15 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 struct Flock<'a>(&'a File);
 
 impl<'a> Flock<'a> {
-    /// Takes the lock, waiting at most [`LOCK_WAIT`]: a call must fail, not hang (and hold a
-    /// thread) while another process keeps the log locked.
-    fn exclusive(file: &'a File) -> std::io::Result<Self> {
+    /// Takes the lock, waiting at most `wait` ([`LOCK_WAIT`] but after a give-up): a call must
+    /// fail, not hang (and hold a thread) while another process keeps the log locked.
+    fn exclusive(file: &'a File, wait: std::time::Duration) -> std::io::Result<Self> {
         let started = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(1);
         loop {
             match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
                 Ok(()) => return Ok(Flock(file)),
-                Err(rustix::io::Errno::WOULDBLOCK) if started.elapsed() < LOCK_WAIT => {
+                Err(rustix::io::Errno::WOULDBLOCK) if started.elapsed() < wait => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(50));
                 }
