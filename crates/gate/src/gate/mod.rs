@@ -356,6 +356,24 @@ impl Gate {
             .remove(session_id);
     }
 
+    /// How many sessions (or scripts still running) the gate keeps something for in this
+    /// process: a principal, "always" answers, counters. For tests of what ended sessions leave
+    /// behind.
+    pub fn remembered_sessions(&self) -> usize {
+        let mut ids: HashSet<String> = self.inner.ledger.session_ids().into_iter().collect();
+        let principals = self.inner.principals.lock();
+        ids.extend(
+            principals
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned(),
+        );
+        let always = self.inner.always.lock();
+        let always = always.unwrap_or_else(|e| e.into_inner());
+        ids.extend(always.iter().map(|(scope, _)| scope.clone()));
+        ids.len()
+    }
+
     /// Waits for audit lines and settlements that dropped calls left to finish in the
     /// background, then gives back the budget leases the state store holds (call before the
     /// process exits; leases not given back expire and count as spent).
