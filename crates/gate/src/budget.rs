@@ -381,6 +381,11 @@ impl Ledger {
             .unwrap_or_default()
     }
 
+    /// Drops an ended session's counters.
+    pub(crate) fn forget_session(&self, session_id: &str) {
+        self.lock().sessions.remove(session_id);
+    }
+
     /// The sessions counted here.
     pub(crate) fn session_ids(&self) -> Vec<String> {
         self.lock().sessions.keys().cloned().collect()

@@ -408,13 +408,16 @@ impl Sessions {
         }
     }
 
-    /// Ends a session for good: its connection, its store and its approvals.
+    /// Ends a session for good: its connection, its store, its approvals and what the gate
+    /// keeps for it (its principal and counters, kept until a call or cell of it still running
+    /// here ends).
     pub(crate) async fn end(&self, id: &str) {
         if self.lock().remove(id).is_some() {
             self.ended
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.codemode.end_session(id);
+        self.codemode.gate().forget_session(id);
         let _ = self
             .manager
             .close_session(&SessionId::from(id.to_string()))
@@ -527,6 +530,7 @@ impl SessionStore for Store {
     async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
         self.0.lock().remove(session_id);
         self.0.codemode.end_session(session_id);
+        self.0.codemode.gate().forget_session(session_id);
         Ok(())
     }
 }
