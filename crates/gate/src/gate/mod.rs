@@ -364,6 +364,12 @@ impl Gate {
             .end(session_id, |id| inner.forget_session_now(id));
     }
 
+    /// Whether `session_id` ended ([`Gate::forget_session`]) while a call or cell of it still
+    /// runs here: what it would keep for the session (`store()` values) is kept for nobody.
+    pub fn session_has_ended(&self, session_id: &str) -> bool {
+        self.inner.sessions.has_ended(session_id)
+    }
+
     /// Keeps what the gate knows of a session (its principal, counters) while the returned
     /// hold lives, even past [`Gate::forget_session`]: for a cell that runs on after the request
     /// that started it. Every call holds its session by itself.

@@ -47,6 +47,11 @@ impl SessionMemory {
         state.principals.insert(session_id.to_string(), principal);
     }
 
+    /// Whether the session ended while something of it still runs here.
+    pub(crate) fn has_ended(&self, session_id: &str) -> bool {
+        self.lock().ended.contains(session_id)
+    }
+
     /// The sessions with a principal here.
     pub(crate) fn with_principal(&self) -> Vec<String> {
         self.lock().principals.keys().cloned().collect()

@@ -417,7 +417,6 @@ impl Sessions {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.codemode.end_session(id);
-        self.codemode.gate().forget_session(id);
         let _ = self
             .manager
             .close_session(&SessionId::from(id.to_string()))
@@ -530,7 +529,6 @@ impl SessionStore for Store {
     async fn delete(&self, session_id: &str) -> Result<(), SessionStoreError> {
         self.0.lock().remove(session_id);
         self.0.codemode.end_session(session_id);
-        self.0.codemode.gate().forget_session(session_id);
         Ok(())
     }
 }
