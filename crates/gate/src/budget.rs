@@ -381,6 +381,16 @@ impl Ledger {
             .unwrap_or_default()
     }
 
+    /// Drops an ended session's counters.
+    pub(crate) fn forget_session(&self, session_id: &str) {
+        self.lock().sessions.remove(session_id);
+    }
+
+    /// The sessions counted here.
+    pub(crate) fn session_ids(&self) -> Vec<String> {
+        self.lock().sessions.keys().cloned().collect()
+    }
+
     pub(crate) fn session(&self, session_id: &str) -> LedgerSnapshot {
         let inner = self.lock();
         let mut s = inner.sessions.get(session_id).cloned().unwrap_or_default();

@@ -31,7 +31,9 @@ pub use audit::{
 };
 pub use budget::{BudgetLimits, Budgets, DailyBudgets, LedgerSnapshot, Principal};
 pub use error::{GateError, RegistryError, Stage};
-pub use gate::{Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath};
+pub use gate::{
+    Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath, SessionHold,
+};
 pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
 pub use model_rules::ModelRules;
 pub use observe::CallObserver;

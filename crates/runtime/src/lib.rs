@@ -234,8 +234,12 @@ impl Codemode {
             .await
     }
 
-    /// Drops a session's store (for example when an MCP session ends), in the state store too.
+    /// Ends a session (for example when an MCP session ends): drops its store, in the state
+    /// store too, and what the gate keeps for it (see [`codemode_gate::Gate::forget_session`]).
     pub fn end_session(&self, session_id: &str) {
+        // The gate first: a script of the session that ends after this sees the session ended
+        // and keeps no `store()` write for it (see `run.rs`).
+        self.gate().forget_session(session_id);
         self.inner.stores.remove(session_id);
         if let Some(durable) = self.durable_store().cloned()
             && let Ok(rt) = tokio::runtime::Handle::try_current()

@@ -80,6 +80,9 @@ impl ScriptRequest {
     }
 }
 
+/// Why a script's `store()` writes were not kept when its session ended while it ran.
+const SESSION_ENDED: &str = "its session ended while the script ran (its client ended it, or it was idle past the limit); start a new session to keep values";
+
 /// The outcome of a run: the text for the model and the structured result for programs.
 #[derive(Debug, Clone)]
 pub struct ScriptRun {
@@ -417,22 +420,40 @@ impl Codemode {
         let spent = spent.take();
 
         if result.ok {
+            // A session that ended while the script ran keeps nothing: its values would be
+            // kept for nobody, and never dropped.
+            let writes = !result.store_writes.is_empty();
+            let ended = || writes && self.gate().session_has_ended(&req.session_id);
             // The durable store first: writes it refuses are kept nowhere.
             let saved = match self.durable_store() {
+                Some(_) if ended() => Err(SESSION_ENDED.to_string()),
                 Some(durable) => {
                     let changes = crate::store::changes(&result.store_writes);
-                    durable
+                    let applied = durable
                         .apply_store(&req.session_id, &changes)
                         .await
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| e.to_string());
+                    // Ended meanwhile: its delete may have run before these writes.
+                    if applied.is_ok() && ended() {
+                        if let Err(e) = durable.delete_session(&req.session_id).await {
+                            tracing::warn!(session = %req.session_id, "could not delete an ended session's stored values: {e}");
+                        }
+                        Err(SESSION_ENDED.to_string())
+                    } else {
+                        applied
+                    }
                 }
                 None => Ok(()),
             }
             .and_then(|()| {
                 let checked = self.durable_store().is_none();
-                self.inner
-                    .stores
-                    .apply(&req.session_id, &result.store_writes, checked)
+                self.inner.stores.apply(
+                    &req.session_id,
+                    &result.store_writes,
+                    checked,
+                    ended,
+                    SESSION_ENDED,
+                )
             });
             if let Err(e) = saved {
                 result.ok = false;

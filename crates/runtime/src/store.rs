@@ -22,13 +22,21 @@ impl SessionStores {
     /// script API checks the same limits in the VM; this holds them for a worker that did not,
     /// and for scripts of one session that each fit but together would not. `checked: false`
     /// mirrors writes a durable store already took (and judged on everything it holds).
+    /// `ended` is asked under this map's lock, which [`SessionStores::remove`] takes too: a
+    /// session that ends is either removed after these writes or refuses them with
+    /// `ended_why`, never given them back after its removal.
     pub(crate) fn apply(
         &self,
         session: &str,
         writes: &[StoreWrite],
         checked: bool,
+        ended: impl Fn() -> bool,
+        ended_why: &str,
     ) -> Result<(), String> {
         let mut all = self.lock();
+        if ended() {
+            return Err(ended_why.to_string());
+        }
         let mut store = all.get(session).cloned().unwrap_or_default();
         for write in writes {
             match write {

@@ -157,3 +157,130 @@ async fn a_cells_session_row_names_its_principal_not_its_clients_name() {
     assert_eq!(row("alices-session").await, Some(Some("alice".into())));
     assert_eq!(row("nobodys-session").await, Some(None));
 }
+
+/// Runs only once the test adds a permit to `release`; says it started through `started`.
+struct Slow {
+    spec: ToolSpec,
+    started: Arc<tokio::sync::Semaphore>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Tool for Slow {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let (started, release) = (self.started.clone(), self.release.clone());
+        Ok(prepared(CallFacts::default(), move |_| {
+            async move {
+                started.add_permits(1);
+                let _ = release.acquire().await.map(|p| p.forget());
+                Ok(ToolOutput::value(json!({})))
+            }
+            .boxed()
+        }))
+    }
+}
+
+/// A cell still running when its session ended (and the gate was told to forget the session)
+/// goes on acting for the session's principal, never for the process's default one; once it
+/// ends, the gate keeps nothing of the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_finishing_after_its_session_ended_acts_for_its_principal_then_is_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_store(dir.path()).await;
+    let started = Arc::new(tokio::sync::Semaphore::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let runs = Arc::new(AtomicU64::new(0));
+    let registry = Registry::new();
+    registry
+        .register(Arc::new(Slow {
+            spec: ToolSpec::new("slow", "waits", json!({"type": "object"})),
+            started: started.clone(),
+            release: release.clone(),
+        }))
+        .unwrap();
+    registry
+        .register(Arc::new(Counted {
+            spec: ToolSpec::new("counted", "counts", json!({"type": "object"})),
+            runs: runs.clone(),
+        }))
+        .unwrap();
+    let log = dir.path().join("audit.jsonl");
+    let audit = AuditLog::open_with_key(&log, AuditKey::from_bytes([7; 32])).unwrap();
+    let mut config = CellsConfig::new(store.clone());
+    config.audit = audit.clone();
+    let policy = r#"permit (principal, action == Action::"tool_call", resource == Tool::"counted");
+permit (principal, action == Action::"tool_call", resource == Tool::"slow");"#;
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("p.cedar", policy).unwrap())
+        .principal(Some(Principal {
+            id: "shared-default".into(),
+            team: None,
+        }))
+        .audit(audit)
+        .build()
+        .unwrap();
+    gate.set_principal(
+        "s",
+        Principal {
+            id: "alice".into(),
+            team: None,
+        },
+    );
+    let codemode = Codemode::builder()
+        .gate(gate.clone())
+        .cells(Cells::new(config))
+        .build()
+        .unwrap();
+    let code = r#"// @options: {"yield_after_ms": 200}
+await tools.slow({});
+await tools.counted({});
+return 1;"#;
+    let first = codemode
+        .start_cell(ScriptRequest::new(code, "s"))
+        .await
+        .unwrap();
+    assert_eq!(first.status, CellStatus::Running, "{}", first.text);
+    tokio::time::timeout(Duration::from_secs(10), started.acquire())
+        .await
+        .expect("the slow call starts within 10 s")
+        .unwrap()
+        .forget();
+
+    // The session ends while the cell is still finishing.
+    gate.forget_session("s");
+    release.add_permits(1);
+    let mut last = None;
+    for _ in 0..100 {
+        let wait = codemode_runtime::WaitOptions {
+            timeout: Some(Duration::from_secs(2)),
+            terminate: false,
+        };
+        let r = codemode.wait_cell("s", &first.cell, wait).await.unwrap();
+        if r.status.is_terminal() {
+            last = Some(r);
+            break;
+        }
+    }
+    let last = last.expect("the cell ends");
+    assert_eq!(last.status, CellStatus::Finished, "{}", last.text);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let counted = lines.iter().find(|l| l["tool"] == "counted").unwrap();
+    assert_eq!(counted["principal"], "alice", "{counted}");
+
+    // Once the cell is over, nothing of the ended session stays (checked for up to 10 s: the
+    // cell's driver lets go just after its result is handed over).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gate.remembered_sessions() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gate.remembered_sessions(), 0);
+}

@@ -49,6 +49,9 @@ pub(crate) struct Pending {
     written: bool,
     /// The call's span (disabled unless a subscriber wants `codemode::call`).
     pub span: tracing::Span,
+    /// Keeps the session's principal and counters until the call's line is written, even if
+    /// the session ends meanwhile (fields drop after `Drop` wrote the line).
+    _session: super::SessionHold,
 }
 
 /// A span per call, the child of its parent call's span when that one is still in flight.
@@ -106,6 +109,7 @@ impl Pending {
     pub fn new(gate: Arc<Inner>, req: &CallRequest) -> Self {
         let span = span_for(&gate, req);
         Pending {
+            _session: super::SessionHold::new(gate.clone(), &req.provenance.session_id),
             span,
             gate,
             started: Instant::now(),

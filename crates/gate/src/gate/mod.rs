@@ -4,6 +4,7 @@
 mod admission;
 mod protect;
 mod script_lines;
+mod session_memory;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -19,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 pub use admission::Admission;
 use admission::Pending;
 pub use protect::ProtectedPath;
+pub use session_memory::SessionHold;
+use session_memory::SessionMemory;
 
 use crate::approval::{ApprovalAnswer, ApprovalRequest, Approver};
 use crate::audit::AuditLog;
@@ -68,12 +71,19 @@ struct PolicyState {
 impl Inner {
     /// Who a session acts for: the principal set for it, else the default one.
     pub(crate) fn principal_of(&self, session_id: &str) -> Option<Principal> {
-        self.principals
+        self.sessions
+            .principal(session_id)
+            .or_else(|| self.default_principal.clone())
+    }
+
+    /// Drops the session's "always" answers and counters (its principal goes with
+    /// [`SessionMemory`], which calls this).
+    fn forget_session_now(&self, session_id: &str) {
+        self.always
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(session_id)
-            .cloned()
-            .or_else(|| self.default_principal.clone())
+            .retain(|(scope, _)| scope != session_id);
+        self.ledger.forget_session(session_id);
     }
 }
 
@@ -98,8 +108,9 @@ pub(crate) struct Inner {
     protected: Vec<ProtectedPath>,
     /// Budgets shared by every replica through a state store.
     pub(crate) shared: Option<SharedLedger>,
-    /// Who each session acts for (HTTP token names), else `default_principal`.
-    principals: Mutex<HashMap<String, Principal>>,
+    /// Who each session acts for (HTTP token names), else `default_principal`; and which
+    /// sessions still have a call or cell running, so their end waits for it.
+    sessions: SessionMemory,
     default_principal: Option<Principal>,
     pub(crate) observer: Option<Arc<dyn CallObserver>>,
     /// Spans of calls in flight, by call id, so a nested call's span is the child of its
@@ -270,7 +281,7 @@ impl GateBuilder {
                     .and_then(|w| protect::resolved(&w).to_str().map(str::to_owned)),
                 protected,
                 shared,
-                principals: Mutex::new(HashMap::new()),
+                sessions: SessionMemory::default(),
                 default_principal: self.principal,
                 observer: self.observer,
                 spans: Mutex::new(HashMap::new()),
@@ -335,11 +346,7 @@ impl Gate {
 
     /// Says who a session acts for (under `serve --listen`, the name of its bearer token).
     pub fn set_principal(&self, session_id: &str, principal: Principal) {
-        self.inner
-            .principals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(session_id.to_string(), principal);
+        self.inner.sessions.set_principal(session_id, principal);
     }
 
     /// Who a session acts for.
@@ -347,13 +354,39 @@ impl Gate {
         self.inner.principal_of(session_id)
     }
 
-    /// Forgets what the gate keeps about a session in this process.
+    /// Forgets what the gate keeps about a session in this process (its principal, "always"
+    /// answers, counters), because the session ended. A call or a cell of the session still
+    /// running here keeps all of it until the last of them ends (see [`Gate::hold_session`]).
     pub fn forget_session(&self, session_id: &str) {
-        self.inner
-            .principals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(session_id);
+        let inner = &self.inner;
+        inner
+            .sessions
+            .end(session_id, |id| inner.forget_session_now(id));
+    }
+
+    /// Whether `session_id` ended ([`Gate::forget_session`]) while a call or cell of it still
+    /// runs here: what it would keep for the session (`store()` values) is kept for nobody.
+    pub fn session_has_ended(&self, session_id: &str) -> bool {
+        self.inner.sessions.has_ended(session_id)
+    }
+
+    /// Keeps what the gate knows of a session (its principal, counters) while the returned
+    /// hold lives, even past [`Gate::forget_session`]: for a cell that runs on after the request
+    /// that started it. Every call holds its session by itself.
+    pub fn hold_session(&self, session_id: &str) -> SessionHold {
+        SessionHold::new(self.inner.clone(), session_id)
+    }
+
+    /// How many sessions (or scripts still running) the gate keeps something for in this
+    /// process: a principal, "always" answers, counters. For tests of what ended sessions leave
+    /// behind.
+    pub fn remembered_sessions(&self) -> usize {
+        let mut ids: HashSet<String> = self.inner.ledger.session_ids().into_iter().collect();
+        ids.extend(self.inner.sessions.with_principal());
+        let always = self.inner.always.lock();
+        let always = always.unwrap_or_else(|e| e.into_inner());
+        ids.extend(always.iter().map(|(scope, _)| scope.clone()));
+        ids.len()
     }
 
     /// Waits for audit lines and settlements that dropped calls left to finish in the

@@ -560,7 +560,6 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
         match guard.sessions.ended_elsewhere(id).await {
             Ok(false) => {}
             Ok(true) => {
-                guard.codemode.gate().forget_session(id);
                 return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
             }
             Err(e) => return store_unreachable(e),
@@ -570,7 +569,6 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
     match (req.method().clone(), session) {
         (Method::DELETE, Some(id)) => {
             guard.sessions.end_everywhere(&id).await;
-            guard.codemode.gate().forget_session(&id);
             return StatusCode::NO_CONTENT.into_response();
         }
         (Method::POST, Some(id)) => {

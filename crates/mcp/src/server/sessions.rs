@@ -408,7 +408,9 @@ impl Sessions {
         }
     }
 
-    /// Ends a session for good: its connection, its store and its approvals.
+    /// Ends a session for good: its connection, its store, its approvals and what the gate
+    /// keeps for it (its principal and counters, kept until a call or cell of it still running
+    /// here ends).
     pub(crate) async fn end(&self, id: &str) {
         if self.lock().remove(id).is_some() {
             self.ended

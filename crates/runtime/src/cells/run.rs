@@ -474,6 +474,9 @@ async fn drive(
     script: ScriptCall,
     link: Arc<CellLink>,
 ) {
+    // Until the cell's last line is written it acts for its session's principal, even if the
+    // session ends meanwhile; then the gate may forget the session.
+    let _session = codemode.gate().hold_session(&req.session_id);
     let live = link.cell.clone();
     let cell_id = live.id.clone();
     let run = codemode

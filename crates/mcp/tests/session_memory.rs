@@ -1,0 +1,93 @@
+//! What `serve --listen` keeps for an HTTP session after it ended: a client that opens
+//! sessions in bursts and abandons them must not grow the host's memory without bound. Sessions
+//! ended by `--max-sessions` (eviction) and by the idle limit leave nothing in the gate (the
+//! session's principal, its counters).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use codemode_gate::{Gate, PolicySet, Principal, Registry};
+use codemode_mcp::{ElicitationApprover, HttpOptions, ServeOptions, TokenPrincipal, serve_http};
+use codemode_runtime::Codemode;
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+const TOKEN: &str = "alices-token";
+
+type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+/// A session of `url` that ran one script, as alice.
+async fn open(url: &str) -> Client {
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(TOKEN);
+    let client = ().serve(StreamableHttpClientTransport::from_config(config)).await.unwrap();
+    let mut params = CallToolRequestParams::new("codemode");
+    params.arguments = json!({ "code": "return 1" }).as_object().cloned();
+    let result = client.peer().call_tool(params).await.unwrap();
+    assert_ne!(result.is_error, Some(true), "{:?}", result.content);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
+    let gate = Gate::builder()
+        .registry(Registry::new())
+        .policy(PolicySet::parse("p.cedar", "permit(principal, action, resource);").unwrap())
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate.clone()).build().unwrap();
+    let max_sessions = 4;
+    let http = HttpOptions {
+        principals: vec![TokenPrincipal {
+            principal: Principal {
+                id: "alice".into(),
+                team: None,
+            },
+            token_sha256: Sha256::digest(TOKEN.as_bytes()).into(),
+        }],
+        session_idle_timeout: Duration::from_secs(2),
+        max_sessions,
+        ..HttpOptions::default()
+    };
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let server = serve_http(
+        codemode,
+        &[addr],
+        http,
+        ElicitationApprover::new(),
+        ServeOptions::default(),
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}/mcp", server.local_addr);
+    let live = server.session_counter();
+
+    // A burst: each new session past the limit ends (evicts) an older one of alice's.
+    let mut clients = Vec::new();
+    for _ in 0..12 {
+        clients.push(open(&url).await);
+    }
+    assert!(live() <= max_sessions, "{} sessions live", live());
+    assert!(
+        gate.remembered_sessions() <= max_sessions,
+        "the gate still keeps {} sessions after all but {max_sessions} were evicted",
+        gate.remembered_sessions()
+    );
+
+    // Abandoned: the rest end at the idle limit.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while live() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(live(), 0, "the idle sessions expire within 20 s");
+    assert_eq!(
+        gate.remembered_sessions(),
+        0,
+        "expired sessions leave nothing in the gate"
+    );
+    drop(clients);
+    server.stop().await;
+}
