@@ -51,6 +51,10 @@ pub struct CellSettings {
     /// Live cells one session may have at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_per_session: Option<u32>,
+    /// Cells one principal (token) may run at once in this process, over all its sessions:
+    /// each holds a sandbox worker while it runs, paused for approval included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running_per_principal: Option<u32>,
 }
 
 /// The effective values, after the narrowing rule.
@@ -64,6 +68,7 @@ pub struct Durable {
     pub cells_enabled: Option<bool>,
     pub yield_after_ms: u64,
     pub max_cells_per_session: u32,
+    pub max_running_per_principal: u32,
 }
 
 impl Default for Durable {
@@ -75,6 +80,7 @@ impl Default for Durable {
             cells_enabled: None,
             yield_after_ms: DEFAULT_YIELD_AFTER_MS,
             max_cells_per_session: DEFAULT_MAX_CELLS_PER_SESSION,
+            max_running_per_principal: DEFAULT_MAX_RUNNING_PER_PRINCIPAL,
         }
     }
 }
@@ -83,6 +89,8 @@ impl Default for Durable {
 pub const DEFAULT_APPROVAL_EXPIRY: Duration = Duration::from_secs(3600);
 pub const DEFAULT_YIELD_AFTER_MS: u64 = 10_000;
 pub const DEFAULT_MAX_CELLS_PER_SESSION: u32 = 8;
+/// Half of the sandbox's 64 workers: one token leaves the other half to everyone else.
+pub const DEFAULT_MAX_RUNNING_PER_PRINCIPAL: u32 = 32;
 
 /// The default state URL: `state.db` in your state directory.
 pub fn default_state_url(state_dir: &Path) -> String {
@@ -140,6 +148,17 @@ pub(crate) fn merge(
             p_cells.max_per_session,
         )
         .unwrap_or(DEFAULT_MAX_CELLS_PER_SESSION);
+    let max_running_per_principal = n
+        .limit(
+            "cells.max_running_per_principal",
+            Some(
+                u_cells
+                    .max_running_per_principal
+                    .unwrap_or(DEFAULT_MAX_RUNNING_PER_PRINCIPAL),
+            ),
+            p_cells.max_running_per_principal,
+        )
+        .unwrap_or(DEFAULT_MAX_RUNNING_PER_PRINCIPAL);
     Durable {
         state_url,
         when_nobody_can_answer: when,
@@ -147,6 +166,7 @@ pub(crate) fn merge(
         cells_enabled,
         yield_after_ms,
         max_cells_per_session,
+        max_running_per_principal,
     }
 }
 
@@ -236,6 +256,7 @@ mod tests {
                 enabled: Some(true),
                 yield_after_ms: Some(1_000),
                 max_per_session: Some(100),
+                max_running_per_principal: Some(64),
             },
         );
         assert_eq!(d.state_url, "sqlite:///state/state.db");
@@ -248,6 +269,7 @@ mod tests {
             "approvals.when_nobody_can_answer",
             "approvals.expire_after",
             "cells.max_per_session",
+            "cells.max_running_per_principal",
         ] {
             assert!(warned.contains(key), "{key} in {warned}");
         }

@@ -178,6 +178,23 @@ impl Pool {
         Ok(())
     }
 
+    /// Starts workers for queued scripts that no idle or preparing worker will take, as far
+    /// as the caps allow. `submit` starts one per script; this catches up once a preparing
+    /// worker is ready, since scripts of a burst that arrived while `MAX_PREPARING` workers
+    /// were preparing started none, and would wait for a worker to finish a script, which
+    /// one held by a long call or a paused approval may not do for an hour.
+    fn grow(pool: &Arc<Pool>, s: &mut State) {
+        while !s.shutdown
+            && s.idle + s.preparing < s.queue.len()
+            && s.preparing < MAX_PREPARING
+            && s.threads < pool.max
+        {
+            if !Pool::spawn(pool, s) {
+                return;
+            }
+        }
+    }
+
     pub fn shutdown(&self) {
         let mut s = lock(&self.state);
         s.shutdown = true;
@@ -197,10 +214,11 @@ impl Pool {
     }
 
     /// Waits for the next job; `None` when this worker should exit.
-    fn next_job(&self, wake: &Arc<Condvar>) -> Option<Job> {
+    fn next_job(self: &Arc<Self>, wake: &Arc<Condvar>) -> Option<Job> {
         let mut s = lock(&self.state);
         s.preparing = s.preparing.saturating_sub(1);
         s.idle += 1;
+        Pool::grow(self, &mut s);
         let mut since = Instant::now();
         loop {
             if let Some(job) = s.queue.pop_front() {

@@ -475,6 +475,8 @@ async fn open_cells(
     let mut config = codemode_runtime::CellsConfig::new(store);
     config.yield_after = std::time::Duration::from_millis(durable.yield_after_ms);
     config.max_live_per_session = durable.max_cells_per_session;
+    // Zero would refuse every script; one is the least that lets a token work.
+    config.max_running_per_principal = durable.max_running_per_principal.max(1);
     config.pause_approvals =
         durable.when_nobody_can_answer == codemode_config::WhenNobodyCanAnswer::Pause;
     config.approval_expiry = durable.approval_expiry;

@@ -20,6 +20,7 @@
 
 mod approver;
 mod live;
+mod principal_share;
 pub(crate) mod record;
 mod report;
 mod run;
@@ -54,6 +55,9 @@ pub struct CellsConfig {
     pub yield_after: Duration,
     /// Live cells one session may have at once.
     pub max_live_per_session: u32,
+    /// Cells one principal may run at once in this process, over all its sessions: each holds
+    /// a sandbox worker while it runs (see `principal_share`).
+    pub max_running_per_principal: u32,
     /// Pause (rather than deny) an `ask` that nobody can answer now.
     pub pause_approvals: bool,
     /// A paused approval unanswered for this long counts as a denial.
@@ -67,7 +71,8 @@ pub struct CellsConfig {
 }
 
 impl CellsConfig {
-    /// Defaults around a store: 10 s yield, 8 cells a session, 15 s lease, deny, 1 h expiry.
+    /// Defaults around a store: 10 s yield, 8 cells a session, 32 running cells a principal,
+    /// 15 s lease, deny, 1 h expiry.
     pub fn new(store: Arc<dyn StateStore>) -> Self {
         CellsConfig {
             store,
@@ -75,6 +80,7 @@ impl CellsConfig {
             lease: Duration::from_secs(15),
             yield_after: Duration::from_secs(10),
             max_live_per_session: 8,
+            max_running_per_principal: 32,
             pause_approvals: false,
             approval_expiry: Duration::from_secs(3600),
             audit: AuditLog::disabled(),
@@ -109,6 +115,10 @@ pub enum CellError {
         "cell `{id}` is run by another codemode process ({owner}); `terminate` works only through that process, or through this one once that process has stopped. Ending the session (HTTP DELETE) stops all its cells, wherever they run"
     )]
     HeldElsewhere { id: String, owner: String },
+    #[error(
+        "{who} already runs {limit} scripts at once in this codemode process, the most one token may (`cells.max_running_per_principal`), so that others can still run theirs; wait for one to end (`wait`, or `wait` with \"terminate\": true to stop one), or ask the operator to raise `cells.max_running_per_principal` in settings.json"
+    )]
+    PrincipalBusy { who: String, limit: u32 },
     #[error("{0}")]
     Replay(String),
     #[error(transparent)]
@@ -125,6 +135,8 @@ pub(crate) struct CellsInner {
     pub config: CellsConfig,
     /// Cells this process runs, by id (a cell's script id is its cell id).
     pub live: Mutex<HashMap<String, Arc<LiveCell>>>,
+    /// How many cells each principal runs here now.
+    pub share: Arc<principal_share::PrincipalShare>,
     /// Sessions their clients ended for good, and when: a cell still being started for one
     /// (its request raced the end) is terminated as soon as it is registered.
     ended_sessions: Mutex<HashMap<String, std::time::Instant>>,
@@ -140,6 +152,7 @@ impl Cells {
             inner: Arc::new(CellsInner {
                 config,
                 live: Mutex::new(HashMap::new()),
+                share: Arc::default(),
                 ended_sessions: Mutex::new(HashMap::new()),
                 background: std::sync::OnceLock::new(),
             }),

@@ -80,6 +80,25 @@ impl Codemode {
                 return Ok(refused(&cell_id, run));
             }
         };
+        // Before anything is stored: a refused script leaves no cell behind.
+        let acting_for = self.gate().principal_of(&req.session_id);
+        let share_key = acting_for.as_ref().map_or("", |p| p.id.as_str());
+        let Some(slot) = cells
+            .inner
+            .share
+            .take(share_key, config.max_running_per_principal)
+        else {
+            let busy = CellError::PrincipalBusy {
+                who: acting_for.as_ref().map_or_else(
+                    || "this server's unnamed client".to_string(),
+                    |p| format!("`{}`", p.id),
+                ),
+                limit: config.max_running_per_principal,
+            };
+            let run = ScriptRun::refused(cell_id.clone(), busy.to_string());
+            let _ = self.finish_admission(admission, run).await;
+            return Err(busy);
+        };
         let yield_after = parsed
             .options
             .yield_after_ms
@@ -152,6 +171,7 @@ impl Codemode {
             call_id,
             ScriptCall::Admitted(Box::new(admission)),
             link,
+            slot,
         ));
         // Until the first report the caller is waiting: cancelling its call (or shutting down,
         // or dropping this future) stops the script, as for a plain run. After that the cell
@@ -313,6 +333,13 @@ impl Codemode {
             if let Some(principal) = acts_for.principal {
                 self.gate().set_principal(&claimed.session_id, principal);
             }
+            let slot = {
+                let acting_for = self.gate().principal_of(&claimed.session_id);
+                cells
+                    .inner
+                    .share
+                    .take_anyway(acting_for.as_ref().map_or("", |p| p.id.as_str()))
+            };
             cells.register(live);
             tokio::spawn(drive(
                 self.clone(),
@@ -324,6 +351,7 @@ impl Codemode {
                     journal_id: options.journal_id,
                 },
                 link,
+                slot,
             ));
             resumed.push(claimed.id);
         }
@@ -465,6 +493,7 @@ enum ScriptCall {
 }
 
 /// Runs the cell's script to its end and records how it ended.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     codemode: Codemode,
     cells: Cells,
@@ -473,6 +502,7 @@ async fn drive(
     call_id: String,
     script: ScriptCall,
     link: Arc<CellLink>,
+    slot: super::principal_share::ShareSlot,
 ) {
     // Until the cell's last line is written it acts for its session's principal, even if the
     // session ends meanwhile; then the gate may forget the session.
@@ -488,6 +518,8 @@ async fn drive(
             Some(link.clone()),
         )
         .await;
+    // The script is out of the pool: its worker is free for the principal's next one.
+    drop(slot);
     let (mut run, resumed) = match script {
         ScriptCall::Admitted(a) => (codemode.finish_admission(*a, run).await, None),
         ScriptCall::TakenOver { journal_id } => (run, Some(journal_id)),
