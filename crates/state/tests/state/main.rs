@@ -70,7 +70,7 @@ every_backend!(
 
 /// Session-end races between replicas, for each backend.
 mod session_end_races {
-    race_for!(memory: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it);
-    race_for!(sqlite: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it);
-    race_for!(postgres: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it);
+    race_for!(memory: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it, an_ended_session_refuses_to_come_back);
+    race_for!(sqlite: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it, an_ended_session_refuses_to_come_back);
+    race_for!(postgres: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it, an_ended_session_refuses_to_come_back);
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use codemode_state::{CellRecord, NewCell, StateStore};
+use codemode_state::{CellRecord, NewCell, StateError, StateStore};
 use serde_json::json;
 
 use crate::harness::Env;
@@ -39,14 +39,14 @@ async fn end_session(store: Arc<dyn StateStore>, session: String) {
         .expect("deleting the session");
 }
 
-/// Replica b starts a cell in the session, as `start_cell` does: marks the session in use,
-/// then creates the cell. `None` when the store refused either.
+/// Replica b starts a cell in the session, as `start_cell` does: opens the session (first
+/// sight, or marks it in use), then creates the cell. `None` when the store refused either.
 async fn start_cell(
     store: Arc<dyn StateStore>,
     session: String,
     cell: String,
 ) -> Option<CellRecord> {
-    store.touch_session(&session, Some("alice")).await.ok()?;
+    store.open_session(&session, Some("alice")).await.ok()?;
     store.create_cell(cell_of(&cell, &session)).await.ok()
 }
 
@@ -57,7 +57,7 @@ pub async fn a_cell_started_as_its_session_ends_never_outlives_it(env: Env) {
     for round in 0..ROUNDS {
         let session = format!("race1-{round}");
         let cell = format!("race1-cell-{round}");
-        env.a.touch_session(&session, Some("alice")).await.unwrap();
+        env.a.open_session(&session, Some("alice")).await.unwrap();
         let ending = tokio::spawn(end_session(env.a.clone(), session.clone()));
         let starting = tokio::spawn(start_cell(env.b.clone(), session.clone(), cell.clone()));
         ending.await.unwrap();
@@ -85,13 +85,13 @@ pub async fn touching_a_session_as_it_is_deleted_never_revives_it(env: Env) {
     let mut revived = Vec::new();
     for round in 0..ROUNDS {
         let session = format!("race2-{round}");
-        env.a.touch_session(&session, Some("alice")).await.unwrap();
+        env.a.open_session(&session, Some("alice")).await.unwrap();
         let (a, b) = (env.a.clone(), env.b.clone());
         let id = session.clone();
         let deleting = tokio::spawn(async move { a.delete_session(&id).await });
         let id = session.clone();
         let touching = tokio::spawn(async move {
-            let _ = b.touch_session(&id, Some("alice")).await;
+            let _ = b.touch_session(&id).await;
         });
         assert!(deleting.await.unwrap().unwrap(), "the session existed");
         touching.await.unwrap();
@@ -105,4 +105,55 @@ pub async fn touching_a_session_as_it_is_deleted_never_revives_it(env: Env) {
         env.name,
         revived.len()
     );
+}
+
+/// What the race tests rely on, one step at a time: an ended session refuses, with
+/// `SessionEnded`, to be begun again, touched or given a cell, on either replica, even after
+/// its row was deleted; a touch never makes a session; the mark is pruned in time.
+pub async fn an_ended_session_refuses_to_come_back(env: Env) {
+    env.a.open_session("s", Some("alice")).await.unwrap();
+    env.b.touch_session("s").await.unwrap();
+    let why = json!({"text": "ended", "isError": true});
+    env.a
+        .end_session_cells("s", "replica-a", why.clone())
+        .await
+        .unwrap();
+    env.a.delete_session("s").await.unwrap();
+    assert!(
+        env.b.get_session("s").await.unwrap().is_none(),
+        "{}",
+        env.name
+    );
+    assert!(
+        ended(env.b.open_session("s", Some("alice")).await),
+        "{}",
+        env.name
+    );
+    assert!(ended(env.b.touch_session("s").await), "{}", env.name);
+    assert!(
+        ended(env.b.create_cell(cell_of("late", "s")).await),
+        "{}",
+        env.name
+    );
+    assert!(env.a.get_cell("late").await.unwrap().is_none());
+
+    // Never begun: a touch does not make it; a cell of it may be created (a session begun
+    // without a row, as an embedder's), and it may be begun.
+    assert!(ended(env.b.touch_session("fresh").await), "{}", env.name);
+    assert!(env.a.get_session("fresh").await.unwrap().is_none());
+    env.b.create_cell(cell_of("first", "fresh")).await.unwrap();
+    env.b.open_session("fresh", None).await.unwrap();
+
+    // Once older than it is kept, the mark goes with the next session's end.
+    env.clock
+        .advance(codemode_state::ENDED_SESSION_KEPT + Duration::from_secs(1));
+    env.a
+        .end_session_cells("other", "replica-a", why)
+        .await
+        .unwrap();
+    env.b.open_session("s", None).await.unwrap();
+}
+
+fn ended<T>(r: Result<T, StateError>) -> bool {
+    matches!(r, Err(StateError::SessionEnded { .. }))
 }
