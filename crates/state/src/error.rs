@@ -71,6 +71,12 @@ pub enum StateError {
     )]
     ApprovalMismatch { id: String },
 
+    // --- sessions ---
+    #[error(
+        "session `{id}` has ended (its client ended it, it was idle too long, or it was never begun on a replica sharing this store); begin a new session"
+    )]
+    SessionEnded { id: String },
+
     // --- cells ---
     #[error("there is no cell `{id}`; it never existed or was deleted")]
     UnknownCell { id: String },

@@ -70,7 +70,9 @@ pub use clock::{Clock, ManualClock, format_ms, utc_day};
 pub use error::{Result, StateError};
 pub use memory::MemoryStore;
 pub use postgres::{LeaseOptions, PostgresOptions, PostgresStore};
-pub use session::{MAX_STORE_TOTAL_CHARS, MAX_STORE_VALUE_CHARS, SessionRecord, StoreChange};
+pub use session::{
+    ENDED_SESSION_KEPT, MAX_STORE_TOTAL_CHARS, MAX_STORE_VALUE_CHARS, SessionRecord, StoreChange,
+};
 pub use sqlite::{SqliteOptions, SqliteStore};
 pub use store::StateStore;
 pub use url::{StateUrl, redact};

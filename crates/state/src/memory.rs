@@ -39,6 +39,8 @@ struct Hold {
 #[derive(Default)]
 struct Inner {
     sessions: HashMap<String, SessionRecord>,
+    /// Sessions ended for good, and when: never begun again while kept.
+    ended_sessions: HashMap<String, i64>,
     stores: HashMap<String, BTreeMap<String, Value>>,
     cells: HashMap<String, CellRecord>,
     replay: HashMap<String, Vec<ReplayEntry>>,
@@ -133,7 +135,7 @@ impl StateStore for MemoryStore {
         self.notifier.watch(topic)
     }
 
-    fn touch_session<'a>(
+    fn open_session<'a>(
         &'a self,
         id: &'a str,
         principal: Option<&'a str>,
@@ -142,6 +144,9 @@ impl StateStore for MemoryStore {
             check_id("session id", id)?;
             let now = self.clock.now_ms();
             let mut inner = self.lock();
+            if inner.ended_sessions.contains_key(id) {
+                return Err(session::ended(id));
+            }
             let s = inner
                 .sessions
                 .entry(id.to_string())
@@ -151,6 +156,21 @@ impl StateStore for MemoryStore {
                     created_at_ms: now,
                     last_seen_ms: now,
                 });
+            s.last_seen_ms = s.last_seen_ms.max(now);
+            Ok(s.clone())
+        })();
+        ready(r)
+    }
+
+    fn touch_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<SessionRecord>> {
+        let r = (|| {
+            check_id("session id", id)?;
+            let now = self.clock.now_ms();
+            let mut inner = self.lock();
+            let s = inner
+                .sessions
+                .get_mut(id)
+                .ok_or_else(|| session::ended(id))?;
             s.last_seen_ms = s.last_seen_ms.max(now);
             Ok(s.clone())
         })();
@@ -222,6 +242,9 @@ impl StateStore for MemoryStore {
                     what: "cell",
                     id: new.id,
                 });
+            }
+            if inner.ended_sessions.contains_key(&new.session_id) {
+                return Err(session::ended(&new.session_id));
             }
             if let Some(limit) = new.max_live_per_session {
                 let live = inner
@@ -354,6 +377,10 @@ impl StateStore for MemoryStore {
         let now = self.clock.now_ms();
         let end = cell::session_end(&result);
         let mut inner = self.lock();
+        let kept_since = now.saturating_sub(budget::hold_ms(session::ENDED_SESSION_KEPT));
+        inner.ended_sessions.retain(|_, at| *at >= kept_since);
+        inner.ended_sessions.insert(session.to_string(), now);
+        inner.sessions.remove(session);
         let mut ended: Vec<CellRecord> = Vec::new();
         for c in inner.cells.values_mut() {
             if cell::ends_with_session(c, session, except) {

@@ -17,6 +17,16 @@ pub struct SessionRecord {
     pub last_seen_ms: i64,
 }
 
+/// How long the mark of a session ended for good is kept: far longer than any request that
+/// was under way on another replica when it ended, after which it is pruned (its id, random,
+/// is not used again).
+pub const ENDED_SESSION_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 60 * 60);
+
+/// The error for a session that has ended.
+pub(crate) fn ended(id: &str) -> crate::StateError {
+    crate::StateError::SessionEnded { id: id.to_string() }
+}
+
 /// One write of a script's `store()`/`delete`, applied in order and all together.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]

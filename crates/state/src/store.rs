@@ -39,16 +39,30 @@ pub trait StateStore: Send + Sync + 'static {
 
     // --- sessions -------------------------------------------------------------------------
 
-    /// Records that a session was seen now, creating it (with `principal`) the first time.
-    fn touch_session<'a>(
+    /// Records that a session is begun or seen now, creating it (with `principal`) the first
+    /// time. Only for a session's first sight; refused with [`StateError::SessionEnded`] once
+    /// [`end_session_cells`](Self::end_session_cells) ended it, so it never comes back.
+    ///
+    /// [`StateError::SessionEnded`]: crate::StateError::SessionEnded
+    fn open_session<'a>(
         &'a self,
         id: &'a str,
         principal: Option<&'a str>,
     ) -> BoxFuture<'a, Result<SessionRecord>>;
 
+    /// Records that a live session was seen now. Never creates one: a session whose row is
+    /// gone (deleted, ended) is refused with [`StateError::SessionEnded`], and the caller ends
+    /// it too. A touch racing a delete thus cannot bring the session back.
+    ///
+    /// [`StateError::SessionEnded`]: crate::StateError::SessionEnded
+    fn touch_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<SessionRecord>>;
+
+    /// The live session `id` (`None` once deleted or ended).
     fn get_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<SessionRecord>>>;
 
-    /// Removes a session and its `store()` values. Returns whether it existed.
+    /// Removes a session and its `store()` values. Returns whether it existed. The mark of a
+    /// session [`end_session_cells`](Self::end_session_cells) ended stays, so that it is not
+    /// begun again.
     fn delete_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
 
     /// The session's `store()` values (empty for an unknown session).
@@ -64,7 +78,9 @@ pub trait StateStore: Send + Sync + 'static {
 
     // --- cells ----------------------------------------------------------------------------
 
-    /// Creates a running cell held by `cell.owner`.
+    /// Creates a running cell held by `cell.owner`; refused with
+    /// [`StateError::SessionEnded`](crate::StateError::SessionEnded) when its session was
+    /// ended, checked in the same transaction, so no cell is created after the end.
     fn create_cell(&self, cell: NewCell) -> BoxFuture<'_, Result<CellRecord>>;
 
     fn get_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<CellRecord>>>;
@@ -96,7 +112,10 @@ pub trait StateStore: Send + Sync + 'static {
     /// which stops its own) does not hold, because the session ended for good: each becomes
     /// `terminated` with `result`, held by nobody, and its replay log is dropped. Its holder's
     /// next write (a call's log line, a lease renewal) is refused, so none of its calls starts
-    /// after this returns, and nobody takes it over. Returns each cell as it was before.
+    /// after this returns, and nobody takes it over. In the same write the session is marked
+    /// ended: from then on it cannot be opened, touched or given a new cell, on any replica
+    /// (the mark is kept for [`ENDED_SESSION_KEPT`](crate::ENDED_SESSION_KEPT)). Returns each
+    /// cell as it was before.
     fn end_session_cells<'a>(
         &'a self,
         session: &'a str,

@@ -20,6 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use codemode_gate::Principal;
 use codemode_runtime::Codemode;
+use codemode_state::StateError;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -564,7 +565,10 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
             }
             Err(e) => return store_unreachable(e),
         }
-        guard.sessions.keep_alive_shared(id, &caller).await;
+        if guard.sessions.keep_alive_shared(id).await {
+            guard.codemode.gate().forget_session(id);
+            return (StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+        }
     }
     match (req.method().clone(), session) {
         (Method::DELETE, Some(id)) => {
@@ -611,7 +615,8 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                 .get("mcp-session-id")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
-                && let Err(refused) = claim(&guard, &id, &caller, principal.as_ref()).await
+                && let Err(refused) =
+                    claim(&guard, &id, &caller, principal.as_ref(), Sight::First).await
             {
                 return refused;
             }
@@ -622,21 +627,39 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
     next.run(req).await
 }
 
+/// Whether a session is claimed as it begins here, or as it continues here after it began
+/// on another replica.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sight {
+    First,
+    Again,
+}
+
 /// Makes the new session `caller`'s, on every replica: a token must not borrow someone else's
 /// session, its `store()` values, cells and budget. With a shared store the first owner is
-/// recorded there.
+/// recorded there. A session that continues here is only touched, never made again: its row
+/// gone (ended on another replica since it was read) answers 404.
 async fn claim(
     guard: &Guard,
     id: &str,
     caller: &Owner,
     principal: Option<&Principal>,
+    sight: Sight,
 ) -> Result<(), Response> {
     if let Some(store) = guard.codemode.gate().state_store() {
-        match store.touch_session(id, caller.stored()).await {
+        let seen = match sight {
+            Sight::First => store.open_session(id, caller.stored()).await,
+            Sight::Again => store.touch_session(id).await,
+        };
+        match seen {
             Ok(record) if record.principal.as_deref() != caller.stored() => {
                 return Err(wrong_principal());
             }
             Ok(_) => {}
+            Err(StateError::SessionEnded { .. }) => {
+                guard.sessions.forget_ended(id).await;
+                return Err((StatusCode::NOT_FOUND, "Not Found: Session not found").into_response());
+            }
             Err(e) => return Err(store_unreachable(e)),
         }
     }
@@ -678,7 +701,7 @@ async fn check_owner(
         }
         Err(e) => return Err(store_unreachable(e)),
     }
-    claim(guard, id, caller, principal).await
+    claim(guard, id, caller, principal, Sight::Again).await
 }
 
 fn store_unreachable(e: impl std::fmt::Display) -> Response {

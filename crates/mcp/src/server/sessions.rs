@@ -240,25 +240,40 @@ impl Sessions {
     }
 
     /// Tells the other replicas that `id` is in use (its row's `last_seen`), at most every
-    /// quarter of the idle limit, so that none ends it as idle while it is used here. `owner`
-    /// began it: were its row gone, it is made again for them alone.
-    pub(crate) async fn keep_alive_shared(&self, id: &str, owner: &Owner) {
-        let Some(store) = &self.shared else { return };
+    /// quarter of the idle limit, so that none ends it as idle while it is used here. The touch
+    /// never makes the row again: were it gone (the session ended on another replica, maybe
+    /// at this very moment), the session is ended here too and `true` returned.
+    pub(crate) async fn keep_alive_shared(&self, id: &str) -> bool {
+        let Some(store) = &self.shared else {
+            return false;
+        };
         {
             let mut table = self.lock();
             let Some(record) = table.get_mut(id) else {
-                return;
+                return false;
             };
             if record
                 .shared_touch
                 .is_some_and(|t| t.elapsed() < self.idle_timeout / 4)
             {
-                return;
+                return false;
             }
             record.shared_touch = Some(Instant::now());
         }
-        if let Err(e) = store.touch_session(id, owner.stored()).await {
-            tracing::warn!(session = %id, "telling the other replicas a session is in use failed: {e}");
+        match store.touch_session(id).await {
+            Ok(_) => false,
+            Err(StateError::SessionEnded { .. }) => {
+                tracing::info!(session = %id, "the MCP session was ended on another replica; ending it here");
+                if let Some(cells) = self.codemode.cells() {
+                    cells.terminate_session(id);
+                }
+                self.end(id).await;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(session = %id, "telling the other replicas a session is in use failed: {e}");
+                false
+            }
         }
     }
 

@@ -128,8 +128,10 @@ impl Codemode {
         // session acts for, never the name its client gave itself.
         let principal = self.gate().principal_of(&req.session_id).map(|p| p.id);
         let created = async {
+            // Refused once the session ended on any replica, and so is the cell, in the same
+            // transaction as its insert: no cell outlives its session's end.
             store
-                .touch_session(&req.session_id, principal.as_deref())
+                .open_session(&req.session_id, principal.as_deref())
                 .await?;
             store
                 .create_cell(NewCell {

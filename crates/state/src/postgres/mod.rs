@@ -661,7 +661,7 @@ impl StateStore for PostgresStore {
         self.notifier.watch(topic)
     }
 
-    fn touch_session<'a>(
+    fn open_session<'a>(
         &'a self,
         id: &'a str,
         principal: Option<&'a str>,
@@ -669,7 +669,15 @@ impl StateStore for PostgresStore {
         Box::pin(async move {
             check_id("session id", id)?;
             let now = self.clock.now_ms();
-            Ok(in_tx!(self, tx => ops::touch_session(&tx, id, principal, now)))
+            Ok(in_tx!(self, tx => ops::open_session(&tx, id, principal, now)))
+        })
+    }
+
+    fn touch_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<SessionRecord>> {
+        Box::pin(async move {
+            check_id("session id", id)?;
+            let now = self.clock.now_ms();
+            Ok(in_tx!(self, tx => ops::touch_session(&tx, id, now)))
         })
     }
 

@@ -103,26 +103,46 @@ fn session_row(r: &Row) -> OpResult<SessionRecord> {
     })
 }
 
-pub(crate) async fn touch_session(
+pub(crate) async fn open_session(
     tx: &impl GenericClient,
     id: &str,
     principal: Option<&str>,
     now: i64,
 ) -> OpResult<SessionRecord> {
-    let row = query(
+    // An ended session's row is left as it is (and none returned): it is not begun again.
+    let row = query_opt(
         tx,
         &format!(
             "INSERT INTO sessions (id, principal, created_at_ms, last_seen_ms) VALUES ($1, $2, $3, $3)
              ON CONFLICT (id) DO UPDATE SET last_seen_ms = greatest(sessions.last_seen_ms, excluded.last_seen_ms)
+              WHERE sessions.ended_at_ms IS NULL
              RETURNING {SESSION_COLS}"
         ),
         &[&id, &principal, &now],
     )
-    .await?;
-    let row = row
-        .first()
-        .ok_or_else(|| corrupt("the session upsert returned nothing".into()))?;
-    session_row(row)
+    .await?
+    .ok_or_else(|| crate::session::ended(id))?;
+    session_row(&row)
+}
+
+pub(crate) async fn touch_session(
+    tx: &impl GenericClient,
+    id: &str,
+    now: i64,
+) -> OpResult<SessionRecord> {
+    // Waits for a delete of the row under way, then finds nothing: a touch never revives.
+    let row = query_opt(
+        tx,
+        &format!(
+            "UPDATE sessions SET last_seen_ms = greatest(last_seen_ms, $2)
+              WHERE id = $1 AND ended_at_ms IS NULL
+             RETURNING {SESSION_COLS}"
+        ),
+        &[&id, &now],
+    )
+    .await?
+    .ok_or_else(|| crate::session::ended(id))?;
+    session_row(&row)
 }
 
 pub(crate) async fn get_session(
@@ -131,7 +151,7 @@ pub(crate) async fn get_session(
 ) -> OpResult<Option<SessionRecord>> {
     query_opt(
         tx,
-        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = $1"),
+        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = $1 AND ended_at_ms IS NULL"),
         &[&id],
     )
     .await?
@@ -141,7 +161,13 @@ pub(crate) async fn get_session(
 }
 
 pub(crate) async fn delete_session(tx: &impl GenericClient, id: &str) -> OpResult<bool> {
-    let a = execute(tx, "DELETE FROM sessions WHERE id = $1", &[&id]).await?;
+    // The mark of an ended session stays (see `end_session_cells`).
+    let a = execute(
+        tx,
+        "DELETE FROM sessions WHERE id = $1 AND ended_at_ms IS NULL",
+        &[&id],
+    )
+    .await?;
     let b = execute(
         tx,
         "DELETE FROM session_store WHERE session_id = $1",
@@ -149,6 +175,18 @@ pub(crate) async fn delete_session(tx: &impl GenericClient, id: &str) -> OpResul
     )
     .await?;
     Ok(a + b > 0)
+}
+
+/// Serializes, per session, the creation of its cells with its end (and, among themselves,
+/// the count of its live cells): after it, each statement sees what the other committed.
+async fn lock_session_cells(tx: &impl GenericClient, session: &str) -> OpResult<()> {
+    query(
+        tx,
+        "SELECT pg_advisory_xact_lock(hashtextextended('codemode cells ' || $1, 0))",
+        &[&session],
+    )
+    .await?;
+    Ok(())
 }
 
 pub(crate) async fn load_store(
@@ -281,14 +319,19 @@ pub(crate) async fn create_cell(
     new: NewCell,
     now: i64,
 ) -> OpResult<CellRecord> {
+    // A cell is created before its session's end (which then ends it) or refused after it;
+    // and two replicas cannot both pass the count of live cells.
+    lock_session_cells(tx, &new.session_id).await?;
+    let ended = query_opt(
+        tx,
+        "SELECT 1 FROM sessions WHERE id = $1 AND ended_at_ms IS NOT NULL",
+        &[&new.session_id],
+    )
+    .await?;
+    if ended.is_some() {
+        return Err(crate::session::ended(&new.session_id).into());
+    }
     if let Some(limit) = new.max_live_per_session {
-        // Serialize cell creation per session, so two replicas cannot both pass the count.
-        query(
-            tx,
-            "SELECT pg_advisory_xact_lock(hashtextextended('codemode cells ' || $1, 0))",
-            &[&new.session_id],
-        )
-        .await?;
         let rows = query(
             tx,
             "SELECT count(*) FROM cells WHERE session_id = $1
@@ -431,6 +474,22 @@ pub(crate) async fn end_session_cells(
     result: &Value,
     now: i64,
 ) -> OpResult<Vec<CellRecord>> {
+    lock_session_cells(tx, session).await?;
+    // Marked ended (its row kept) so that no replica begins it again; old marks pruned.
+    execute(
+        tx,
+        "DELETE FROM sessions WHERE ended_at_ms < $1",
+        &[&now.saturating_sub(crate::budget::hold_ms(crate::ENDED_SESSION_KEPT))],
+    )
+    .await?;
+    execute(
+        tx,
+        "INSERT INTO sessions (id, principal, created_at_ms, last_seen_ms, ended_at_ms)
+         VALUES ($1, NULL, $2, $2, $2)
+         ON CONFLICT (id) DO UPDATE SET ended_at_ms = coalesce(sessions.ended_at_ms, excluded.ended_at_ms)",
+        &[&session, &now],
+    )
+    .await?;
     // Locked as their holders' writes lock them: a holder's log line commits before this
     // (and its call runs) or is refused after it.
     let rows = query(

@@ -7,6 +7,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (1, include_str!("v1.sql")),
     (2, include_str!("v2.sql")),
     (3, include_str!("v3.sql")),
+    (4, include_str!("v4.sql")),
 ];
 
 /// What PostgreSQL runs for each version, after the shared SQL.

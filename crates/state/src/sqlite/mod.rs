@@ -385,7 +385,7 @@ impl StateStore for SqliteStore {
         self.notifier.watch(topic)
     }
 
-    fn touch_session<'a>(
+    fn open_session<'a>(
         &'a self,
         id: &'a str,
         principal: Option<&'a str>,
@@ -398,7 +398,15 @@ impl StateStore for SqliteStore {
             principal.map(str::to_string),
             self.clock.now_ms(),
         );
-        self.run(move |c| ops::touch_session(c, &id, principal.as_deref(), now))
+        self.run(move |c| ops::open_session(c, &id, principal.as_deref(), now))
+    }
+
+    fn touch_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<SessionRecord>> {
+        if let Err(e) = check_id("session id", id) {
+            return fail(e);
+        }
+        let (id, now) = (id.to_string(), self.clock.now_ms());
+        self.run(move |c| ops::touch_session(c, &id, now))
     }
 
     fn get_session<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<SessionRecord>>> {

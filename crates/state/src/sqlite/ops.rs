@@ -90,42 +90,61 @@ fn session_row(r: &Row<'_>) -> rusqlite::Result<SessionRecord> {
 
 const SESSION_COLS: &str = "id, principal, created_at_ms, last_seen_ms";
 
-pub(crate) fn touch_session(
+pub(crate) fn open_session(
     conn: &mut Connection,
     id: &str,
     principal: Option<&str>,
     now: i64,
 ) -> OpResult<SessionRecord> {
     let tx = write_tx(conn)?;
+    // An ended session's row is left as it is: it is not begun again.
     exec(
         &tx,
         "INSERT INTO sessions (id, principal, created_at_ms, last_seen_ms) VALUES (?1, ?2, ?3, ?3)
-         ON CONFLICT (id) DO UPDATE SET last_seen_ms = max(last_seen_ms, excluded.last_seen_ms)",
+         ON CONFLICT (id) DO UPDATE SET last_seen_ms = max(last_seen_ms, excluded.last_seen_ms)
+          WHERE ended_at_ms IS NULL",
         params![id, principal, now],
     )?;
-    let s = row(
-        &tx,
-        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"),
-        [id],
-        session_row,
-    )?;
+    let s = live_session(&tx, id)?.ok_or_else(|| crate::session::ended(id))?;
     tx.commit()?;
     Ok(s)
 }
 
-pub(crate) fn get_session(conn: &mut Connection, id: &str) -> OpResult<Option<SessionRecord>> {
+pub(crate) fn touch_session(conn: &mut Connection, id: &str, now: i64) -> OpResult<SessionRecord> {
+    let tx = write_tx(conn)?;
+    exec(
+        &tx,
+        "UPDATE sessions SET last_seen_ms = max(last_seen_ms, ?2)
+          WHERE id = ?1 AND ended_at_ms IS NULL",
+        params![id, now],
+    )?;
+    let s = live_session(&tx, id)?.ok_or_else(|| crate::session::ended(id))?;
+    tx.commit()?;
+    Ok(s)
+}
+
+fn live_session(conn: &Connection, id: &str) -> OpResult<Option<SessionRecord>> {
     Ok(row(
         conn,
-        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"),
+        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1 AND ended_at_ms IS NULL"),
         [id],
         session_row,
     )
     .optional()?)
 }
 
+pub(crate) fn get_session(conn: &mut Connection, id: &str) -> OpResult<Option<SessionRecord>> {
+    live_session(conn, id)
+}
+
 pub(crate) fn delete_session(conn: &mut Connection, id: &str) -> OpResult<bool> {
     let tx = write_tx(conn)?;
-    let a = exec(&tx, "DELETE FROM sessions WHERE id = ?1", [id])?;
+    // The mark of an ended session stays (see `end_session_cells`).
+    let a = exec(
+        &tx,
+        "DELETE FROM sessions WHERE id = ?1 AND ended_at_ms IS NULL",
+        [id],
+    )?;
     let b = exec(&tx, "DELETE FROM session_store WHERE session_id = ?1", [id])?;
     tx.commit()?;
     Ok(a + b > 0)
@@ -303,6 +322,17 @@ pub(crate) fn create_cell(conn: &mut Connection, new: NewCell, now: i64) -> OpRe
         }
         .into());
     }
+    // In the write transaction, serialized with `end_session_cells`: a cell is created before
+    // its session's end (and ended by it) or refused after.
+    let ended: bool = row(
+        &tx,
+        "SELECT EXISTS (SELECT 1 FROM sessions WHERE id = ?1 AND ended_at_ms IS NOT NULL)",
+        [&new.session_id],
+        |r| r.get(0),
+    )?;
+    if ended {
+        return Err(crate::session::ended(&new.session_id).into());
+    }
     if let Some(limit) = new.max_live_per_session {
         let live: i64 = row(
             &tx,
@@ -426,6 +456,7 @@ pub(crate) fn end_session_cells(
     now: i64,
 ) -> OpResult<Vec<CellRecord>> {
     let tx = write_tx(conn)?;
+    mark_session_ended(&tx, session, now)?;
     let live = read_cells(
         &tx,
         &format!(
@@ -446,6 +477,24 @@ pub(crate) fn end_session_cells(
     }
     tx.commit()?;
     Ok(live)
+}
+
+/// Marks `session` ended (its row kept, created if it had none, so that no replica begins it
+/// again), and prunes the marks older than [`crate::ENDED_SESSION_KEPT`].
+fn mark_session_ended(tx: &Connection, session: &str, now: i64) -> OpResult<()> {
+    exec(
+        tx,
+        "DELETE FROM sessions WHERE ended_at_ms < ?1",
+        [now.saturating_sub(budget::hold_ms(crate::ENDED_SESSION_KEPT))],
+    )?;
+    exec(
+        tx,
+        "INSERT INTO sessions (id, principal, created_at_ms, last_seen_ms, ended_at_ms)
+         VALUES (?1, NULL, ?2, ?2, ?2)
+         ON CONFLICT (id) DO UPDATE SET ended_at_ms = coalesce(ended_at_ms, excluded.ended_at_ms)",
+        params![session, now],
+    )?;
+    Ok(())
 }
 
 pub(crate) fn delete_cell(conn: &mut Connection, id: &str) -> OpResult<bool> {

@@ -6,6 +6,7 @@
 mod harness;
 mod postgres_leases;
 mod postgres_only;
+mod session_races;
 mod sqlite_files;
 mod suite;
 
@@ -18,6 +19,20 @@ macro_rules! suite_for {
                 async fn $test() {
                     let Some(env) = crate::harness::Env::$backend().await else { return };
                     crate::suite::$test(env).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! race_for {
+    ($backend:ident: $($test:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let Some(env) = crate::harness::Env::$backend().await else { return };
+                    crate::session_races::$test(env).await;
                 }
             )*
         }
@@ -52,3 +67,10 @@ every_backend!(
     concurrent_audit_appends_make_one_chain,
     ids_are_checked,
 );
+
+/// Session-end races between replicas, for each backend.
+mod session_end_races {
+    race_for!(memory: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it, an_ended_session_refuses_to_come_back);
+    race_for!(sqlite: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it, an_ended_session_refuses_to_come_back);
+    race_for!(postgres: a_cell_started_as_its_session_ends_never_outlives_it, touching_a_session_as_it_is_deleted_never_revives_it, an_ended_session_refuses_to_come_back);
+}

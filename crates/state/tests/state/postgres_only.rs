@@ -48,7 +48,11 @@ async fn replicas_starting_together_migrate_once() {
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2, 3], "each migration applied exactly once");
+    assert_eq!(
+        versions,
+        [1, 2, 3, 4],
+        "each migration applied exactly once"
+    );
 
     // A database a newer codemode migrated is refused, not misread.
     admin(&url)
@@ -199,7 +203,7 @@ async fn the_pool_recovers_from_cut_connections() {
     let sep = if url.contains('?') { '&' } else { '?' };
     let named = format!("{url}{sep}application_name={schema}");
     let a = open(&named, &schema).await.unwrap();
-    a.touch_session("s", None).await.unwrap();
+    a.open_session("s", None).await.unwrap();
     let admin = admin(&url).await;
     let cut = admin
         .execute(
@@ -213,7 +217,7 @@ async fn the_pool_recovers_from_cut_connections() {
     let mut failures = 0;
     let mut ok = false;
     for _ in 0..5 {
-        match a.touch_session("s", None).await {
+        match a.touch_session("s").await {
             Ok(s) => {
                 assert_eq!(s.id, "s");
                 ok = true;
@@ -251,6 +255,8 @@ async fn a_version_1_database_upgrades_in_place() {
              DROP FUNCTION codemode_lease_sync(text, text[], text[], bigint[], bigint[], bigint, bigint);
              DROP FUNCTION codemode_fold_lease(text, text, text, bigint[], bigint[], bigint);
              DROP TABLE budget_leases;
+             DROP INDEX sessions_ended;
+             ALTER TABLE sessions DROP COLUMN ended_at_ms;
              DELETE FROM codemode_schema_versions WHERE version > 1;"
         ))
         .await
@@ -265,7 +271,7 @@ async fn a_version_1_database_upgrades_in_place() {
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2, 3]);
+    assert_eq!(versions, [1, 2, 3, 4]);
     let ReserveOutcome::Granted(r) = b.reserve(one_call("s", 5)).await.unwrap() else {
         panic!("refused")
     };

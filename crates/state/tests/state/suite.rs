@@ -90,12 +90,12 @@ pub fn line_maker(text: String) -> codemode_state::AuditLineFn {
 // --- sessions -----------------------------------------------------------------------------
 
 pub async fn sessions_and_store(env: Env) {
-    let s = env.a.touch_session("s1", Some("alice")).await.unwrap();
+    let s = env.a.open_session("s1", Some("alice")).await.unwrap();
     assert_eq!(s.principal.as_deref(), Some("alice"));
     env.clock.advance(Duration::from_secs(5));
     // Seen again on the other replica, by a caller claiming another principal: the first
     // principal stays, so the caller can notice the mismatch.
-    let s2 = env.b.touch_session("s1", Some("mallory")).await.unwrap();
+    let s2 = env.b.open_session("s1", Some("mallory")).await.unwrap();
     assert_eq!(s2.principal.as_deref(), Some("alice"));
     assert_eq!(s2.created_at_ms, s.created_at_ms);
     assert_eq!(s2.last_seen_ms, s.last_seen_ms + 5_000);
@@ -1278,7 +1278,7 @@ pub fn assert_chain(lines: &[codemode_state::AuditRecord], n: usize) {
 pub async fn ids_are_checked(env: Env) {
     let long = "x".repeat(codemode_state::MAX_ID_BYTES + 1);
     for id in ["", "nul\0", long.as_str()] {
-        let e = env.a.touch_session(id, None).await.unwrap_err();
+        let e = env.a.open_session(id, None).await.unwrap_err();
         assert!(
             matches!(
                 e,
