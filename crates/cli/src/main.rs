@@ -5,6 +5,7 @@ mod commands;
 mod demo;
 mod setup;
 mod stop;
+mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -155,7 +156,8 @@ async fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("codemode: {e:#}");
+            // An error can quote a server's message or a file's text.
+            eprintln!("codemode: {}", terminal::for_stderr(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }

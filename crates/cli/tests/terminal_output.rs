@@ -75,9 +75,10 @@ fn json_and_the_call_trace_cannot_drive_the_terminal_either() {
     assert!(raw.is_empty(), "{raw:?} reach the terminal: {out:?}");
     let value: serde_json::Value = serde_json::from_str(out.trim())
         .unwrap_or_else(|e| panic!("the escaped JSON is still JSON ({e}): {out:?}"));
-    assert!(
-        value.to_string().contains(HOSTILE),
-        "and says the same: {value}"
+    assert_eq!(
+        value["value"].as_str(),
+        Some(format!("first line\n{HOSTILE}").as_str()),
+        "and says the same"
     );
 
     // The trace (-v, on stderr) quotes each call's arguments and error.
