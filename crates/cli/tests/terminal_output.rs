@@ -36,7 +36,7 @@ fn at_terminal(extra: &str, script: &str) -> String {
     std::fs::write(&file, script).unwrap();
     let command = format!(
         "{} run {extra} --config-dir {} --workdir {} {}",
-        env!("CARGO_BIN_EXE_codemode"),
+        common::bin().display(),
         dir.path().display(),
         dir.path().display(),
         file.display()
