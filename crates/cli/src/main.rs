@@ -5,6 +5,7 @@ mod commands;
 mod demo;
 mod setup;
 mod stop;
+mod terminal;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -123,6 +124,12 @@ fn refuse_same_user_inspection() {
     }
 }
 
+/// The log filter when `CODEMODE_LOG` is unset: warnings, but only errors from rmcp's message
+/// loop, which logs every message it did not expect (a notification before the handshake, an
+/// error answer) whole at `warn`: a server could write gigabytes to the host's stderr. What
+/// codemode itself says about a server (its log messages, cut and rate-limited) stays.
+const DEFAULT_LOG: &str = "warn,rmcp::service=error";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     refuse_same_user_inspection();
@@ -130,7 +137,7 @@ async fn main() -> ExitCode {
     // telemetry settings. Colour codes only for a person at a terminal, never in a log file.
     let traces = codemode_telemetry::install(
         tracing_subscriber::EnvFilter::try_from_env("CODEMODE_LOG")
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG)),
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
     );
     let _ = TRACES.set(traces);
@@ -155,7 +162,8 @@ async fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("codemode: {e:#}");
+            // An error can quote a server's message or a file's text.
+            eprintln!("codemode: {}", terminal::for_stderr(&format!("{e:#}")));
             ExitCode::from(2)
         }
     }

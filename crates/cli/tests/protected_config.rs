@@ -370,3 +370,52 @@ fn nothing_can_plant_a_journal_beside_the_state_database() {
         "{stderr}"
     );
 }
+
+/// On a case-insensitive file system (macOS and Windows by default, a vfat or SMB mount, an
+/// ext4 directory with casefold) `.CODEMODE/settings.json` is the project's settings file, and
+/// HFS+ ignores zero-width joiners in names too. A path that spells a protected one another
+/// way is protected as well, whatever this file system does with it.
+#[test]
+fn a_protected_name_spelt_in_another_case_is_protected() {
+    let d = Dirs::new();
+    let settings = d.in_project(".codemode/settings.json", "{}");
+    let policy = d.config.path().join("ws.cedar");
+    std::fs::write(
+        &policy,
+        "@id(\"ws-write\") permit (principal, action == Action::\"tool_call\", resource) when { [\"write\",\"edit\"].contains(resource.name) && context.in_workspace };",
+    )
+    .unwrap();
+    // The user's configuration directory with its own name's case changed.
+    let config_dir = d.config.path();
+    let config_name = config_dir.file_name().unwrap().to_string_lossy();
+    let config_upper = config_dir
+        .with_file_name(config_name.to_uppercase())
+        .join("settings.json")
+        .display()
+        .to_string();
+    let spellings = [
+        ".CODEMODE/settings.json",
+        ".Codemode/settings.json",
+        ".codeMODE/hooks.sh",
+        ".code\u{200c}mode/settings.json",
+        ".codemode./settings.json",
+        &config_upper,
+    ];
+    let mut targets = spellings.to_vec();
+    targets.push("ordinary.txt");
+    let (code, v, stderr) = d.run(
+        &try_writes(&targets),
+        &["--policy", policy.to_str().unwrap()],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for path in &spellings[..5] {
+        refused(&v, path, "the project's codemode configuration");
+    }
+    refused(&v, &config_upper, "your codemode configuration");
+    refused(&v, "edit", "the project's codemode configuration");
+    assert_eq!(
+        v["value"]["ordinary.txt"], "ran",
+        "the policy does permit workspace writes: {v}"
+    );
+    unchanged(&settings, "{}");
+}

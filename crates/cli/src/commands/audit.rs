@@ -78,6 +78,8 @@ impl Say {
         if self.stopped {
             return;
         }
+        let line = line.to_string();
+        let line = crate::terminal::for_stdout(&line);
         if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
             self.stop(e);
         }
@@ -85,7 +87,12 @@ impl Say {
 
     /// A failure on standard error has nowhere to be reported; it never ends the check.
     fn err(&mut self, line: impl std::fmt::Display) {
-        let _ = writeln!(std::io::stderr().lock(), "{line}");
+        let line = line.to_string();
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "{}",
+            crate::terminal::for_stderr(&line)
+        );
     }
 
     fn stop(&mut self, e: std::io::Error) {

@@ -63,7 +63,7 @@ pub async fn run(args: RunArgs) -> Result<ExitCode> {
     let installation = setup::build(&args.setup, &args.limits).await?;
     let ready = installation.servers_ready().await;
     for warning in installation.warnings() {
-        eprintln!("warning: {warning}");
+        eprintln!("warning: {}", crate::terminal::for_stderr(&warning));
     }
     if let Err(e) = ready {
         installation.shutdown().await;
@@ -117,9 +117,14 @@ async fn run_pausing(
         }
         for p in &report.pending {
             if told.insert(p.approval_id.clone()) {
+                // A person decides on what this says: shown as `codemode approvals` shows it,
+                // escaped and whole, whether or not standard error is a terminal.
                 eprintln!(
                     "codemode: `{}` waits for approval ({}): {}\n  answer with: codemode approvals approve {} (or deny)",
-                    p.tool, p.reason, p.arguments, p.approval_id
+                    codemode_gate::shown_text(&p.tool),
+                    codemode_gate::shown_text(&p.reason),
+                    codemode_gate::shown_arguments(&p.arguments),
+                    codemode_gate::shown_text(&p.approval_id)
                 );
             }
         }
@@ -167,7 +172,11 @@ pub async fn demo(args: DemoArgs) -> Result<ExitCode> {
         .await;
     print_run(&run, args.json)?;
     println!("\n--- every call, as the gate saw it ---");
-    print_trace_to(&run, &mut std::io::stdout());
+    let mut trace = Vec::new();
+    print_trace_to(&run, &mut trace);
+    super::tools::write_stdout(&crate::terminal::for_stdout(&String::from_utf8_lossy(
+        &trace,
+    )))?;
     installation.shutdown().await;
     if args.keep {
         let kept = dir.keep();
@@ -213,13 +222,17 @@ fn print_run(run: &ScriptRun, json: bool) -> Result<()> {
     } else {
         run.text.clone()
     };
-    super::tools::write_stdout(&format!("{text}\n"))
+    super::tools::write_stdout(&crate::terminal::for_stdout(&format!("{text}\n")))
 }
 
 fn print_trace(run: &ScriptRun) {
-    print_trace_to(run, &mut std::io::stderr());
+    let mut trace = Vec::new();
+    print_trace_to(run, &mut trace);
+    let trace = String::from_utf8_lossy(&trace);
+    eprint!("{}", crate::terminal::for_stderr(&trace));
 }
 
+/// Every call as the gate saw it, one line each; the caller escapes it for a terminal.
 fn print_trace_to(run: &ScriptRun, out: &mut dyn std::io::Write) {
     let structured = run.structured();
     let Some(calls) = structured.get("calls").and_then(|c| c.as_array()) else {

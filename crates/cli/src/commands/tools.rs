@@ -92,9 +92,9 @@ pub async fn run(args: ToolsArgs) -> Result<ExitCode> {
             );
         }
     }
-    let written = write_stdout(&out);
+    let written = write_stdout(&crate::terminal::for_stdout(&out));
     for warning in installation.warnings() {
-        eprintln!("warning: {warning}");
+        eprintln!("warning: {}", crate::terminal::for_stderr(&warning));
     }
     installation.shutdown().await;
     written?;

@@ -6,9 +6,18 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
+/// The `codemode` binary under test: `CODEMODE_TEST_BIN` when set (worktrees that share one
+/// target directory overwrite each other's `target/debug/codemode`; point this at your own
+/// `target/debug/deps/codemode-<hash>`), else the one cargo built.
+pub fn bin() -> std::path::PathBuf {
+    std::env::var_os("CODEMODE_TEST_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_codemode").into())
+}
+
 /// A `codemode` command, ready for arguments.
 pub fn codemode() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_codemode"));
+    let mut cmd = Command::new(bin());
     cmd.env("XDG_STATE_HOME", test_state_home());
     cmd
 }

@@ -63,9 +63,49 @@ impl ProtectedPath {
         &self.named
     }
 
+    /// Whether `path` is this one or beneath it, its names compared as a case-insensitive file
+    /// system compares them (`folded_name`): there `.CODEMODE/settings.json` is the project's
+    /// settings file. Elsewhere this keeps a few more names than it must, never fewer.
     fn covers(&self, path: &str) -> bool {
-        Path::new(path).starts_with(&self.path)
+        let mut given = Path::new(path).components();
+        self.path.components().all(|mine| {
+            given.next().is_some_and(|theirs| {
+                folded_name(mine.as_os_str()) == folded_name(theirs.as_os_str())
+            })
+        })
     }
+}
+
+/// A path component as the case-insensitive file systems codemode may work on see it: Unicode
+/// case folded (upper then lower case, so `ſ` is `s` and the Kelvin sign `k`), without the
+/// code points HFS+ ignores in names (zero-width joiners, direction marks, the byte order mark),
+/// the canonical singletons that stand for ASCII (U+037E is `;`, U+1FEF a backtick), and
+/// trailing dots and spaces, which Windows drops. A name that is not UTF-8 is compared as is.
+fn folded_name(name: &std::ffi::OsStr) -> std::borrow::Cow<'_, std::ffi::OsStr> {
+    let Some(text) = name.to_str() else {
+        return std::borrow::Cow::Borrowed(name);
+    };
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        let ignored = matches!(
+            c,
+            '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}'
+        );
+        if ignored {
+            continue;
+        }
+        let c = match c {
+            '\u{37e}' => ';',
+            '\u{1fef}' => '`',
+            other => other,
+        };
+        out.extend(c.to_uppercase().flat_map(char::to_lowercase));
+    }
+    let kept = out.trim_end_matches(['.', ' ']).len();
+    if kept > 0 {
+        out.truncate(kept);
+    }
+    std::borrow::Cow::Owned(out.into())
 }
 
 /// Most symlinks followed while resolving one path, as Linux's own limit; more means a loop.
@@ -177,4 +217,34 @@ pub(crate) fn check(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProtectedPath;
+
+    #[test]
+    fn another_spelling_of_a_protected_name_is_covered() {
+        let p = ProtectedPath::new("/work/proj/.codemode", "the project's configuration");
+        for path in [
+            "/work/proj/.codemode",
+            "/work/proj/.CODEMODE/settings.json",
+            "/work/proj/.Codemode/hooks/x.sh",
+            "/WORK/Proj/.codemode/settings.json",
+            "/work/proj/.code\u{200d}mode/settings.json",
+            "/work/proj/.codemode. /settings.json",
+            "/work/proj/.codemode\u{feff}/settings.json",
+        ] {
+            assert!(p.covers(path), "{path}");
+        }
+        for path in [
+            "/work/proj/.codemodes/x",
+            "/work/proj/codemode/x",
+            "/work/proj",
+        ] {
+            assert!(!p.covers(path), "{path}");
+        }
+        let s = ProtectedPath::new("/home/kate/state", "state");
+        assert!(s.covers("/home/\u{212a}ate/\u{17f}tate/audit.key"));
+    }
 }
