@@ -35,7 +35,8 @@
 //! # async fn demo() -> Result<(), codemode_state::StateError> {
 //! use codemode_state::{open, OpenOptions};
 //! let store = open("sqlite:///home/me/.local/state/codemode/state.db", OpenOptions::default()).await?;
-//! store.touch_session("session-1", Some("alice")).await?;
+//! store.open_session("session-1", Some("alice")).await?;
+//! store.touch_session("session-1").await?;
 //! # Ok(()) }
 //! ```
 
