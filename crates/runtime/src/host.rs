@@ -154,9 +154,6 @@ impl HostState {
                     let args = global_arguments(&call.name, args);
                     return self.through_gate(call, tool, Some(args)).await;
                 }
-                let index = self
-                    .index
-                    .get_or_init(|| ToolIndex::new(&self.tools, &self.namespaces));
                 let spent = Duration::from_nanos(self.read_only_spent.load(Ordering::Relaxed));
                 if spent >= self.read_only_budget {
                     return Err(host_error(
@@ -169,7 +166,12 @@ impl HostState {
                         Map::new(),
                     ));
                 }
+                // Building the index is charged too: a server listing thousands of tools with
+                // long descriptions makes it seconds of host CPU.
                 let started = Instant::now();
+                let index = self
+                    .index
+                    .get_or_init(|| ToolIndex::new(&self.tools, &self.namespaces));
                 let answer = globals::answer(&call.name, &args, index, self.catalog.as_deref());
                 let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 self.read_only_spent.fetch_add(took, Ordering::Relaxed);

@@ -91,3 +91,63 @@ async fn discovery_answers_are_charged_to_the_scripts_cpu_budget() {
         "the script is told its helpers used up its CPU budget: {last}"
     );
 }
+
+/// Red team: a server lists 3,000 tools with long descriptions. The first discovery call of a
+/// script builds the search index over all of them, seconds of host CPU in a debug build; that
+/// building was not charged, so every script got it free and could then search on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn building_the_search_index_is_charged_to_the_scripts_cpu_budget() {
+    use codemode_gate::{AuditLog, Gate, PolicySet, Registry};
+    use codemode_sandbox::SandboxConfig;
+    use codemode_spec::{CallKind, Exposure, ToolSpec};
+
+    let registry = Registry::new();
+    let words: String = (0..200).map(|w| format!("word{w} ")).collect();
+    for i in 0..3_000 {
+        let name = format!("mcp__area{}__create_record_number_{i}", i % 40);
+        let mut spec = ToolSpec::new(
+            &name,
+            format!("{words}{i}"),
+            serde_json::json!({"type": "object"}),
+        );
+        spec.kind = CallKind::Tool;
+        spec.exposure = Exposure::Deferred;
+        registry.register(std::sync::Arc::new(Echo(spec))).unwrap();
+    }
+    let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let gate = Gate::builder()
+        .registry(registry.clone())
+        .policy(PolicySet::parse("test.cedar", PERMIT_ALL).unwrap())
+        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
+        .build()
+        .unwrap();
+    // What building costs here, measured apart: the script's budget is a third of it.
+    let specs = registry.specs();
+    let build = std::time::Instant::now();
+    drop(codemode_declarations::ToolIndex::new(&specs, &[]));
+    let build = build.elapsed();
+    let budget_ms = u64::try_from(build.as_millis() / 3).unwrap().max(1);
+    let mut sandbox = SandboxConfig::default();
+    sandbox.defaults.cpu_ms = budget_ms;
+    sandbox.defaults.timeout_ms = 60_000;
+    let codemode = codemode_runtime::Codemode::builder()
+        .gate(gate)
+        .sandbox_config(sandbox)
+        .build()
+        .unwrap();
+    // The prelude declares no deferred tool, so setting up stays within the budget.
+    let run = codemode
+        .run_script(ScriptRequest::new(
+            r#"await searchTools("record");
+               return await searchTools("area7").then(h => "answered " + h.length, e => e.message);"#,
+            "s1",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    let answer = run.result.unwrap().value.unwrap();
+    let answer = answer.as_str().unwrap().to_string();
+    assert!(
+        answer.contains(&format!("CPU budget of {budget_ms} ms")),
+        "building the index ({build:?}) was not charged to a budget of {budget_ms} ms: {answer}"
+    );
+}
