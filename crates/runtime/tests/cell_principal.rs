@@ -2,6 +2,8 @@
 //! taken over: run by replay in a process its client has not reached, its calls would be
 //! charged to nobody. It fails, saying why, and none of its calls runs.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -10,6 +12,7 @@ use codemode_gate::{AuditKey, AuditLog, Gate, PolicySet, Principal, Registry};
 use codemode_runtime::{Cells, CellsConfig, Codemode, ScriptRequest};
 use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
 use codemode_state::{CellStatus, NewCell};
+use common::Slow;
 use futures::FutureExt;
 use serde_json::{Value, json};
 
@@ -156,30 +159,6 @@ async fn a_cells_session_row_names_its_principal_not_its_clients_name() {
     };
     assert_eq!(row("alices-session").await, Some(Some("alice".into())));
     assert_eq!(row("nobodys-session").await, Some(None));
-}
-
-/// Runs only once the test adds a permit to `release`; says it started through `started`.
-struct Slow {
-    spec: ToolSpec,
-    started: Arc<tokio::sync::Semaphore>,
-    release: Arc<tokio::sync::Semaphore>,
-}
-
-impl Tool for Slow {
-    fn spec(&self) -> &ToolSpec {
-        &self.spec
-    }
-    fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
-        let (started, release) = (self.started.clone(), self.release.clone());
-        Ok(prepared(CallFacts::default(), move |_| {
-            async move {
-                started.add_permits(1);
-                let _ = release.acquire().await.map(|p| p.forget());
-                Ok(ToolOutput::value(json!({})))
-            }
-            .boxed()
-        }))
-    }
 }
 
 /// A cell still running when its session ended (and the gate was told to forget the session)

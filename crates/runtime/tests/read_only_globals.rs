@@ -42,8 +42,7 @@ async fn a_huge_search_query_is_refused_with_the_limit() {
 /// answering is bounded by the script's CPU budget, as the time its JavaScript runs is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn discovery_answers_are_charged_to_the_scripts_cpu_budget() {
-    use codemode_gate::{AuditLog, Gate, PolicySet, Registry};
-    use codemode_sandbox::SandboxConfig;
+    use codemode_gate::Registry;
     use codemode_spec::{CallKind, Exposure};
 
     let registry = Registry::new();
@@ -56,21 +55,7 @@ async fn discovery_answers_are_charged_to_the_scripts_cpu_budget() {
             ))
             .unwrap();
     }
-    let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let gate = Gate::builder()
-        .registry(registry)
-        .policy(PolicySet::parse("test.cedar", PERMIT_ALL).unwrap())
-        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
-        .build()
-        .unwrap();
-    let mut sandbox = SandboxConfig::default();
-    sandbox.defaults.cpu_ms = 1_000;
-    sandbox.defaults.timeout_ms = 30_000;
-    let codemode = codemode_runtime::Codemode::builder()
-        .gate(gate)
-        .sandbox_config(sandbox)
-        .build()
-        .unwrap();
+    let (codemode, _audit) = codemode_over(registry, 1_000, 30_000);
     // Every unknown name is compared with all 3,000 tools' names for the closest.
     let run = codemode
         .run_script(ScriptRequest::new(
@@ -97,8 +82,7 @@ async fn discovery_answers_are_charged_to_the_scripts_cpu_budget() {
 /// building was not charged, so every script got it free and could then search on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn building_the_search_index_is_charged_to_the_scripts_cpu_budget() {
-    use codemode_gate::{AuditLog, Gate, PolicySet, Registry};
-    use codemode_sandbox::SandboxConfig;
+    use codemode_gate::Registry;
     use codemode_spec::{CallKind, Exposure, ToolSpec};
 
     let registry = Registry::new();
@@ -114,27 +98,13 @@ async fn building_the_search_index_is_charged_to_the_scripts_cpu_budget() {
         spec.exposure = Exposure::Deferred;
         registry.register(std::sync::Arc::new(Echo(spec))).unwrap();
     }
-    let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let gate = Gate::builder()
-        .registry(registry.clone())
-        .policy(PolicySet::parse("test.cedar", PERMIT_ALL).unwrap())
-        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
-        .build()
-        .unwrap();
     // What building costs here, measured apart: the script's budget is a third of it.
     let specs = registry.specs();
     let build = std::time::Instant::now();
     drop(codemode_declarations::ToolIndex::new(&specs, &[]));
     let build = build.elapsed();
     let budget_ms = u64::try_from(build.as_millis() / 3).unwrap().max(1);
-    let mut sandbox = SandboxConfig::default();
-    sandbox.defaults.cpu_ms = budget_ms;
-    sandbox.defaults.timeout_ms = 60_000;
-    let codemode = codemode_runtime::Codemode::builder()
-        .gate(gate)
-        .sandbox_config(sandbox)
-        .build()
-        .unwrap();
+    let (codemode, _audit) = codemode_over(registry, budget_ms, 60_000);
     // The prelude declares no deferred tool, so setting up stays within the budget.
     let run = codemode
         .run_script(ScriptRequest::new(
@@ -150,4 +120,29 @@ async fn building_the_search_index_is_charged_to_the_scripts_cpu_budget() {
         answer.contains(&format!("CPU budget of {budget_ms} ms")),
         "building the index ({build:?}) was not charged to a budget of {budget_ms} ms: {answer}"
     );
+}
+
+/// A codemode over `registry` whose scripts may use `cpu_ms` of CPU; keep the audit path alive.
+fn codemode_over(
+    registry: codemode_gate::Registry,
+    cpu_ms: u64,
+    timeout_ms: u64,
+) -> (codemode_runtime::Codemode, tempfile::TempPath) {
+    use codemode_gate::{AuditLog, Gate, PolicySet};
+    let audit = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("test.cedar", PERMIT_ALL).unwrap())
+        .audit(AuditLog::open_with_key(&audit, test_key()).unwrap())
+        .build()
+        .unwrap();
+    let mut sandbox = codemode_sandbox::SandboxConfig::default();
+    sandbox.defaults.cpu_ms = cpu_ms;
+    sandbox.defaults.timeout_ms = timeout_ms;
+    let codemode = codemode_runtime::Codemode::builder()
+        .gate(gate)
+        .sandbox_config(sandbox)
+        .build()
+        .unwrap();
+    (codemode, audit)
 }

@@ -2,39 +2,17 @@
 //! back: they would be kept for a session nobody can reach again, in memory and in the state
 //! store, and a client that ends sessions while their scripts run could grow both without bound.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use codemode_gate::{Gate, PolicySet, Registry};
 use codemode_runtime::{Cells, CellsConfig, Codemode, ScriptRequest};
-use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
-use futures::FutureExt;
-use serde_json::{Value, json};
+use codemode_spec::ToolSpec;
+use common::Slow;
+use serde_json::json;
 use tokio::sync::Semaphore;
-
-/// Runs only once the test adds a permit to `release`; says it started through `started`.
-struct Slow {
-    spec: ToolSpec,
-    started: Arc<Semaphore>,
-    release: Arc<Semaphore>,
-}
-
-impl Tool for Slow {
-    fn spec(&self) -> &ToolSpec {
-        &self.spec
-    }
-    fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
-        let (started, release) = (self.started.clone(), self.release.clone());
-        Ok(prepared(CallFacts::default(), move |_| {
-            async move {
-                started.add_permits(1);
-                let _ = release.acquire().await.map(|p| p.forget());
-                Ok(ToolOutput::value(json!({})))
-            }
-            .boxed()
-        }))
-    }
-}
 
 async fn ended_mid_script(durable: Option<Arc<dyn codemode_state::StateStore>>) -> Codemode {
     let started = Arc::new(Semaphore::new(0));

@@ -168,3 +168,27 @@ pub fn audit_lines(world: &World) -> Vec<Value> {
 }
 
 pub const CLASSIFY_CONTEXT: &str = r#"{ state: { review: "great" }, questions: { mood: { type: "choice", instructions: "Mood?", criteria: { happy: "likes it", sad: "does not" } } } }"#;
+
+/// Runs only once the test adds a permit to `release`; says it started through `started`.
+pub struct Slow {
+    pub spec: ToolSpec,
+    pub started: Arc<tokio::sync::Semaphore>,
+    pub release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Tool for Slow {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        let (started, release) = (self.started.clone(), self.release.clone());
+        Ok(prepared(CallFacts::default(), move |_| {
+            async move {
+                started.add_permits(1);
+                let _ = release.acquire().await.map(|p| p.forget());
+                Ok(ToolOutput::value(json!({})))
+            }
+            .boxed()
+        }))
+    }
+}
