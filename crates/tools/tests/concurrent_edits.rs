@@ -197,32 +197,9 @@ async fn edits_from_two_processes_lose_no_reported_change() {
     for round in 0..5 {
         let b = Bench::new();
         let path = b.put("shared.txt", cross_lines());
-        let other = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "other_process_edits",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(OTHER_PROCESS_ENV, &b.root)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let other = start_other_process("other_process_edits", OTHER_PROCESS_ENV, &b.root);
         let here = edit_lines(&b.root, "here").await;
-        let out = other.wait_with_output().unwrap();
-        assert!(out.status.success());
-        // Wherever the test harness put it (on the line that names the test).
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let there: Vec<usize> = said
-            .lines()
-            .find_map(|l| l.split_once("SUCCEEDED ").map(|(_, list)| list))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .unwrap_or_else(|| panic!("the other process reports: {said}"));
+        let there = what_the_other_process_did(other);
         let file = std::fs::read_to_string(&path).unwrap();
         for (who, succeeded) in [("here", &here), ("there", &there)] {
             let lost: Vec<_> = succeeded
@@ -354,31 +331,9 @@ async fn other_process_creates() {
 async fn creations_from_two_processes_report_one_creation_each() {
     for round in 0..5 {
         let b = Bench::new();
-        let other = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "other_process_creates",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(OTHER_CREATOR_ENV, &b.root)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let other = start_other_process("other_process_creates", OTHER_CREATOR_ENV, &b.root);
         let here = create_files(&b.root, "here").await;
-        let out = other.wait_with_output().unwrap();
-        assert!(out.status.success());
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let there: Vec<usize> = said
-            .lines()
-            .find_map(|l| l.split_once("SUCCEEDED ").map(|(_, list)| list))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .unwrap_or_else(|| panic!("the other process reports: {said}"));
+        let there = what_the_other_process_did(other);
         let both: Vec<_> = here.iter().filter(|i| there.contains(i)).collect();
         assert!(
             both.is_empty(),
@@ -417,4 +372,31 @@ async fn parallel_edits_of_a_file_another_process_keeps_locked_each_wait_the_bou
         "six edits of a locked file took {took:?}: each waited for the one before it"
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), lines(0));
+}
+
+/// Runs this test binary's `test` (one of the `other_process_*` bodies) as a second process on
+/// `root`, given through the environment variable `env`.
+fn start_other_process(test: &str, env: &str, root: &std::path::Path) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+        .env(env, root)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// The indices the other process reported on its `SUCCEEDED [..]` line, once it ended well.
+fn what_the_other_process_did(other: std::process::Child) -> Vec<usize> {
+    let out = other.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // Wherever the test harness put it (on the line that names the test).
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said.lines()
+        .find_map(|l| l.split_once("SUCCEEDED ").map(|(_, list)| list))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .unwrap_or_else(|| panic!("the other process reports: {said}"))
 }
