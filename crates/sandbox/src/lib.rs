@@ -61,7 +61,8 @@ mod vm;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 pub use codemode_spec::to_identifier;
 pub use host::{
@@ -305,7 +306,11 @@ impl Sandbox {
             let limits = Limits::effective(&cfg.defaults, &cfg.maximum, &parsed.options);
             let options = parsed.options.clone();
             let (tx, rx) = tokio::sync::oneshot::channel();
+            static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
+            let id = NEXT_JOB.fetch_add(1, Ordering::Relaxed);
+            let clock = script.clock.clone();
             let job = Job {
+                id,
                 script,
                 parsed,
                 limits: limits.clone(),
@@ -324,7 +329,28 @@ impl Sandbox {
             if Pool::submit(&inner.pool, job).is_err() {
                 return fail("No sandbox worker could be started for this script.");
             }
-            match rx.await {
+            // The timeout covers the wait for a worker too: a script still queued when it passes
+            // is taken back, so a caller behind workers held by long calls or paused approvals
+            // gets an answer within its timeout rather than whenever one frees.
+            let timeout = Duration::from_millis(limits.timeout_ms);
+            let mut rx = rx;
+            let queued_until = tokio::time::sleep(timeout.saturating_sub(clock.running()));
+            let answer = tokio::select! {
+                r = &mut rx => r,
+                () = queued_until => match inner.pool.withdraw(id) {
+                    Some(_) => {
+                        let mut r = ScriptResult::failed(
+                            session::never_started(clock.running(), limits.timeout_ms),
+                            options.clone(),
+                            limits.clone(),
+                        );
+                        r.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+                        return r;
+                    }
+                    None => rx.await,
+                },
+            };
+            match answer {
                 Ok(mut r) => {
                     // The host's word on what the script ran with, not the worker's.
                     r.options = options;

@@ -34,6 +34,8 @@ const MAX_PREPARING: usize = 8;
 const IDLE_EXIT: Duration = Duration::from_secs(30);
 
 pub(crate) struct Job {
+    /// Tells this job apart in the queue, for [`Pool::withdraw`].
+    pub id: u64,
     pub script: Script,
     pub parsed: ParsedSource,
     pub limits: Limits,
@@ -195,6 +197,13 @@ impl Pool {
         }
     }
 
+    /// Takes back the queued job `id`, if no worker has taken it yet.
+    pub fn withdraw(&self, id: u64) -> Option<Job> {
+        let mut s = lock(&self.state);
+        let at = s.queue.iter().position(|j| j.id == id)?;
+        s.queue.remove(at)
+    }
+
     pub fn shutdown(&self) {
         let mut s = lock(&self.state);
         s.shutdown = true;
@@ -294,6 +303,7 @@ fn thread_worker(pool: Arc<Pool>) {
             limits,
             started,
             reply,
+            ..
         } = job;
         let (result, reusable) = match vm.as_ref() {
             Some(Ok(v)) => run_in_thread(&rt, v, script, parsed, limits, started),
@@ -458,6 +468,7 @@ fn process_worker(pool: Arc<Pool>) {
             limits,
             started,
             reply,
+            ..
         } = job;
         // A worker that died while this thread waited for work is replaced before it gets a script.
         if worker.as_mut().is_some_and(|w| !w.alive()) {

@@ -217,6 +217,19 @@ pub(crate) fn preview(json: &str, max: usize) -> String {
 /// escaped in JSON as `\u0000`).
 const BYTES_PER_CHAR: usize = 6;
 
+/// The error of a script whose timeout passed while it waited for a worker: none of it ran.
+pub(crate) fn never_started(waited: Duration, timeout_ms: u64) -> ScriptError {
+    ScriptError::new(
+        ErrorKind::Timeout,
+        format!(
+            "The script did not start: it waited {} ms for a sandbox worker, all of which were \
+             running other scripts, and its timeout of {timeout_ms} ms passed first. None of it \
+             ran; run it again when fewer scripts are running.",
+            waited.as_millis()
+        ),
+    )
+}
+
 impl Session {
     /// Checks the script and opens its logs. Returns the session and what the VM needs to start.
     pub fn open(
@@ -236,6 +249,11 @@ impl Session {
                 ErrorKind::Aborted,
                 "Execution aborted before the script started",
             )));
+        }
+        // A worker took the script only after its timeout passed in the queue.
+        let waited = script.clock.running();
+        if waited >= Duration::from_millis(limits.timeout_ms) {
+            return Err(fail(never_started(waited, limits.timeout_ms)));
         }
         check_tools(&script.tools).map_err(|e| fail(sandbox_err(e)))?;
         check_globals(&script.globals).map_err(|e| fail(sandbox_err(e)))?;
