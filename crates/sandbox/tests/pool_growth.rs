@@ -7,34 +7,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use codemode_sandbox::*;
-use futures::FutureExt;
-use futures::future::LocalBoxFuture;
-use serde_json::{Value, json};
-
-/// Holds every call until released, counting the calls it holds.
-#[derive(Default)]
-struct HoldingHost {
-    holding: AtomicUsize,
-    released: Arc<AtomicBool>,
-}
-
-impl Host for HoldingHost {
-    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
-        self.holding.fetch_add(1, Ordering::SeqCst);
-        let released = self.released.clone();
-        async move {
-            while !released.load(Ordering::SeqCst) && !call.cancel.is_cancelled() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(json!("released"))
-        }
-        .boxed_local()
-    }
-}
+use common::HoldingHost;
+use serde_json::json;
 
 const BURST: usize = 20;
 

@@ -6,32 +6,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use codemode_sandbox::*;
-use futures::FutureExt;
-use futures::future::LocalBoxFuture;
-use serde_json::{Value, json};
-
-/// Holds every call until released.
-#[derive(Default)]
-struct HoldingHost {
-    released: Arc<AtomicBool>,
-}
-
-impl Host for HoldingHost {
-    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
-        let released = self.released.clone();
-        async move {
-            while !released.load(Ordering::SeqCst) && !call.cancel.is_cancelled() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Ok(json!("released"))
-        }
-        .boxed_local()
-    }
-}
+use common::HoldingHost;
+use serde_json::json;
 
 async fn a_script_whose_timeout_passed_in_the_queue_says_it_never_started() {
     let sandbox = Sandbox::new(SandboxConfig {

@@ -1,7 +1,7 @@
 #![allow(dead_code)]
 //! Test hosts: echo, fail, slow-until-cancelled, rows, and helpers.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -195,5 +195,26 @@ pub fn result_with_output(items: Vec<OutputItem>) -> ScriptResult {
         wall_ms: 0.0,
         options: Default::default(),
         limits: Default::default(),
+    }
+}
+
+/// Holds every call until released, counting the calls it holds.
+#[derive(Default)]
+pub struct HoldingHost {
+    pub holding: AtomicUsize,
+    pub released: Arc<AtomicBool>,
+}
+
+impl Host for HoldingHost {
+    fn call(&self, call: HostCall) -> LocalBoxFuture<'static, Result<Value, HostError>> {
+        self.holding.fetch_add(1, Ordering::SeqCst);
+        let released = self.released.clone();
+        async move {
+            while !released.load(Ordering::SeqCst) && !call.cancel.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(json!("released"))
+        }
+        .boxed_local()
     }
 }
