@@ -20,6 +20,9 @@ pub enum RuntimeError {
     Registry(#[from] RegistryError),
 }
 
+/// Scripts a principal may run at once when nothing says otherwise (as for cells).
+const DEFAULT_MAX_RUNNING_PER_PRINCIPAL: u32 = 32;
+
 /// Builds a [`Codemode`]. Only the gate is required.
 #[derive(Default)]
 pub struct CodemodeBuilder {
@@ -30,6 +33,7 @@ pub struct CodemodeBuilder {
     inline_budget_tokens: Option<usize>,
     codemode_tool_off: bool,
     cells: Option<crate::cells::Cells>,
+    max_running_per_principal: Option<u32>,
 }
 
 impl CodemodeBuilder {
@@ -80,6 +84,16 @@ impl CodemodeBuilder {
         self
     }
 
+    /// Scripts one principal may run at once in this installation (default: the cells'
+    /// `max_running_per_principal`, else 32; at least 1). Each holds a sandbox worker while it
+    /// runs, a slow call or an approval included, so without a cap one token could hold the
+    /// whole pool. Scripts acting for nobody (the command line, an embedder, a server without
+    /// tokens) are not capped outside cells: they all belong to one user.
+    pub fn max_running_per_principal(mut self, limit: u32) -> Self {
+        self.max_running_per_principal = Some(limit.max(1));
+        self
+    }
+
     pub fn build(self) -> Result<Codemode, RuntimeError> {
         let gate = self.gate.ok_or(RuntimeError::MissingGate)?;
         // The `codemode` call itself passes the gate; several installations may share one.
@@ -103,6 +117,19 @@ impl CodemodeBuilder {
             }
             None => None,
         };
+        // One count for a principal's scripts, whether they run as cells or not.
+        let (share, cells_limit) = match &self.cells {
+            Some(cells) => (
+                cells.inner.share.clone(),
+                Some(cells.config().max_running_per_principal),
+            ),
+            None => (Arc::default(), None),
+        };
+        let max_running_per_principal = self
+            .max_running_per_principal
+            .or(cells_limit)
+            .unwrap_or(DEFAULT_MAX_RUNNING_PER_PRINCIPAL)
+            .max(1);
         Ok(Codemode {
             inner: Arc::new(Inner {
                 gate,
@@ -112,6 +139,8 @@ impl CodemodeBuilder {
                 offer_codemode_tool: !self.codemode_tool_off,
                 stores: SessionStores::default(),
                 cells: self.cells,
+                share,
+                max_running_per_principal,
                 next_id: AtomicU64::new(1),
             }),
         })

@@ -49,6 +49,7 @@ mod codemode_tool;
 mod globals;
 mod host;
 mod media;
+mod principal_share;
 mod run;
 mod store;
 
@@ -86,6 +87,10 @@ struct Inner {
     offer_codemode_tool: bool,
     stores: store::SessionStores,
     cells: Option<cells::Cells>,
+    /// Scripts running now, by principal; shared with the cells when there are any.
+    share: Arc<principal_share::PrincipalShare>,
+    /// Scripts one named principal may run at once here (`cells.max_running_per_principal`).
+    max_running_per_principal: u32,
     next_id: std::sync::atomic::AtomicU64,
 }
 

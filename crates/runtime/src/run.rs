@@ -172,6 +172,13 @@ impl ScriptRun {
     }
 }
 
+/// Why a principal's script was not run: it already runs as many as it may.
+fn principal_busy(principal: &str, limit: u32) -> String {
+    format!(
+        "The script was not run: `{principal}` already runs {limit} scripts at once in this codemode process, the most one token may (`cells.max_running_per_principal`), so that others can still run theirs. Run it again once one of them has ended, or ask the operator to raise `cells.max_running_per_principal` in settings.json"
+    )
+}
+
 /// What a script can reach: the names under `tools` and the globals. Every name here either
 /// passes the gate or is one of [`crate::READ_ONLY_GLOBALS`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +233,24 @@ impl Codemode {
             Err(run) => return run,
         };
         let script_id = self.next_call_id("script");
+        // A named principal's running scripts hold pool workers: past its share it waits for
+        // its own, not for everyone's.
+        let slot = match self.gate().principal_of(&req.session_id) {
+            Some(principal) => {
+                let limit = self.inner.max_running_per_principal;
+                match self.inner.share.take(&principal.id, limit) {
+                    Some(slot) => Some(slot),
+                    None => {
+                        let run =
+                            ScriptRun::refused(script_id, principal_busy(&principal.id, limit));
+                        return self.finish_admission(admission, run).await;
+                    }
+                }
+            }
+            None => None,
+        };
         let run = self.execute(&req, source, script_id, call_id, None).await;
+        drop(slot);
         self.finish_admission(admission, run).await
     }
 

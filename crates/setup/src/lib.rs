@@ -377,7 +377,9 @@ impl InstallationBuilder {
         let mut codemode = Codemode::builder()
             .gate(gate)
             .sandbox_config(convert::sandbox_config(&settings.limits))
-            .offer_codemode_tool(activation.codemode);
+            .offer_codemode_tool(activation.codemode)
+            // The same cap with cells off: a token's scripts then hold workers on slow calls.
+            .max_running_per_principal(durable.max_running_per_principal);
         if let Some(catalog) = catalog {
             codemode = codemode.models(Arc::new(catalog), ModelsHttpConfig::default());
         }

@@ -20,7 +20,6 @@
 
 mod approver;
 mod live;
-mod principal_share;
 pub(crate) mod record;
 mod report;
 mod run;
@@ -56,7 +55,8 @@ pub struct CellsConfig {
     /// Live cells one session may have at once.
     pub max_live_per_session: u32,
     /// Cells one principal may run at once in this process, over all its sessions: each holds
-    /// a sandbox worker while it runs (see `principal_share`).
+    /// a sandbox worker while it runs (see `crate::principal_share`). The count is shared with
+    /// the installation's scripts run without cells.
     pub max_running_per_principal: u32,
     /// Pause (rather than deny) an `ask` that nobody can answer now.
     pub pause_approvals: bool,
@@ -136,7 +136,7 @@ pub(crate) struct CellsInner {
     /// Cells this process runs, by id (a cell's script id is its cell id).
     pub live: Mutex<HashMap<String, Arc<LiveCell>>>,
     /// How many cells each principal runs here now.
-    pub share: Arc<principal_share::PrincipalShare>,
+    pub share: Arc<crate::principal_share::PrincipalShare>,
     /// Sessions their clients ended for good, and when: a cell still being started for one
     /// (its request raced the end) is terminated as soon as it is registered.
     ended_sessions: Mutex<HashMap<String, std::time::Instant>>,

@@ -504,7 +504,7 @@ async fn drive(
     call_id: String,
     script: ScriptCall,
     link: Arc<CellLink>,
-    slot: super::principal_share::ShareSlot,
+    slot: crate::principal_share::ShareSlot,
 ) {
     // Until the cell's last line is written it acts for its session's principal, even if the
     // session ends meanwhile; then the gate may forget the session.
