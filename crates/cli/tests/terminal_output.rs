@@ -34,22 +34,64 @@ fn at_terminal(extra: &str, script: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("s.js");
     std::fs::write(&file, script).unwrap();
-    let command = format!(
-        "{} run {extra} --config-dir {} --workdir {} {}",
-        common::bin().display(),
-        dir.path().display(),
-        dir.path().display(),
-        file.display()
-    );
+    let d = dir.path().display();
+    at_terminal_in(
+        dir.path(),
+        &format!(
+            "run {extra} --config-dir {d} --workdir {d} {}",
+            file.display()
+        ),
+    )
+}
+
+/// Runs `codemode <args>` at a pseudo-terminal, its state in `dir`; returns what the terminal
+/// received, standard output and error together.
+fn at_terminal_in(dir: &std::path::Path, args: &str) -> String {
+    let command = format!("{} {args}", common::bin().display());
     let out = Command::new("script")
         .args(["-qec", &command, "/dev/null"])
-        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .env("XDG_STATE_HOME", dir.join("state"))
         .env_remove("CODEMODE_LOG")
         .stdin(Stdio::null())
         .output()
         .expect("script(1) from util-linux runs");
     // The terminal turns each "\n" into "\r\n"; a "\r" of the script's own would stay alone.
     String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
+}
+
+/// `codemode policy check` quotes a project's policy file (an unknown tool's name, an unknown
+/// action's): at a terminal that file cannot drive it either.
+#[test]
+fn a_policy_files_text_cannot_drive_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let unknown = dir.path().join("unknown.cedar");
+    std::fs::write(
+        &unknown,
+        "permit (principal, action, resource == Tool::\"x\u{1b}]52;c;aGk=\u{7}\u{9b}2J\u{202e}y\");\n",
+    )
+    .unwrap();
+    let broken = dir.path().join("broken.cedar");
+    std::fs::write(
+        &broken,
+        "permit (principal, action == Action::\"x\u{1b}]52;c;aGk=\u{7}\u{202e}\", resource);\n",
+    )
+    .unwrap();
+    for file in [&unknown, &broken] {
+        let out = at_terminal_in(
+            dir.path(),
+            &format!(
+                "policy check --config-dir {d} --workdir {d} {}",
+                file.display()
+            ),
+        );
+        assert!(
+            out.contains("]52;c;aGk="),
+            "the file's text is quoted, escaped: {out:?}"
+        );
+        let raw = acting(&out);
+        assert!(raw.is_empty(), "{raw:?} reach the terminal: {out:?}");
+    }
 }
 
 #[test]

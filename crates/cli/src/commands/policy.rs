@@ -10,6 +10,7 @@ use codemode_tools::{ToolsConfig, builtin_tools};
 
 use crate::SetupArgs;
 use crate::setup::{self, LimitFlags};
+use crate::terminal::{for_stderr, for_stdout};
 
 #[derive(Subcommand, Debug)]
 pub enum PolicyCommand {
@@ -49,13 +50,14 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             match codemode_gate::policy::check(&name, &text, &registry) {
                 Ok(()) => {
                     for warning in unknown_tools(&name, &text, &registry) {
-                        eprintln!("warning: {warning}");
+                        eprintln!("warning: {}", for_stderr(&warning));
                     }
-                    println!("{}: valid", file.display());
+                    println!("{}", for_stdout(&format!("{}: valid", file.display())));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => {
-                    eprintln!("{e}");
+                    // The policy's own text (a project's file) is quoted in the error.
+                    eprintln!("{}", for_stderr(&e.to_string()));
                     Ok(ExitCode::from(1))
                 }
             }
@@ -82,7 +84,8 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
             }
             let schema = PolicySchema::for_registry(&builtin_registry()).ok();
             let explanation = codemode_gate::explain(&set, schema.as_ref(), &input);
-            println!("{}", serde_json::to_string_pretty(&explanation)?);
+            let shown = serde_json::to_string_pretty(&explanation)?;
+            println!("{}", for_stdout(&shown));
             Ok(ExitCode::SUCCESS)
         }
         PolicyCommand::Default => {
@@ -91,7 +94,8 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
         }
         PolicyCommand::Schema { setup } => {
             let schema = PolicySchema::for_registry(&registry_for(&setup).await)?;
-            print!("{}", schema.text());
+            // Tool and argument names come from MCP servers.
+            print!("{}", for_stdout(&schema.text()));
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -112,7 +116,11 @@ async fn registry_for(args: &SetupArgs) -> Registry {
             registry
         }
         Err(e) => {
-            eprintln!("warning: checking against the built-in tools only: {e:#}");
+            let why = format!("{e:#}");
+            eprintln!(
+                "warning: checking against the built-in tools only: {}",
+                for_stderr(&why)
+            );
             builtin_registry()
         }
     }

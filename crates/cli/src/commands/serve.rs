@@ -90,7 +90,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
     )
     .await?;
     for warning in installation.warnings() {
-        tracing::warn!("{warning}");
+        // Warnings quote names and files others chose (an MCP server's, a project's): one log
+        // line each, nothing a terminal would act on.
+        tracing::warn!("{}", codemode_gate::shown_text(&warning));
     }
     // A question the client leaves unanswered expires like any other approval.
     approvals.set_answer_within(
