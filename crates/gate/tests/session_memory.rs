@@ -155,3 +155,46 @@ async fn a_call_running_when_its_session_ended_acts_for_its_principal_to_the_end
         Some("shared-default")
     );
 }
+
+/// A principal lent for what runs of a session (a cell taken over) goes with the last hold,
+/// unless a client began the session here meanwhile; lending never replaces a principal the
+/// session already has here.
+#[test]
+fn a_lent_principal_lasts_as_long_as_what_runs_unless_a_client_begins_the_session() {
+    let gate = Gate::builder()
+        .registry(Registry::new())
+        .policy(PolicySet::parse("p.cedar", "").unwrap())
+        .build()
+        .unwrap();
+    let bob = Principal {
+        id: "bob".into(),
+        team: None,
+    };
+
+    gate.lend_principal("taken-over", alice());
+    let hold = gate.hold_session("taken-over");
+    assert_eq!(gate.principal_of("taken-over"), Some(alice()));
+    drop(hold);
+    assert_eq!(
+        gate.principal_of("taken-over"),
+        None,
+        "forgotten with the hold"
+    );
+    assert_eq!(gate.remembered_sessions(), 0);
+
+    gate.lend_principal("moved", alice());
+    let hold = gate.hold_session("moved");
+    gate.set_principal("moved", alice());
+    drop(hold);
+    assert_eq!(
+        gate.principal_of("moved"),
+        Some(alice()),
+        "its client reached this process: the session is served here now"
+    );
+
+    gate.set_principal("served", alice());
+    gate.lend_principal("served", bob);
+    let hold = gate.hold_session("served");
+    drop(hold);
+    assert_eq!(gate.principal_of("served"), Some(alice()));
+}

@@ -263,3 +263,100 @@ return 1;"#;
     }
     assert_eq!(gate.remembered_sessions(), 0);
 }
+
+/// A cell taken over from a stopped process acts for the principal it recorded; once it ends,
+/// this process keeps nothing of its session. That session's client may never come here, so a
+/// principal kept for it would stay for the life of the process, one per cell taken over. A
+/// session this process already served keeps what it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_over_cell_acts_for_its_recorded_principal_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_store(dir.path()).await;
+    let alice = json!({"principal": {"id": "alice"}});
+    for (id, session) in [("cell_a", "sa"), ("cell_b", "sb"), ("cell_k", "known")] {
+        store
+            .create_cell(NewCell {
+                id: id.into(),
+                session_id: session.into(),
+                source: "await tools.counted({}); return 1".into(),
+                source_hash: "0".repeat(64),
+                options: json!({"call_id": format!("c-{id}"), "seed": 1, "start_ms": 0.0,
+                    "yield_after_ms": 1000, "acts_for": alice}),
+                owner: "dead-replica".into(),
+                lease: Duration::ZERO,
+                max_live_per_session: None,
+            })
+            .await
+            .unwrap();
+    }
+    let runs = Arc::new(AtomicU64::new(0));
+    let registry = Registry::new();
+    registry
+        .register(Arc::new(Counted {
+            spec: ToolSpec::new("counted", "counts", json!({"type": "object"})),
+            runs: runs.clone(),
+        }))
+        .unwrap();
+    let log = dir.path().join("audit.jsonl");
+    let audit = AuditLog::open_with_key(&log, AuditKey::from_bytes([7; 32])).unwrap();
+    let mut config = CellsConfig::new(store.clone());
+    config.audit = audit.clone();
+    let policy =
+        r#"permit (principal, action == Action::"tool_call", resource == Tool::"counted");"#;
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("p.cedar", policy).unwrap())
+        .audit(audit)
+        .build()
+        .unwrap();
+    let alice = Principal {
+        id: "alice".into(),
+        team: None,
+    };
+    gate.set_principal("known", alice.clone());
+    let codemode = Codemode::builder()
+        .gate(gate.clone())
+        .cells(Cells::new(config))
+        .build()
+        .unwrap();
+
+    let mut resumed = codemode.resume_cells().await.unwrap();
+    resumed.sort();
+    assert_eq!(resumed, ["cell_a", "cell_b", "cell_k"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for id in ["cell_a", "cell_b", "cell_k"] {
+        loop {
+            let cell = store.get_cell(id).await.unwrap().unwrap();
+            if cell.status.is_terminal() {
+                assert_eq!(cell.status, CellStatus::Finished, "{cell:?}");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{id} did not end");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let counted: Vec<&Value> = lines.iter().filter(|l| l["tool"] == "counted").collect();
+    assert_eq!(counted.len(), 3, "{lines:?}");
+    assert!(
+        counted.iter().all(|l| l["principal"] == "alice"),
+        "{counted:?}"
+    );
+
+    // The drivers let go just after the results are stored.
+    while gate.remembered_sessions() > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        gate.remembered_sessions(),
+        1,
+        "only the session served here is remembered"
+    );
+    assert_eq!(gate.principal_of("known"), Some(alice));
+    assert_eq!(gate.principal_of("sa"), None);
+}

@@ -349,6 +349,15 @@ impl Gate {
         self.inner.sessions.set_principal(session_id, principal);
     }
 
+    /// Says who a session acts for only while a call or cell of it runs here (see
+    /// [`Gate::hold_session`]): for a cell taken over from a stopped process, whose client may
+    /// never reach this one. With the last hold the gate forgets the session, as if it had
+    /// ended, unless a client began it here meanwhile ([`Gate::set_principal`]). A session
+    /// this process already knows keeps its principal.
+    pub fn lend_principal(&self, session_id: &str, principal: Principal) {
+        self.inner.sessions.lend_principal(session_id, principal);
+    }
+
     /// Who a session acts for.
     pub fn principal_of(&self, session_id: &str) -> Option<Principal> {
         self.inner.principal_of(session_id)

@@ -28,6 +28,9 @@ struct State {
     holds: HashMap<String, usize>,
     /// Sessions that ended while held: forgotten when their last hold goes.
     ended: HashSet<String>,
+    /// Sessions known here only through what runs of them (a cell taken over from another
+    /// process): forgotten when their last hold goes, unless a client begins them here.
+    lent: HashSet<String>,
 }
 
 impl SessionMemory {
@@ -44,6 +47,18 @@ impl SessionMemory {
     pub(crate) fn set_principal(&self, session_id: &str, principal: Principal) {
         let mut state = self.lock();
         state.ended.remove(session_id);
+        state.lent.remove(session_id);
+        state.principals.insert(session_id.to_string(), principal);
+    }
+
+    /// `principal` for a session only while something of it runs here; a session already
+    /// known here keeps what it has.
+    pub(crate) fn lend_principal(&self, session_id: &str, principal: Principal) {
+        let mut state = self.lock();
+        if state.principals.contains_key(session_id) {
+            return;
+        }
+        state.lent.insert(session_id.to_string());
         state.principals.insert(session_id.to_string(), principal);
     }
 
@@ -65,6 +80,7 @@ impl SessionMemory {
             state.ended.insert(session_id.to_string());
             return;
         }
+        state.lent.remove(session_id);
         state.principals.remove(session_id);
         forget(session_id);
     }
@@ -83,7 +99,8 @@ impl SessionMemory {
             return;
         }
         state.holds.remove(session_id);
-        if state.ended.remove(session_id) {
+        let lent = state.lent.remove(session_id);
+        if state.ended.remove(session_id) || lent {
             state.principals.remove(session_id);
             forget(session_id);
         }

@@ -331,9 +331,11 @@ impl Codemode {
                 start_ms: options.start_ms,
             });
             // Before any of its calls runs: they are charged to, and audited for, the principal
-            // the session acted for when the cell started, not this process's default.
+            // the session acted for when the cell started, not this process's default. Lent
+            // only: the session's client may never reach this process, so the gate forgets it
+            // when the cell ends.
             if let Some(principal) = acts_for.principal {
-                self.gate().set_principal(&claimed.session_id, principal);
+                self.gate().lend_principal(&claimed.session_id, principal);
             }
             let slot = {
                 let acting_for = self.gate().principal_of(&claimed.session_id);
