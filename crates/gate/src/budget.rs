@@ -352,15 +352,19 @@ impl Ledger {
         script_id: &str,
         kind: CallKind,
         bytes: u64,
+        usage: Option<&Usage>,
     ) {
         let mut inner = self.lock();
         let nothing = Usage::default();
+        let spent = usage.unwrap_or(&nothing);
         let script = inner.scripts.entry(script_id.to_string()).or_default();
         bump(script, kind, &nothing);
         script.bytes += bytes;
+        script.usage.add(spent);
         let session = inner.sessions.entry(session_id.to_string()).or_default();
         bump(session, kind, &nothing);
         session.bytes += bytes;
+        session.usage.add(spent);
     }
 
     pub(crate) fn record(&self, script_id: &str, record: CallRecord) {

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, Tool, ToolSpec, to_identifier};
+use codemode_spec::{
+    CallKind, CodemodeMode, Exposure, NamespaceSpec, Tool, ToolSpec, to_identifier,
+};
 
 use crate::error::RegistryError;
 
@@ -253,6 +255,17 @@ impl Registry {
             })
             .map(|(_, e)| e.spec())
             .collect()
+    }
+
+    /// The kind of the tool `name` finds, as [`Registry::lookup`] would, without looking for
+    /// close names when there is none.
+    pub(crate) fn kind_of(&self, name: &str) -> Option<CallKind> {
+        let inner = self.read();
+        let entry = inner.tools.get(name).or_else(|| {
+            let raw = inner.identifiers.get(name)?;
+            inner.tools.get(raw)
+        });
+        entry.map(|e| e.tool.spec().kind)
     }
 
     /// Finds a tool by its raw name, or by the identifier scripts write for it.

@@ -197,8 +197,9 @@ impl HostState {
         if let Some(link) = &self.identity.cell {
             match link.replay(call.id, &call.name, &call.args) {
                 crate::cells::record::Replayed::Live => {}
-                crate::cells::record::Replayed::Result(r) => {
-                    // What ran is counted again here (a refusal was not counted where it ran).
+                crate::cells::record::Replayed::Result { result: r, usage } => {
+                    // What ran is counted again here (a refusal was not counted where it ran),
+                    // with what it spent.
                     let ran = match &r {
                         Ok(v) => Some(serde_json::to_vec(v).map_or(0, |b| b.len() as u64)),
                         Err(e) => (e.properties.get("stage") == Some(&Value::from("execute")))
@@ -210,7 +211,11 @@ impl HostState {
                             &self.identity.session_id,
                             &self.identity.script_id,
                             bytes,
+                            usage.as_ref(),
                         );
+                        if let Some(usage) = usage {
+                            lock(&self.spent).usage_by_call.insert(call.id, usage);
+                        }
                     }
                     return r;
                 }
@@ -335,7 +340,7 @@ async fn logged_gate_call(
         Ok(a) => a,
         Err(e) => {
             let e = gate_error(e);
-            link.ended(seq, name, args, &Err(e.clone()))
+            link.ended(seq, name, args, &Err(e.clone()), None)
                 .await
                 .map_err(plain_error)?;
             return Err(e);
@@ -348,7 +353,8 @@ async fn logged_gate_call(
         .as_ref()
         .map(|o| o.value.clone())
         .map_err(Clone::clone);
-    link.ended(seq, name, args, &seen)
+    let spent = outcome.as_ref().ok().and_then(|o| o.usage.as_ref());
+    link.ended(seq, name, args, &seen, spent)
         .await
         .map_err(plain_error)?;
     outcome

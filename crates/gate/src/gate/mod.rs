@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use codemode_spec::{
     CallFacts, CallKind, CodemodeMode, DeadlineClock, Exposure, Origin, PreparedCall, Provenance,
-    Tool, ToolOutput, ToolSpec,
+    Tool, ToolOutput, ToolSpec, Usage,
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -419,15 +419,20 @@ impl Gate {
     /// Counts, in a script's (and its session's) budget, a call the script got from its replay
     /// log instead of running it: the call ran, and was counted, in the process that started
     /// the script, whose counters are gone. Without this a script rebuilt in another process
-    /// would start its budget again. Counted, never refused: the call already ran.
-    pub fn count_replayed_call(&self, tool: &str, session_id: &str, script_id: &str, bytes: u64) {
-        let kind = match self.inner.registry.lookup(tool) {
-            Lookup::Found(r) => r.spec.kind,
-            Lookup::Missing { .. } => CallKind::Tool,
-        };
+    /// would start its budget again. `usage`: what it spent there (a model call's tokens and
+    /// cost). Counted, never refused: the call already ran.
+    pub fn count_replayed_call(
+        &self,
+        tool: &str,
+        session_id: &str,
+        script_id: &str,
+        bytes: u64,
+        usage: Option<&Usage>,
+    ) {
+        let kind = self.inner.registry.kind_of(tool).unwrap_or(CallKind::Tool);
         self.inner
             .ledger
-            .count_replayed(session_id, script_id, kind, bytes);
+            .count_replayed(session_id, script_id, kind, bytes, usage);
     }
 
     /// The paths no tool call may change (or, for secret ones, read), the audit log's included:

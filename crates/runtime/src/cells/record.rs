@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use codemode_sandbox::HostError;
+use codemode_spec::Usage;
 use codemode_state::{ReplayEntry, StateStore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -34,6 +35,10 @@ enum Step {
         value: Option<Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<HostError>,
+        /// What the call spent (a model call's tokens and cost): a rebuilt script counts it
+        /// against its budget again. Missing in logs written before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
     },
 }
 
@@ -41,14 +46,19 @@ struct Logged {
     name: String,
     args: Value,
     result: Option<Result<Value, HostError>>,
+    usage: Option<Usage>,
 }
 
 /// What the log says about a call the script makes now.
 pub(crate) enum Replayed {
     /// Not in the log: run it.
     Live,
-    /// In the log with its result: the script gets that, nothing runs.
-    Result(Result<Value, HostError>),
+    /// In the log with its result: the script gets that, nothing runs. `usage`: what the call
+    /// spent where it ran.
+    Result {
+        result: Result<Value, HostError>,
+        usage: Option<Usage>,
+    },
     /// The cell cannot go on (the message says why); it has been failed.
     Stop(String),
 }
@@ -85,6 +95,7 @@ impl CellLink {
                         name,
                         args,
                         result: None,
+                        usage: None,
                     });
                 }
                 Step::End {
@@ -94,6 +105,7 @@ impl CellLink {
                     ok,
                     value,
                     error,
+                    usage,
                 } => {
                     let result = if ok {
                         Ok(value.unwrap_or(Value::Null))
@@ -106,6 +118,7 @@ impl CellLink {
                             name,
                             args,
                             result: Some(result),
+                            usage,
                         },
                     );
                 }
@@ -142,7 +155,10 @@ impl CellLink {
         match &entry.result {
             Some(r) => {
                 self.cell.replayed.fetch_add(1, Ordering::Relaxed);
-                Replayed::Result(r.clone())
+                Replayed::Result {
+                    result: r.clone(),
+                    usage: entry.usage.clone(),
+                }
             }
             None => {
                 let message = format!(
@@ -166,13 +182,14 @@ impl CellLink {
         .await
     }
 
-    /// Logs what call `seq` returned (a refusal included).
+    /// Logs what call `seq` returned (a refusal included) and what it spent.
     pub async fn ended(
         &self,
         seq: u64,
         name: &str,
         args: &Value,
         result: &Result<Value, HostError>,
+        usage: Option<&Usage>,
     ) -> Result<(), String> {
         self.append(Step::End {
             seq,
@@ -181,6 +198,7 @@ impl CellLink {
             ok: result.is_ok(),
             value: result.as_ref().ok().cloned(),
             error: result.as_ref().err().cloned(),
+            usage: usage.filter(|u| !u.is_empty()).cloned(),
         })
         .await
     }
