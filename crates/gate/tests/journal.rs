@@ -368,3 +368,53 @@ async fn a_log_replaced_by_its_own_journal_is_reported() {
         "a journal passed as the log: {verified:?} {found:?}"
     );
 }
+
+/// The log and its journal are chained with one key, so each verifies as a chain. Swapped
+/// (heads and all) by someone who can write the files but lacks the key, each must still be
+/// refused on its own by `verify`, which is what a tool reading only the log runs.
+#[tokio::test]
+async fn a_log_swapped_with_its_journal_does_not_verify_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (gate, _, _) = gate(AuditLog::open_with_key(&path, test_key()).unwrap());
+    gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    gate.call(req("w", json!({}), script("a"))).await.unwrap();
+    let key = Some(&test_key());
+    codemode_gate::verify(&path, key).expect("the log verifies");
+    let journal = started_path(&path);
+    codemode_gate::verify(&journal, key).expect("the journal verifies");
+
+    let head = |p: &std::path::Path| {
+        let mut name = p.as_os_str().to_owned();
+        name.push(".head");
+        std::path::PathBuf::from(name)
+    };
+    let aside = dir.path().join("aside");
+    for (a, b) in [
+        (path.clone(), journal.clone()),
+        (head(&path), head(&journal)),
+    ] {
+        std::fs::rename(&a, &aside).unwrap();
+        std::fs::rename(&b, &a).unwrap();
+        std::fs::rename(&aside, &b).unwrap();
+    }
+    let log_err = codemode_gate::verify(&path, key).expect_err("a journal in the log's place");
+    assert!(
+        log_err.to_string().contains("replaced by its journal"),
+        "{log_err}"
+    );
+    let journal_err =
+        codemode_gate::verify(&journal, key).expect_err("a log in the journal's place");
+    assert!(
+        journal_err.to_string().contains("replaced by a log"),
+        "{journal_err}"
+    );
+    // So a log may not be given a journal's name.
+    let named = AuditLog::open_with_key(dir.path().join("calls.started"), test_key())
+        .err()
+        .expect("a log named like a journal is refused");
+    assert!(
+        named.to_string().contains("must not end in `.started`"),
+        "{named}"
+    );
+}

@@ -291,7 +291,23 @@ impl AuditLog {
     /// key and its head first; a log that does not verify is refused, so new lines are never
     /// chained onto a broken or forged one.
     pub fn open_with_key(path: impl AsRef<Path>, key: AuditKey) -> Result<Self, AuditError> {
+        let named_as_journal = |p: &Path| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with(".started"))
+        };
+        let journal_name = |p: &Path| {
+            AuditError::Open {
+            path: p.display().to_string(),
+            message: "a log's name must not end in `.started`, which names the journal beside a log (verifying would take the log for one); choose another name".into(),
+        }
+        };
+        if named_as_journal(path.as_ref()) {
+            return Err(journal_name(path.as_ref()));
+        }
         let mut log = Self::open_chain(path.as_ref().to_path_buf(), key.clone())?;
+        if let Some(real) = log.path().filter(|p| named_as_journal(p)) {
+            return Err(journal_name(real));
+        }
         // Beside the real file, not beside a symlink to it: head, journal and the protected
         // paths must be the same whichever name a process was given.
         let real = log.path().map(started_path).unwrap_or_default();

@@ -190,6 +190,21 @@ pub(crate) fn line_text<'a>(
     })
 }
 
+/// Why a record does not belong in a file of its kind: a journal's lines are all starts, a
+/// log's never.
+fn wrong_kind(journal: bool, record: &Value) -> Option<&'static str> {
+    let start = record.get("event").and_then(Value::as_str) == Some("started");
+    match (journal, start) {
+        (true, false) => Some(
+            "it is not a call's start, and this file is a journal (`.started`), which holds only starts: the journal was replaced by a log",
+        ),
+        (false, true) => Some(
+            "it is a call's start, which only the journal (`<log>.started`) holds: the log was replaced by its journal",
+        ),
+        _ => None,
+    }
+}
+
 /// Why bytes that are not UTF-8 mean a change, for a place in a file.
 fn not_utf8(at: String) -> String {
     format!(
@@ -229,6 +244,11 @@ fn check(
     } else {
         Some(Head::parse(head_text, key).map_err(bad_head)?)
     };
+    // A journal (`<log>.started`) holds only starts and a log none: both use one key, so
+    // without this a log swapped with its journal would verify on its own.
+    let journal = path
+        .file_name()
+        .is_some_and(|name| name.to_string_lossy().ends_with(".started"));
     let ends_cleanly = bytes.is_empty() || bytes.ends_with(b"\n");
     let lines = split_lines(bytes);
     let mut prev = GENESIS.to_string();
@@ -255,6 +275,9 @@ fn check(
                 n,
                 "the line's MAC does not verify with the key: the line was changed or forged, or written with another key (or by a codemode without keyed logs)".into(),
             ));
+        }
+        if let Some(problem) = wrong_kind(journal, &value) {
+            return Err(broken(n, problem.into()));
         }
         let stated_prev = value
             .get("prev")
