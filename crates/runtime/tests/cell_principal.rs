@@ -11,7 +11,7 @@ use std::time::Duration;
 use codemode_gate::{AuditKey, AuditLog, Gate, PolicySet, Principal, Registry};
 use codemode_runtime::{Cells, CellsConfig, Codemode, ScriptRequest};
 use codemode_spec::{CallFacts, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
-use codemode_state::{CellStatus, NewCell};
+use codemode_state::{CellStatus, NewCell, StateStore};
 use common::Slow;
 use futures::FutureExt;
 use serde_json::{Value, json};
@@ -37,36 +37,34 @@ impl Tool for Counted {
     }
 }
 
-/// A SQLite state store in `dir`.
-async fn sqlite_store(dir: &std::path::Path) -> Arc<dyn codemode_state::StateStore> {
-    codemode_state::open(
-        &format!("sqlite://{}", dir.join("state.db").display()),
-        Default::default(),
-    )
-    .await
-    .unwrap()
+/// Cells `(id, session)` whose holder is gone (its lease already ran out), with their options
+/// as their starter wrote them: `acts_for` as recorded, or missing as an older codemode left it.
+async fn orphans(store: &Arc<dyn StateStore>, cells: &[(&str, &str)], acts_for: Option<Value>) {
+    for (id, session) in cells {
+        let mut options = json!({"call_id": format!("c-{id}"), "journal_id": format!("j-{id}"),
+            "seed": 1, "start_ms": 0.0, "yield_after_ms": 1000});
+        if let Some(acts_for) = &acts_for {
+            options["acts_for"] = acts_for.clone();
+        }
+        store
+            .create_cell(NewCell {
+                id: id.to_string(),
+                session_id: session.to_string(),
+                source: "await tools.counted({}); return 1".into(),
+                source_hash: "0".repeat(64),
+                options,
+                owner: "dead-replica".into(),
+                lease: Duration::ZERO,
+                max_live_per_session: None,
+            })
+            .await
+            .unwrap();
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite_store(dir.path()).await;
-    // Options as a codemode that did not record `acts_for` wrote them; the holder is gone
-    // (its lease already ran out).
-    store
-        .create_cell(NewCell {
-            id: "cell_old".into(),
-            session_id: "s".into(),
-            source: "await tools.counted({}); return 1".into(),
-            source_hash: "0".repeat(64),
-            options: json!({"call_id": "c1", "journal_id": "j1", "seed": 1, "start_ms": 0.0, "yield_after_ms": 1000}),
-            owner: "dead-replica".into(),
-            lease: Duration::ZERO,
-            max_live_per_session: None,
-        })
-        .await
-        .unwrap();
-
+/// A process on `store` that may take cells over: the `counted` tool permitted, its audit log
+/// at `log`. Returns it and how often `counted` ran.
+fn taker(store: &Arc<dyn StateStore>, log: &std::path::Path) -> (Codemode, Arc<AtomicU64>) {
     let runs = Arc::new(AtomicU64::new(0));
     let registry = Registry::new();
     registry
@@ -75,11 +73,9 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
             runs: runs.clone(),
         }))
         .unwrap();
-    let log = dir.path().join("audit.jsonl");
-    let audit = AuditLog::open_with_key(&log, AuditKey::from_bytes([7; 32])).unwrap();
+    let audit = AuditLog::open_with_key(log, AuditKey::from_bytes([7; 32])).unwrap();
     let mut config = CellsConfig::new(store.clone());
     config.audit = audit.clone();
-    let cells = Cells::new(config);
     let policy =
         r#"permit (principal, action == Action::"tool_call", resource == Tool::"counted");"#;
     let gate = Gate::builder()
@@ -88,7 +84,21 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
         .audit(audit)
         .build()
         .unwrap();
-    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
+    let codemode = Codemode::builder()
+        .gate(gate)
+        .cells(Cells::new(config))
+        .build()
+        .unwrap();
+    (codemode, runs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::sqlite_store(dir.path()).await;
+    orphans(&store, &[("cell_old", "s")], None).await;
+    let log = dir.path().join("audit.jsonl");
+    let (codemode, runs) = taker(&store, &log);
 
     let resumed = codemode.resume_cells().await.unwrap();
     assert!(resumed.is_empty(), "{resumed:?}");
@@ -113,7 +123,7 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
         .collect();
     assert_eq!(ends.len(), 1, "{lines:?}");
     let end = ends[0];
-    assert_eq!(end["journal_id"], "j1");
+    assert_eq!(end["journal_id"], "j-cell_old");
     assert_eq!(end["cell_id"], "cell_old");
     assert_eq!(end["status"], "error");
     assert_eq!(end["cell_status"], "failed");
@@ -132,7 +142,7 @@ async fn a_cell_without_a_recorded_principal_fails_closed_when_taken_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cells_session_row_names_its_principal_not_its_clients_name() {
     let dir = tempfile::tempdir().unwrap();
-    let store = sqlite_store(dir.path()).await;
+    let store = common::sqlite_store(dir.path()).await;
     let cells = Cells::new(CellsConfig::new(store.clone()));
     let gate = Gate::builder()
         .registry(Registry::new())
@@ -167,7 +177,7 @@ async fn a_cells_session_row_names_its_principal_not_its_clients_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_finishing_after_its_session_ended_acts_for_its_principal_then_is_forgotten() {
     let dir = tempfile::tempdir().unwrap();
-    let store = sqlite_store(dir.path()).await;
+    let store = common::sqlite_store(dir.path()).await;
     let started = Arc::new(tokio::sync::Semaphore::new(0));
     let release = Arc::new(tokio::sync::Semaphore::new(0));
     let runs = Arc::new(AtomicU64::new(0));
@@ -231,19 +241,7 @@ return 1;"#;
     // The session ends while the cell is still finishing.
     gate.forget_session("s");
     release.add_permits(1);
-    let mut last = None;
-    for _ in 0..100 {
-        let wait = codemode_runtime::WaitOptions {
-            timeout: Some(Duration::from_secs(2)),
-            terminate: false,
-        };
-        let r = codemode.wait_cell("s", &first.cell, wait).await.unwrap();
-        if r.status.is_terminal() {
-            last = Some(r);
-            break;
-        }
-    }
-    let last = last.expect("the cell ends");
+    let last = common::ended_cell(&codemode, "s", &first.cell).await;
     assert_eq!(last.status, CellStatus::Finished, "{}", last.text);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
@@ -271,54 +269,17 @@ return 1;"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_over_cell_acts_for_its_recorded_principal_and_leaves_nothing_behind() {
     let dir = tempfile::tempdir().unwrap();
-    let store = sqlite_store(dir.path()).await;
-    let alice = json!({"principal": {"id": "alice"}});
-    for (id, session) in [("cell_a", "sa"), ("cell_b", "sb"), ("cell_k", "known")] {
-        store
-            .create_cell(NewCell {
-                id: id.into(),
-                session_id: session.into(),
-                source: "await tools.counted({}); return 1".into(),
-                source_hash: "0".repeat(64),
-                options: json!({"call_id": format!("c-{id}"), "seed": 1, "start_ms": 0.0,
-                    "yield_after_ms": 1000, "acts_for": alice}),
-                owner: "dead-replica".into(),
-                lease: Duration::ZERO,
-                max_live_per_session: None,
-            })
-            .await
-            .unwrap();
-    }
-    let runs = Arc::new(AtomicU64::new(0));
-    let registry = Registry::new();
-    registry
-        .register(Arc::new(Counted {
-            spec: ToolSpec::new("counted", "counts", json!({"type": "object"})),
-            runs: runs.clone(),
-        }))
-        .unwrap();
+    let store = common::sqlite_store(dir.path()).await;
+    let cells = [("cell_a", "sa"), ("cell_b", "sb"), ("cell_k", "known")];
+    orphans(&store, &cells, Some(json!({"principal": {"id": "alice"}}))).await;
     let log = dir.path().join("audit.jsonl");
-    let audit = AuditLog::open_with_key(&log, AuditKey::from_bytes([7; 32])).unwrap();
-    let mut config = CellsConfig::new(store.clone());
-    config.audit = audit.clone();
-    let policy =
-        r#"permit (principal, action == Action::"tool_call", resource == Tool::"counted");"#;
-    let gate = Gate::builder()
-        .registry(registry)
-        .policy(PolicySet::parse("p.cedar", policy).unwrap())
-        .audit(audit)
-        .build()
-        .unwrap();
+    let (codemode, runs) = taker(&store, &log);
+    let gate = codemode.gate().clone();
     let alice = Principal {
         id: "alice".into(),
         team: None,
     };
     gate.set_principal("known", alice.clone());
-    let codemode = Codemode::builder()
-        .gate(gate.clone())
-        .cells(Cells::new(config))
-        .build()
-        .unwrap();
 
     let mut resumed = codemode.resume_cells().await.unwrap();
     resumed.sort();

@@ -8,12 +8,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use codemode_gate::{AuditLog, BudgetLimits, Budgets, Gate, PolicySet, Registry};
+use codemode_gate::{BudgetLimits, Budgets, Gate, PolicySet, Registry};
 use codemode_models::testing::TestProvider;
 use codemode_models::{Catalog, ModelsHttpConfig};
-use codemode_runtime::{Cells, CellsConfig, Codemode, ScriptRequest, WaitOptions};
+use codemode_runtime::{Cells, CellsConfig, Codemode, ScriptRequest};
 use codemode_spec::{CallKind, Exposure};
-use codemode_state::{CellStatus, Decision, StateStore};
+use codemode_state::{CellStatus, StateStore};
 use common::{CLASSIFY_CONTEXT, Echo, catalog_json};
 
 const POLICY: &str = r#"
@@ -65,12 +65,7 @@ async fn process(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuilt_cell_counts_the_tokens_its_replayed_model_calls_spent() {
     let dir = tempfile::tempdir().unwrap();
-    let store = codemode_state::open(
-        &format!("sqlite://{}", dir.path().join("state.db").display()),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let store = common::sqlite_store(dir.path()).await;
     let provider = TestProvider::start().await.unwrap();
     provider.configure(|k| k.usage = Some((1_000, 0)));
 
@@ -100,36 +95,14 @@ catch (e) {{ return "refused: " + e.message; }}"#
     // The first process stops; the approval is answered; another process takes the cell over
     // with a script budget of exactly what the two replayed calls spent.
     first.cells().unwrap().abandon();
-    codemode_runtime::cells::answer_approval(
-        store.as_ref(),
-        &AuditLog::disabled(),
-        &started.pending[0].approval_id,
-        Decision::Approve,
-        "alice",
-        "cli",
-        None,
-    )
-    .await
-    .unwrap();
+    common::approve_in_store(store.as_ref(), &started.pending[0].approval_id).await;
     tokio::time::sleep(LEASE + Duration::from_millis(300)).await;
     let second = process(store.clone(), &provider, Some(2_000)).await;
     assert_eq!(
         second.resume_cells().await.unwrap(),
         vec![started.cell.clone()]
     );
-    let mut last = None;
-    for _ in 0..100 {
-        let wait = WaitOptions {
-            timeout: Some(Duration::from_secs(2)),
-            terminate: false,
-        };
-        let r = second.wait_cell("s", &started.cell, wait).await.unwrap();
-        if r.status.is_terminal() {
-            last = Some(r);
-            break;
-        }
-    }
-    let last = last.expect("the rebuilt cell ends");
+    let last = common::ended_cell(&second, "s", &started.cell).await;
     assert_eq!(last.status, CellStatus::Finished, "{}", last.text);
     let value = last.structured()["value"]
         .as_str()

@@ -66,12 +66,7 @@ async fn a_script_ending_after_its_session_ended_keeps_no_store_values_in_memory
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_ending_after_its_session_ended_keeps_no_store_values_in_the_state_store() {
     let dir = tempfile::tempdir().unwrap();
-    let store = codemode_state::open(
-        &format!("sqlite://{}", dir.path().join("state.db").display()),
-        Default::default(),
-    )
-    .await
-    .unwrap();
+    let store = common::sqlite_store(dir.path()).await;
     let codemode = ended_mid_script(Some(store.clone())).await;
     // The session's delete runs in the background: give it up to 10 s.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

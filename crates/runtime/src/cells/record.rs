@@ -34,7 +34,7 @@ enum Step {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         value: Option<Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        error: Option<HostError>,
+        error: Option<Box<HostError>>,
         /// What the call spent (a model call's tokens and cost): a rebuilt script counts it
         /// against its budget again. Missing in logs written before it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -110,7 +110,7 @@ impl CellLink {
                     let result = if ok {
                         Ok(value.unwrap_or(Value::Null))
                     } else {
-                        Err(error.unwrap_or_else(|| HostError::new("call failed")))
+                        Err(error.map_or_else(|| HostError::new("call failed"), |e| *e))
                     };
                     logged.insert(
                         seq,
@@ -197,7 +197,7 @@ impl CellLink {
             args: args.clone(),
             ok: result.is_ok(),
             value: result.as_ref().ok().cloned(),
-            error: result.as_ref().err().cloned(),
+            error: result.as_ref().err().cloned().map(Box::new),
             usage: usage.filter(|u| !u.is_empty()).cloned(),
         })
         .await

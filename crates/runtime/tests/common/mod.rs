@@ -192,3 +192,48 @@ impl Tool for Slow {
         }))
     }
 }
+
+/// A SQLite state store in `dir`.
+pub async fn sqlite_store(dir: &std::path::Path) -> Arc<dyn codemode_state::StateStore> {
+    codemode_state::open(
+        &format!("sqlite://{}", dir.join("state.db").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Approves a paused call from the command line, as a person would while no process holds its
+/// cell.
+pub async fn approve_in_store(store: &dyn codemode_state::StateStore, approval_id: &str) {
+    codemode_runtime::cells::answer_approval(
+        store,
+        &AuditLog::disabled(),
+        approval_id,
+        codemode_state::Decision::Approve,
+        "alice",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap();
+}
+
+/// The cell's last report, once it ended (waiting up to 100 times 2 s).
+pub async fn ended_cell(
+    codemode: &Codemode,
+    session: &str,
+    cell: &str,
+) -> codemode_runtime::CellReport {
+    for _ in 0..100 {
+        let wait = codemode_runtime::WaitOptions {
+            timeout: Some(std::time::Duration::from_secs(2)),
+            terminate: false,
+        };
+        let report = codemode.wait_cell(session, cell, wait).await.unwrap();
+        if report.status.is_terminal() {
+            return report;
+        }
+    }
+    panic!("cell {cell} did not end");
+}
