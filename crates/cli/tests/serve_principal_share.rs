@@ -89,17 +89,23 @@ struct Env {
 
 impl Env {
     fn new(cells: Value) -> Env {
+        Env::with(
+            POLICY,
+            json!({
+                "approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"},
+                "state": {"url": "memory:"},
+                "cells": cells,
+            }),
+        )
+    }
+
+    fn with(policy: &str, settings: Value) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         for d in ["config", "state", "project", "tokens"] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
-        std::fs::write(root.join("policy.cedar"), POLICY).unwrap();
-        let settings = json!({
-            "approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"},
-            "state": {"url": "memory:"},
-            "cells": cells,
-        });
+        std::fs::write(root.join("policy.cedar"), policy).unwrap();
         std::fs::write(root.join("config/settings.json"), settings.to_string()).unwrap();
         let sha = |t: &str| {
             use sha2::Digest;
@@ -210,4 +216,37 @@ fn one_token_filling_its_sessions_with_paused_cells_leaves_room_for_another() {
             "the refusal names the limit: {message}"
         );
     }
+}
+
+/// With cells off, a script holds its worker for as long as its calls take: the same cap holds
+/// for a token's scripts, from the same setting.
+#[test]
+fn with_cells_off_a_tokens_scripts_past_its_share_are_refused() {
+    let policy = "@id(\"bash-runs\")\npermit (principal, action == Action::\"tool_call\", resource == Tool::\"bash\");\n";
+    let env = Env::with(
+        policy,
+        json!({"cells": {"enabled": false, "max_running_per_principal": 2}}),
+    );
+    let (_server, url) = env.serve();
+    // Four scripts of alice's at once, each holding its worker for 3 s.
+    let hold = "await tools.bash({ command: \"sleep 3\" }); return 'slept';";
+    let alice = start(&url, ALICE, 1, 4, hold);
+    let texts: Vec<String> = alice.iter().map(text).collect();
+    let (refused, ran): (Vec<&String>, Vec<&String>) = texts
+        .iter()
+        .partition(|t| t.contains("cells.max_running_per_principal"));
+    assert_eq!(ran.len(), 2, "alice's share of 2 ran: {texts:?}");
+    assert!(ran.iter().all(|t| t.contains("slept")), "{texts:?}");
+    assert_eq!(refused.len(), 2, "{texts:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|t| t.contains("`alice` already runs 2 scripts")),
+        "{texts:?}"
+    );
+    // Her share is free again once they ended, and bob never shared it.
+    let again = start(&url, ALICE, 1, 1, "return 'again';");
+    assert!(text(&again[0]).contains("again"), "{again:?}");
+    let bob = start(&url, BOB, 1, 1, "return 'bob ran';");
+    assert!(text(&bob[0]).contains("bob ran"), "{bob:?}");
 }
