@@ -95,7 +95,7 @@ pub async fn run(cmd: PolicyCommand) -> Result<ExitCode> {
         PolicyCommand::Schema { setup } => {
             let schema = PolicySchema::for_registry(&registry_for(&setup).await)?;
             // Tool and argument names come from MCP servers.
-            print!("{}", for_stdout(&schema.text()));
+            print!("{}", for_stdout(schema.text()));
             Ok(ExitCode::SUCCESS)
         }
     }
