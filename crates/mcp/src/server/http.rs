@@ -36,6 +36,11 @@ use crate::McpError;
 /// The largest request body accepted (rmcp's own limit).
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
+/// The largest `initialize` accepted. Its parameters (client name, capabilities) are kept for
+/// the session's whole life, so a client must not make each of its sessions hold megabytes;
+/// real clients send a few kilobytes.
+const MAX_INITIALIZE_BODY: usize = 64 * 1024;
+
 /// Prometheus text for `/metrics`, made on each scrape.
 pub type MetricsText = Arc<dyn Fn() -> Option<String> + Send + Sync>;
 
@@ -577,18 +582,22 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
         }
         (Method::POST, Some(id)) => {
             let busy = guard.sessions.begin(&id);
-            let (req, json) = match checked_json(req).await {
+            let (req, body) = match checked_json(req).await {
                 Ok(checked) => checked,
                 Err(response) => return response,
             };
             let response = next.run(req).await;
-            return finish(not_a_message(response, json), busy);
+            return finish(not_a_message(response, body.json), busy);
         }
         (Method::POST, None) => {
-            let (req, json) = match checked_json(req).await {
+            let (req, body) = match checked_json(req).await {
                 Ok(checked) => checked,
                 Err(response) => return response,
             };
+            if let Some(refused) = not_a_session_start(&body) {
+                return refused;
+            }
+            let json = body.json;
             match guard.sessions.make_room(&caller).await {
                 Ok(()) => {}
                 Err(Full::Busy) => {
@@ -862,9 +871,51 @@ fn presented_token(
         .map(|(_, p)| p.clone())
 }
 
+/// What the guard knows of a request's body.
+struct BodyFacts {
+    /// Declared JSON (and then parsed).
+    json: bool,
+    /// The JSON-RPC method, for a request or notification.
+    method: Option<String>,
+    len: usize,
+}
+
+/// A request without a session may only begin one. rmcp also serves the sessionless protocol
+/// revision (2026-07-28) to requests that carry its `_meta` keys; such a request would run a
+/// script for a made-up session that no token owns, escaping the principal's budgets, cap and
+/// audit name, and leaving that session's memory behind. Bodies not declared JSON are left to
+/// rmcp, which refuses them.
+fn not_a_session_start(body: &BodyFacts) -> Option<Response> {
+    if !body.json {
+        return None;
+    }
+    if body.method.as_deref() != Some("initialize") {
+        return Some(
+            (
+                StatusCode::BAD_REQUEST,
+                "Bad Request: no Mcp-Session-Id. This server keeps a session per client (its store() values, cells, approvals and budgets): begin with `initialize`, then send the Mcp-Session-Id header it answers with on every request. Requests without a session (the 2026-07-28 revision's stateless requests) are not served",
+            )
+                .into_response(),
+        );
+    }
+    if body.len > MAX_INITIALIZE_BODY {
+        return Some(
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the `initialize` request is {} bytes; at most {MAX_INITIALIZE_BODY} are accepted, because its parameters are kept for the session's life. Send a shorter client description and capabilities",
+                    body.len
+                ),
+            )
+                .into_response(),
+        );
+    }
+    None
+}
+
 /// A JSON body that does not parse gets HTTP 400 with a JSON-RPC parse error (-32700). Says
-/// whether the body was declared JSON.
-async fn checked_json(req: Request) -> Result<(Request, bool), Response> {
+/// whether the body was declared JSON, its method and its length.
+async fn checked_json(req: Request) -> Result<(Request, BodyFacts), Response> {
     let is_json = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -875,7 +926,12 @@ async fn checked_json(req: Request) -> Result<(Request, bool), Response> {
                 .starts_with("application/json")
         });
     if !is_json {
-        return Ok((req, false));
+        let facts = BodyFacts {
+            json: false,
+            method: None,
+            len: 0,
+        };
+        return Ok((req, facts));
     }
     let (parts, body) = req.into_parts();
     let read = tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY));
@@ -899,10 +955,29 @@ async fn checked_json(req: Request) -> Result<(Request, bool), Response> {
                 .into_response());
         }
     };
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        return Err(jsonrpc_error(-32700, &format!("Parse error: {e}")));
-    }
-    Ok((Request::from_parts(parts, Body::from(bytes)), true))
+    let method = match serde_json::from_slice::<Envelope>(&bytes) {
+        Ok(Envelope::Message { method }) => method,
+        Ok(Envelope::Other(_)) => None,
+        Err(e) => return Err(jsonrpc_error(-32700, &format!("Parse error: {e}"))),
+    };
+    let facts = BodyFacts {
+        json: true,
+        method,
+        len: bytes.len(),
+    };
+    Ok((Request::from_parts(parts, Body::from(bytes)), facts))
+}
+
+/// Enough of a JSON body to tell its method; any other JSON (a batch, a number) parses as
+/// `Other`, for rmcp to refuse.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Envelope {
+    Message {
+        #[serde(default)]
+        method: Option<String>,
+    },
+    Other(serde::de::IgnoredAny),
 }
 
 /// rmcp answers JSON that is not a JSON-RPC message with 415 and plain text; the transport
