@@ -44,6 +44,8 @@ struct InFlight {
     record: Option<usize>,
     /// JSON values in its arguments, which the host holds while it runs.
     values: usize,
+    /// Bytes of its arguments' JSON, which the host holds (and copies) while it runs.
+    bytes: usize,
 }
 
 struct Det {
@@ -65,6 +67,8 @@ pub(crate) struct Session {
     inflight: BTreeMap<u64, InFlight>,
     /// JSON values in the arguments of the calls in `inflight`, together.
     inflight_values: usize,
+    /// Bytes of the arguments of the calls in `inflight`, together.
+    inflight_bytes: usize,
     calls: Vec<CallRecord>,
     output: Vec<OutputItem>,
     output_bytes: usize,
@@ -111,6 +115,11 @@ const MAX_DECODED_VALUES: usize = 1 << 20;
 /// Most JSON values the host holds for a script's calls in flight together: twice the largest
 /// call, so that calls waiting together cannot multiply what one may take.
 const MAX_INFLIGHT_VALUES: usize = 2 * MAX_DECODED_VALUES;
+
+/// Most bytes of argument JSON the host holds for a script's calls in flight together. A long
+/// string is one value, so the value count does not bound it, and a call waiting (for a person,
+/// a hook, a slow server) keeps a few copies of its arguments on the way through the gate.
+const MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
 
 /// How many values `json` holds, counted on the text before anything is decoded (every value but
 /// the first follows a `,` or opens an array or object), stopping once past `limit`.
@@ -332,6 +341,7 @@ impl Session {
             last_id: 0,
             inflight: BTreeMap::new(),
             inflight_values: 0,
+            inflight_bytes: 0,
             calls: Vec::new(),
             output: Vec::new(),
             output_bytes: 0,
@@ -412,7 +422,11 @@ impl Session {
         let values = count_values(args_json, MAX_DECODED_VALUES);
         // What the host would hold for calls in flight together, this one decoded too.
         let held = self.inflight_values.saturating_add(values);
-        let admitted = values <= MAX_DECODED_VALUES && held <= MAX_INFLIGHT_VALUES;
+        let bytes = args_json.len();
+        let held_bytes = self.inflight_bytes.saturating_add(bytes);
+        let admitted = values <= MAX_DECODED_VALUES
+            && held <= MAX_INFLIGHT_VALUES
+            && held_bytes <= MAX_INFLIGHT_BYTES;
         self.inflight.insert(
             id,
             InFlight {
@@ -420,10 +434,19 @@ impl Session {
                 token: token.clone(),
                 record,
                 values: if admitted { values } else { 0 },
+                bytes: if admitted { bytes } else { 0 },
             },
         );
         if !admitted {
-            let message = if values > MAX_DECODED_VALUES {
+            let message = if bytes > MAX_INFLIGHT_BYTES {
+                format!(
+                    "The arguments of {name} are {bytes} bytes of JSON, more than the {MAX_INFLIGHT_BYTES} the host keeps for a script's calls. Pass less at once (a file's path rather than its content, say)."
+                )
+            } else if held_bytes > MAX_INFLIGHT_BYTES {
+                format!(
+                    "The arguments of the calls running at once would be more than {MAX_INFLIGHT_BYTES} bytes of JSON together, more than the host keeps. Await some of them before starting more, or pass less at once."
+                )
+            } else if values > MAX_DECODED_VALUES {
                 format!(
                     "The arguments of {name} hold more than {MAX_DECODED_VALUES} JSON values, more than the host reads. Pass less at once, or large data as one string."
                 )
@@ -438,6 +461,7 @@ impl Session {
             return Ok(());
         }
         self.inflight_values = held;
+        self.inflight_bytes = held_bytes;
         let args = match parse_vm_json(args_json) {
             Ok(v) => v,
             Err(e) => {
@@ -603,6 +627,7 @@ impl Session {
             return;
         };
         self.inflight_values = self.inflight_values.saturating_sub(inflight.values);
+        self.inflight_bytes = self.inflight_bytes.saturating_sub(inflight.bytes);
         if let Some(rec) = inflight.record.and_then(|i| self.calls.get_mut(i)) {
             rec.duration_ms = inflight.started.elapsed().as_secs_f64() * 1000.0;
             match &r {
@@ -703,6 +728,7 @@ impl Session {
     fn base_result(&mut self) -> ScriptResult {
         // Cancel calls that are still out: the script no longer waits for them.
         self.inflight_values = 0;
+        self.inflight_bytes = 0;
         for f in std::mem::take(&mut self.inflight).into_values() {
             f.token.cancel();
             if let Some(rec) = f.record.and_then(|i| self.calls.get_mut(i)) {

@@ -117,3 +117,32 @@ async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
         r.error
     );
 }
+
+/// A long string is one JSON value, so counting values does not bound it: twelve calls of a
+/// 40 MB string each, all waiting, would make the host hold 480 MB (and the gate copies a
+/// waiting call's arguments a few times more).
+#[tokio::test]
+async fn long_strings_in_flight_cannot_take_the_hosts_memory_together() {
+    let sb = process_sandbox();
+    let host = Arc::new(Hold);
+    let run = |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("hold", "Waits")]));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    let r = run(
+        "// @options: {\"timeout_ms\": 30000}\nconst s = 'x'.repeat(40e6); const ps = []; for (let i = 0; i < 12; i++) ps.push(tools.hold({ s }).catch((e) => e.message)); return await ps[1]",
+    )
+    .await;
+    let grew = peak_mib() - before;
+    assert!(
+        grew < 200,
+        "the host's peak memory grew by {grew} MiB for calls in flight ({:?})",
+        r.error
+    );
+    let said = r.value.as_ref().and_then(Value::as_str).unwrap_or_default();
+    assert!(
+        said.contains("bytes of JSON together") && said.contains("Await some of them"),
+        "a call past the bound is refused, saying what to do: {said:?} ({:?})",
+        r.error
+    );
+}
