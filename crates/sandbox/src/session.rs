@@ -46,6 +46,9 @@ struct InFlight {
     values: usize,
     /// Bytes of its arguments' JSON, which the host holds (and copies) while it runs.
     bytes: usize,
+    /// Counts it in the deadline clock, which stands still only while every call in flight
+    /// waits for a person.
+    _active: codemode_spec::ActiveCall,
 }
 
 struct Det {
@@ -435,6 +438,7 @@ impl Session {
                 record,
                 values: if admitted { values } else { 0 },
                 bytes: if admitted { bytes } else { 0 },
+                _active: self.clock.call_active(),
             },
         );
         if !admitted {

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 ///
 /// The sandbox owns one per script and checks its deadline against [`DeadlineClock::running`];
 /// the gate holds a [`PauseGuard`] while an approval is pending, so that a script's deadline does
-/// not run out while somebody is reading the question. Cloning shares the clock.
+/// not run out while somebody is reading the question. The clock stands still only while every
+/// call the script has in flight waits for a person ([`DeadlineClock::call_active`] counts
+/// them): a script that leaves a question pending and goes on calling other tools is not
+/// waiting on anyone, and its time counts. Cloning shares the clock.
 #[derive(Debug, Clone)]
 pub struct DeadlineClock {
     inner: Arc<Mutex<ClockState>>,
@@ -18,7 +21,24 @@ struct ClockState {
     started: Instant,
     paused_total: Duration,
     pauses_held: usize,
+    /// The script's calls in flight, as the sandbox counts them.
+    active_calls: usize,
     paused_since: Option<Instant>,
+}
+
+impl ClockState {
+    /// Starts or ends the current pause after a count changed.
+    fn settle(&mut self) {
+        let still = self.pauses_held > 0 && self.pauses_held >= self.active_calls;
+        match (self.paused_since, still) {
+            (None, true) => self.paused_since = Some(Instant::now()),
+            (Some(since), false) => {
+                self.paused_total += since.elapsed();
+                self.paused_since = None;
+            }
+            _ => {}
+        }
+    }
 }
 
 impl Default for DeadlineClock {
@@ -34,26 +54,36 @@ impl DeadlineClock {
                 started: Instant::now(),
                 paused_total: Duration::ZERO,
                 pauses_held: 0,
+                active_calls: 0,
                 paused_since: None,
             })),
         }
     }
 
-    /// Stops the clock until the returned guard is dropped. Pauses nest.
+    /// Marks one call waiting for a person until the returned guard is dropped; the clock
+    /// stops while every call in flight is so marked. Pauses nest.
     pub fn pause(&self) -> PauseGuard {
         let mut s = lock(&self.inner);
-        if s.pauses_held == 0 {
-            s.paused_since = Some(Instant::now());
-        }
         s.pauses_held += 1;
+        s.settle();
         PauseGuard {
             inner: self.inner.clone(),
         }
     }
 
-    /// True while at least one pause is held.
+    /// Counts one of the script's calls in flight until the returned guard is dropped.
+    pub fn call_active(&self) -> ActiveCall {
+        let mut s = lock(&self.inner);
+        s.active_calls += 1;
+        s.settle();
+        ActiveCall {
+            inner: self.inner.clone(),
+        }
+    }
+
+    /// True while the clock stands still.
     pub fn is_paused(&self) -> bool {
-        lock(&self.inner).pauses_held > 0
+        lock(&self.inner).paused_since.is_some()
     }
 
     /// Time counted against the deadline: wall time since start, less paused time.
@@ -81,11 +111,21 @@ impl Drop for PauseGuard {
     fn drop(&mut self) {
         let mut s = lock(&self.inner);
         s.pauses_held = s.pauses_held.saturating_sub(1);
-        if s.pauses_held == 0
-            && let Some(since) = s.paused_since.take()
-        {
-            s.paused_total += since.elapsed();
-        }
+        s.settle();
+    }
+}
+
+/// One of the script's calls in flight, counted by its [`DeadlineClock`] while alive.
+#[derive(Debug)]
+pub struct ActiveCall {
+    inner: Arc<Mutex<ClockState>>,
+}
+
+impl Drop for ActiveCall {
+    fn drop(&mut self) {
+        let mut s = lock(&self.inner);
+        s.active_calls = s.active_calls.saturating_sub(1);
+        s.settle();
     }
 }
 
@@ -114,5 +154,26 @@ mod tests {
             clock.running()
         );
         assert!(clock.paused() >= Duration::from_millis(60));
+    }
+
+    #[test]
+    fn a_pending_question_does_not_stop_the_clock_while_other_calls_run() {
+        let clock = DeadlineClock::new();
+        let asked = clock.call_active();
+        let question = clock.pause();
+        assert!(clock.is_paused(), "the only call waits for a person");
+        let other = clock.call_active();
+        assert!(!clock.is_paused(), "another call runs meanwhile");
+        std::thread::sleep(Duration::from_millis(60));
+        drop(other);
+        assert!(clock.is_paused(), "back to waiting on the person alone");
+        drop(question);
+        drop(asked);
+        assert!(!clock.is_paused());
+        assert!(
+            clock.running() >= Duration::from_millis(60),
+            "the other call's time counts: {:?}",
+            clock.running()
+        );
     }
 }

@@ -13,7 +13,7 @@ mod identifier;
 mod tool;
 
 pub use call::{CallKind, Origin, Provenance, Usage};
-pub use clock::{DeadlineClock, PauseGuard};
+pub use clock::{ActiveCall, DeadlineClock, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
 pub use tool::{
     Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, ModelFacts,

@@ -1,0 +1,108 @@
+//! A script's deadline stands still while it waits for a person, but only then. A script that
+//! starts a call needing approval, never awaits it, and goes on calling other tools is not
+//! waiting for anyone: its time counts. Otherwise one unanswered question (an hour, for a
+//! paused approval) would lift `timeout_ms` from everything else the script does.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use codemode_gate::{ApprovalAnswer, ApprovalRequest, Approver, Gate, PolicySet, Registry};
+use codemode_runtime::{Codemode, ScriptRequest};
+use codemode_spec::{
+    BoxFuture, CallFacts, CallKind, Exposure, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec,
+    prepared,
+};
+use common::Echo;
+use futures::FutureExt;
+use serde_json::{Value, json};
+
+const POLICY: &str = r#"
+@id("ticks-run")
+permit (principal, action == Action::"tool_call", resource == Tool::"tick");
+@id("ask-needs-a-person")
+@ask("it changes things")
+permit (principal, action == Action::"tool_call", resource == Tool::"ask");
+"#;
+
+/// Answers "no" after `after`, as a person slow to read the question.
+struct SlowNo {
+    after: Duration,
+}
+
+impl Approver for SlowNo {
+    fn approve<'a>(&'a self, _req: &'a ApprovalRequest) -> BoxFuture<'a, ApprovalAnswer> {
+        async move {
+            tokio::time::sleep(self.after).await;
+            ApprovalAnswer::No
+        }
+        .boxed()
+    }
+}
+
+/// Takes 50 ms.
+struct Tick(ToolSpec);
+
+impl Tool for Tick {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+        Ok(prepared(CallFacts::default(), |_| {
+            async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok(ToolOutput::value(json!(1)))
+            }
+            .boxed()
+        }))
+    }
+}
+
+fn codemode() -> Codemode {
+    let registry = Registry::new();
+    let mut tick = ToolSpec::new("tick", "Takes 50 ms", json!({"type": "object"}));
+    tick.exposure = Exposure::Codemode;
+    registry.register(Arc::new(Tick(tick))).unwrap();
+    registry
+        .register(Echo::tool("ask", CallKind::Tool, Exposure::Codemode))
+        .unwrap();
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("p.cedar", POLICY).unwrap())
+        .approver(Arc::new(SlowNo {
+            after: Duration::from_secs(4),
+        }))
+        .build()
+        .unwrap();
+    Codemode::builder().gate(gate).build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_left_pending_does_not_lift_the_deadline_from_other_calls() {
+    let codemode = codemode();
+    // 40 ticks take 2 s, four times the deadline, all while the question is pending.
+    let code = r#"// @options: {"timeout_ms": 500}
+tools.ask({}).catch(() => {});
+let n = 0;
+for (let i = 0; i < 40; i++) n += await tools.tick({});
+return n;"#;
+    let run = codemode.run_script(ScriptRequest::new(code, "s")).await;
+    assert!(
+        run.is_error && run.text.contains("timed out"),
+        "the ticks ran past the deadline while a question was pending: {}",
+        run.text
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_waiting_only_for_a_person_keeps_its_deadline() {
+    let codemode = codemode();
+    // The person takes 4 s against a 1 s deadline: that wait does not count.
+    let code = r#"// @options: {"timeout_ms": 1000}
+const said = await tools.ask({}).then(() => "yes", (e) => e.stage);
+return said + " " + (await tools.tick({}));"#;
+    let run = codemode.run_script(ScriptRequest::new(code, "s")).await;
+    assert!(!run.is_error, "{}", run.text);
+    assert!(run.text.contains("approval 1"), "{}", run.text);
+}
