@@ -15,6 +15,7 @@ use futures::future::LocalBoxFuture;
 use serde_json::{Map, Value, json};
 use tokio_util::task::TaskTracker;
 
+use crate::cells::record::Charge;
 use crate::globals;
 
 /// Who is running the script; stamped on every call it makes.
@@ -197,23 +198,29 @@ impl HostState {
         if let Some(link) = &self.identity.cell {
             match link.replay(call.id, &call.name, &call.args) {
                 crate::cells::record::Replayed::Live => {}
-                crate::cells::record::Replayed::Result { result: r, usage } => {
-                    // What ran is counted again here (a refusal was not counted where it ran),
-                    // with what it spent.
-                    let ran = match &r {
-                        Ok(v) => Some(serde_json::to_vec(v).map_or(0, |b| b.len() as u64)),
-                        Err(e) => (e.properties.get("stage") == Some(&Value::from("execute")))
-                            .then_some(0),
-                    };
-                    if let Some(bytes) = ran {
+                crate::cells::record::Replayed::Result { result: r, spent } => {
+                    // What ran is counted again here, with what it spent (a refusal was not
+                    // counted where it ran). Logs that did not record it are read by the
+                    // result: a value, or a failure of the tool itself, means it ran.
+                    let spent = spent.unwrap_or_else(|| Charge {
+                        ran: match &r {
+                            Ok(_) => true,
+                            Err(e) => e.properties.get("stage") == Some(&Value::from("execute")),
+                        },
+                        bytes: r
+                            .as_ref()
+                            .map_or(0, |v| serde_json::to_vec(v).map_or(0, |b| b.len() as u64)),
+                        usage: None,
+                    });
+                    if spent.ran {
                         self.gate.count_replayed_call(
                             &tool,
                             &self.identity.session_id,
                             &self.identity.script_id,
-                            bytes,
-                            usage.as_ref(),
+                            spent.bytes,
+                            spent.usage.as_ref(),
                         );
-                        if let Some(usage) = usage {
+                        if let Some(usage) = spent.usage.filter(|u| !u.is_empty()) {
                             lock(&self.spent).usage_by_call.insert(call.id, usage);
                         }
                     }
@@ -340,7 +347,7 @@ async fn logged_gate_call(
         Ok(a) => a,
         Err(e) => {
             let e = gate_error(e);
-            link.ended(seq, name, args, &Err(e.clone()), None)
+            link.ended(seq, name, args, &Err(e.clone()), Charge::default())
                 .await
                 .map_err(plain_error)?;
             return Err(e);
@@ -348,16 +355,50 @@ async fn logged_gate_call(
     };
     link.started(seq, name, args).await.map_err(plain_error)?;
     let executed = admission.execute().await;
-    let outcome = admission.finish(executed).await.map_err(gate_error);
+    // What the tool returned, in case the gate then withholds it (a budget, an after-hook):
+    // it ran and spent all the same.
+    let ran = executed
+        .as_ref()
+        .ok()
+        .map(|o| (size_of_json(&o.value), o.usage.clone()));
+    let outcome = admission.finish(executed).await;
+    let spent = match (&outcome, ran) {
+        (Ok(o), _) => Charge {
+            ran: true,
+            bytes: size_of_json(&o.value),
+            usage: o.usage.clone(),
+        },
+        // Withheld for crossing `max_bytes`: those bytes were counted.
+        (Err(e), Some((bytes, usage))) if e.stage == codemode_gate::Stage::Budget => Charge {
+            ran: true,
+            bytes,
+            usage,
+        },
+        (Err(_), Some((_, usage))) => Charge {
+            ran: true,
+            bytes: 0,
+            usage,
+        },
+        // The tool failed: it ran, and returned nothing to count.
+        (Err(_), None) => Charge {
+            ran: true,
+            bytes: 0,
+            usage: None,
+        },
+    };
+    let outcome = outcome.map_err(gate_error);
     let seen = outcome
         .as_ref()
         .map(|o| o.value.clone())
         .map_err(Clone::clone);
-    let spent = outcome.as_ref().ok().and_then(|o| o.usage.as_ref());
     link.ended(seq, name, args, &seen, spent)
         .await
         .map_err(plain_error)?;
     outcome
+}
+
+fn size_of_json(value: &Value) -> u64 {
+    serde_json::to_vec(value).map_or(0, |b| b.len() as u64)
 }
 
 fn plain_error(message: String) -> HostError {

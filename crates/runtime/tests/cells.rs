@@ -845,3 +845,135 @@ return mode;"#;
         .count();
     assert_eq!(ran_lines, 1);
 }
+
+/// A call whose result crossed `max_bytes` ran, and its bytes were counted, though the script
+/// got a budget error instead of the result. Rebuilt elsewhere, the script must find its bytes
+/// spent still: its next call is refused as it would have been where the cell started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_withheld_by_the_budget_still_counts_after_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(600);
+    let setup = || Setup {
+        lease,
+        budgets: Budgets {
+            script: BudgetLimits {
+                max_bytes: Some(100),
+                ..BudgetLimits::default()
+            },
+            ..Budgets::default()
+        },
+        ..Setup::default()
+    };
+    let first = world(dir.path(), setup()).await;
+    // The first result (its arguments echoed, over 200 bytes) crosses the budget; the script
+    // then works long enough for its process to stop under it, and calls again.
+    let code = r#"// @options: {"yield_after_ms": 200}
+const big = await tools.counted({ pad: "x".repeat(200) }).then(() => "ok", (e) => e.stage);
+let x = 0;
+for (let i = 0; i < 2e8; i++) x += i;
+const next = await tools.counted({}).then(() => "ran", (e) => e.stage);
+return [big, next];"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::Running, "{}", r.text);
+    assert_eq!(first.runs.load(Ordering::SeqCst), 1);
+    first.codemode.cells().unwrap().abandon();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+
+    let second = world(dir.path(), setup()).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    assert_eq!(
+        last.structured()["value"],
+        json!(["budget", "budget"]),
+        "the withheld result's bytes count in the rebuilt script: {}",
+        last.text
+    );
+    assert_eq!(second.runs.load(Ordering::SeqCst), 0, "nothing ran again");
+}
+
+/// The replay log keeps large arguments by their digest only: a script that makes refused
+/// calls with a megabyte each in a loop must not make the shared store hold them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_arguments_are_logged_by_digest_and_still_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = world(
+        dir.path(),
+        Setup {
+            pause: false,
+            ..Setup::default()
+        },
+    )
+    .await;
+    // It keeps working after its calls, so that its log is read while the cell lives.
+    let code = r#"// @options: {"yield_after_ms": 200}
+const s = "x".repeat(1e6);
+let refused = 0;
+for (let i = 0; i < 20; i++) await tools.danger({ s, i }).catch(() => refused++);
+text("refused " + refused);
+let x = 0;
+for (let i = 0; i < 2e8; i++) x += i;
+return refused;"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    let mut said = r.text.clone();
+    for _ in 0..30 {
+        if said.contains("refused 20") {
+            break;
+        }
+        let more = first
+            .codemode
+            .wait_cell("s", &r.cell, wait_for(1_000))
+            .await;
+        said.push_str(&more.unwrap().text);
+    }
+    assert!(said.contains("refused 20"), "{said}");
+    let logged: usize = first
+        .store
+        .read_replay(&r.cell)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.entry.to_string().len())
+        .sum();
+    assert!(
+        logged > 0 && logged < 100_000,
+        "20 refused calls of 1 MB each left {logged} bytes in the replay log"
+    );
+    let stop = WaitOptions {
+        timeout: Some(Duration::from_secs(10)),
+        terminate: true,
+    };
+    first.codemode.wait_cell("s", &r.cell, stop).await.unwrap();
+
+    // A call with large arguments is still recognised when the cell is rebuilt.
+    let lease = Duration::from_millis(600);
+    let setup = || Setup {
+        lease,
+        ..Setup::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let first = world(dir.path(), setup()).await;
+    let code = r#"const s = "y".repeat(200000);
+const a = await tools.counted({ s });
+const d = await tools.danger({});
+return [a.n, d.n];"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    let second = approved_while_abandoned(&first, &approval, dir.path(), setup()).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    assert_eq!(last.structured()["value"], json!([1, 1]), "{}", last.text);
+    assert_eq!(
+        second.runs.load(Ordering::SeqCst),
+        0,
+        "replayed, not run again"
+    );
+}

@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use sha2::{Digest, Sha256};
+
 use codemode_sandbox::HostError;
 use codemode_spec::Usage;
 use codemode_state::{ReplayEntry, StateStore};
@@ -18,6 +20,29 @@ use serde_json::Value;
 
 use super::LiveCell;
 
+/// Arguments over this size are logged by their SHA-256 only: the log needs them only to see
+/// that a rebuilt script makes the same call, and a script must not make the shared store hold
+/// a copy of every large argument it passes (refused calls included).
+const MAX_LOGGED_ARGS: usize = 64 * 1024;
+
+/// Most bytes one cell's replay log may hold. Past it the cell stops (it could not be rebuilt)
+/// rather than fill the shared store, or the memory of whichever process rebuilds it.
+const MAX_LOG_BYTES: u64 = 256 * 1024 * 1024;
+
+/// What a call spent where it ran, which a rebuilt script counts again.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Charge {
+    /// Whether the tool ran, even if the call then failed (a result withheld by a budget or
+    /// blocked by an after-hook).
+    pub ran: bool,
+    /// Bytes of the result counted against `max_bytes`.
+    #[serde(default)]
+    pub bytes: u64,
+    /// A model call's tokens and cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "phase", rename_all = "lowercase")]
 enum Step {
@@ -25,39 +50,76 @@ enum Step {
         seq: u64,
         name: String,
         args: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args_sha256: Option<String>,
     },
     End {
         seq: u64,
         name: String,
         args: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args_sha256: Option<String>,
         ok: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         value: Option<Value>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<Box<HostError>>,
-        /// What the call spent (a model call's tokens and cost): a rebuilt script counts it
-        /// against its budget again. Missing in logs written before it was recorded.
+        /// What the call spent where it ran. Missing in logs written before it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        usage: Option<Usage>,
+        spent: Option<Charge>,
     },
 }
 
 struct Logged {
     name: String,
     args: Value,
+    args_sha256: Option<String>,
     result: Option<Result<Value, HostError>>,
-    usage: Option<Usage>,
+    spent: Option<Charge>,
+}
+
+impl Logged {
+    fn same_args(&self, args: &Value) -> bool {
+        match &self.args_sha256 {
+            Some(digest) => args_digest(args) == *digest,
+            None => self.args == *args,
+        }
+    }
+
+    fn args_preview(&self) -> String {
+        match &self.args_sha256 {
+            Some(digest) => format!("<arguments logged by SHA-256 {}…>", &digest[..12]),
+            None => preview(&self.args),
+        }
+    }
+}
+
+fn args_digest(args: &Value) -> String {
+    hex::encode(Sha256::digest(args.to_string().as_bytes()))
+}
+
+/// `args` as the log keeps them: whole, or by their digest when large.
+fn logged_args(args: &Value) -> (Value, Option<String>) {
+    let text = args.to_string();
+    if text.len() <= MAX_LOGGED_ARGS {
+        (args.clone(), None)
+    } else {
+        (
+            Value::Null,
+            Some(hex::encode(Sha256::digest(text.as_bytes()))),
+        )
+    }
 }
 
 /// What the log says about a call the script makes now.
 pub(crate) enum Replayed {
     /// Not in the log: run it.
     Live,
-    /// In the log with its result: the script gets that, nothing runs. `usage`: what the call
-    /// spent where it ran.
+    /// In the log with its result: the script gets that, nothing runs. `spent`: what the call
+    /// spent where it ran (`None` in logs that did not record it).
     Result {
         result: Result<Value, HostError>,
-        usage: Option<Usage>,
+        spent: Option<Charge>,
     },
     /// The cell cannot go on (the message says why); it has been failed.
     Stop(String),
@@ -69,8 +131,16 @@ pub(crate) struct CellLink {
     store: Arc<dyn StateStore>,
     replica: String,
     logged: std::sync::Mutex<HashMap<u64, Logged>>,
-    /// The next step's number; held while appending, so steps stay consecutive.
-    next_step: tokio::sync::Mutex<u64>,
+    /// The log's end; held while appending, so steps stay consecutive.
+    tail: tokio::sync::Mutex<Tail>,
+    max_log_bytes: u64,
+}
+
+struct Tail {
+    /// The next step's number.
+    next: u64,
+    /// Bytes the log holds.
+    bytes: u64,
 }
 
 impl CellLink {
@@ -82,7 +152,9 @@ impl CellLink {
         entries: &[ReplayEntry],
     ) -> Result<CellLink, String> {
         let mut logged: HashMap<u64, Logged> = HashMap::new();
+        let mut bytes = 0u64;
         for e in entries {
+            bytes += e.entry.to_string().len() as u64;
             let step: Step = serde_json::from_value(e.entry.clone()).map_err(|err| {
                 format!(
                     "step {} of the cell's replay log cannot be read ({err}); the cell cannot be rebuilt",
@@ -90,22 +162,29 @@ impl CellLink {
                 )
             })?;
             match step {
-                Step::Start { seq, name, args } => {
+                Step::Start {
+                    seq,
+                    name,
+                    args,
+                    args_sha256,
+                } => {
                     logged.entry(seq).or_insert(Logged {
                         name,
                         args,
+                        args_sha256,
                         result: None,
-                        usage: None,
+                        spent: None,
                     });
                 }
                 Step::End {
                     seq,
                     name,
                     args,
+                    args_sha256,
                     ok,
                     value,
                     error,
-                    usage,
+                    spent,
                 } => {
                     let result = if ok {
                         Ok(value.unwrap_or(Value::Null))
@@ -117,8 +196,9 @@ impl CellLink {
                         Logged {
                             name,
                             args,
+                            args_sha256,
                             result: Some(result),
-                            usage,
+                            spent,
                         },
                     );
                 }
@@ -130,8 +210,18 @@ impl CellLink {
             store,
             replica,
             logged: std::sync::Mutex::new(logged),
-            next_step: tokio::sync::Mutex::new(last + 1),
+            tail: tokio::sync::Mutex::new(Tail {
+                next: last + 1,
+                bytes,
+            }),
+            max_log_bytes: MAX_LOG_BYTES,
         })
+    }
+
+    #[cfg(test)]
+    fn with_max_log_bytes(mut self, max: u64) -> Self {
+        self.max_log_bytes = max;
+        self
     }
 
     /// Checks call `seq` against the log.
@@ -140,13 +230,13 @@ impl CellLink {
         let Some(entry) = logged.get(&seq) else {
             return Replayed::Live;
         };
-        if entry.name != name || entry.args != *args {
+        if entry.name != name || !entry.same_args(args) {
             let message = format!(
                 "Rebuilding cell {} diverged at step {seq}: the script called {name}({}), but the log has {}({}). The script behaves differently when run again (does it depend on time, randomness or a value it did not get from a call?), so the cell cannot continue; run it again as a new script.",
                 self.cell.id,
                 preview(args),
                 entry.name,
-                preview(&entry.args)
+                entry.args_preview()
             );
             drop(logged);
             self.cell.fail(message.clone());
@@ -157,7 +247,7 @@ impl CellLink {
                 self.cell.replayed.fetch_add(1, Ordering::Relaxed);
                 Replayed::Result {
                     result: r.clone(),
-                    usage: entry.usage.clone(),
+                    spent: entry.spent.clone(),
                 }
             }
             None => {
@@ -174,10 +264,12 @@ impl CellLink {
 
     /// Logs that call `seq` is about to run.
     pub async fn started(&self, seq: u64, name: &str, args: &Value) -> Result<(), String> {
+        let (args, args_sha256) = logged_args(args);
         self.append(Step::Start {
             seq,
             name: name.to_string(),
-            args: args.clone(),
+            args,
+            args_sha256,
         })
         .await
     }
@@ -189,16 +281,18 @@ impl CellLink {
         name: &str,
         args: &Value,
         result: &Result<Value, HostError>,
-        usage: Option<&Usage>,
+        spent: Charge,
     ) -> Result<(), String> {
+        let (args, args_sha256) = logged_args(args);
         self.append(Step::End {
             seq,
             name: name.to_string(),
-            args: args.clone(),
+            args,
+            args_sha256,
             ok: result.is_ok(),
             value: result.as_ref().ok().cloned(),
             error: result.as_ref().err().cloned().map(Box::new),
-            usage: usage.filter(|u| !u.is_empty()).cloned(),
+            spent: Some(spent),
         })
         .await
     }
@@ -208,18 +302,31 @@ impl CellLink {
             return Err("this process let go of the cell; another one carries it on".into());
         }
         let entry = serde_json::to_value(&step).map_err(|e| e.to_string())?;
-        let mut next = self.next_step.lock().await;
+        let size = entry.to_string().len() as u64;
+        let mut tail = self.tail.lock().await;
+        if tail.bytes + size > self.max_log_bytes {
+            let message = format!(
+                "The cell's replay log would pass {} bytes with this call's {size} (it logs every call's arguments and result, so that the cell can be rebuilt), so the cell was stopped. Run a script that moves this much data without cells, or have it return less per call.",
+                self.max_log_bytes
+            );
+            self.cell.fail(message.clone());
+            return Err(message);
+        }
         let written = self
             .store
             .append_replay(
                 &self.cell.id,
                 &self.replica,
-                &[ReplayEntry { step: *next, entry }],
+                &[ReplayEntry {
+                    step: tail.next,
+                    entry,
+                }],
             )
             .await;
         match written {
             Ok(()) => {
-                *next += 1;
+                tail.next += 1;
+                tail.bytes += size;
                 Ok(())
             }
             Err(e) => {
@@ -250,4 +357,49 @@ fn preview(v: &Value) -> String {
     let mut out: String = s.chars().take(200).collect();
     out.push('…');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use codemode_state::{MemoryStore, NewCell};
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn a_log_past_its_bound_stops_the_cell_and_keeps_nothing_more() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        store
+            .create_cell(NewCell {
+                id: "c".into(),
+                session_id: "s".into(),
+                source: "".into(),
+                source_hash: "0".repeat(64),
+                options: json!({}),
+                owner: "r".into(),
+                lease: std::time::Duration::from_secs(60),
+                max_live_per_session: None,
+            })
+            .await
+            .unwrap();
+        let live = Arc::new(LiveCell::new(
+            "c".into(),
+            "s".into(),
+            tokio_util::sync::CancellationToken::new(),
+        ));
+        let link = CellLink::new(live.clone(), store.clone(), "r".into(), &[])
+            .unwrap()
+            .with_max_log_bytes(1_000);
+        link.started(1, "t", &json!({})).await.unwrap();
+        let big = Ok(json!("z".repeat(2_000)));
+        let refused = link
+            .ended(1, "t", &json!({}), &big, Charge::default())
+            .await
+            .unwrap_err();
+        assert!(
+            refused.contains("replay log would pass 1000 bytes"),
+            "{refused}"
+        );
+        assert!(live.failure().is_some_and(|f| f.contains("was stopped")));
+        assert_eq!(store.read_replay("c").await.unwrap().len(), 1);
+    }
 }
