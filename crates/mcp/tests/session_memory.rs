@@ -91,3 +91,75 @@ async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
     drop(clients);
     server.stop().await;
 }
+
+/// Fifty sessions begun at once by one token: each request that makes room counts the others
+/// still being begun, so the token never holds more than its half of `--max-sessions`, however
+/// the requests interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_new_sessions_stays_within_the_tokens_share() {
+    let gate = Gate::builder()
+        .registry(Registry::new())
+        .policy(PolicySet::parse("p.cedar", "permit(principal, action, resource);").unwrap())
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).build().unwrap();
+    let max_sessions = 4;
+    let http = HttpOptions {
+        principals: vec![TokenPrincipal {
+            principal: Principal {
+                id: "alice".into(),
+                team: None,
+            },
+            token_sha256: Sha256::digest(TOKEN.as_bytes()).into(),
+        }],
+        max_sessions,
+        ..HttpOptions::default()
+    };
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let server = serve_http(
+        codemode,
+        &[addr],
+        http,
+        ElicitationApprover::new(),
+        ServeOptions::default(),
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}/mcp", server.local_addr);
+    let live = std::sync::Arc::new(server.session_counter());
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let watcher = {
+        let (live, most) = (live.clone(), most.clone());
+        tokio::spawn(async move {
+            loop {
+                most.fetch_max(live(), std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let burst: Vec<_> = (0..50)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN);
+                ().serve(StreamableHttpClientTransport::from_config(config))
+                    .await
+                    .ok()
+            })
+        })
+        .collect();
+    let mut clients = Vec::new();
+    for task in burst {
+        clients.extend(task.await.unwrap());
+    }
+    watcher.abort();
+    assert!(!clients.is_empty(), "some sessions began");
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        live() <= max_sessions / 2 && most <= max_sessions / 2,
+        "alice holds {} sessions (at most {most} at once) of {max_sessions}, more than her half",
+        live()
+    );
+    drop(clients);
+    server.stop().await;
+}

@@ -598,8 +598,8 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                 return refused;
             }
             let json = body.json;
-            match guard.sessions.make_room(&caller).await {
-                Ok(()) => {}
+            let opening = match guard.sessions.make_room(&caller).await {
+                Ok(opening) => opening,
                 Err(Full::Busy) => {
                     return (
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -616,7 +616,7 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                     )
                         .into_response();
                 }
-            }
+            };
             let response = next.run(req).await;
             // A new session: it is the token holder's from now on, on every replica.
             if let Some(id) = response
@@ -629,6 +629,8 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
             {
                 return refused;
             }
+            // Claimed (counted under its owner now) or not made: the room goes back.
+            drop(opening);
             return not_a_message(response, json);
         }
         _ => {}

@@ -8,7 +8,7 @@
 //! the connection back transparently (rmcp's session store), with the same store. After that,
 //! or after a `DELETE`, the id is unknown (HTTP 404, the client starts a new session).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,8 @@ use rmcp::transport::streamable_http_server::session::{
 
 pub(crate) struct Sessions {
     table: Mutex<HashMap<String, Record>>,
+    /// Room made but not yet filled or freed; locked only after `table`, never before.
+    reserved: Mutex<Reserved>,
     codemode: Codemode,
     manager: Arc<LocalSessionManager>,
     idle_timeout: Duration,
@@ -32,6 +34,48 @@ pub(crate) struct Sessions {
     /// Sessions ended by any path (`DELETE`, eviction, expiry) since the sweeper last gave
     /// memory back.
     ended: std::sync::atomic::AtomicUsize,
+}
+
+/// What `make_room` promised and has not settled, so that requests racing it count it: without
+/// this, fifty `initialize`s at once all saw the same table, and one token went far past its
+/// share and the table past its maximum.
+#[derive(Default)]
+struct Reserved {
+    /// Sessions being begun (room made for them, not yet claimed), by who asked.
+    opening: HashMap<Owner, usize>,
+    /// Sessions being ended to make room: counted as gone, never chosen twice.
+    evicting: HashSet<String>,
+}
+
+/// Room made for one new session of `owner`; given back when dropped, once the session was
+/// claimed (it is then in the table under its owner) or was not made.
+pub(crate) struct Opening {
+    sessions: Arc<Sessions>,
+    owner: Owner,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let mut reserved = self.sessions.reserved();
+        if let Some(n) = reserved.opening.get_mut(&self.owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                reserved.opening.remove(&self.owner);
+            }
+        }
+    }
+}
+
+/// A session being ended to make room; no longer so once dropped.
+struct Evicting {
+    sessions: Arc<Sessions>,
+    id: String,
+}
+
+impl Drop for Evicting {
+    fn drop(&mut self) {
+        self.sessions.reserved().evicting.remove(&self.id);
+    }
 }
 
 /// How long a replica trusts its own table that a session it serves was not ended on another
@@ -110,6 +154,7 @@ impl Sessions {
     ) -> Arc<Self> {
         Arc::new(Sessions {
             table: Mutex::new(HashMap::new()),
+            reserved: Mutex::new(Reserved::default()),
             ended: std::sync::atomic::AtomicUsize::new(0),
             codemode,
             manager,
@@ -362,39 +407,57 @@ impl Sessions {
     /// ended session's cells on other replicas are ended with it. Where tokens tell people apart, one holding
     /// half of the table already ends one of their own idle sessions for a new one, or is
     /// refused: sessions held busy (a long `wait`) cannot lock others out.
-    pub(crate) async fn make_room(&self, asking: &Owner) -> Result<(), Full> {
+    pub(crate) async fn make_room(self: &Arc<Self>, asking: &Owner) -> Result<Opening, Full> {
         // A session with a cell running here is in use: its client may come back to `wait`.
         let with_cells = self
             .codemode
             .cells()
             .map(|c| c.sessions_with_live_cells())
             .unwrap_or_default();
+        let opening = Opening {
+            sessions: self.clone(),
+            owner: asking.clone(),
+        };
         let victim = {
             let table = self.lock();
-            let mut held: HashMap<Option<&Owner>, usize> = HashMap::new();
-            for r in table.values() {
-                *held.entry(r.owner.as_ref()).or_default() += 1;
+            let mut reserved = self.reserved();
+            let mut held: HashMap<Option<Owner>, usize> = HashMap::new();
+            for (id, r) in table.iter() {
+                if !reserved.evicting.contains(id) {
+                    *held.entry(r.owner.clone()).or_default() += 1;
+                }
             }
-            let mine = held.get(&Some(asking)).copied().unwrap_or(0);
+            for (owner, n) in &reserved.opening {
+                *held.entry(Some(owner.clone())).or_default() += n;
+            }
+            let live = table.len().saturating_sub(reserved.evicting.len())
+                + reserved.opening.values().sum::<usize>();
+            let mine = held.get(&Some(asking.clone())).copied().unwrap_or(0);
             let at_share = *asking != Owner::Anyone && self.max >= 2 && mine >= self.max / 2;
-            if !at_share && table.len() < self.max {
-                return Ok(());
+            // Counted from here on, by every request that races this one.
+            *reserved.opening.entry(asking.clone()).or_default() += 1;
+            if !at_share && live < self.max {
+                return Ok(opening);
             }
-            *held.entry(Some(asking)).or_default() += 1;
+            *held.entry(Some(asking.clone())).or_default() += 1;
             let most = held.values().copied().max().unwrap_or(0);
-            let candidates = table
-                .iter()
-                .filter(|(id, r)| r.in_flight == 0 && !with_cells.contains(*id));
+            let candidates = table.iter().filter(|(id, r)| {
+                r.in_flight == 0 && !with_cells.contains(*id) && !reserved.evicting.contains(*id)
+            });
             let victim = match at_share {
                 true => candidates
                     .filter(|(_, r)| r.owner.as_ref() == Some(asking))
                     .max_by_key(|(_, r)| std::cmp::Reverse(r.last_active)),
                 false => candidates
-                    .filter(|(_, r)| held.get(&r.owner.as_ref()).copied() == Some(most))
+                    .filter(|(_, r)| held.get(&r.owner).copied() == Some(most))
                     .max_by_key(|(_, r)| std::cmp::Reverse(r.last_active)),
             };
+            let victim = victim.map(|(id, _)| id.clone());
+            if let Some(id) = &victim {
+                reserved.evicting.insert(id.clone());
+            }
             match (victim, at_share) {
-                (Some((id, _)), _) => Some(id.clone()),
+                (Some(id), _) => Some(id),
                 (None, true) => {
                     return Err(Full::YourShare {
                         held: mine,
@@ -404,6 +467,11 @@ impl Sessions {
                 (None, false) => None,
             }
         };
+        // Counted as gone until it is, even if this request is dropped meanwhile.
+        let _evicting = victim.as_ref().map(|id| Evicting {
+            sessions: self.clone(),
+            id: id.clone(),
+        });
         match victim {
             Some(id) => {
                 tracing::info!(session = %id, "too many MCP sessions: ending the longest idle one");
@@ -417,10 +485,14 @@ impl Sessions {
                         .await;
                 }
                 self.end(&id).await;
-                Ok(())
+                Ok(opening)
             }
             None => Err(Full::Busy),
         }
+    }
+
+    fn reserved(&self) -> std::sync::MutexGuard<'_, Reserved> {
+        self.reserved.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Ends a session for good: its connection, its store, its approvals and what the gate
