@@ -55,6 +55,8 @@ fn server(idle: Duration) -> Result<(), Box<dyn std::error::Error>> {
         let http = HttpOptions {
             session_idle_timeout: idle,
             max_sessions: 100_000,
+            // Every client here is this process, on one address.
+            max_connections_per_peer: 0,
             ..HttpOptions::default()
         };
         let addr: SocketAddr = "127.0.0.1:0".parse()?;

@@ -26,6 +26,6 @@ pub use error::McpError;
 pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
 #[cfg(feature = "server")]
 pub use server::{
-    Activity, ElicitationApprover, HttpOptions, HttpServer, MetricsText, ServeOptions,
-    TokenPrincipal, serve_http, serve_stdio,
+    Activity, DEFAULT_MAX_CONNECTIONS_PER_PEER, ElicitationApprover, HttpOptions, HttpServer,
+    MetricsText, ServeOptions, TokenPrincipal, serve_http, serve_stdio,
 };

@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// Most HTTP sessions kept at once; a new one ends the longest-idle one.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub max_sessions: usize,
+    /// Most connections one client address may hold open at once (0: no limit). Behind a
+    /// proxy every connection comes from the proxy's address: raise it, or set 0 and let the
+    /// proxy limit each client.
+    #[arg(long, value_name = "N", default_value_t = codemode_mcp::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    pub max_connections_per_peer: usize,
     /// Named bearer tokens, one per person: a JSON file
     /// `{"tokens": [{"name": "alice", "team": "infra", "token_sha256": "<hex>"}]}`. The name is
     /// the principal of the sessions begun with that token (for `budgets.principal` and
@@ -156,6 +161,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
                 allowed_origins: args.allow_origins.clone(),
                 session_idle_timeout: args.session_idle_timeout,
                 max_sessions: args.max_sessions,
+                max_connections_per_peer: args.max_connections_per_peer,
             };
             match codemode_mcp::serve_http(codemode.clone(), &addrs, http, approvals, opts).await {
                 Ok(server) => {

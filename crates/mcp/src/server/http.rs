@@ -70,6 +70,9 @@ pub struct HttpOptions {
     pub session_idle_timeout: Duration,
     /// At most this many sessions are kept; a new one ends the longest-idle one.
     pub max_sessions: usize,
+    /// Connections one peer address may hold open at once; 0 for no limit (behind a proxy,
+    /// every connection comes from the proxy's address).
+    pub max_connections_per_peer: usize,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -81,6 +84,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("allowed_origins", &self.allowed_origins)
             .field("session_idle_timeout", &self.session_idle_timeout)
             .field("max_sessions", &self.max_sessions)
+            .field("max_connections_per_peer", &self.max_connections_per_peer)
             .finish()
     }
 }
@@ -94,6 +98,7 @@ impl Default for HttpOptions {
             allowed_origins: Vec::new(),
             session_idle_timeout: Duration::from_secs(24 * 3600),
             max_sessions: 1000,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
         }
     }
 }
@@ -303,7 +308,12 @@ pub async fn serve_http(
         local_addrs.push(local);
         let stop = shutdown.clone();
         let router = router.clone();
-        tasks.push(tokio::spawn(accept_loop(listener, router, stop)));
+        tasks.push(tokio::spawn(accept_loop(
+            listener,
+            router,
+            stop,
+            http.max_connections_per_peer,
+        )));
         tracing::info!(%local, "codemode MCP server listening on http://{local}/mcp");
     }
     let janitor = tokio::spawn(sweep(sessions.clone()));
@@ -323,23 +333,82 @@ pub async fn serve_http(
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Connections one peer address may hold open at once, unless set otherwise. An idle
+/// connection is closed after the header timeout, but one that asks for `/healthz` (which needs
+/// no token) every few seconds is never idle: without a cap, one peer could hold every
+/// descriptor the process may open and lock out the clients with tokens. Well above what one
+/// real client opens.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
+
+/// Open connections by peer address, and how many one may hold (0: no limit).
+#[derive(Clone)]
+struct PeerConnections {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    max: usize,
+}
+
+/// One open connection of a peer; given back when dropped.
+struct PeerSlot {
+    peers: PeerConnections,
+    ip: std::net::IpAddr,
+}
+
+impl PeerConnections {
+    fn admit(&self, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if self.max > 0 && *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// Serves `router` on `listener` until `stop`, then lets each connection finish what it is
 /// answering. `axum::serve` would do the same without a timeout on reading headers.
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     stop: CancellationToken,
+    max_per_peer: usize,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use tower::ServiceExt as _;
     let connections = tokio_util::task::TaskTracker::new();
+    let peers = PeerConnections {
+        open: Arc::default(),
+        max: max_per_peer,
+    };
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, slot) = match accepted {
+            Ok((stream, peer)) => match peers.admit(peer.ip()) {
+                Some(slot) => (stream, slot),
+                None => {
+                    // Closed at once; logged at debug only, as a flood would flood the log too.
+                    tracing::debug!(%peer, "a peer at its connection limit opened another");
+                    continue;
+                }
+            },
             Err(e) => {
                 // Out of descriptors, most often: wait for some to close rather than spin.
                 tracing::warn!("accepting an HTTP connection failed: {e}");
@@ -368,6 +437,7 @@ async fn accept_loop(
         ));
         let stop = stop.clone();
         connections.spawn(async move {
+            let _slot = slot;
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

@@ -15,7 +15,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub use approval::ElicitationApprover;
-pub use http::{HttpOptions, HttpServer, MetricsText, TokenPrincipal, serve_http};
+pub use http::{
+    DEFAULT_MAX_CONNECTIONS_PER_PEER, HttpOptions, HttpServer, MetricsText, TokenPrincipal,
+    serve_http,
+};
 pub use transport::serve_stdio;
 
 use crate::McpHub;
