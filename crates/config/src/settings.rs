@@ -890,14 +890,44 @@ fn policies(
         ));
     }
     let use_builtin = !listed.iter().any(|(.., forbids_only)| !forbids_only);
+    // A file listed again adds nothing; a project listing thousands of files (or one file
+    // thousands of times) must not make set-up read gigabytes.
+    let mut seen = std::collections::HashSet::new();
+    listed.retain(|(path, _, _, forbids_only)| seen.insert((path.clone(), *forbids_only)));
+    if listed.len() > MAX_POLICY_FILES {
+        problems.push(Problem::new(
+            listed[MAX_POLICY_FILES].1.clone(),
+            "policy",
+            format!(
+                "{} policy files are listed in all; at most {MAX_POLICY_FILES} are read. Put the policies in fewer files",
+                listed.len()
+            ),
+        ));
+        listed.truncate(MAX_POLICY_FILES);
+    }
     let mut sources = Vec::new();
+    let mut total = 0usize;
     for (path, listed_by, key, forbids_only) in listed {
         match crate::jsonc::read_text(&path, &listed_by, &key) {
-            Ok(text) => sources.push(PolicySource {
-                name: path.display().to_string(),
-                text,
-                forbids_only,
-            }),
+            Ok(text) => {
+                total += text.len();
+                if total > MAX_POLICY_BYTES {
+                    problems.push(Problem::new(
+                        listed_by,
+                        key,
+                        format!(
+                            "the policy files listed come to more than {MAX_POLICY_BYTES} bytes together; {} is not read. Keep policies shorter",
+                            path.display()
+                        ),
+                    ));
+                    break;
+                }
+                sources.push(PolicySource {
+                    name: path.display().to_string(),
+                    text,
+                    forbids_only,
+                });
+            }
             Err(problem) => problems.push(problem),
         }
     }
@@ -906,6 +936,12 @@ fn policies(
         sources,
     }
 }
+
+/// Most policy files read, user's and project's together.
+const MAX_POLICY_FILES: usize = 64;
+
+/// Most bytes of policy text read, all files together.
+const MAX_POLICY_BYTES: usize = 16 * 1024 * 1024;
 
 fn narrow_budget(
     n: &mut Narrowing,

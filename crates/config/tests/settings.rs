@@ -578,3 +578,41 @@ fn an_untrusted_project_cannot_turn_code_mode_on() {
     let d = dirs(Some(json!({"mode": "on"})), Some(json!({"mode": "only"})));
     assert_eq!(load(&d).settings.mode, Some(CodemodeMode::Only));
 }
+
+/// A cloned project cannot make set-up read gigabytes of policy: a file listed again is read
+/// once, and past 64 files, or 16 MiB together, loading fails saying so.
+#[test]
+fn a_project_listing_policy_files_without_end_is_refused() {
+    let comments = format!("// {}\n", "x".repeat(1 << 20));
+    let again = vec!["p.cedar"; 5000];
+    let d = dirs(None, Some(json!({"policy": again})));
+    std::fs::write(d.project.join(".codemode/p.cedar"), &comments).unwrap();
+    let c = load(&d);
+    assert_eq!(c.settings.policies.sources.len(), 1, "read once");
+
+    let many: Vec<String> = (0..100).map(|i| format!("p{i}.cedar")).collect();
+    let d = dirs(None, Some(json!({"policy": many})));
+    for i in 0..100 {
+        std::fs::write(d.project.join(format!(".codemode/p{i}.cedar")), "// p").unwrap();
+    }
+    let err = load_with(&d, &CommandLine::default()).unwrap_err();
+    assert!(
+        err.problems
+            .iter()
+            .any(|p| p.key == "policy" && p.message.contains("at most 64")),
+        "{err}"
+    );
+
+    let big: Vec<String> = (0..20).map(|i| format!("b{i}.cedar")).collect();
+    let d = dirs(None, Some(json!({"policy": big})));
+    for i in 0..20 {
+        std::fs::write(d.project.join(format!(".codemode/b{i}.cedar")), &comments).unwrap();
+    }
+    let err = load_with(&d, &CommandLine::default()).unwrap_err();
+    assert!(
+        err.problems
+            .iter()
+            .any(|p| p.message.contains("bytes together")),
+        "{err}"
+    );
+}
