@@ -531,3 +531,41 @@ fn a_workspace_that_holds_the_home_directory_puts_no_path_inside_it() {
     let (_, v, _) = run(&home.join("project"), &read_key);
     assert_eq!(v["ok"], false, "outside the project it still asks: {v}");
 }
+
+/// A cloned project's policy file of deeply nested or long-chained expressions used to
+/// overflow Cedar's stack and abort every `codemode` started in that directory. It is now an
+/// error naming the file and place, and nothing runs.
+#[test]
+fn a_project_policy_that_nests_without_end_is_an_error_not_a_crash() {
+    let (work, config) = project();
+    let dot = work.path().join(".codemode");
+    std::fs::create_dir_all(&dot).unwrap();
+    std::fs::write(dot.join("settings.json"), r#"{"policy": ["deep.cedar"]}"#).unwrap();
+    let w = work.path().to_str().unwrap();
+    let chain = vec!["true"; 5000].join(" && ");
+    for condition in [
+        format!("{}true{}", "(".repeat(5000), ")".repeat(5000)),
+        chain,
+    ] {
+        let deep = format!("forbid (principal, action, resource) when {{ {condition} }};\n");
+        std::fs::write(dot.join("deep.cedar"), &deep).unwrap();
+        let out = codemode(
+            &["run", "--workdir", w, "-"],
+            config.path(),
+            Some("return 1"),
+        );
+        let stderr = text(&out.stderr);
+        assert!(
+            out.status.code().is_some_and(|c| c != 0),
+            "ended by a signal or ran: {:?} {stderr}",
+            out.status
+        );
+        assert!(
+            stderr.contains("deep.cedar:1:") && !stderr.contains("overflow"),
+            "{stderr}"
+        );
+        let policy = dot.join("deep.cedar");
+        let out = plain(&["policy", "check", policy.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    }
+}

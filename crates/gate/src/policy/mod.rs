@@ -3,6 +3,7 @@
 //! A permit policy annotated `@ask("reason")` turns an allow into "ask a person". Nothing is
 //! allowed unless a policy permits it, and a policy that fails to evaluate denies the call.
 
+mod complexity;
 mod eval;
 mod schema;
 
@@ -149,13 +150,14 @@ impl PolicySet {
         text: &str,
         permits: Permits,
     ) -> Result<Vec<(String, usize)>, PolicyError> {
-        let parsed = cedar_policy::PolicySet::from_str(text).map_err(|e| {
-            let (line, column) = first_label(&e, text);
+        complexity::check(file, text)?;
+        let parsed = parse_with_room(text).map_err(|e| {
+            let (line, column) = first_label(&*e, text);
             PolicyError::Syntax {
                 file: file.to_string(),
                 line,
                 column,
-                message: diagnostic_text(&e),
+                message: diagnostic_text(&*e),
             }
         })?;
         let short = Path::new(file)
@@ -377,6 +379,28 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 
 /// Line of each policy's first token (`permit`/`forbid` or its first annotation), in order.
 /// Comments and string contents are skipped so a word inside them does not count.
+/// Cedar's parse on a thread of its own with a large stack: within the bounds of `complexity`,
+/// its recursion needs a few megabytes in a debug build, more than a tokio worker's 2 MiB.
+fn parse_with_room(text: &str) -> Result<cedar_policy::PolicySet, Box<cedar_policy::ParseErrors>> {
+    const PARSE_STACK: usize = 64 * 1024 * 1024;
+    std::thread::scope(|scope| {
+        let parse = std::thread::Builder::new()
+            .name("cedar-parse".into())
+            .stack_size(PARSE_STACK)
+            .spawn_scoped(scope, || {
+                cedar_policy::PolicySet::from_str(text).map_err(Box::new)
+            });
+        match parse {
+            Ok(handle) => match handle.join() {
+                Ok(parsed) => parsed,
+                Err(panic) => std::panic::resume_unwind(panic),
+            },
+            // No thread to be had: parse here, within the same bounds.
+            Err(_) => cedar_policy::PolicySet::from_str(text).map_err(Box::new),
+        }
+    })
+}
+
 fn policy_starts(text: &str) -> Vec<usize> {
     let mut starts = Vec::new();
     let mut at_policy_start = true;
