@@ -78,7 +78,7 @@ impl ProtectedPath {
 
 /// A path component as the case-insensitive file systems codemode may work on see it: Unicode
 /// case folded (upper then lower case, so `ſ` is `s` and the Kelvin sign `k`), without the
-/// code points HFS+ ignores in names (zero-width joiners, direction marks, the byte order mark),
+/// code points such file systems ignore in names (`ignorable`),
 /// the canonical singletons that stand for ASCII (U+037E is `;`, U+1FEF a backtick), and
 /// trailing dots and spaces, which Windows drops. A name that is not UTF-8 is compared as is.
 fn folded_name(name: &std::ffi::OsStr) -> std::borrow::Cow<'_, std::ffi::OsStr> {
@@ -87,10 +87,7 @@ fn folded_name(name: &std::ffi::OsStr) -> std::borrow::Cow<'_, std::ffi::OsStr> 
     };
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        let ignored = matches!(
-            c,
-            '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}'
-        );
+        let ignored = ignorable(c);
         if ignored {
             continue;
         }
@@ -106,6 +103,33 @@ fn folded_name(name: &std::ffi::OsStr) -> std::borrow::Cow<'_, std::ffi::OsStr> 
         out.truncate(kept);
     }
     std::borrow::Cow::Owned(out.into())
+}
+
+/// Code points some case-insensitive file systems leave out of names: HFS+ drops joiners,
+/// direction marks and the byte order mark, and Linux casefolding directories (ext4, f2fs) on
+/// kernels before late 2024 drop every default-ignorable code point (soft hyphen, zero-width
+/// space, variation selectors, …). There `.code\u{ad}mode` is `.codemode`.
+fn ignorable(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'
+            | '\u{34f}'
+            | '\u{61c}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fff8}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
+    )
 }
 
 /// Most symlinks followed while resolving one path, as Linux's own limit; more means a loop.
@@ -234,6 +258,10 @@ mod tests {
             "/work/proj/.code\u{200d}mode/settings.json",
             "/work/proj/.codemode. /settings.json",
             "/work/proj/.codemode\u{feff}/settings.json",
+            "/work/proj/.code\u{ad}mode/settings.json",
+            "/work/proj/.code\u{200b}mode/settings.json",
+            "/work/proj/.codemode\u{fe0f}/settings.json",
+            "/work/proj/.code\u{2064}mode/settings.json",
         ] {
             assert!(p.covers(path), "{path}");
         }
