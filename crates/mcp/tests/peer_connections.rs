@@ -39,6 +39,8 @@ async fn a_peer_holding_its_share_of_connections_gets_no_more_and_others_still_d
         &addrs,
         HttpOptions {
             bearer_token: Some("t0k3n".into()),
+            // The default is 1,024; a smaller share keeps the test's descriptors few.
+            max_connections_per_peer: 64,
             ..HttpOptions::default()
         },
         ElicitationApprover::new(),
@@ -61,7 +63,7 @@ async fn a_peer_holding_its_share_of_connections_gets_no_more_and_others_still_d
         }
     };
     let mut held = Vec::new();
-    for _ in 0..256 {
+    for _ in 0..64 {
         let mut stream = connect_from("127.0.0.2").await;
         assert!(healthz(&mut stream).await, "a connection within the share");
         held.push(stream);
@@ -69,7 +71,7 @@ async fn a_peer_holding_its_share_of_connections_gets_no_more_and_others_still_d
     let mut over = connect_from("127.0.0.2").await;
     assert!(
         !healthz(&mut over).await,
-        "the 257th connection of one peer must be closed unanswered"
+        "the 65th connection of one peer must be closed unanswered"
     );
     let mut other = connect_from("127.0.0.3").await;
     assert!(healthz(&mut other).await, "another peer is still served");

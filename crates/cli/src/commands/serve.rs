@@ -64,6 +64,9 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
         Some(listen) => Some(resolve(listen).await?),
         None => None,
     };
+    if addrs.is_some() {
+        raise_descriptor_limit();
+    }
     let principals = match &args.tokens_file {
         Some(f) => read_tokens(f)?,
         None => Vec::new(),
@@ -371,6 +374,27 @@ fn watch_signals(
             }
         }
     }))
+}
+
+/// Raises the soft limit on open descriptors to the hard one (at most 65,536): a server holds
+/// one per connection, and the common soft limit of 1,024 is what one client's connections may
+/// already take (`--max-connections-per-peer`).
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        let wanted = limit.rlim_max.min(65_536);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 #[cfg(test)]

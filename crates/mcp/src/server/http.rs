@@ -336,9 +336,9 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections one peer address may hold open at once, unless set otherwise. An idle
 /// connection is closed after the header timeout, but one that asks for `/healthz` (which needs
 /// no token) every few seconds is never idle: without a cap, one peer could hold every
-/// descriptor the process may open and lock out the clients with tokens. Well above what one
-/// real client opens.
-pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 256;
+/// descriptor the process may open and lock out the clients with tokens. Above what one client
+/// firing a thousand calls at two replicas opens.
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 1024;
 
 /// Open connections by peer address, and how many one may hold (0: no limit).
 #[derive(Clone)]
