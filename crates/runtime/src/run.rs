@@ -233,8 +233,8 @@ impl Codemode {
             Err(run) => return run,
         };
         let script_id = self.next_call_id("script");
-        // A named principal's running scripts hold pool workers: past its share it waits for
-        // its own, not for everyone's.
+        // A named principal's running scripts hold pool workers: past its share a script is
+        // refused, so that one token's scripts never fill the pool everyone's wait for.
         let slot = match self.gate().principal_of(&req.session_id) {
             Some(principal) => {
                 let limit = self.inner.max_running_per_principal;

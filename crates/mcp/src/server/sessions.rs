@@ -430,8 +430,12 @@ impl Sessions {
             for (owner, n) in &reserved.opening {
                 *held.entry(Some(owner.clone())).or_default() += n;
             }
-            let live = table.len().saturating_sub(reserved.evicting.len())
-                + reserved.opening.values().sum::<usize>();
+            let leaving = reserved
+                .evicting
+                .iter()
+                .filter(|id| table.contains_key(*id))
+                .count();
+            let live = table.len() - leaving + reserved.opening.values().sum::<usize>();
             let mine = held.get(&Some(asking.clone())).copied().unwrap_or(0);
             let at_share = *asking != Owner::Anyone && self.max >= 2 && mine >= self.max / 2;
             // Counted from here on, by every request that races this one.
