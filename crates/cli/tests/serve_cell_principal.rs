@@ -8,9 +8,10 @@
 //! calls meet alice's `max_calls`.
 
 mod common;
+use common::Server;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -150,15 +151,6 @@ impl Env {
 }
 
 /// Killed (SIGKILL) when dropped: a server that dies without a word.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !done() {

@@ -1,20 +1,12 @@
 //! `codemode serve --listen` driven by the official MCP SDK client over streamable HTTP.
 
 mod common;
+use common::Server;
 use common::testbed;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Starts the server on a free loopback port and returns it with its URL.
 fn serve(extra: &[&str]) -> (Server, String, tempfile::TempDir) {

@@ -12,9 +12,10 @@
 //! limit and the setting that raises it.
 
 mod common;
+use common::Server;
 
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -72,15 +73,6 @@ const open = async () => {
   console.log(JSON.stringify(answers));
 })().catch((e) => { console.error(e); process.exit(1); });
 "#;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Env {
     _dir: tempfile::TempDir,

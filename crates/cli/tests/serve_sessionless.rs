@@ -10,8 +10,9 @@
 //! could make each of its sessions hold megabytes. An oversized `initialize` is refused.
 
 mod common;
+use common::Server;
 
-use std::process::{Child, Command};
+use std::process::Command;
 
 use serde_json::{Value, json};
 
@@ -33,15 +34,6 @@ const bodies = require("fs").readFileSync(bodiesFile, "utf8");
   console.log(JSON.stringify(out));
 })().catch((e) => { console.error(e); process.exit(1); });
 "#;
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn serve(root: &std::path::Path) -> (Server, String) {
     std::fs::write(

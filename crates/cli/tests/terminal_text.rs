@@ -3,11 +3,12 @@
 //! retitle the window, write the clipboard or clear the screen.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use serde_json::json;
 
 mod common;
+use common::Server;
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -15,15 +16,6 @@ const FIXTURE: &str = concat!(
 );
 
 /// The fixture server, killed when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the fixture and reads the port it chose from its first line.
 fn start() -> (Server, u16) {
     let mut child = Command::new("node")

@@ -31,15 +31,18 @@ async fn open(url: &str) -> Client {
     client
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
+/// `serve --listen` on loopback with alice's token, keeping at most `max_sessions` sessions
+/// and forgetting one unused for `idle`: the server, its gate and its URL.
+async fn serve_for_alice(
+    max_sessions: usize,
+    idle: Duration,
+) -> (codemode_mcp::HttpServer, Gate, String) {
     let gate = Gate::builder()
         .registry(Registry::new())
         .policy(PolicySet::parse("p.cedar", "permit(principal, action, resource);").unwrap())
         .build()
         .unwrap();
     let codemode = Codemode::builder().gate(gate.clone()).build().unwrap();
-    let max_sessions = 4;
     let http = HttpOptions {
         principals: vec![TokenPrincipal {
             principal: Principal {
@@ -48,7 +51,7 @@ async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
             },
             token_sha256: Sha256::digest(TOKEN.as_bytes()).into(),
         }],
-        session_idle_timeout: Duration::from_secs(2),
+        session_idle_timeout: idle,
         max_sessions,
         ..HttpOptions::default()
     };
@@ -63,6 +66,13 @@ async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
     .await
     .unwrap();
     let url = format!("http://{}/mcp", server.local_addr);
+    (server, gate, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
+    let max_sessions = 4;
+    let (server, gate, url) = serve_for_alice(max_sessions, Duration::from_secs(2)).await;
     let live = server.session_counter();
 
     // A burst: each new session past the limit ends (evicts) an older one of alice's.
@@ -97,35 +107,8 @@ async fn evicted_and_expired_sessions_leave_nothing_in_the_gate() {
 /// the requests interleave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_new_sessions_stays_within_the_tokens_share() {
-    let gate = Gate::builder()
-        .registry(Registry::new())
-        .policy(PolicySet::parse("p.cedar", "permit(principal, action, resource);").unwrap())
-        .build()
-        .unwrap();
-    let codemode = Codemode::builder().gate(gate).build().unwrap();
     let max_sessions = 4;
-    let http = HttpOptions {
-        principals: vec![TokenPrincipal {
-            principal: Principal {
-                id: "alice".into(),
-                team: None,
-            },
-            token_sha256: Sha256::digest(TOKEN.as_bytes()).into(),
-        }],
-        max_sessions,
-        ..HttpOptions::default()
-    };
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let server = serve_http(
-        codemode,
-        &[addr],
-        http,
-        ElicitationApprover::new(),
-        ServeOptions::default(),
-    )
-    .await
-    .unwrap();
-    let url = format!("http://{}/mcp", server.local_addr);
+    let (server, _gate, url) = serve_for_alice(max_sessions, Duration::from_secs(24 * 3600)).await;
     let live = std::sync::Arc::new(server.session_counter());
     let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let watcher = {

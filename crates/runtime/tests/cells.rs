@@ -664,6 +664,28 @@ async fn approved_while_abandoned(
     world(dir, setup).await
 }
 
+/// Starts `code` in session "s" of a first process, where it must wait for an approval; the
+/// process stops, the approval is answered yes, and a second process (set up by `setup`) takes
+/// the cell over and finishes it. Returns the second process and the cell's last report.
+async fn finished_after_takeover(
+    dir: &std::path::Path,
+    code: &str,
+    setup: impl Fn() -> Setup,
+) -> (World, codemode_runtime::CellReport) {
+    let first = world(dir, setup()).await;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    let second = approved_while_abandoned(&first, &approval, dir, setup()).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    (second, last)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_taken_over_by_another_process_replays_its_calls_and_runs_none_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -729,23 +751,13 @@ async fn the_script_budget_holds_across_a_takeover() {
         budgets: three_calls_per_script(),
         ..Setup::default()
     };
-    let first = world(dir.path(), setup()).await;
     let code = r#"await tools.counted({ step: 1 });
 await tools.counted({ step: 2 });
 await tools.danger({});
 // A burst at once, past the budget the replayed calls already used.
 return await Promise.all([3, 4, 5].map((step) =>
   tools.counted({ step }).then(() => "ok", (e) => e.stage)));"#;
-    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
-    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
-    let approval = r.pending[0].approval_id.clone();
-    let second = approved_while_abandoned(&first, &approval, dir.path(), setup()).await;
-    assert_eq!(
-        second.codemode.resume_cells().await.unwrap(),
-        vec![r.cell.clone()]
-    );
-    let (last, all) = finish(&second, "s", &r.cell).await;
-    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    let (second, last) = finished_after_takeover(dir.path(), code, setup).await;
     assert_eq!(
         last.structured()["value"],
         json!(["budget", "budget", "budget"]),
@@ -955,21 +967,11 @@ return refused;"#;
         ..Setup::default()
     };
     let dir = tempfile::tempdir().unwrap();
-    let first = world(dir.path(), setup()).await;
     let code = r#"const s = "y".repeat(200000);
 const a = await tools.counted({ s });
 const d = await tools.danger({});
 return [a.n, d.n];"#;
-    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
-    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
-    let approval = r.pending[0].approval_id.clone();
-    let second = approved_while_abandoned(&first, &approval, dir.path(), setup()).await;
-    assert_eq!(
-        second.codemode.resume_cells().await.unwrap(),
-        vec![r.cell.clone()]
-    );
-    let (last, all) = finish(&second, "s", &r.cell).await;
-    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    let (second, last) = finished_after_takeover(dir.path(), code, setup).await;
     assert_eq!(last.structured()["value"], json!([1, 1]), "{}", last.text);
     assert_eq!(
         second.runs.load(Ordering::SeqCst),

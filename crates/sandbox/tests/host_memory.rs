@@ -96,21 +96,27 @@ async fn store_writes_cannot_take_the_hosts_memory() {
     );
 }
 
-#[tokio::test]
-async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
+/// How much the host's peak memory grew (MiB) while `src` ran with calls to `hold` that wait
+/// until the script ends, and what the script returned.
+async fn growth_with_calls_held(src: &str) -> (i64, ScriptResult) {
     let sb = process_sandbox();
     let host = Arc::new(Hold);
     let run = |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("hold", "Waits")]));
     let r = run("return 1").await;
     assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
     let before = peak_mib();
+    let r = run(src).await;
+    (peak_mib() - before, r)
+}
+
+#[tokio::test]
+async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
     // Each call's arguments are within the bound on one call; forty of them wait together,
     // each decoded and held by the host until the script ends.
-    let r = run(
+    let (grew, r) = growth_with_calls_held(
         "const a = new Array(9e5).fill(0); const ps = []; for (let i = 0; i < 40; i++) ps.push(tools.hold(a).catch((e) => e.message)); return await Promise.race([...ps, Promise.resolve('returned')])",
     )
     .await;
-    let grew = peak_mib() - before;
     assert!(
         grew < 200,
         "the host's peak memory grew by {grew} MiB for calls in flight ({:?})",
@@ -123,17 +129,10 @@ async fn calls_in_flight_cannot_take_the_hosts_memory_together() {
 /// waiting call's arguments a few times more).
 #[tokio::test]
 async fn long_strings_in_flight_cannot_take_the_hosts_memory_together() {
-    let sb = process_sandbox();
-    let host = Arc::new(Hold);
-    let run = |src: &str| sb.run(Script::new(src, host.clone()).with_tools([("hold", "Waits")]));
-    let r = run("return 1").await;
-    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
-    let before = peak_mib();
-    let r = run(
+    let (grew, r) = growth_with_calls_held(
         "// @options: {\"timeout_ms\": 30000}\nconst s = 'x'.repeat(40e6); const ps = []; for (let i = 0; i < 12; i++) ps.push(tools.hold({ s }).catch((e) => e.message)); return await ps[1]",
     )
     .await;
-    let grew = peak_mib() - before;
     assert!(
         grew < 200,
         "the host's peak memory grew by {grew} MiB for calls in flight ({:?})",

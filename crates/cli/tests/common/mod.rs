@@ -182,3 +182,13 @@ pub fn postgres_url_or_skip(what: &str, test_binary: &str) -> Option<String> {
     }
     url
 }
+
+/// A `codemode serve` process, killed and reaped when dropped.
+pub struct Server(pub std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
