@@ -75,11 +75,18 @@ fn hashed_name(plain: &str, server: &str, tool: &str, taken: &HashSet<String>) -
     candidate
 }
 
-/// Names for all tools of one server, given the names other servers already hold.
+/// Names for all tools of one server, given the names other servers already hold; `None` for a
+/// tool left out.
 ///
-/// Tools of the same server whose names sanitize to the same string *all* get a hash suffix, so
-/// that no tool's name depends on the order the server listed them in.
-pub fn name_server_tools(server: &str, tools: &[String], taken: &HashSet<String>) -> Vec<String> {
+/// Tools of the same server whose names sanitize to the same string (`delete-all`, `delete.all`)
+/// are all left out. Naming them apart would rename a tool whenever the server lists a
+/// look-alike beside it, and a settings rule or policy written on the old name (disabling
+/// `mcp__db__delete_all`, say) would then match nothing while the tool stayed callable.
+pub fn name_server_tools(
+    server: &str,
+    tools: &[String],
+    taken: &HashSet<String>,
+) -> Vec<Option<String>> {
     let plain: Vec<String> = tools
         .iter()
         .map(|t| format!("mcp__{}__{}", sanitize(server), sanitize(t)))
@@ -91,14 +98,17 @@ pub fn name_server_tools(server: &str, tools: &[String], taken: &HashSet<String>
     let mut used = taken.clone();
     let mut out = Vec::with_capacity(tools.len());
     for (tool, p) in tools.iter().zip(&plain) {
-        let collides = counts.get(p.as_str()).copied().unwrap_or(0) > 1;
-        let name = if collides || p.len() > MAX_TOOL_NAME || used.contains(p) {
+        if counts.get(p.as_str()).copied().unwrap_or(0) > 1 {
+            out.push(None);
+            continue;
+        }
+        let name = if p.len() > MAX_TOOL_NAME || used.contains(p) {
             hashed_name(p, server, tool, &used)
         } else {
             p.clone()
         };
         used.insert(name.clone());
-        out.push(name);
+        out.push(Some(name));
     }
     out
 }
@@ -154,18 +164,19 @@ mod tests {
         assert_eq!(digest.len(), 16, "{second}");
         // Held in the same listing: two tools of one server.
         let names = name_server_tools("s", std::slice::from_ref(&tool), &taken);
-        assert_ne!(names[0], first);
+        assert_ne!(names[0].as_deref(), Some(first.as_str()));
     }
 
     #[test]
-    fn colliding_tools_of_one_server_all_get_a_hash() {
+    fn colliding_tools_of_one_server_are_left_out() {
         let names = name_server_tools(
             "s",
             &["a-b".into(), "a.b".into(), "c".into()],
             &HashSet::new(),
         );
-        assert_ne!(names[0], names[1]);
-        assert!(is_hex8_suffix(&names[0]) && is_hex8_suffix(&names[1]));
-        assert_eq!(names[2], "mcp__s__c");
+        assert_eq!(names, [None, None, Some("mcp__s__c".to_string())]);
+        // The look-alike listed later takes its twin's name away, never renames it.
+        let before = name_server_tools("s", &["a-b".into()], &HashSet::new());
+        assert_eq!(before, [Some("mcp__s__a_b".to_string())]);
     }
 }

@@ -486,3 +486,66 @@ async fn rules_and_policies_written_with_a_servers_spelling_do_not_silently_matc
     assert!(!warnings.contains("Tool::\"mcp__bad__echo\""), "{warnings}");
     inst.shutdown().await;
 }
+
+/// A tool the server lists later beside one of the same registered name (`delete.all` beside
+/// `delete-all`) does not rename the first: a settings rule disabling `mcp__bad__delete_all`
+/// would then match nothing and the tool would be callable under its new name. Both are left
+/// out instead, and nothing of either is callable.
+#[tokio::test]
+async fn a_look_alike_listed_later_leaves_a_disabled_tool_unreachable() {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED, "churn"]}}}),
+    );
+    d.user(
+        "settings.json",
+        json!({"tools": {"mcp__bad__delete_all": {"disabled": true}}}),
+    );
+    let inst = d.builder().build().await.unwrap();
+    inst.servers_ready().await.unwrap();
+    let gate = inst.gate().clone();
+    gate.set_policy(
+        codemode_gate::PolicySet::parse("all", "permit(principal, action, resource);").unwrap(),
+    )
+    .unwrap();
+    let err = gate
+        .call(script_call("mcp__bad__delete_all", json!({})))
+        .await
+        .expect_err("the rule disables the tool");
+    assert!(err.message.contains("hidden"), "{}", err.message);
+
+    let mut changed = inst.tools_changed();
+    changed.borrow_and_update();
+    gate.call(script_call("mcp__bad__add_lookalike", json!({})))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(20), changed.changed())
+        .await
+        .expect("the change is announced")
+        .unwrap();
+    let reachable: Vec<String> = inst
+        .tools()
+        .iter()
+        .map(|t| t.spec.name.clone())
+        .filter(|n| n.starts_with("mcp__bad__delete"))
+        .collect();
+    for name in reachable
+        .iter()
+        .chain(["mcp__bad__delete_all".to_string()].iter())
+    {
+        let refused = gate.call(script_call(name, json!({}))).await;
+        assert!(
+            refused.is_err(),
+            "`{name}` runs the disabled tool or its look-alike: {refused:?}"
+        );
+    }
+    assert!(
+        !inst
+            .tools()
+            .iter()
+            .any(|t| t.spec.name.starts_with("mcp__bad__delete_all_")),
+        "no renamed twin is registered"
+    );
+    inst.shutdown().await;
+}
