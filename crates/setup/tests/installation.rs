@@ -51,6 +51,23 @@ impl Dirs {
     }
 }
 
+/// An installation with the fixture server `bad` in its churning mode, its tool `disabled`
+/// turned off in the user's settings, and the server ready. Keep the directories alive.
+async fn churn_server_without(disabled: &str) -> (Dirs, Installation) {
+    let d = dirs();
+    d.user(
+        "mcp.json",
+        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED, "churn"]}}}),
+    );
+    d.user(
+        "settings.json",
+        json!({"tools": {disabled: {"disabled": true}}}),
+    );
+    let inst = d.builder().build().await.unwrap();
+    inst.servers_ready().await.unwrap();
+    (d, inst)
+}
+
 fn script_call(name: &str, args: Value) -> CallRequest {
     let mut p = Provenance::model("c1", "s1");
     p.origin = codemode_spec::Origin::Script;
@@ -349,17 +366,7 @@ async fn an_embedders_tool_and_hook_join_the_gate() {
 /// not even in the moment a new version of it arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tools_a_server_changes_while_scripts_call_them_are_judged_by_what_they_are_now() {
-    let d = dirs();
-    d.user(
-        "mcp.json",
-        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED, "churn"]}}}),
-    );
-    d.user(
-        "settings.json",
-        json!({"tools": {"mcp__bad__secret": {"disabled": true}}}),
-    );
-    let inst = d.builder().build().await.unwrap();
-    inst.servers_ready().await.unwrap();
+    let (_d, inst) = churn_server_without("mcp__bad__secret").await;
     let gate = inst.gate().clone();
 
     // Under the default policy, read-only MCP tools run; others are refused.
@@ -493,17 +500,7 @@ async fn rules_and_policies_written_with_a_servers_spelling_do_not_silently_matc
 /// out instead, and nothing of either is callable.
 #[tokio::test]
 async fn a_look_alike_listed_later_leaves_a_disabled_tool_unreachable() {
-    let d = dirs();
-    d.user(
-        "mcp.json",
-        json!({"mcpServers": {"bad": {"command": "node", "args": [FIXTURE, TESTBED, "churn"]}}}),
-    );
-    d.user(
-        "settings.json",
-        json!({"tools": {"mcp__bad__delete_all": {"disabled": true}}}),
-    );
-    let inst = d.builder().build().await.unwrap();
-    inst.servers_ready().await.unwrap();
+    let (_d, inst) = churn_server_without("mcp__bad__delete_all").await;
     let gate = inst.gate().clone();
     gate.set_policy(
         codemode_gate::PolicySet::parse("all", "permit(principal, action, resource);").unwrap(),
