@@ -68,6 +68,19 @@ async fn churn_server_without(disabled: &str) -> (Dirs, Installation) {
     (d, inst)
 }
 
+/// Calls `tool` (which changes the server's tool list) and waits until the change is announced.
+async fn call_and_see_tools_change(
+    gate: &codemode_gate::Gate,
+    changed: &mut tokio::sync::watch::Receiver<u64>,
+    tool: &str,
+) {
+    gate.call(script_call(tool, json!({}))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), changed.changed())
+        .await
+        .expect("the change is announced")
+        .unwrap();
+}
+
 fn script_call(name: &str, args: Value) -> CallRequest {
     let mut p = Provenance::model("c1", "s1");
     p.origin = codemode_spec::Origin::Script;
@@ -210,13 +223,7 @@ async fn build_returns_before_servers_connect_and_tool_changes_are_followed() {
     let policy =
         codemode_gate::PolicySet::parse("all", "permit(principal, action, resource);").unwrap();
     gate.set_policy(policy).unwrap();
-    gate.call(script_call("mcp__bad__add_tool", json!({})))
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), changed.changed())
-        .await
-        .expect("the change is announced")
-        .unwrap();
+    call_and_see_tools_change(&gate, &mut changed, "mcp__bad__add_tool").await;
     assert!(
         inst.tools()
             .iter()
@@ -514,13 +521,7 @@ async fn a_look_alike_listed_later_leaves_a_disabled_tool_unreachable() {
 
     let mut changed = inst.tools_changed();
     changed.borrow_and_update();
-    gate.call(script_call("mcp__bad__add_lookalike", json!({})))
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(20), changed.changed())
-        .await
-        .expect("the change is announced")
-        .unwrap();
+    call_and_see_tools_change(&gate, &mut changed, "mcp__bad__add_lookalike").await;
     let reachable: Vec<String> = inst
         .tools()
         .iter()
