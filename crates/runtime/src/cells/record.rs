@@ -94,8 +94,13 @@ impl Logged {
     }
 }
 
+/// The SHA-256 of arguments as the log keeps them: of their JSON text.
 fn args_digest(args: &Value) -> String {
-    hex::encode(Sha256::digest(args.to_string().as_bytes()))
+    text_digest(&args.to_string())
+}
+
+fn text_digest(text: &str) -> String {
+    hex::encode(Sha256::digest(text.as_bytes()))
 }
 
 /// `args` as the log keeps them: whole, or by their digest when large.
@@ -104,10 +109,7 @@ fn logged_args(args: &Value) -> (Value, Option<String>) {
     if text.len() <= MAX_LOGGED_ARGS {
         (args.clone(), None)
     } else {
-        (
-            Value::Null,
-            Some(hex::encode(Sha256::digest(text.as_bytes()))),
-        )
+        (Value::Null, Some(text_digest(&text)))
     }
 }
 
