@@ -22,11 +22,13 @@
 //! hiding a variable more often than needed is safe where hiding it less is not.
 
 mod confine;
+mod unchangeable;
 
 pub use confine::{
     ConfinementUnavailable, confine, confine_children, is_confining, start_failure_hint,
     started_confined, stop_confined_survivors,
 };
+pub use unchangeable::path_children_cannot_change;
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};

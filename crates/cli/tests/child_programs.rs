@@ -658,3 +658,41 @@ fn bash_cannot_repoint_a_symlink_your_configuration_is_reached_through() {
         "bash repointed the link: {out}"
     );
 }
+
+/// Red team: a key command runs unconfined with your authority at the next model call, so a
+/// `bash` that could replace the program it names (`~/bin/getkey`) would run its own program
+/// with your authority. The program a key command names by absolute path is read-only to
+/// every program codemode starts.
+#[test]
+fn bash_cannot_replace_the_program_your_key_command_names() {
+    let (d, _keep) = dirs();
+    let getkey = d.home.path().join("bin/getkey");
+    executable(&getkey, "#!/bin/sh\nprintf real-key\n");
+    std::fs::write(
+        d.config.join("models.json"),
+        serde_json::json!({
+            "providers": { "p": {
+                "baseUrl": "http://127.0.0.1:9/v1",
+                "apiKeyCommand": format!("{} --account work", getkey.display())
+            } },
+            "models": [ { "provider": "p", "id": "judge", "type": "classifier" } ]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let attack = format!(
+        "printf '#!/bin/sh\\nprintf planted\\n' > {0}; mv /dev/null {0} 2>&1; rm -f {0} 2>&1; \
+         mv {1} {1}.old 2>&1; echo tried",
+        getkey.display(),
+        getkey.parent().unwrap().display()
+    );
+    let (code, v, stderr) = d.run(&bash_script(&attack), &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    assert!(out.contains("tried"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(&getkey).unwrap(),
+        "#!/bin/sh\nprintf real-key\n",
+        "bash changed the key program: {out}"
+    );
+}

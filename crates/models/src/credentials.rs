@@ -3,7 +3,7 @@
 //! Keys are read when a call needs them (not at load time), so a key set or rotated after start-up
 //! is used, and `available_of_type` reflects the environment variables present now. A key
 //! command runs only for a call the gate admitted, in the directory of the models.json that
-//! names it, with `PATH`'s relative entries removed.
+//! names it, finding programs only in `PATH` directories no program codemode starts can change.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 /// How long an `apiKeyCommand` may run before it is killed.
 const KEY_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shell's exit status for a command it could not find.
+const NOT_FOUND: i32 = 127;
 
 /// The source of a provider's key, as the user's models.json names it.
 pub(crate) enum KeySource {
@@ -88,20 +91,19 @@ impl KeySource {
     }
 }
 
-/// Runs `sh -c command` and returns its trimmed stdout, refusing empty output, failure or a hang.
+/// Runs `/bin/sh -c command` and returns its trimmed stdout, refusing empty output, failure or
+/// a hang. Programs are looked up only in `PATH` directories the programs codemode starts
+/// cannot change (see [`codemode_childenv::path_children_cannot_change`]): this command runs
+/// unconfined, with the user's authority.
 fn run_key_command(command: &str, dir: Option<&std::path::Path>) -> Result<String, String> {
-    let mut command_line = Command::new("sh");
+    let mut command_line = Command::new("/bin/sh");
     command_line.arg("-c").arg(command);
     if let Some(dir) = dir {
         command_line.current_dir(dir);
     }
-    // A relative `PATH` entry (`.`) would find programs in whatever directory this runs from.
-    if let Some(path) = std::env::var_os("PATH") {
-        command_line.env(
-            "PATH",
-            codemode_childenv::absolute_path(&path).unwrap_or_default(),
-        );
-    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let (path, left_out) = codemode_childenv::path_children_cannot_change(&path);
+    command_line.env("PATH", path);
     let mut child = command_line
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -129,6 +131,17 @@ fn run_key_command(command: &str, dir: Option<&std::path::Path>) -> Result<Strin
         stdout
             .read_to_string(&mut out)
             .map_err(|e| format!("the apiKeyCommand printed something unreadable: {e}"))?;
+    }
+    if status.code() == Some(NOT_FOUND) && !left_out.is_empty() {
+        let dirs: Vec<String> = left_out.iter().map(|d| d.display().to_string()).collect();
+        return Err(format!(
+            "the apiKeyCommand failed ({status}: a program was not found). It looks programs up \
+             only in PATH directories that the programs codemode starts cannot change, and left \
+             out {}, where a script's `bash` could leave a program of the same name; name the \
+             program by its absolute path, or keep it beside your models.json and name it \
+             `./program`",
+            dirs.join(", ")
+        ));
     }
     if !status.success() {
         return Err(format!("the apiKeyCommand failed ({status})"));

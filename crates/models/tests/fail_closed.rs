@@ -205,3 +205,93 @@ async fn a_key_command_runs_beside_your_models_file_and_only_for_a_call() {
     assert!(sent.contains("user-key-123456"), "{sent}");
     assert!(ran.exists());
 }
+
+/// Red team: a confined `bash` can still write `~/.local/bin`, which comes before `/usr/bin` on
+/// many users' PATH. A program it left there under the name a key command uses ran unconfined,
+/// with the user's authority, at the next model call. A key command now finds programs only in
+/// directories that programs codemode starts cannot change. Run as an ordinary user (`nobody`
+/// in a child process when the tests run as root: root can change every directory).
+#[tokio::test]
+async fn a_key_command_never_runs_a_program_planted_ahead_of_it_on_path() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const CHILD: &str = "CODEMODE_TEST_PLANTED_KEY_DIR";
+    if let Some(dir) = std::env::var_os(CHILD) {
+        return planted_key_command_child(std::path::Path::new(&dir)).await;
+    }
+    // A directory the child's user can write, on its PATH ahead of /usr/bin, holding a
+    // `printenv` that would print a key of its choosing.
+    let dir = tempfile::tempdir().unwrap();
+    let planted = dir.path().join("bin");
+    std::fs::create_dir(&planted).unwrap();
+    let fake = planted.join("printenv");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\ntouch '{}'\nprintf stolen-key-0000\n",
+            dir.path().join("ran").display()
+        ),
+    )
+    .unwrap();
+    for (path, mode) in [
+        (dir.path(), 0o777),
+        (planted.as_path(), 0o777),
+        (&fake, 0o755),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
+        .args([
+            "a_key_command_never_runs_a_program_planted_ahead_of_it_on_path",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD, dir.path())
+        .env("PATH", format!("{}:/usr/bin:/bin", planted.display()));
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        child.uid(65534).gid(65534).env("HOME", dir.path());
+    }
+    let out = child.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("SENT "))
+        .expect("the child reports what it sent");
+    assert!(sent.contains("the-real-key-4821"), "{sent}");
+    assert!(!dir.path().join("ran").exists(), "the planted program ran");
+}
+
+async fn planted_key_command_child(dir: &std::path::Path) {
+    let provider = codemode_models::testing::TestProvider::start()
+        .await
+        .unwrap();
+    let file = dir.join("models.json");
+    let mut models = catalog_json(&provider.base_url());
+    models["providers"]["p"] = json!({
+        "baseUrl": provider.base_url(),
+        "apiKeyCommand": "KEY=the-real-key-4821 printenv KEY"
+    });
+    std::fs::write(&file, models.to_string()).unwrap();
+    let (config, _) =
+        codemode_config::models::ModelsConfig::load(Some(&file), None, false).unwrap();
+    let catalog = std::sync::Arc::new(codemode_models::Catalog::new(&config.unwrap()));
+    let tools = codemode_models::model_tools(catalog, codemode_models::ModelsHttpConfig::default());
+    let classify = tools
+        .iter()
+        .find(|t| t.spec().name == "models.classify")
+        .unwrap();
+    let out = gated(classify, args_with_state("hi")).await.unwrap();
+    let sent = provider
+        .requests()
+        .first()
+        .and_then(|r| r.authorization.clone())
+        .unwrap_or_default();
+    println!("SENT {sent} ({})", out.value);
+}

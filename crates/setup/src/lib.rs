@@ -360,7 +360,7 @@ impl InstallationBuilder {
         }
         let gate = gate.build()?;
         match settings.confine_children {
-            true => confine_children(&gate, &sources.paths, &mut warnings),
+            true => confine_children(&gate, &config, &sources.paths, &mut warnings),
             false => warnings.push(
                 "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
                  as your setting `environment.confine: false` asks: they can read the audit key \
@@ -429,9 +429,10 @@ impl InstallationBuilder {
 /// Keeps what the gate protects from the programs codemode starts (`bash`, hooks, stdio MCP
 /// servers), which open files without asking the gate: secret paths hidden, the rest read-only.
 /// Every trusted project's `.codemode/` is kept too, not only this one's: its settings may
-/// widen yours in the next run there.
+/// widen yours in the next run there; and so are the programs key commands name.
 fn confine_children(
     gate: &codemode_gate::Gate,
+    config: &Configuration,
     config_paths: &codemode_config::ConfigPaths,
     warnings: &mut Vec<String>,
 ) {
@@ -452,7 +453,15 @@ fn confine_children(
         .inspect(|dir| {
             let _ = std::fs::create_dir(dir);
         });
-    let read_only = paths(read_only).into_iter().chain(trusted);
+    // A key command runs unconfined with your authority: the program it names is kept too.
+    let key_programs = config
+        .models
+        .iter()
+        .flat_map(|models| models.key_programs());
+    let read_only = paths(read_only)
+        .into_iter()
+        .chain(trusted)
+        .chain(key_programs);
     if let Err(why) = codemode_childenv::confine_children(paths(hidden), read_only) {
         warnings.push(format!(
             "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
