@@ -22,12 +22,14 @@
 //! hiding a variable more often than needed is safe where hiding it less is not.
 
 mod confine;
+mod services;
 mod unchangeable;
 
 pub use confine::{
     ConfinementUnavailable, confine, confine_children, is_confining, start_failure_hint,
     started_confined, stop_confined_survivors,
 };
+pub use services::service_sockets;
 pub use unchangeable::path_children_cannot_change;
 
 use std::collections::BTreeSet;

@@ -696,3 +696,64 @@ fn bash_cannot_replace_the_program_your_key_command_names() {
         "bash changed the key program: {out}"
     );
 }
+
+/// Red team: confinement is a mount namespace, but a socket leads out of it. A confined `bash`
+/// asked the user's tmux server to run a command (`tmux run-shell`), which ran unconfined, as
+/// the user, and copied the audit key. The sockets of tmux, screen and systemd's user manager
+/// are hidden from confined programs like the key.
+#[test]
+fn bash_cannot_have_your_tmux_run_a_command_outside_the_confinement() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: tmux is not installed (scripts/test installs it)");
+        return;
+    }
+    let (d, _keep) = dirs();
+    let log = d.state.path().join("audit.jsonl");
+    std::fs::write(
+        d.config.join("settings.json"),
+        serde_json::json!({ "audit": { "path": log } }).to_string(),
+    )
+    .unwrap();
+    let tmux_tmp = tempfile::tempdir().unwrap();
+    let tmux = |args: &[&str]| {
+        Command::new("tmux")
+            .args(args)
+            .env("TMUX_TMPDIR", tmux_tmp.path())
+            .env_remove("TMUX")
+            .output()
+            .unwrap()
+    };
+    let started = tmux(&["new-session", "-d", "-s", "user"]);
+    assert!(started.status.success(), "{started:?}");
+    struct Stop<F: Fn()>(F);
+    impl<F: Fn()> Drop for Stop<F> {
+        fn drop(&mut self) {
+            (self.0)()
+        }
+    }
+    let _stop = Stop(|| {
+        tmux(&["kill-server"]);
+    });
+    let envs = [("TMUX_TMPDIR", tmux_tmp.path().to_str().unwrap())];
+    let (code, v, stderr) = d.run("return 1", &envs);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let key_path = d.state.path().join("audit.key");
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    let stolen = tmux_tmp.path().join("stolen");
+    let attack = format!(
+        "tmux run-shell 'cat {} > {}' 2>&1; sleep 0.5; echo tried",
+        key_path.display(),
+        stolen.display()
+    );
+    let (code, v, stderr) = d.run(&bash_script(&attack), &envs);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    let out = v["value"].as_str().unwrap_or_default();
+    assert!(out.contains("tried"), "{out}");
+    let copied = std::fs::read_to_string(&stolen).unwrap_or_default();
+    assert!(
+        !copied.contains(key.trim()),
+        "tmux ran bash's command outside the confinement: {out}"
+    );
+    // The tmux of the user's own shell still works: only confined programs lose it.
+    assert!(tmux(&["has-session", "-t", "user"]).status.success());
+}

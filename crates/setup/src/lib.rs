@@ -462,7 +462,12 @@ fn confine_children(
         .into_iter()
         .chain(trusted)
         .chain(key_programs);
-    if let Err(why) = codemode_childenv::confine_children(paths(hidden), read_only) {
+    // Services of yours that run commands on request (tmux, screen, systemd) would run them
+    // outside the confinement: their sockets are hidden like the key.
+    let hidden = paths(hidden)
+        .into_iter()
+        .chain(codemode_childenv::service_sockets());
+    if let Err(why) = codemode_childenv::confine_children(hidden, read_only) {
         warnings.push(format!(
             "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
              so they can read the audit key and change codemode's configuration: {why}; allow \
