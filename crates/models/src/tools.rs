@@ -161,6 +161,7 @@ impl Tool for ModelTool {
                     content: None,
                     is_error: false,
                     usage,
+                    held: Default::default(),
                 })
             })
         }))

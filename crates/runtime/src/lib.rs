@@ -198,6 +198,7 @@ impl Codemode {
                 content: Some(vec![codemode_spec::ContentBlock::Text { text: run.text }]),
                 is_error: run.is_error,
                 usage: (!run.usage.is_empty()).then_some(run.usage),
+                held: Default::default(),
             });
         }
         let mut provenance = Provenance::model(self.next_call_id("call"), session_id);

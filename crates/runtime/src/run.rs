@@ -311,6 +311,7 @@ impl Codemode {
             // What the script's calls spent is on their own lines; counting it here again
             // would charge it twice.
             usage: None,
+            held: Default::default(),
         };
         match admission.finish(Ok(output)).await {
             Ok(out) => {

@@ -16,7 +16,7 @@ pub use call::{CallKind, Origin, Provenance, Usage};
 pub use clock::{ActiveCall, DeadlineClock, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
 pub use tool::{
-    Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, ModelFacts,
-    NamespaceSpec, PathUse, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall, ToolError,
-    ToolErrorKind, ToolOutput, ToolSpec, prepared,
+    Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, HeldMemory,
+    ModelFacts, NamespaceSpec, PathUse, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall,
+    ToolError, ToolErrorKind, ToolOutput, ToolSpec, prepared,
 };

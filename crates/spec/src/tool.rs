@@ -191,6 +191,36 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// What the call spent.
     pub usage: Option<Usage>,
+    /// Memory the result holds in a budget of its tool's, given back when the output (every
+    /// clone of it) is dropped: a large result waiting for its script still counts.
+    pub held: HeldMemory,
+}
+
+/// A share of a memory budget that a result holds while it exists; empty for most results.
+/// Not part of what the result means: equal whatever it holds.
+#[derive(Clone, Default)]
+pub struct HeldMemory(Option<std::sync::Arc<dyn Send + Sync>>);
+
+impl HeldMemory {
+    /// Holds `share` (released when dropped) for as long as the output exists.
+    pub fn new(share: impl Send + Sync + 'static) -> Self {
+        HeldMemory(Some(std::sync::Arc::new(share)))
+    }
+}
+
+impl PartialEq for HeldMemory {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for HeldMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(_) => f.write_str("HeldMemory(held)"),
+            None => f.write_str("HeldMemory(none)"),
+        }
+    }
 }
 
 impl ToolOutput {

@@ -319,5 +319,6 @@ fn result(
         content: Some(vec![ContentBlock::Text { text: shown }]),
         is_error: exit_code != Some(0),
         usage: None,
+        held: Default::default(),
     }
 }

@@ -23,6 +23,10 @@ pub struct ToolsConfig {
     /// identity (device and inode), taken when each call runs. For codemode's audit key, whose
     /// holder could forge the audit log.
     pub secret_files: Vec<PathBuf>,
+    /// Most memory the image results of `read` may hold at once, across every call of these
+    /// tools: from the read until the result is dropped. A read that would pass it waits. One
+    /// image is bounded on its own; this bounds many read in parallel.
+    pub max_image_memory_bytes: u64,
 }
 
 impl ToolsConfig {
@@ -43,6 +47,7 @@ impl Default for ToolsConfig {
             max_output_bytes: 50 * 1024,
             exposure: Exposure::Direct,
             secret_files: Vec::new(),
+            max_image_memory_bytes: 192 * 1024 * 1024,
         }
     }
 }

@@ -17,6 +17,7 @@ mod find;
 mod fs;
 mod glob;
 mod grep;
+mod held_bytes;
 mod ls;
 mod paths;
 mod read;

@@ -5,12 +5,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use base64::Engine;
-use codemode_spec::{ContentBlock, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared};
+use codemode_spec::{
+    ContentBlock, HeldMemory, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::args::parse;
 use crate::fs::{Resolved, SecretFiles};
+use crate::held_bytes::{ByteBudget, HeldBytes};
 use crate::paths::path_facts;
 use crate::support::{
     Behaviour, Context, StopFlag, io_error, make_spec, run_blocking, structured_output,
@@ -106,7 +109,15 @@ impl Tool for ReadTool {
         let tools = self.ctx.clone();
         Ok(prepared(facts, move |ctx| {
             Box::pin(run_blocking(ctx.cancel, move |stop| {
-                read_file(&target, &tools.secrets(), &args, max_bytes, &stop)
+                let image_memory = &tools.image_memory;
+                read_file(
+                    &target,
+                    &tools.secrets(),
+                    &args,
+                    max_bytes,
+                    image_memory,
+                    &stop,
+                )
             }))
         }))
     }
@@ -117,6 +128,7 @@ fn read_file(
     secrets: &SecretFiles,
     args: &ReadArgs,
     max_bytes: usize,
+    image_memory: &Arc<ByteBudget>,
     stop: &StopFlag,
 ) -> Result<ToolOutput, ToolError> {
     let path = &target.path;
@@ -136,12 +148,17 @@ fn read_file(
         .read_to_end(&mut head)
         .map_err(|e| io_error("read", path, &e))?;
     if let Some(mime) = image_mime(&head) {
+        let expected = size.clamp(head.len() as u64, MAX_IMAGE_BYTES + 1);
+        // Its bytes while read, then their base64 twice (the value and the content block).
+        let held = image_memory
+            .hold(expected + expected / 3 * 8, stop)
+            .ok_or_else(ToolError::cancelled)?;
         let mut bytes = head;
         (&mut file)
             .take(MAX_IMAGE_BYTES + 1 - bytes.len() as u64)
             .read_to_end(&mut bytes)
             .map_err(|e| io_error("read", path, &e))?;
-        return image_output(path, &bytes, mime);
+        return image_output(path, &bytes, mime, held);
     }
     if head.contains(&0) {
         return Err(ToolError::invalid(format!(
@@ -325,7 +342,13 @@ fn image_mime(bytes: &[u8]) -> Option<&'static str> {
     }
 }
 
-fn image_output(path: &Path, bytes: &[u8], mime: &str) -> Result<ToolOutput, ToolError> {
+/// The image as a result, holding `held` until the result is dropped (its base64 lives as long).
+fn image_output(
+    path: &Path,
+    bytes: &[u8],
+    mime: &str,
+    held: HeldBytes,
+) -> Result<ToolOutput, ToolError> {
     if bytes.len() as u64 > MAX_IMAGE_BYTES {
         return Err(ToolError::invalid(format!(
             "{} is a {mime} image of more than {MAX_IMAGE_BYTES} bytes, more than read returns; shrink it first (e.g. with bash and ImageMagick)",
@@ -341,6 +364,7 @@ fn image_output(path: &Path, bytes: &[u8], mime: &str) -> Result<ToolOutput, Too
         }]),
         is_error: false,
         usage: None,
+        held: HeldMemory::new(held),
     })
 }
 

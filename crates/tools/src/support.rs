@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ToolsConfig;
 use crate::fs::{Resolved, SecretFiles};
+use crate::held_bytes::ByteBudget;
 use crate::paths::{resolve_arg, resolve_workdir};
 
 /// Settings plus the working directory resolved once.
@@ -19,6 +20,8 @@ pub(crate) struct Context {
     pub config: ToolsConfig,
     /// Absolute, symlink-resolved working directory.
     pub workdir: PathBuf,
+    /// What image results hold (see [`ToolsConfig::max_image_memory_bytes`]).
+    pub image_memory: Arc<ByteBudget>,
 }
 
 impl Context {
@@ -29,6 +32,7 @@ impl Context {
         Context {
             config: config.clone(),
             workdir,
+            image_memory: Arc::new(ByteBudget::new(config.max_image_memory_bytes)),
         }
     }
 
@@ -117,6 +121,7 @@ pub(crate) fn text_output(text: String) -> ToolOutput {
         value: Value::String(text),
         is_error: false,
         usage: None,
+        held: Default::default(),
     }
 }
 
@@ -127,6 +132,7 @@ pub(crate) fn structured_output(value: Value, text: String) -> ToolOutput {
         value,
         is_error: false,
         usage: None,
+        held: Default::default(),
     }
 }
 
@@ -138,7 +144,7 @@ impl StopFlag {
     pub fn is_set(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
-    fn set(&self) {
+    pub(crate) fn set(&self) {
         self.0.store(true, Ordering::Relaxed)
     }
 }

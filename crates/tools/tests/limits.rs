@@ -149,3 +149,46 @@ async fn a_replace_all_with_millions_of_matches_is_refused_or_done_at_once() {
     assert!(text.contains("and 2097132 more"), "{text}");
     assert!(text.len() < 1000, "{text}");
 }
+
+/// A PNG of `bytes` bytes: the signature, then filler (read sends images as they are).
+fn png(bytes: usize) -> Vec<u8> {
+    let mut data = b"\x89PNG\r\n\x1a\n".to_vec();
+    data.resize(bytes, 0x5a);
+    data
+}
+
+/// Red team: each image read is bounded (20 MB), but a script may have thousands in flight, and
+/// the results wait for it: 64 parallel reads of a 19 MB image took one `codemode run` to
+/// 3.6 GB. Image results now hold a share of one budget until they are dropped, and a read
+/// that would pass it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_results_waiting_for_a_script_hold_the_next_read_back() {
+    // One 1 MB image costs about 3.7 MB (its bytes, and their base64 twice): three fit.
+    let b = Bench::with(|c| c.max_image_memory_bytes = 12 * 1024 * 1024);
+    b.put("one.png", png(1024 * 1024));
+    let read = || b.call("read", json!({"path": "one.png"}));
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        kept.push(read().await.unwrap());
+    }
+    let fourth = read();
+    tokio::pin!(fourth);
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), &mut fourth).await;
+    assert!(
+        early.is_err(),
+        "a fourth image was read while three held the budget"
+    );
+    // A script taking one result frees its share.
+    drop(kept.remove(0));
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), fourth)
+        .await
+        .expect("the read goes on once a result is dropped")
+        .unwrap();
+    assert_eq!(out.value["type"], "image");
+    // An image larger than the whole budget still reads, alone.
+    drop(kept);
+    let big = Bench::with(|c| c.max_image_memory_bytes = 1024 * 1024);
+    big.put("big.png", png(2 * 1024 * 1024));
+    let out = big.call("read", json!({"path": "big.png"})).await.unwrap();
+    assert_eq!(out.value["type"], "image");
+}

@@ -146,6 +146,7 @@ impl Tool for TestTool {
                     content: None,
                     is_error: false,
                     usage,
+                    held: Default::default(),
                 })
             })
         }))

@@ -165,6 +165,7 @@ impl Tool for ResourceTool {
                             content: Some(content),
                             is_error: false,
                             usage: None,
+                            held: Default::default(),
                         })
                     }
                 }

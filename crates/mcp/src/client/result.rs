@@ -50,6 +50,7 @@ pub fn to_tool_output(server: &str, tool: &str, result: CallToolResult) -> ToolO
         content: Some(content),
         is_error,
         usage: None,
+        held: Default::default(),
     }
 }
 
