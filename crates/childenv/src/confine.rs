@@ -110,6 +110,25 @@ pub fn start_failure_hint() -> &'static str {
     }
 }
 
+/// What confinement leaves open on this system although it works, for a startup warning:
+/// without Landlock (Linux before 5.13, or not among the kernel's security modules) a confined
+/// program may still trace your other processes (`gdb -p`, `/proc/<pid>/mem`) where Yama allows
+/// it, and have one of them run a command outside. `None` when there is no such gap, or nothing
+/// is confined.
+pub fn confinement_gap() -> Option<String> {
+    gap_message(is_confining(), imp::has_landlock())
+}
+
+fn gap_message(confining: bool, landlock: bool) -> Option<String> {
+    (confining && !landlock).then(|| {
+        "the kernel has no Landlock (Linux 5.13 or later, with `landlock` among its security \
+         modules), so the programs codemode starts, though confined, can trace your other \
+         processes where /proc/sys/kernel/yama/ptrace_scope is 0 and have them run commands \
+         outside the confinement; set ptrace_scope to 1 or more, or do not let scripts run `bash`"
+            .to_string()
+    })
+}
+
 /// Whether a program started now would be confined: something is to be hidden or kept
 /// read-only, and the probe said the system allows it.
 pub fn is_confining() -> bool {
@@ -580,6 +599,10 @@ mod imp {
     const ACCESS_FS_EXECUTE: u64 = 1;
     const RULE_PATH_BENEATH: libc::c_int = 1;
 
+    pub(super) fn has_landlock() -> bool {
+        landlock_ruleset().is_some()
+    }
+
     /// A Landlock ruleset that allows everything it handles (executing files) beneath `/`: it
     /// exists for the domain, whose ptrace scoping keeps the program out of other processes'
     /// `/proc` entries. `None` where the kernel has no Landlock.
@@ -720,6 +743,10 @@ mod imp {
         ))
     }
 
+    pub(super) fn has_landlock() -> bool {
+        false
+    }
+
     pub(super) fn confine(
         _command: &mut std::process::Command,
         _hidden: &[PathBuf],
@@ -788,4 +815,18 @@ pub fn stop_confined_survivors() -> usize {
         }
     }
     killed.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gap_message;
+
+    #[test]
+    fn only_confinement_without_landlock_has_a_gap() {
+        let gap = gap_message(true, false).expect("a gap without Landlock");
+        assert!(gap.contains("ptrace_scope"), "{gap}");
+        assert_eq!(gap_message(true, true), None);
+        // Unconfined, another warning says more.
+        assert_eq!(gap_message(false, false), None);
+    }
 }

@@ -26,8 +26,8 @@ mod services;
 mod unchangeable;
 
 pub use confine::{
-    ConfinementUnavailable, confine, confine_children, is_confining, start_failure_hint,
-    started_confined, stop_confined_survivors,
+    ConfinementUnavailable, confine, confine_children, confinement_gap, is_confining,
+    start_failure_hint, started_confined, stop_confined_survivors,
 };
 pub use services::service_sockets;
 pub use unchangeable::path_children_cannot_change;

@@ -467,7 +467,9 @@ fn confine_children(
     let hidden = paths(hidden)
         .into_iter()
         .chain(codemode_childenv::service_sockets());
-    if let Err(why) = codemode_childenv::confine_children(hidden, read_only) {
+    let confined = codemode_childenv::confine_children(hidden, read_only);
+    warnings.extend(codemode_childenv::confinement_gap());
+    if let Err(why) = confined {
         warnings.push(format!(
             "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
              so they can read the audit key and change codemode's configuration: {why}; allow \
