@@ -172,6 +172,22 @@ fn item3_every_cancelled_upstream_call_is_told_every_time() {
     );
 }
 
+/// Red team: a direct call ignored the client's `notifications/cancelled`: a cancelled `bash`
+/// ran to its end, and an upstream call never heard of it. Each of these cancelled direct calls
+/// now reaches the upstream as a cancellation.
+#[test]
+fn a_direct_call_the_client_cancels_is_cancelled_upstream() {
+    let mut server = bad();
+    server["toolExposure"] = json!({"hang": "direct"});
+    let s = serve(json!({"bad": server}), PERMIT_MCP, &["--mode", "on"]);
+    let v = client(&s, "direct_cancel", "5");
+    assert_eq!(v["arrived"], 5, "{v}");
+    assert_eq!(
+        v["cancelled"], v["arrived"],
+        "every cancelled direct call was cancelled upstream: {v}"
+    );
+}
+
 #[test]
 fn item4_direct_tools_keep_their_output_schema_and_structured_content() {
     let mut server = bad();

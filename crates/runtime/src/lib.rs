@@ -175,13 +175,15 @@ impl Codemode {
 
     /// A call the model makes directly, as a declared tool. It passes the same gate as a script's
     /// call; in mode `only` the gate refuses it and says to call the tool from a script. A call
-    /// of `codemode` itself runs the script (see [`Codemode::run_script`]).
+    /// of `codemode` itself runs the script (see [`Codemode::run_script`]). Cancelling `cancel`
+    /// (the client's `notifications/cancelled`, a shutdown) cancels the call or the script.
     pub async fn call_direct(
         &self,
         name: &str,
         args: Value,
         session_id: &str,
         client: Option<String>,
+        cancel: CancellationToken,
     ) -> Result<ToolOutput, GateError> {
         if name == codemode_gate::CODEMODE_TOOL {
             let Some(code) = args.get("code").and_then(Value::as_str) else {
@@ -192,6 +194,7 @@ impl Codemode {
             };
             let mut req = ScriptRequest::new(code, session_id);
             req.client = client;
+            req.abort = cancel;
             let run = self.run_script(req).await;
             return Ok(ToolOutput {
                 value: run.structured(),
@@ -209,7 +212,7 @@ impl Codemode {
                 name: name.to_string(),
                 args,
                 provenance,
-                cancel: CancellationToken::new(),
+                cancel,
                 clock: None,
             })
             .await

@@ -145,7 +145,7 @@ async fn mode_only_refuses_the_models_direct_call_but_scripts_may_call() {
     assert!(world.codemode.model_declared_tools().is_empty());
     let err = world
         .codemode
-        .call_direct("shell", json!({}), "s1", None)
+        .call_direct("shell", json!({}), "s1", None, Default::default())
         .await
         .expect_err("refused");
     assert!(err.message.contains("tools.shell"), "{}", err.message);
@@ -179,7 +179,7 @@ async fn mode_on_declares_direct_tools_with_a_note_and_runs_them() {
     );
     let out = world
         .codemode
-        .call_direct("shell", json!({"x": 1}), "s1", None)
+        .call_direct("shell", json!({"x": 1}), "s1", None, Default::default())
         .await
         .unwrap();
     assert_eq!(out.value, json!({"x": 1}));
@@ -207,7 +207,7 @@ async fn hidden_tools_are_callable_by_nobody() {
     assert!(
         world
             .codemode
-            .call_direct("secret", json!({}), "s1", None)
+            .call_direct("secret", json!({}), "s1", None, Default::default())
             .await
             .is_err()
     );

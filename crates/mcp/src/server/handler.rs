@@ -366,9 +366,12 @@ impl CodemodeHandler {
             .specs()
             .iter()
             .any(|s| s.name == name && is_mcp(s));
+        // The client's notifications/cancelled, or codemode shutting down, cancels the call.
+        let cancel = self.opts.shutdown.child_token();
+        let _cancel_on_cancel = forward_cancel(context.ct.clone(), cancel.clone());
         match self
             .codemode
-            .call_direct(name, args, &session_id, Self::client_name(&context))
+            .call_direct(name, args, &session_id, Self::client_name(&context), cancel)
             .await
         {
             Ok(output) => direct_result(output, from_mcp),
