@@ -26,10 +26,12 @@ impl TerminalApprover {
 impl Approver for TerminalApprover {
     fn approve<'a>(&'a self, req: &'a ApprovalRequest) -> BoxFuture<'a, ApprovalAnswer> {
         let question = question(req);
+        // "Always" lasts for one script; a direct call has none to last for.
+        let in_script = req.provenance.script_id.is_some();
         let lock = self.one_at_a_time.clone();
         async move {
             let _turn = lock.lock().await;
-            tokio::task::spawn_blocking(move || ask(&question))
+            tokio::task::spawn_blocking(move || ask(&question, in_script))
                 .await
                 .unwrap_or(ApprovalAnswer::No)
         }
@@ -37,7 +39,7 @@ impl Approver for TerminalApprover {
     }
 }
 
-fn ask(question: &str) -> ApprovalAnswer {
+fn ask(question: &str, in_script: bool) -> ApprovalAnswer {
     let Ok(tty) = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -46,10 +48,11 @@ fn ask(question: &str) -> ApprovalAnswer {
         return ApprovalAnswer::No;
     };
     let mut out = &tty;
-    let _ = write!(
-        out,
-        "\n{question}\nAllow? [y]es / [n]o / [a]lways for this script: "
-    );
+    let choices = match in_script {
+        true => "[y]es / [n]o / [a]lways for this script",
+        false => "[y]es / [n]o",
+    };
+    let _ = write!(out, "\n{question}\nAllow? {choices}: ");
     let _ = out.flush();
     let mut line = String::new();
     if std::io::BufReader::new(&tty).read_line(&mut line).is_err() {
@@ -57,7 +60,7 @@ fn ask(question: &str) -> ApprovalAnswer {
     }
     match line.trim().to_ascii_lowercase().as_str() {
         "y" | "yes" => ApprovalAnswer::Yes,
-        "a" | "always" => ApprovalAnswer::Always,
+        "a" | "always" if in_script => ApprovalAnswer::Always,
         _ => ApprovalAnswer::No,
     }
 }

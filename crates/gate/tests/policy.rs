@@ -634,3 +634,46 @@ fn gate_explain_uses_its_own_policies() {
     assert_eq!(ex.decision, "ask");
     assert_eq!(ex.policies[0].id, "ask-writes");
 }
+
+/// Red team: "always" was remembered per session for calls outside a script, so "always" given
+/// to one harmless direct `bash` let the model run any command unasked for the rest of the
+/// session, and the audit lines of asked and unasked calls read the same. A direct call's
+/// "always" now approves that call alone; in a script, the calls it covers say so in the log.
+#[tokio::test]
+async fn always_outside_a_script_approves_one_call_and_the_log_tells_asked_from_covered() {
+    let reg = Registry::new();
+    let write = TestTool::new("write", object_schema()).exposure(Exposure::Direct);
+    reg.register(Arc::new(write)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (audit, log) = audit_in(dir.path());
+    let always = FixedApprover::new(ApprovalAnswer::Always);
+    let gate = Gate::builder()
+        .registry(reg)
+        .approver(always.clone())
+        .audit(audit)
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let direct = codemode_spec::Provenance::model(format!("direct-{i}"), "session-1");
+        gate.call(req("write", json!({}), direct)).await.unwrap();
+    }
+    assert_eq!(
+        always.asked.lock().unwrap().len(),
+        3,
+        "each direct call was asked"
+    );
+    for _ in 0..2 {
+        gate.call(req("write", json!({}), script("s")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(always.asked.lock().unwrap().len(), 4);
+    let decisions: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["tool"] == "write")
+        .map(|v| v["decision"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(decisions, ["ask", "ask", "ask", "ask", "always"]);
+}

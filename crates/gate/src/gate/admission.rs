@@ -163,6 +163,12 @@ impl Pending {
         self.reservation.as_mut()?.shared.take()
     }
 
+    /// The policy asked, and a person's earlier "always" in this script answered: nobody was
+    /// asked this time, which the line says as decision `always`.
+    pub fn note_earlier_always(&mut self) {
+        self.decision = "always";
+    }
+
     pub fn note_decision(&mut self, d: &Decision) {
         self.decision = d.as_str();
         self.policy_ids = d.policy_ids().to_vec();

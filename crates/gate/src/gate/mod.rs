@@ -79,10 +79,7 @@ impl Inner {
     /// Drops the session's "always" answers and counters (its principal goes with
     /// [`SessionMemory`], which calls this).
     fn forget_session_now(&self, session_id: &str) {
-        self.always
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(scope, _)| scope != session_id);
+        // "Always" answers are kept per script ([`Gate::end_script`] forgets them).
         self.ledger.forget_session(session_id);
     }
 }
@@ -618,8 +615,9 @@ impl Gate {
             let asked = self
                 .approve(req, &spec, &args, prepared.facts(), reason, ids)
                 .await?;
-            if asked {
-                self.hold_again(call).await?;
+            match asked {
+                true => self.hold_again(call).await?,
+                false => call.note_earlier_always(),
             }
         }
         Ok(Admitted {
@@ -834,7 +832,7 @@ impl Gate {
     }
 
     /// Asks a person when needed. `Ok(true)`: a person was asked and agreed; `Ok(false)`: an
-    /// earlier "always" covers the call.
+    /// earlier "always" in the same script covers the call.
     async fn approve(
         &self,
         req: &CallRequest,
@@ -845,14 +843,20 @@ impl Gate {
         policy_ids: Vec<String>,
     ) -> Result<bool, GateError> {
         let p = &req.provenance;
-        let scope = p.script_id.clone().unwrap_or_else(|| p.session_id.clone());
-        let key = (scope, spec.name.clone());
-        if self
-            .inner
-            .always
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&key)
+        // "Always" holds for the rest of one script. A direct or client call has no script, so
+        // there it approves that call alone: a session-wide "always" given on a harmless
+        // direct `bash` would let the model run any command unasked for the rest of the session.
+        let key = p
+            .script_id
+            .clone()
+            .map(|script| (script, spec.name.clone()));
+        if let Some(key) = &key
+            && self
+                .inner
+                .always
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(key)
         {
             return Ok(false);
         }
@@ -887,7 +891,9 @@ impl Gate {
         match answer {
             Some(ApprovalAnswer::Yes) => Ok(true),
             Some(ApprovalAnswer::Always) => {
-                self.inner.always.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+                if let Some(key) = key {
+                    self.inner.always.lock().unwrap_or_else(|e| e.into_inner()).insert(key);
+                }
                 Ok(true)
             }
             Some(ApprovalAnswer::No) => Err(GateError::new(

@@ -288,6 +288,14 @@ fn question(req: &ApprovalRequest) -> Value {
     if !req.paths.is_empty() {
         message.push_str(&format!("\nPaths: {}", req.paths.join(", ")));
     }
+    // "Always" lasts for one script; a direct call or the client's own has none to last for.
+    let (choices, description) = match req.provenance.script_id {
+        Some(_) => (
+            json!(["yes", "always", "no"]),
+            "yes: this call; always: this tool for the rest of the script; no: refuse",
+        ),
+        None => (json!(["yes", "no"]), "yes: this call; no: refuse"),
+    };
     json!({
         "mode": "form",
         "message": message,
@@ -297,8 +305,8 @@ fn question(req: &ApprovalRequest) -> Value {
                 "decision": {
                     "type": "string",
                     "title": "Allow this call?",
-                    "enum": ["yes", "always", "no"],
-                    "description": "yes: this call; always: this tool for the rest of the script; no: refuse"
+                    "enum": choices,
+                    "description": description
                 }
             },
             "required": ["decision"]
