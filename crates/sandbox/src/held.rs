@@ -26,43 +26,100 @@ impl HeldAnswers {
         }
     }
 
-    /// Counts an answer that arrived, or replaces it with an error when it does not fit.
+    /// Counts an answer that arrived, or replaces it with a short error when it does not fit.
+    /// Errors count too: a tool's error message may be as large as a result.
     pub(crate) fn admit(&self, r: Result<String, HostError>) -> Result<String, HostError> {
-        let Ok(text) = r else { return r };
-        let n = text.len();
+        let n = bytes_of(&r);
         let before = self.bytes.fetch_add(n, Ordering::AcqRel);
         if before.saturating_add(n) <= self.max {
-            return Ok(text);
+            return r;
         }
         self.bytes.fetch_sub(n, Ordering::AcqRel);
-        Err(HostError::new(format!(
-            "The call ran, but its answer ({}) was dropped: the script already has {} of answers \
-             waiting that it has not taken, and at most {} may wait (its heap limit). Await large \
-             calls a few at a time, or ask the tool for less.",
-            size(n),
+        let waiting = format!(
+            "the script already has {} of answers waiting that it has not taken, and at most {} \
+             may wait (its heap limit). Await large calls a few at a time, or ask the tool for less.",
             size(before),
             size(self.max)
-        )))
+        );
+        let replacement = Err(match r {
+            Ok(_) => HostError::new(format!(
+                "The call ran, but its answer ({}) was dropped: {waiting}",
+                size(n)
+            )),
+            // Failed anyway: what failed is kept, in brief, with its small fields (its stage).
+            Err(e) => HostError {
+                message: format!(
+                    "The call failed, and its error ({}) was cut: {waiting} It began: {}",
+                    size(n),
+                    e.message.chars().take(500).collect::<String>()
+                ),
+                name: e.name,
+                properties: e
+                    .properties
+                    .into_iter()
+                    .filter(|(_, v)| json_len(v) <= 1024)
+                    .collect(),
+            },
+        });
+        // Counted too, past the bound if need be: it is small, and its release takes it back.
+        self.bytes
+            .fetch_add(bytes_of(&replacement), Ordering::AcqRel);
+        replacement
     }
 
     /// Counts an answer that must be delivered whatever its size (one replayed from a log).
     pub(crate) fn count(&self, r: &Result<String, HostError>) {
-        if let Ok(text) = r {
-            self.bytes.fetch_add(text.len(), Ordering::AcqRel);
-        }
+        self.bytes.fetch_add(bytes_of(r), Ordering::AcqRel);
     }
 
     /// The answer left the host's keeping: taken by the VM, or thrown away.
     pub(crate) fn release(&self, r: &Result<String, HostError>) {
-        if let Ok(text) = r {
-            self.bytes.fetch_sub(text.len(), Ordering::AcqRel);
-        }
+        let n = bytes_of(r);
+        // Saturating: an answer released without being counted must not wrap the count, which
+        // would then drop every later answer.
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                Some(held.saturating_sub(n))
+            });
     }
 
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         self.bytes.load(Ordering::Acquire)
     }
+}
+
+/// What an answer holds: a result's text, or an error's message, name and fields.
+fn bytes_of(r: &Result<String, HostError>) -> usize {
+    match r {
+        Ok(text) => text.len(),
+        Err(e) => {
+            let fields: usize = e
+                .properties
+                .iter()
+                .map(|(k, v)| k.len() + json_len(v))
+                .sum();
+            e.message.len() + e.name.as_ref().map_or(0, String::len) + fields
+        }
+    }
+}
+
+/// A JSON value's length as text, counted without writing it out.
+fn json_len(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
 }
 
 fn size(bytes: usize) -> String {
@@ -89,10 +146,45 @@ mod tests {
             "{}",
             e.message
         );
-        assert_eq!(held.held(), 60 << 20);
+        // The short error in its place counts too, until it is taken.
+        assert_eq!(held.held(), (60 << 20) + e.message.len());
         held.release(&kept[0]);
         assert!(held.admit(big()).is_ok());
-        held.release(&Err(crate::host::HostError::new("errors hold nothing")));
+        held.release(&kept[3]);
         assert_eq!(held.held(), 60 << 20);
+    }
+
+    /// Red team: errors were not counted, so a server answering each of 80 calls with a 15 MiB
+    /// error while the script did not take them held them all (895 MB and rising).
+    #[test]
+    fn large_errors_count_and_are_cut_past_the_bound() {
+        let held = HeldAnswers::new(0);
+        let big_error = || {
+            let mut e = crate::host::HostError::new("e".repeat(20 << 20));
+            e.name = Some("ToolError".into());
+            e.properties.insert("stage".into(), "execute".into());
+            Err(e)
+        };
+        let kept: Vec<_> = (0..4).map(|_| held.admit(big_error())).collect();
+        assert!(
+            held.held() >= 60 << 20 && held.held() < 61 << 20,
+            "{}",
+            held.held()
+        );
+        let cut = kept[3].as_ref().unwrap_err();
+        assert!(
+            cut.message.starts_with("The call failed, and its error"),
+            "{:.200}",
+            cut.message
+        );
+        assert!(cut.message.len() < 2000);
+        assert_eq!(cut.name.as_deref(), Some("ToolError"));
+        assert_eq!(cut.properties["stage"], "execute");
+        held.release(&kept[3]);
+        held.release(&kept[0]);
+        assert!(
+            held.admit(big_error())
+                .is_err_and(|e| e.message.len() == 20 << 20)
+        );
     }
 }

@@ -461,7 +461,7 @@ impl Session {
             };
             let mut err = HostError::new(message);
             err.name = Some("RangeError".into());
-            self.complete(id, Err(err));
+            self.fail_call(id, err);
             return Ok(());
         }
         self.inflight_values = held;
@@ -478,7 +478,7 @@ impl Session {
                 };
                 let mut err = HostError::new(message);
                 err.name = Some("TypeError".into());
-                self.complete(id, Err(err));
+                self.fail_call(id, err);
                 return Ok(());
             }
         };
@@ -502,9 +502,9 @@ impl Session {
         let host = self.host.clone();
         let Ok(mut fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call)))
         else {
-            self.complete(
+            self.fail_call(
                 id,
-                Err(HostError::new("The host failed while starting this call.")),
+                HostError::new("The host failed while starting this call."),
             );
             return Ok(());
         };
@@ -519,9 +519,9 @@ impl Session {
             }
             Ok(std::task::Poll::Pending) => {}
             Err(_) => {
-                self.complete(
+                self.fail_call(
                     id,
-                    Err(HostError::new("The host failed while running this call.")),
+                    HostError::new("The host failed while running this call."),
                 );
                 return Ok(());
             }
@@ -568,7 +568,13 @@ impl Session {
             .max(64 << 20)
     }
 
-    /// A host future finished.
+    /// Call `id` fails before the host answered: its error is counted as an answer that arrived.
+    fn fail_call(&mut self, id: u64, err: HostError) {
+        let r = self.held.admit(Err(err));
+        self.complete(id, r);
+    }
+
+    /// A host future finished, its answer counted by `held`.
     pub fn complete(&mut self, id: u64, r: Result<String, HostError>) {
         // After an abort, calls end because their tokens were cancelled: they count as
         // cancelled, not as failed, and the script gets no more results.

@@ -15,6 +15,7 @@ mod resources;
 mod result;
 mod screen;
 mod server_log;
+mod stderr_lines;
 mod stdio;
 mod tool;
 mod upstream;

@@ -18,7 +18,6 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ServiceError, ServiceExt};
 use serde_json::Value;
-use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
@@ -436,15 +435,16 @@ impl Upstream {
         let server: Arc<str> = Arc::from(self.name());
         let tail = self.stderr_tail.clone();
         tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let stderr = tokio::io::BufReader::new(stderr);
+            super::stderr_lines::each_line(stderr, |line| {
                 tracing::info!(target: "codemode_mcp::stderr", server = %server, "{line}");
                 let mut tail = lock(&tail);
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();
                 }
                 tail.push_back(line);
-            }
+            })
+            .await;
         });
     }
 
@@ -719,9 +719,10 @@ impl Upstream {
                  tool is slow",
                 timeout.as_secs_f64()
             )),
-            ServiceError::McpError(data) => {
-                ToolError::failed(format!("MCP tool {server}/{tool} failed: {}", data.message))
-            }
+            ServiceError::McpError(data) => ToolError::failed(format!(
+                "MCP tool {server}/{tool} failed: {}",
+                cut_message(&data.message)
+            )),
             ServiceError::Cancelled { .. } => ToolError::cancelled(),
             other => ToolError::failed(format!("MCP tool {server}/{tool} failed: {other}")),
         }
@@ -820,6 +821,26 @@ struct CancelOnDrop {
     runtime: Option<tokio::runtime::Handle>,
 }
 
+/// The most of an upstream's error message passed on: a message may be nearly 16 MiB, and a
+/// script with thousands of calls out would have the host hold every one.
+const MAX_ERROR_MESSAGE_BYTES: usize = 64 * 1024;
+
+fn cut_message(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MAX_ERROR_MESSAGE_BYTES {
+        return message.into();
+    }
+    let mut end = MAX_ERROR_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}[…{} more bytes of the server's message left out]",
+        &message[..end],
+        message.len() - end
+    )
+    .into()
+}
+
 const CANCEL_REASON: &str = "the codemode script no longer waits for this call";
 
 impl CancelOnDrop {
@@ -861,5 +882,23 @@ async fn notify_cancelled(peer: Peer<RoleClient>, id: RequestId, server: &str) {
     let note = CancelledNotificationParam::new(Some(id), Some(CANCEL_REASON.into()));
     if let Err(e) = peer.notify_cancelled(note).await {
         tracing::debug!(%server, error = %e, "could not send cancellation");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upstream_error_message_is_cut_on_a_character_boundary() {
+        let short = "no such file";
+        assert_eq!(cut_message(short), short);
+        let long = "é".repeat(MAX_ERROR_MESSAGE_BYTES); // two bytes each
+        let cut = cut_message(&long);
+        assert!(cut.len() < MAX_ERROR_MESSAGE_BYTES + 100, "{}", cut.len());
+        assert!(cut.ends_with(&format!(
+            "[…{} more bytes of the server's message left out]",
+            MAX_ERROR_MESSAGE_BYTES
+        )));
     }
 }

@@ -688,25 +688,56 @@ impl Drop for TaskGuard {
 /// per call started and finished, the upstream servers' own progress, and a heartbeat while
 /// nothing else happens, so a client that resets its timeout on progress waits for long scripts.
 struct Progress {
-    tx: tokio::sync::mpsc::UnboundedSender<String>,
+    tx: ProgressQueue,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Progress lines waiting for a client: bounded, since a client that does not read its stream
+/// would otherwise have the host keep every line of every call (thousands a second). Past the
+/// bound a line is dropped and counted, and the next line sent says how many were.
+#[derive(Clone)]
+struct ProgressQueue {
+    tx: tokio::sync::mpsc::Sender<String>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Progress lines that may wait for a slow client.
+const PROGRESS_QUEUE: usize = 256;
+
+impl ProgressQueue {
+    fn send(&self, line: String) {
+        if self.tx.try_send(line).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Progress {
     fn start(peer: Peer<RoleServer>, token: rmcp::model::ProgressToken) -> Self {
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(PROGRESS_QUEUE);
+        let dropped = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let queue = ProgressQueue {
+            tx,
+            dropped: dropped.clone(),
+        };
         let task = tokio::spawn(async move {
             let mut step = 0u64;
             let mut beat = tokio::time::interval(HEARTBEAT);
             beat.tick().await;
             loop {
-                let message = tokio::select! {
+                let mut message = tokio::select! {
                     m = rx.recv() => match m {
                         Some(m) => m,
                         None => return,
                     },
                     _ = beat.tick() => "still running".to_string(),
                 };
+                let lost = dropped.swap(0, Ordering::Relaxed);
+                if lost > 0 {
+                    message = format!(
+                        "({lost} progress lines left out: they came faster than they were read) {message}"
+                    );
+                }
                 beat.reset();
                 step += 1;
                 let mut note = ProgressNotificationParam::new(token.clone(), step as f64);
@@ -716,7 +747,7 @@ impl Progress {
                 }
             }
         });
-        Progress { tx, task }
+        Progress { tx: queue, task }
     }
 
     fn observer(&self) -> CallObserver {
@@ -728,15 +759,13 @@ impl Progress {
                     format!("call {seq}: {name} {}", if ok { "done" } else { "failed" })
                 }
             };
-            let _ = tx.send(line);
+            tx.send(line);
         })
     }
 
     fn sink(&self) -> crate::ProgressSink {
-        let tx = std::sync::Mutex::new(self.tx.clone());
-        Arc::new(move |line| {
-            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(line);
-        })
+        let tx = self.tx.clone();
+        Arc::new(move |line| tx.send(line))
     }
 }
 
@@ -770,4 +799,31 @@ fn to_mcp_tool(spec: &ToolSpec) -> Tool {
     hints.open_world_hint = a.open_world_hint;
     tool.annotations = Some(hints);
     tool
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Red team: the queue was unbounded, so a client that did not read its stream had the host
+    /// keep every progress line (up to about 2.7 GB a script, by the numbers).
+    #[tokio::test]
+    async fn progress_lines_a_client_does_not_read_are_dropped_and_counted() {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(PROGRESS_QUEUE);
+        let queue = ProgressQueue {
+            tx,
+            dropped: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        };
+        for i in 0..100_000 {
+            queue.send(format!("call {i}: started"));
+        }
+        assert_eq!(rx.len(), PROGRESS_QUEUE);
+        assert_eq!(
+            queue.dropped.load(Ordering::Relaxed),
+            100_000 - PROGRESS_QUEUE as u64
+        );
+        rx.recv().await.unwrap();
+        queue.send("room again".into());
+        assert_eq!(rx.len(), PROGRESS_QUEUE);
+    }
 }
