@@ -59,6 +59,18 @@ fn executable(path: &Path, text: &str) {
 }
 
 impl Dirs {
+    /// An audit log in the state directory, named by the user's settings (its key is made
+    /// beside it at the first run).
+    fn audit_log(&self) -> PathBuf {
+        let log = self.state.path().join("audit.jsonl");
+        std::fs::write(
+            self.config.join("settings.json"),
+            serde_json::json!({ "audit": { "path": log } }).to_string(),
+        )
+        .unwrap();
+        log
+    }
+
     /// `codemode run` as the user would start it: from inside the project.
     fn run(&self, script: &str, envs: &[(&str, &str)]) -> (Option<i32>, Value, String) {
         self.run_with(common::codemode(), script, envs)
@@ -366,12 +378,7 @@ fn a_same_user_child_cannot_read_codemodes_environment_through_proc() {
 /// writing the policy, a new settings file, the state directory and the audit log.
 fn bash_attacks_the_key_and_the_configuration(unprivileged: bool) {
     let (d, _keep) = dirs();
-    let log = d.state.path().join("audit.jsonl");
-    std::fs::write(
-        d.config.join("settings.json"),
-        serde_json::json!({ "audit": { "path": log } }).to_string(),
-    )
-    .unwrap();
+    let log = d.audit_log();
     let run = |script: &str| match unprivileged {
         true => d.run_unprivileged(script, &[]),
         false => d.run(script, &[]),
@@ -456,12 +463,7 @@ fn bash_run_by_root_cannot_read_the_key_or_change_the_configuration() {
 #[test]
 fn an_mcp_filesystem_server_serving_the_state_directory_cannot_read_the_key() {
     let (d, _keep) = dirs();
-    let log = d.state.path().join("audit.jsonl");
-    std::fs::write(
-        d.config.join("settings.json"),
-        serde_json::json!({ "audit": { "path": log } }).to_string(),
-    )
-    .unwrap();
+    let log = d.audit_log();
     let server = format!("{TESTBED}/@modelcontextprotocol/server-filesystem/dist/index.js");
     std::fs::write(
         d.config.join("mcp.json"),
@@ -708,12 +710,7 @@ fn bash_cannot_have_your_tmux_run_a_command_outside_the_confinement() {
         return;
     }
     let (d, _keep) = dirs();
-    let log = d.state.path().join("audit.jsonl");
-    std::fs::write(
-        d.config.join("settings.json"),
-        serde_json::json!({ "audit": { "path": log } }).to_string(),
-    )
-    .unwrap();
+    d.audit_log();
     let tmux_tmp = tempfile::tempdir().unwrap();
     let tmux = |args: &[&str]| {
         Command::new("tmux")

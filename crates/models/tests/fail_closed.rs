@@ -186,17 +186,12 @@ async fn a_key_command_runs_beside_your_models_file_and_only_for_a_call() {
     let mut models = catalog_json(&provider.base_url());
     models["providers"]["p"] = json!({"baseUrl": provider.base_url(), "apiKeyCommand": "./key.sh"});
     std::fs::write(&file, models.to_string()).unwrap();
-    let (config, _) =
-        codemode_config::models::ModelsConfig::load(Some(&file), None, false).unwrap();
-    let catalog = std::sync::Arc::new(codemode_models::Catalog::new(&config.unwrap()));
+    let catalog = user_catalog(&file);
     assert_eq!(catalog.available_of_type("classifier").unwrap().len(), 2);
     assert!(!ran.exists(), "listing models ran the key command");
-    let tools = codemode_models::model_tools(catalog, codemode_models::ModelsHttpConfig::default());
-    let classify = tools
-        .iter()
-        .find(|t| t.spec().name == "models.classify")
+    let out = gated(&classify_of(catalog), args_with_state("hi"))
+        .await
         .unwrap();
-    let out = gated(classify, args_with_state("hi")).await.unwrap();
     assert!(out.value["errorMessage"].is_null(), "{}", out.value);
     let sent = provider.requests()[0]
         .authorization
@@ -279,19 +274,28 @@ async fn planted_key_command_child(dir: &std::path::Path) {
         "apiKeyCommand": "KEY=the-real-key-4821 printenv KEY"
     });
     std::fs::write(&file, models.to_string()).unwrap();
-    let (config, _) =
-        codemode_config::models::ModelsConfig::load(Some(&file), None, false).unwrap();
-    let catalog = std::sync::Arc::new(codemode_models::Catalog::new(&config.unwrap()));
-    let tools = codemode_models::model_tools(catalog, codemode_models::ModelsHttpConfig::default());
-    let classify = tools
-        .iter()
-        .find(|t| t.spec().name == "models.classify")
+    let out = gated(&classify_of(user_catalog(&file)), args_with_state("hi"))
+        .await
         .unwrap();
-    let out = gated(classify, args_with_state("hi")).await.unwrap();
     let sent = provider
         .requests()
         .first()
         .and_then(|r| r.authorization.clone())
         .unwrap_or_default();
     println!("SENT {sent} ({})", out.value);
+}
+
+/// The catalog of a user's models.json, as codemode loads it (no project file).
+fn user_catalog(file: &std::path::Path) -> std::sync::Arc<codemode_models::Catalog> {
+    let (config, _) = codemode_config::models::ModelsConfig::load(Some(file), None, false).unwrap();
+    std::sync::Arc::new(codemode_models::Catalog::new(&config.unwrap()))
+}
+
+fn classify_of(
+    catalog: std::sync::Arc<codemode_models::Catalog>,
+) -> std::sync::Arc<dyn codemode_spec::Tool> {
+    codemode_models::model_tools(catalog, codemode_models::ModelsHttpConfig::default())
+        .into_iter()
+        .find(|t| t.spec().name == "models.classify")
+        .unwrap()
 }

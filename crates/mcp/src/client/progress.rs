@@ -105,14 +105,23 @@ impl Watchers {
 
 /// `message` within `MAX_MESSAGE` bytes, cut at a character boundary and marked when cut.
 fn cut(message: &str) -> std::borrow::Cow<'_, str> {
-    if message.len() <= MAX_MESSAGE {
-        return message.into();
+    match head_within(message, MAX_MESSAGE) {
+        None => message.into(),
+        Some((head, rest)) => format!("{head}… ({rest} bytes cut)").into(),
     }
-    let mut end = MAX_MESSAGE;
-    while !message.is_char_boundary(end) {
+}
+
+/// The longest head of `text` within `max` bytes that ends on a character boundary, and how
+/// many bytes it leaves out; `None` when `text` fits.
+pub(super) fn head_within(text: &str, max: usize) -> Option<(&str, usize)> {
+    if text.len() <= max {
+        return None;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}… ({} bytes cut)", &message[..end], message.len() - end).into()
+    Some((&text[..end], text.len() - end))
 }
 
 /// Stops forwarding when dropped.

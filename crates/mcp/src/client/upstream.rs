@@ -826,19 +826,12 @@ struct CancelOnDrop {
 const MAX_ERROR_MESSAGE_BYTES: usize = 64 * 1024;
 
 fn cut_message(message: &str) -> std::borrow::Cow<'_, str> {
-    if message.len() <= MAX_ERROR_MESSAGE_BYTES {
-        return message.into();
+    match super::progress::head_within(message, MAX_ERROR_MESSAGE_BYTES) {
+        None => message.into(),
+        Some((head, rest)) => {
+            format!("{head}[…{rest} more bytes of the server's message left out]").into()
+        }
     }
-    let mut end = MAX_ERROR_MESSAGE_BYTES;
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!(
-        "{}[…{} more bytes of the server's message left out]",
-        &message[..end],
-        message.len() - end
-    )
-    .into()
 }
 
 const CANCEL_REASON: &str = "the codemode script no longer waits for this call";
