@@ -93,9 +93,19 @@
     if (args.length === 0) return construct(RealDate, [currentMs()], new.target);
     // Deterministic runs are in UTC: read local-time components as UTC ones.
     if (deterministic && args.length >= 2) return construct(RealDate, [apply(RealDate.UTC, RealDate, args)], new.target);
+    if (deterministic && args.length === 1 && typeof args[0] === "string") return construct(RealDate, [utcParse(args[0])], new.target);
     return construct(RealDate, args, new.target);
   }
-  O.setPrototypeOf(DateShim, RealDate);
+  // A date text without a zone means local time; deterministic runs read it as UTC, so the
+  // machine's zone cannot change what a replay computes. With a zone, "Z" makes it invalid.
+  function utcParse(text) {
+    const asUtc = RealDate.parse(text + "Z");
+    return asUtc === asUtc ? asUtc : RealDate.parse(text);
+  }
+  // Not `RealDate` as its prototype: `Object.getPrototypeOf(Date)` would hand back the real
+  // clock, past the virtual one of deterministic runs. Its statics are copied instead.
+  defineProperty(DateShim, "UTC", { value: RealDate.UTC, writable: true, configurable: true });
+  defineProperty(DateShim, "parse", { value: function parse(text) { return deterministic ? utcParse(String(text)) : RealDate.parse(text); }, writable: true, configurable: true });
   defineProperty(DateShim, "prototype", { value: RealDate.prototype, writable: false, enumerable: false, configurable: false });
   defineProperty(DateShim, "name", { value: "Date", configurable: true });
   defineProperty(DateShim, "length", { value: 7, configurable: true });

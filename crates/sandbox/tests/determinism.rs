@@ -141,7 +141,36 @@ async fn record_then_replay_without_the_host() {
     healthy().await;
 }
 
+/// Red team: `Object.getPrototypeOf(Date)` was the real `Date`, whose clock ignored the virtual
+/// one, so a replay could take another branch or return another value; and in a worker, the
+/// first local-time conversion (`new Date().toString()`) opened /etc/localtime and was killed by
+/// seccomp. Neither the real clock nor a crash is within a script's reach.
+async fn the_real_clock_is_out_of_reach_and_local_time_works() {
+    let src = "const D = Object.getPrototypeOf(Date); return [D === Function.prototype, typeof D.now, Date.now(), new Date(0).toString(), new Date(2020, 0, 1).getTime(), Date.parse('2020-01-01T00:00'), Date.UTC(2020, 0, 1), new Date().toLocaleString().length > 0]";
+    let v = sandbox().run(det(src, 7)).await.value.unwrap();
+    assert_eq!(
+        v,
+        json!([
+            true,
+            "undefined",
+            1_000_000,
+            "Thu Jan 01 1970 00:00:00 GMT+0000 (Coordinated Universal Time)",
+            1_577_836_800_000u64,
+            1_577_836_800_000u64,
+            1_577_836_800_000u64,
+            true
+        ])
+    );
+    // Without determinism too: every local-time reading works in a worker.
+    let v = value("return [new Date(0).toString().length > 0, new Date(2020, 0, 1).getTimezoneOffset(), new Date().toLocaleString().length > 0, new Date('2020-01-01T00:00:00').getTime() > 0]").await;
+    assert_eq!(v[0], json!(true), "{v}");
+    assert_eq!(v[2], json!(true), "{v}");
+    assert_eq!(v[3], json!(true), "{v}");
+    healthy().await;
+}
+
 both_modes!(
+    the_real_clock_is_out_of_reach_and_local_time_works,
     seeded_random_virtual_clock_and_utc,
     results_are_delivered_in_call_order,
     record_then_replay_without_the_host

@@ -138,6 +138,11 @@ pub(crate) fn prepare(args: &[String]) -> Prepared {
     let shm: &'static Shm = Box::leak(Box::new(shm));
     report.push(layers::apply_rlimits(&a.rlimits));
     report.push(layers::apply_no_new_privs());
+    // The C library reads the time zone (/etc/localtime) at the first local-time conversion;
+    // read now, while files may still be opened, it is never read again, so `new
+    // Date().toString()` does not make a system call seccomp forbids.
+    // SAFETY: tzset only sets the C library's own time-zone state.
+    unsafe { tzset() };
     report.push(layers::apply_landlock());
     // The first VM touches, once, every code path that needs a system call (the prelude's
     // bytecode, the hash seeds), before the filter forbids them.
@@ -475,4 +480,9 @@ impl Link for RemoteLink {
         };
         Box::pin(async move { waited })
     }
+}
+
+unsafe extern "C" {
+    /// POSIX `tzset`, which the libc crate does not declare.
+    fn tzset();
 }
