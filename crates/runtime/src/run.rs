@@ -413,6 +413,18 @@ impl Codemode {
             on_output,
         };
         let mut result = self.sandbox().run(script).await;
+        // A rebuilt cell that ended without making every logged call again went another way:
+        // it fails before its result or store() writes count.
+        if result.ok
+            && let Some(message) = cell.as_ref().and_then(|l| l.fail_if_calls_were_skipped())
+        {
+            result.ok = false;
+            result.store_writes.clear();
+            result.error = Some(codemode_sandbox::ScriptError::new(
+                codemode_sandbox::ErrorKind::Sandbox,
+                message,
+            ));
+        }
         // The sandbox cancelled the calls still out; let each finish and write its line.
         in_flight.close();
         if tokio::time::timeout(CALLS_DRAIN, in_flight.wait())

@@ -739,6 +739,62 @@ return [a.n, b.n, d.n];"#;
     assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
 }
 
+/// Red team: a rebuilt cell checked each logged call only when the script reached it again. A
+/// script that went another way after a takeover (here a stored value changed meanwhile) and
+/// ended before its logged calls did was reported finished, as if a call that ran never had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_cell_that_skips_a_logged_call_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(600);
+    let setup = || Setup {
+        lease,
+        ..Setup::default()
+    };
+    let first = world(dir.path(), setup()).await;
+    let code = r#"await tools.counted({ step: 1 });
+if (!load("skip")) {
+  await tools.counted({ step: 2 });
+  await tools.danger({});
+}
+store("done", true);
+return "done";"#;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    assert_eq!(first.runs.load(Ordering::SeqCst), 2);
+    // While nobody holds the cell, the value its branch reads changes.
+    first
+        .store
+        .apply_store(
+            "s",
+            &[codemode_state::StoreChange::Set {
+                key: "skip".into(),
+                value: json!(true),
+            }],
+        )
+        .await
+        .unwrap();
+    let approval = r.pending[0].approval_id.clone();
+    let second = approved_while_abandoned(&first, &approval, dir.path(), setup()).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Failed, "{all}");
+    assert!(
+        last.text.contains("ended without making call 2 again") && last.text.contains("counted"),
+        "{}",
+        last.text
+    );
+    assert_eq!(second.runs.load(Ordering::SeqCst), 0);
+    assert_eq!(second.danger_runs.load(Ordering::SeqCst), 0);
+    let stored = second.store.load_store("s").await.unwrap();
+    assert!(
+        !stored.contains_key("done"),
+        "its store() writes were kept: {stored:?}"
+    );
+}
+
 /// A script's budget holds across a takeover: the calls the new process answers from the log
 /// count as they did where they ran, so the rebuilt script cannot make its budget's worth of
 /// calls again.

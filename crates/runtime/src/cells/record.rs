@@ -133,6 +133,8 @@ pub(crate) struct CellLink {
     store: Arc<dyn StateStore>,
     replica: String,
     logged: std::sync::Mutex<HashMap<u64, Logged>>,
+    /// Logged calls the rebuilt script made again.
+    reached: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// The log's end; held while appending, so steps stay consecutive.
     tail: tokio::sync::Mutex<Tail>,
     max_log_bytes: u64,
@@ -212,6 +214,7 @@ impl CellLink {
             store,
             replica,
             logged: std::sync::Mutex::new(logged),
+            reached: std::sync::Mutex::new(std::collections::HashSet::new()),
             tail: tokio::sync::Mutex::new(Tail {
                 next: last + 1,
                 bytes,
@@ -232,6 +235,10 @@ impl CellLink {
         let Some(entry) = logged.get(&seq) else {
             return Replayed::Live;
         };
+        self.reached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(seq);
         if entry.name != name || !entry.same_args(args) {
             let message = format!(
                 "Rebuilding cell {} diverged at step {seq}: the script called {name}({}), but the log has {}({}). The script behaves differently when run again (does it depend on time, randomness or a value it did not get from a call?), so the cell cannot continue; run it again as a new script.",
@@ -262,6 +269,26 @@ impl CellLink {
                 Replayed::Stop(message)
             }
         }
+    }
+
+    /// After the rebuilt script ended: fails the cell when it never made a logged call again.
+    /// That call ran before the takeover and its effect stands; a script that ends without it
+    /// would report, and store, as if it had not (a retry could then do it twice).
+    pub fn fail_if_calls_were_skipped(&self) -> Option<String> {
+        let logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        let reached = self.reached.lock().unwrap_or_else(|e| e.into_inner());
+        let first = logged.keys().filter(|s| !reached.contains(s)).min()?;
+        let entry = &logged[first];
+        let message = format!(
+            "Rebuilding cell {} diverged: the script ended without making call {first} again ({}({})), which ran before the takeover, so its effect stands. The script behaves differently when run again (does it depend on time, randomness or a value it did not get from a call?), so the cell cannot continue and its result and store() writes are dropped; check that call's effect by hand, then run the rest as a new script.",
+            self.cell.id,
+            entry.name,
+            entry.args_preview()
+        );
+        drop(reached);
+        drop(logged);
+        self.cell.fail(message.clone());
+        Some(message)
     }
 
     /// Logs that call `seq` is about to run.
