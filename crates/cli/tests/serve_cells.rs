@@ -422,3 +422,51 @@ return r.content[0].text;"#;
     assert_eq!(cell["status"], "finished", "{cell}");
     assert_eq!(env.count(), "first\nsecond\n", "no call ran twice");
 }
+
+/// Red team: `approvals list` cuts arguments at 80 characters and `approve <id>` needed nothing
+/// more, so a command padded past the cut was approved by a person who never saw its end. Such
+/// an approval must now name the call by the hash `show` prints beside the whole arguments.
+#[tokio::test]
+async fn approving_arguments_the_list_cut_needs_the_hash_show_prints() {
+    let env = Env::new();
+    let store = codemode_state::open(
+        &format!("sqlite://{}", env.root.join("state/state.db").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    // Runs of spaces are shown counted; ordinary words are not.
+    let padded = format!("echo {}; touch PWNED", "checking the build ".repeat(6));
+    let a = store
+        .create_approval(codemode_state::NewApproval {
+            cell_id: None,
+            session_id: "s".into(),
+            tool: "bash".into(),
+            arguments: json!({ "command": padded }),
+            provenance: json!({}),
+            policy_ids: vec!["ask".into()],
+            reason: "bash asks".into(),
+            expires_in: Duration::from_secs(600),
+        })
+        .await
+        .unwrap();
+    drop(store);
+    let listed = env.approvals(&["list"]);
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains("PWNED"));
+    let blind = env.approvals(&["approve", &a.id]);
+    assert_eq!(blind.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&blind.stderr);
+    assert!(why.contains("approvals show"), "{why}");
+    assert_eq!(approval_json(&env, &a.id)["approval"]["state"], "pending");
+    let hash = approval_json(&env, &a.id)["approval"]["call_hash"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let seen = env.approvals(&["approve", &a.id, "--call-hash", &hash]);
+    assert!(
+        seen.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seen.stderr)
+    );
+    assert_eq!(approval_json(&env, &a.id)["approval"]["state"], "approved");
+}

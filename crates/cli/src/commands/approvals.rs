@@ -84,7 +84,7 @@ pub async fn run(cmd: ApprovalsCommand) -> Result<ExitCode> {
                         a.id,
                         a.state.as_str(),
                         shown_text(&a.tool),
-                        cut(&shown_arguments(&a.arguments), 80),
+                        cut(&shown_arguments(&a.arguments), LISTED_ARGUMENTS),
                         format_ms(a.expires_at_ms)
                     );
                 }
@@ -128,6 +128,22 @@ async fn answer(args: AnswerArgs, decision: Decision) -> Result<ExitCode> {
             "the answer was not given: no audit log is configured here, and every answer must be \
              audited; pass --audit FILE (the log the paused codemode writes) or set audit.path \
              in your settings"
+        );
+    }
+    // `list` cuts long arguments: a person approving from it would approve what they did not
+    // read (padding can push the dangerous part past the cut). Such an approval names the call
+    // by the hash `show` prints beside the whole arguments.
+    if decision == Decision::Approve
+        && args.call_hash.is_none()
+        && let Some(a) = store.get_approval(&args.id).await?
+        && shown_arguments(&a.arguments).chars().count() > LISTED_ARGUMENTS
+    {
+        bail!(
+            "not approved: the arguments of {} are longer than `codemode approvals list` shows; \
+             read them whole with `codemode approvals show {}`, then approve with the \
+             `--call-hash` it prints",
+            a.id,
+            a.id
         );
     }
     let by = args
@@ -243,6 +259,9 @@ async fn open(setup: &SetupArgs) -> Result<(std::sync::Arc<dyn StateStore>, Audi
     };
     Ok((store, audit))
 }
+
+/// Characters of a call's arguments `list` shows.
+const LISTED_ARGUMENTS: usize = 80;
 
 fn cut(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
