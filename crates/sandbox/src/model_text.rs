@@ -109,17 +109,36 @@ pub fn media_tokens(block: &serde_json::Value) -> u64 {
 
 /// Lines of codemode's own framing. Script output (which may quote a file or a tool's result)
 /// that starts a line with one gets a backslash, so it cannot pass for codemode's: a fake
-/// "Script error", a fake list of calls, a fake pointer to the full output.
-const FRAMING: [&str; 8] = [
+/// "Script error", a fake timeout, a fake list of calls, a fake pointer to the full output.
+const FRAMING: [&str; 15] = [
     "Script completed",
     "Script failed",
     "Script error:",
+    "Script timed out",
+    "Script aborted",
+    "Script sandbox failed",
+    "Wall time",
+    "Output:",
     "Warning: output truncated",
+    "Total output lines:",
     "[Full output:",
+    "[Image (",
     "==> text ",
     "Tool calls made before the failure",
     "No tool calls were made.",
 ];
+
+/// Whether `line` would read as a framing line: spaces, a carriage return or invisible
+/// characters (a zero-width space, a direction mark) in front do not hide one.
+fn passes_for_framing(line: &str) -> bool {
+    let shown = line.trim_start_matches(|c: char| c.is_whitespace() || is_invisible(c));
+    FRAMING.iter().any(|f| shown.starts_with(f))
+}
+
+/// Characters that show nothing: format characters a reader's eye skips.
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}')
+}
 
 /// `text` from the script, unable to close the console block or to pass for a framing line.
 fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
@@ -132,7 +151,7 @@ fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
         if i > 0 {
             out.push('\n');
         }
-        if FRAMING.iter().any(|f| line.starts_with(f)) {
+        if passes_for_framing(line) {
             out.push('\\');
         }
         out.push_str(
@@ -207,17 +226,20 @@ fn render_body(result: &ScriptResult, images_shown: usize) -> String {
         ));
     }
     if let Some(err) = result.error.as_ref().filter(|_| !result.ok) {
+        // A thrown error's text is the script's (its name too: `name = "Script timed out"`);
+        // the other heads are codemode's, with the message neutralized after them.
         let head = match err.kind {
-            ErrorKind::Script => err.stack.clone().unwrap_or_else(|| {
+            ErrorKind::Script => neutralized(&err.stack.clone().unwrap_or_else(|| {
                 format!(
                     "{}: {}",
                     err.name.as_deref().unwrap_or("Error"),
                     err.message
                 )
-            }),
-            ErrorKind::Timeout => format!("Script timed out: {}", err.message),
-            ErrorKind::Aborted => format!("Script aborted: {}", err.message),
-            ErrorKind::Sandbox => format!("Script sandbox failed: {}", err.message),
+            }))
+            .into_owned(),
+            ErrorKind::Timeout => format!("Script timed out: {}", neutralized(&err.message)),
+            ErrorKind::Aborted => format!("Script aborted: {}", neutralized(&err.message)),
+            ErrorKind::Sandbox => format!("Script sandbox failed: {}", neutralized(&err.message)),
         };
         let calls = if result.calls.is_empty() {
             "No tool calls were made.".to_string()
@@ -245,7 +267,7 @@ fn render_body(result: &ScriptResult, images_shown: usize) -> String {
                 list.join(", ")
             )
         };
-        parts.push(format!("Script error:\n{}\n\n{calls}", neutralized(&head)));
+        parts.push(format!("Script error:\n{head}\n\n{calls}"));
     }
     join_text(&parts)
 }
