@@ -475,8 +475,9 @@ fn micro_usd_ceil(usd: f64) -> u64 {
 pub(crate) struct SharedLedger {
     store: Arc<dyn StateStore>,
     daily: DailyBudgets,
-    /// A hold a replica never settles (it died mid-call) gives its budget back after this.
-    hold_for: Duration,
+    /// A hold a replica never settles (it died mid-call) gives its budget back after this;
+    /// a call still running renews its hold ([`SharedLedger::keep_alive`]).
+    pub(crate) hold_for: Duration,
     /// The audit stream is in the same store, so a call's settle is followed by its durable
     /// audit line there ([`StateStore::settle_before_audit`]).
     pub(crate) audit_follows: bool,
@@ -659,6 +660,34 @@ impl SharedLedger {
                 "the call was approved, but the shared budget could not be charged again after the wait, so it was not run: {e}"
             )),
         }
+    }
+
+    /// Renews `hold` every quarter of its lifetime until the returned guard drops: a call
+    /// that outlives its hold must not give back budget it is still spending, or another call
+    /// could take it. The task stops by itself when the store no longer has the hold.
+    pub(crate) fn keep_alive(&self, hold: &SharedHold) -> Option<tokio_util::sync::DropGuard> {
+        let rt = tokio::runtime::Handle::try_current().ok()?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (store, hold_for) = (self.store.clone(), self.hold_for);
+        let (hold, until_stopped) = (hold.clone(), stop.clone());
+        rt.spawn(async move {
+            let every = hold_for / 4;
+            loop {
+                tokio::select! {
+                    () = until_stopped.cancelled() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                if let Err(e) = store.extend_hold(&hold.reservation, hold_for).await {
+                    if !until_stopped.is_cancelled() {
+                        tracing::warn!("renewing a running call's shared budget hold failed: {e}");
+                    }
+                    if matches!(e, codemode_state::StateError::UnknownReservation { .. }) {
+                        return;
+                    }
+                }
+            }
+        });
+        Some(stop.drop_guard())
     }
 
     pub(crate) async fn release(&self, hold: &SharedHold) {

@@ -591,6 +591,76 @@ async fn a_call_approved_after_its_budget_hold_ran_out_cannot_overspend() {
     }
 }
 
+/// A hold expires so that a replica that died mid-call gives its budget back; a call that is
+/// merely slow must not. A red team started a call that ran past its hold on replica A, then
+/// spent the same budget on replica B while it still ran: two calls against `max_calls: 1`.
+/// The running call renews its hold, so B is refused for as long as A's call runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_runs_past_its_hold_keeps_its_budget_from_other_replicas() {
+    let hold_for = std::time::Duration::from_millis(800);
+    let mut envs = backends().await;
+    let memory: Arc<dyn StateStore> = Arc::new(codemode_state::MemoryStore::new(Clock::system()));
+    envs.insert(
+        0,
+        Shared {
+            name: "memory",
+            a: memory.clone(),
+            b: memory,
+            _dir: None,
+            sqlite: None,
+            pg: None,
+        },
+    );
+    for env in envs {
+        let name = env.name;
+        let reg = Registry::new();
+        let mut slow = TestTool::new("slow", object_schema());
+        slow.delay_ms = 3_000;
+        let slow_runs = slow.runs.clone();
+        reg.register(Arc::new(slow)).unwrap();
+        let gate_a = builder(&reg)
+            .budgets(Budgets {
+                session: limit_calls(1),
+                ..Budgets::default()
+            })
+            .shared_budgets(env.a.clone(), DailyBudgets::default())
+            .shared_hold_for(hold_for)
+            .build()
+            .unwrap();
+        let (gate_b, echoes) = replica(&env.b, DailyBudgets::default(), limit_calls(1), None);
+
+        let running = {
+            let gate_a = gate_a.clone();
+            tokio::spawn(async move { gate_a.call(req("slow", json!({}), script("s-a"))).await })
+        };
+        // Well past the hold's own lifetime, while the call still runs: B tries again and again.
+        tokio::time::sleep(hold_for * 2).await;
+        let mut granted = Vec::new();
+        while !running.is_finished() {
+            if let Ok(out) = gate_b.call(req("echo", json!({}), script("s-b"))).await {
+                granted.push(out);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let ran_a = running.await.unwrap();
+        assert!(
+            ran_a.is_ok(),
+            "{name}: {:?}",
+            ran_a.err().map(|e| e.message)
+        );
+        assert_eq!(slow_runs.load(Ordering::SeqCst), 1, "{name}");
+        assert_eq!(
+            echoes.runs.load(Ordering::SeqCst),
+            0,
+            "{name}: replica B ran a call against max_calls 1 while A's call still ran"
+        );
+        assert!(granted.is_empty(), "{name}");
+        let ledger = env.a.get_ledger(&LedgerKey::session("s1")).await.unwrap();
+        assert_eq!(ledger.used.calls, 1, "{name}: {ledger:?}");
+        assert_eq!(ledger.reserved.calls, 0, "{name}: {ledger:?}");
+    }
+}
+
 /// A gate on `store` with `echo` (journalled: not read-only) and a `codemode` tool standing for
 /// the runtime's script call, whose nested calls the test makes itself.
 fn scripting(store: &Arc<dyn StateStore>, stream: &str) -> Gate {

@@ -612,6 +612,25 @@ impl StateStore for MemoryStore {
         ready(r)
     }
 
+    fn extend_hold<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        hold_for: std::time::Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        let r = match inner.holds.get_mut(&reservation.id) {
+            Some(h) if !h.expired && h.expires_at_ms > now => {
+                h.expires_at_ms = now.saturating_add(budget::hold_ms(hold_for));
+                Ok(())
+            }
+            _ => Err(StateError::UnknownReservation {
+                id: reservation.id.clone(),
+            }),
+        };
+        ready(r)
+    }
+
     fn get_ledger<'a>(&'a self, key: &'a LedgerKey) -> BoxFuture<'a, Result<LedgerSnapshot>> {
         let r = key.validate().map(|()| {
             let now = self.clock.now_ms();

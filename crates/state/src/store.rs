@@ -183,6 +183,16 @@ pub trait StateStore: Send + Sync + 'static {
     /// Drops a hold for a call that did not run.
     fn release<'a>(&'a self, reservation: &'a Reservation) -> BoxFuture<'a, Result<()>>;
 
+    /// Keeps a hold for a call that is still running: it now expires `hold_for` from now.
+    /// A hold's expiry is for a replica that died mid-call; one whose call outlives it must
+    /// not give its budget back while the call still spends. [`StateError::UnknownReservation`]
+    /// when the hold was settled, released or has already expired.
+    fn extend_hold<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        hold_for: std::time::Duration,
+    ) -> BoxFuture<'a, Result<()>>;
+
     /// A ledger as stored now (zeros for one never charged).
     fn get_ledger<'a>(&'a self, key: &'a LedgerKey) -> BoxFuture<'a, Result<LedgerSnapshot>>;
 

@@ -47,6 +47,8 @@ pub(crate) struct Pending {
     /// For a script's `codemode` call on a stream: its calls' lines still being written.
     script_lines: Option<Arc<ScriptLines>>,
     written: bool,
+    /// Renews the shared hold while the call runs; dropping it stops that.
+    hold_alive: Option<tokio_util::sync::DropGuard>,
     /// The call's span (disabled unless a subscriber wants `codemode::call`).
     pub span: tracing::Span,
     /// Keeps the session's principal and counters until the call's line is written, even if
@@ -130,6 +132,18 @@ impl Pending {
             journal_id: None,
             script_lines: None,
             written: false,
+            hold_alive: None,
+        }
+    }
+
+    /// The call starts running: from now on its shared hold is renewed until it ends.
+    fn mark_ran(&mut self) {
+        self.ran = true;
+        if let (Some(shared), Some(hold)) = (
+            &self.gate.shared,
+            self.reservation.as_ref().and_then(|r| r.shared.as_ref()),
+        ) {
+            self.hold_alive = shared.keep_alive(hold);
         }
     }
 
@@ -194,6 +208,7 @@ impl Pending {
 
     /// Replaces the reservation's estimate with what the call spent.
     async fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
+        self.hold_alive = None;
         self.usage = usage.cloned();
         let Some(r) = self.reservation.take() else {
             return Ok(());
@@ -448,6 +463,7 @@ fn in_background(gate: &Arc<Inner>, work: impl std::future::Future<Output = ()> 
 
 impl Drop for Pending {
     fn drop(&mut self) {
+        self.hold_alive = None;
         // A script's line follows its calls' lines, here too; each of those reports its own
         // failure.
         let script_lines = self.script_lines.take();
@@ -579,7 +595,7 @@ impl Admission {
     /// call's outcome line is written when the error is passed to [`Admission::finish`].
     pub async fn begin(&mut self) -> Result<(), ToolError> {
         self.record_start().await?;
-        self.pending.ran = true;
+        self.pending.mark_ran();
         if self.spec.name == crate::registry::CODEMODE_TOOL
             && self.pending.gate.audit.stream_store().is_some()
         {
@@ -624,7 +640,7 @@ impl Admission {
         // dies with the process. Every other call is journalled before it runs, and so is every
         // MCP call, whatever its server says.
         self.record_start().await?;
-        self.pending.ran = true;
+        self.pending.mark_ran();
         let result = tracing::Instrument::instrument(
             prepared.run(RunContext {
                 provenance: self.provenance.clone(),

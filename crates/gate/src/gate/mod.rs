@@ -142,6 +142,7 @@ pub struct GateBuilder {
     workspace: Option<PathBuf>,
     protected: Vec<ProtectedPath>,
     shared: Option<SharedLedger>,
+    shared_hold_for: Option<std::time::Duration>,
     principal: Option<Principal>,
     observer: Option<Arc<dyn CallObserver>>,
     trace_arguments: bool,
@@ -153,6 +154,13 @@ impl GateBuilder {
     /// stay in the process that runs the script.
     pub fn shared_budgets(mut self, store: Arc<dyn StateStore>, daily: DailyBudgets) -> Self {
         self.shared = Some(SharedLedger::new(store, daily));
+        self
+    }
+    /// How long a shared budget hold lasts without being renewed: what a replica that dies
+    /// mid-call keeps from the budget until it expires. A running call renews its hold every
+    /// quarter of this, so a call may run longer. Default 15 minutes.
+    pub fn shared_hold_for(mut self, hold_for: std::time::Duration) -> Self {
+        self.shared_hold_for = Some(hold_for);
         self
     }
     /// Who sessions act for when nobody said otherwise with [`Gate::set_principal`].
@@ -250,7 +258,11 @@ impl GateBuilder {
             protected.push(ProtectedPath::new(journal, "the audit log's journal"));
         }
         // A call's settle is followed by its line in the same store: one disk flush for both.
+        let hold_for = self.shared_hold_for;
         let shared = self.shared.map(|mut shared| {
+            if let Some(d) = hold_for {
+                shared.hold_for = d.max(std::time::Duration::from_millis(100));
+            }
             shared.audit_follows = self
                 .audit
                 .stream_store()
@@ -330,6 +342,7 @@ impl Gate {
             workspace: None,
             protected: Vec::new(),
             shared: None,
+            shared_hold_for: None,
             principal: None,
             observer: None,
             trace_arguments: false,

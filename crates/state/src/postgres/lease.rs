@@ -466,6 +466,11 @@ impl Leases {
         Ok((taken, held))
     }
 
+    /// Whether a call granted from this store's leases is still held (not settled or released).
+    pub(crate) fn holds(&self, id: &str) -> bool {
+        lock(&self.state).holds.contains(id)
+    }
+
     /// Reports spending and renews or returns leases (`due`), or only those of `only`; one
     /// statement for all of them. Returns each reported key's used counters afterwards.
     pub(crate) async fn report(

@@ -949,6 +949,40 @@ impl StateStore for PostgresStore {
         })
     }
 
+    fn extend_hold<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        hold_for: std::time::Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let unknown = || StateError::UnknownReservation {
+                id: reservation.id.clone(),
+            };
+            if let Some(ticket) = &reservation.lease {
+                // A lease is renewed while calls granted from it are in flight.
+                return match self.own_leases(ticket) {
+                    Some(leases) if !leases.holds(&reservation.id) => Err(unknown()),
+                    _ => Ok(()),
+                };
+            }
+            let now = self.clock.now_ms();
+            let until = now.saturating_add(crate::budget::hold_ms(hold_for));
+            let changed = read!(self, c => async {
+                c.execute(
+                    "UPDATE budget_holds SET expires_at_ms = $2
+                      WHERE id = $1 AND expired = 0 AND expires_at_ms > $3",
+                    &[&reservation.id, &until, &now],
+                )
+                .await
+                .map_err(OpError::Pg)
+            });
+            if changed == 0 {
+                return Err(unknown());
+            }
+            Ok(())
+        })
+    }
+
     fn get_ledger<'a>(&'a self, key: &'a LedgerKey) -> BoxFuture<'a, Result<LedgerSnapshot>> {
         Box::pin(async move {
             key.validate()?;

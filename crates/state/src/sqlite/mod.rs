@@ -587,6 +587,16 @@ impl StateStore for SqliteStore {
         self.run(move |c| ops::reserve(c, &request, id, now))
     }
 
+    fn extend_hold<'a>(
+        &'a self,
+        reservation: &'a Reservation,
+        hold_for: std::time::Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        let id = reservation.id.clone();
+        let now = self.clock.now_ms();
+        self.run(move |c| ops::extend_hold(c, &id, now, hold_for))
+    }
+
     fn settle<'a>(
         &'a self,
         reservation: &'a Reservation,

@@ -905,6 +905,26 @@ pub(crate) fn settle(
     Ok(SettleOutcome { ledgers, overruns })
 }
 
+pub(crate) fn extend_hold(
+    conn: &mut Connection,
+    id: &str,
+    now: i64,
+    hold_for: std::time::Duration,
+) -> OpResult<()> {
+    let tx = write_tx(conn)?;
+    // A hold past its time is expired whether or not a reserve has marked it yet.
+    let changed = tx.execute(
+        "UPDATE budget_holds SET expires_at_ms = ?2
+          WHERE id = ?1 AND expired = 0 AND expires_at_ms > ?3",
+        params![id, now.saturating_add(budget::hold_ms(hold_for)), now],
+    )?;
+    tx.commit()?;
+    if changed == 0 {
+        return Err(StateError::UnknownReservation { id: id.to_string() }.into());
+    }
+    Ok(())
+}
+
 pub(crate) fn release(conn: &mut Connection, r: &Reservation) -> OpResult<()> {
     let tx = write_tx(conn)?;
     let held = take_hold(&tx, r)?;
