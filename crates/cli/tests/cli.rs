@@ -163,16 +163,17 @@ fn calls_not_awaited_are_reported_as_they_ended_not_as_cancelled() {
         "tools.write({path: 'one.txt', content: 'x'}); throw new Error('bail')",
     );
     let model_text = text(&out.stdout);
-    // Written: "ok", and "not awaited: it ran to its end" when it was still out at the end.
+    // Written: "ok", and "it ran to its end" when it was still out at the end.
     if work.path().join("one.txt").exists() {
         assert!(
             model_text.contains("write (ok)")
-                || model_text.contains("write (ok, not awaited: it ran to its end)"),
+                || model_text
+                    .contains("write (ok, still running when the script ended: it ran to its end)"),
             "{model_text}"
         );
     } else {
         assert!(
-            model_text.contains("write (cancelled, not awaited"),
+            model_text.contains("write (cancelled, still running when the script ended"),
             "{model_text}"
         );
     }

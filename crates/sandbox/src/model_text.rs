@@ -253,12 +253,17 @@ fn render_body(result: &ScriptResult, images_shown: usize) -> String {
                         CallStatus::Error => "error",
                         CallStatus::Cancelled => "cancelled",
                     };
+                    // The script may have been waiting for it (a timeout) or not (a throw):
+                    // say only what is known.
                     match (c.awaited, &c.error) {
                         (true, _) => format!("{} ({status})", c.name),
-                        (false, Some(note)) => {
-                            format!("{} ({status}, not awaited: {note})", c.name)
+                        (false, Some(note)) => format!(
+                            "{} ({status}, still running when the script ended: {note})",
+                            c.name
+                        ),
+                        (false, None) => {
+                            format!("{} ({status}, still running when the script ended)", c.name)
                         }
-                        (false, None) => format!("{} ({status}, not awaited)", c.name),
                     }
                 })
                 .collect();

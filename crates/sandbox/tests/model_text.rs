@@ -60,6 +60,12 @@ async fn layout_follows_the_reference() {
         body(&render("// @options: {\"timeout_ms\": 200}\nwhile (true) {}").await),
         "Script error:\nScript timed out: Execution timed out after 200 ms\n\nNo tool calls were made."
     );
+    // The script was waiting for the call when time ran out: it must not read as "not awaited",
+    // which tells the model its script forgot an `await`.
+    assert_eq!(
+        body(&render("// @options: {\"timeout_ms\": 300}\nawait tools.slow({})").await),
+        "Script error:\nScript timed out: Execution timed out after 300 ms\n\nTool calls made before the failure (they are not undone): slow (cancelled, still running when the script ended)"
+    );
     let t = render(&format!(
         "text('before'); image('data:image/png;base64,{PNG}'); text('after')"
     ))
