@@ -737,6 +737,14 @@ return [a.n, b.n, d.n];"#;
     );
     assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
     assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
+    // The script's own call has one outcome line, written where it ended, naming its start in
+    // the journal; the process that let go of it wrote none.
+    let ends: Vec<Value> = audit_lines(&second.audit)
+        .into_iter()
+        .filter(|l| l["tool"] == "codemode" && l.get("status").is_some())
+        .collect();
+    assert_eq!(ends.len(), 1, "{ends:#?}");
+    assert_eq!(ends[0]["status"], "ok", "{ends:#?}");
 }
 
 /// Red team: a rebuilt cell checked each logged call only when the script reached it again. A

@@ -208,6 +208,16 @@ impl Pending {
 
     /// Replaces the reservation's estimate with what the call spent.
     async fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
+        self.settle_then(usage, bytes, true).await
+    }
+
+    /// `line_follows`: the caller writes the call's line next and waits for it.
+    async fn settle_then(
+        &mut self,
+        usage: Option<&Usage>,
+        bytes: u64,
+        line_follows: bool,
+    ) -> Result<(), String> {
         self.hold_alive = None;
         self.usage = usage.cloned();
         let Some(r) = self.reservation.take() else {
@@ -218,20 +228,21 @@ impl Pending {
             .ledger
             .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes);
         let shared = match (&r.shared, &self.gate.shared) {
-            // Every caller writes the call's line next and waits for it.
-            (Some(hold), Some(shared)) => match shared.settle(hold, usage, bytes, true).await {
-                Ok(()) => Ok(()),
-                Err(SettleError::Overrun(m)) => Err(m),
-                Err(SettleError::Store(m)) => {
-                    let (gate, hold, usage) = (self.gate.clone(), hold.clone(), usage.cloned());
-                    in_background(&self.gate, async move {
-                        if let Some(shared) = &gate.shared {
-                            shared.settle_later(&hold, usage.as_ref(), bytes).await;
-                        }
-                    });
-                    Err(m)
+            (Some(hold), Some(shared)) => {
+                match shared.settle(hold, usage, bytes, line_follows).await {
+                    Ok(()) => Ok(()),
+                    Err(SettleError::Overrun(m)) => Err(m),
+                    Err(SettleError::Store(m)) => {
+                        let (gate, hold, usage) = (self.gate.clone(), hold.clone(), usage.cloned());
+                        in_background(&self.gate, async move {
+                            if let Some(shared) = &gate.shared {
+                                shared.settle_later(&hold, usage.as_ref(), bytes).await;
+                            }
+                        });
+                        Err(m)
+                    }
                 }
-            },
+            }
             _ => Ok(()),
         };
         local.and(shared)
@@ -654,6 +665,20 @@ impl Admission {
             Err(e) => e.effect,
         });
         result
+    }
+
+    /// Ends the call here without its outcome line: another process carries it on (it took
+    /// over the cell the call runs) and writes that line, naming this call's journal line.
+    /// Two lines would say the call ended twice. What it held is charged as spent, since the
+    /// call ran here; nothing is written for it in this process's log.
+    pub async fn hand_over(mut self) {
+        let charged = self
+            .pending
+            .reservation
+            .as_ref()
+            .and_then(|r| r.charged_when_unknown());
+        let _ = self.pending.settle_then(charged.as_ref(), 0, false).await;
+        self.pending.written = true;
     }
 
     /// After-hooks, budgets settled with what the call spent, and its one audit line.

@@ -37,6 +37,8 @@ struct State {
     failure: Option<String>,
     /// Why another process ended the cell (its session ended there); the store has the end.
     ended_elsewhere: Option<String>,
+    /// Another process claimed the cell: it carries the script on and writes its end.
+    carried_on_elsewhere: bool,
     end: Option<End>,
 }
 
@@ -152,9 +154,16 @@ impl LiveCell {
     }
 
     pub fn lost_lease(&self, message: String) {
+        self.lock().carried_on_elsewhere = true;
         self.fail(format!(
             "This codemode process lost its hold on the cell and stopped running it: {message}"
         ));
+    }
+
+    /// This process let go of the cell (abandoned it) or another one claimed it: whoever
+    /// holds it now writes the end of the script's call, so this one must not.
+    pub fn handed_over(&self) -> bool {
+        self.is_abandoned() || self.lock().carried_on_elsewhere
     }
 
     pub fn failure(&self) -> Option<String> {

@@ -524,8 +524,39 @@ async fn drive(
         .await;
     // The script is out of the pool: its worker is free for the principal's next one.
     drop(slot);
+    let config = cells.config();
+    let store = cells.store();
+    // Exactly one process writes the end of the script's call: the one that holds the cell
+    // when it ends. One that finds another holder lets go; one that still holds it renews its
+    // lease, so nobody takes the cell over while it writes the end.
+    if !live.handed_over() {
+        match store.get_cell(&cell_id).await {
+            Ok(Some(c)) if c.owner.as_deref().is_some_and(|o| o != config.replica) => {
+                live.lost_lease(format!(
+                    "cell {cell_id} is held by {}",
+                    c.owner.unwrap_or_default()
+                ));
+            }
+            Ok(Some(c)) if !c.status.is_terminal() => {
+                if let Err(e @ (StateError::CellHeld { .. } | StateError::NotCellOwner { .. })) =
+                    store
+                        .claim_cell(&cell_id, &config.replica, config.lease)
+                        .await
+                {
+                    live.lost_lease(e.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    let handed_over = live.handed_over();
     let (mut run, resumed) = match script {
+        ScriptCall::Admitted(a) if handed_over => {
+            a.hand_over().await;
+            (run, None)
+        }
         ScriptCall::Admitted(a) => (codemode.finish_admission(*a, run).await, None),
+        ScriptCall::TakenOver { .. } if handed_over => (run, None),
         ScriptCall::TakenOver { journal_id } => (run, Some(journal_id)),
     };
     if live.is_abandoned() {
@@ -548,8 +579,6 @@ async fn drive(
     } else {
         CellStatus::Finished
     };
-    let config = cells.config();
-    let store = cells.store();
     if let Some(journal_id) = resumed {
         ResumedEnd {
             call_id: &call_id,
