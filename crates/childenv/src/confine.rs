@@ -99,6 +99,13 @@ where
     PROBED.get_or_init(imp::probe).clone()
 }
 
+/// Whether confined programs are kept from abstract sockets made outside their confinement
+/// (Landlock ABI 6, Linux 6.12 or later). Without it, a service of the user's on one (a D-Bus
+/// session bus at `unix:abstract=`) is within their reach.
+pub fn scopes_abstract_sockets() -> bool {
+    is_confining() && imp::scopes_abstract_sockets()
+}
+
 /// A sentence to add to the error of a program that did not start while confinement is on:
 /// entering it may be what failed, and the user can turn it off.
 pub fn start_failure_hint() -> &'static str {
@@ -317,7 +324,7 @@ mod imp {
             hidden_files,
             hidden_dirs,
             cwd: cwd.as_deref().and_then(c_path),
-            landlock: landlock_ruleset(),
+            landlock: landlock_ruleset().map(|(fd, _)| fd),
         };
         // SAFETY: the closure makes system calls only, on memory prepared above.
         unsafe {
@@ -583,10 +590,18 @@ mod imp {
         Ok(())
     }
 
+    /// `struct landlock_ruleset_attr` up to `scoped` (ABI 6); older kernels take only the
+    /// first field, so the ruleset is made with the whole struct first, then with its head.
     #[repr(C)]
     struct RulesetAttr {
         handled_access_fs: u64,
+        handled_access_net: u64,
+        scoped: u64,
     }
+
+    /// `LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET`: no connecting to an abstract socket made outside
+    /// the domain (a D-Bus session bus, an X server), which no file could hide.
+    const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1;
 
     #[repr(C, packed)]
     struct PathBeneathAttr {
@@ -603,24 +618,38 @@ mod imp {
         landlock_ruleset().is_some()
     }
 
+    pub(super) fn scopes_abstract_sockets() -> bool {
+        landlock_ruleset().is_some_and(|(_, scoped)| scoped)
+    }
+
     /// A Landlock ruleset that allows everything it handles (executing files) beneath `/`: it
     /// exists for the domain, whose ptrace scoping keeps the program out of other processes'
-    /// `/proc` entries. `None` where the kernel has no Landlock.
-    fn landlock_ruleset() -> Option<RawFd> {
-        static RULESET: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    /// `/proc` entries, and which, where the kernel can, keeps it from abstract sockets made
+    /// outside (the bool). `None` where the kernel has no Landlock.
+    fn landlock_ruleset() -> Option<(RawFd, bool)> {
+        static RULESET: OnceLock<Option<(OwnedFd, bool)>> = OnceLock::new();
         RULESET
             .get_or_init(|| {
                 let attr = RulesetAttr {
                     handled_access_fs: ACCESS_FS_EXECUTE,
+                    handled_access_net: 0,
+                    scoped: SCOPE_ABSTRACT_UNIX_SOCKET,
                 };
-                // SAFETY: the attribute struct outlives the call; its size is passed.
-                let fd = unsafe {
-                    libc::syscall(
-                        libc::SYS_landlock_create_ruleset,
-                        &attr as *const RulesetAttr,
-                        std::mem::size_of::<RulesetAttr>(),
-                        0u32,
-                    )
+                let create = |size: usize| {
+                    // SAFETY: the attribute struct outlives the call, and `size` is at most
+                    // its size.
+                    unsafe {
+                        libc::syscall(
+                            libc::SYS_landlock_create_ruleset,
+                            &attr as *const RulesetAttr,
+                            size,
+                            0u32,
+                        )
+                    }
+                };
+                let (fd, scoped) = match create(std::mem::size_of::<RulesetAttr>()) {
+                    fd if fd >= 0 => (fd, true),
+                    _ => (create(std::mem::size_of::<u64>()), false),
                 };
                 if fd < 0 {
                     return None;
@@ -642,10 +671,10 @@ mod imp {
                         0u32,
                     )
                 };
-                (added == 0).then_some(ruleset)
+                (added == 0).then_some((ruleset, scoped))
             })
             .as_ref()
-            .map(AsRawFd::as_raw_fd)
+            .map(|(fd, scoped)| (fd.as_raw_fd(), *scoped))
     }
 }
 
@@ -744,6 +773,10 @@ mod imp {
     }
 
     pub(super) fn has_landlock() -> bool {
+        false
+    }
+
+    pub(super) fn scopes_abstract_sockets() -> bool {
         false
     }
 

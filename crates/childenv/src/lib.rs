@@ -27,7 +27,7 @@ mod unchangeable;
 
 pub use confine::{
     ConfinementUnavailable, confine, confine_children, confinement_gap, is_confining,
-    start_failure_hint, started_confined, stop_confined_survivors,
+    scopes_abstract_sockets, start_failure_hint, started_confined, stop_confined_survivors,
 };
 pub use services::service_sockets;
 pub use unchangeable::path_children_cannot_change;

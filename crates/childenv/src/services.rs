@@ -4,8 +4,10 @@
 //! outside: `tmux run-shell`, `screen -X exec`, `systemd-run --user` (through the user manager's
 //! private socket or the session bus) start a command as the user, unconfined, that can read
 //! the audit key. Their sockets are hidden from confined programs like the key is. A service
-//! started after codemode, in a directory that did not exist then, is not covered; nor is a
-//! bus on an abstract socket (`unix:abstract=`), which no file names.
+//! started after codemode, in a directory that did not exist then, is not covered. A bus on an
+//! abstract socket (`unix:abstract=`), which no file names, is kept out of reach by the
+//! confinement's Landlock scope instead, where the kernel has it
+//! ([`crate::scopes_abstract_sockets`]).
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -291,3 +291,66 @@ fn a_symlink_on_the_way_to_a_covered_path_cannot_be_repointed() {
     );
     assert!(out.contains("mine"), "{out}");
 }
+
+/// A service of the user's on an abstract socket (a D-Bus session bus at `unix:abstract=`, an
+/// X server's `@/tmp/.X11-unix/X0`) has no file to hide, and one that runs commands would run
+/// them outside. Where the kernel scopes abstract sockets (Landlock ABI 6, Linux 6.12), a
+/// confined program cannot connect to one made outside its domain; its own still work.
+#[test]
+fn a_service_on_an_abstract_socket_outside_cannot_be_reached() {
+    use std::io::Write;
+    use std::os::linux::net::SocketAddrExt;
+    let Some(h) = home() else { return };
+    let name = format!("codemode-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            let _ = conn.write_all(b"the service answered\n");
+        }
+    });
+    let connect = |cmd: &mut Command| {
+        cmd.arg("-MIO::Socket::UNIX")
+            .arg("-e")
+            .arg(r#"my $s = IO::Socket::UNIX->new(Peer => "\0$ARGV[0]", Type => SOCK_STREAM) or die "refused: $!\n"; print scalar <$s>;"#)
+            .arg(&name);
+    };
+    // Unconfined, the service answers: the test reaches it.
+    let mut plain = Command::new("perl");
+    connect(&mut plain);
+    let out = plain.output().expect("perl runs");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "the service answered\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut confined = Command::new("perl");
+    connect(&mut confined);
+    confined.current_dir(&h.work);
+    codemode_childenv::confine(&mut confined).expect("confine");
+    let out = confined.output().expect("perl runs confined");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !codemode_childenv::scopes_abstract_sockets() {
+        eprintln!("SKIPPED: this kernel does not scope abstract sockets (Landlock ABI 6): {said}");
+        return;
+    }
+    assert!(!said.contains("answered"), "{said}");
+    assert!(said.contains("refused"), "{said}");
+    // Its own abstract sockets still work: a program and its children talk as before.
+    let (code, text) = run(
+        &h.work,
+        r#"perl -MIO::Socket::UNIX -e '
+            my $l = IO::Socket::UNIX->new(Local => "\0cm-own-$$", Type => SOCK_STREAM, Listen => 1) or die "listen: $!\n";
+            if (fork() == 0) { my $c = IO::Socket::UNIX->new(Peer => "\0cm-own-" . getppid(), Type => SOCK_STREAM) or die "child: $!\n"; print $c "hello\n"; exit 0 }
+            my $a = $l->accept; print scalar <$a>; wait;'"#,
+        &[],
+    );
+    assert_eq!(code, Some(0), "{text}");
+    assert_eq!(text, "hello\n");
+}
