@@ -24,9 +24,20 @@ pub fn run() -> Result<ExitCode> {
     }
     println!("Programs codemode starts (bash, hooks, stdio MCP servers):");
     match children_confinement() {
-        Ok(()) => println!(
-            "  active   namespace     own user and mount namespace: configuration read-only, audit key covered"
-        ),
+        Ok(()) => {
+            println!(
+                "  active   namespace     own user and mount namespace: configuration read-only, audit key covered"
+            );
+            // Not counted as missing: only services on abstract sockets depend on it.
+            match codemode_childenv::scopes_abstract_sockets() {
+                true => println!(
+                    "  active   sockets       abstract sockets made outside are out of reach (Landlock scope)"
+                ),
+                false => println!(
+                    "  absent   sockets       abstract sockets made outside stay reachable (needs Landlock ABI 6, Linux 6.12)"
+                ),
+            }
+        }
         Err(why) => {
             all = false;
             println!("  MISSING  namespace     they run unconfined: {why}");
