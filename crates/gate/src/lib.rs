@@ -34,7 +34,9 @@ pub use error::{GateError, RegistryError, Stage};
 pub use gate::{
     Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath, SessionHold,
 };
-pub use hooks::{AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings};
+pub use hooks::{
+    AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings, MAX_HOOKS_AT_ONCE,
+};
 pub use model_rules::ModelRules;
 pub use observe::CallObserver;
 pub use outcome::{CallOutcome, CallRecord, Status, UNRESOLVED_TOOL};

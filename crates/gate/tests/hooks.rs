@@ -527,3 +527,58 @@ async fn a_matcher_with_an_mcp_tools_server_spelling_still_matches_it() {
     .await;
     res.unwrap();
 }
+
+/// Red team: every call in flight ran its hooks at once, so a script's `Promise.all` of 1,500
+/// calls started hundreds of hook processes and ran the host out of descriptors. Hooks now
+/// take turns: a burst of calls never has more than `MAX_HOOKS_AT_ONCE` hook processes, and
+/// every call still runs its hook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_calls_runs_a_bounded_number_of_hooks_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let peak = dir.path().join("peak");
+    // Each hook marks itself live, records how many are live, waits a little, and leaves.
+    let cmd = script_file(
+        dir.path(),
+        "count.sh",
+        &format!(
+            "touch {live}/$$; ls {live} | wc -l >> {peak}; sleep 0.2; rm -f {live}/$$",
+            live = live.display(),
+            peak = peak.display()
+        ),
+    );
+    let (reg, tool) = one_tool("write");
+    let gate = builder(&reg)
+        .command_hooks(command_hooks(&[("write", &cmd, 30)], &[]))
+        .build()
+        .unwrap();
+    let calls = (0..200).map(|i| {
+        let gate = gate.clone();
+        async move {
+            gate.call(req(
+                "write",
+                json!({"command": format!("call {i}")}),
+                script("burst"),
+            ))
+            .await
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    for r in &results {
+        assert!(r.is_ok(), "{:?}", r.as_ref().err().map(|e| &e.message));
+    }
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 200);
+    let counts: Vec<usize> = std::fs::read_to_string(&peak)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 200, "every call ran its hook");
+    let most = counts.iter().copied().max().unwrap_or(0);
+    assert!(
+        most <= codemode_gate::MAX_HOOKS_AT_ONCE,
+        "{most} hooks ran at once"
+    );
+    assert!(most > 1, "hooks still run side by side: {most}");
+}

@@ -96,7 +96,14 @@ pub struct CommandHooks {
     pre: Vec<Compiled>,
     post: Vec<Compiled>,
     project_dir: Option<PathBuf>,
+    /// Hook processes running at once, for every call together: a script's `Promise.all` of
+    /// thousands of calls would otherwise start thousands of processes and run out of
+    /// descriptors. The others wait their turn (their calls' cancellation still ends the wait).
+    at_once: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// Hook processes one gate runs at once.
+pub const MAX_HOOKS_AT_ONCE: usize = 16;
 
 impl CommandHooks {
     pub fn new(settings: &HookSettings) -> Result<Self, HookConfigError> {
@@ -104,6 +111,7 @@ impl CommandHooks {
             pre: compile(&settings.pre_tool_use)?,
             post: compile(&settings.post_tool_use)?,
             project_dir: None,
+            at_once: std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_HOOKS_AT_ONCE)),
         })
     }
 
@@ -237,7 +245,15 @@ impl Drop for GroupGuard {
 /// The variable that names the project to a hook.
 pub use codemode_childenv::PROJECT_DIR_VAR as PROJECT_DIR_ENV;
 
-async fn run(cmd: &HookCommand, project_dir: Option<&PathBuf>, input: &Value) -> Outcome {
+async fn run(
+    cmd: &HookCommand,
+    project_dir: Option<&PathBuf>,
+    input: &Value,
+    at_once: &tokio::sync::Semaphore,
+) -> Outcome {
+    let Ok(_turn) = at_once.acquire().await else {
+        return Outcome::Failed("could not start: the hooks were shut down".to_string());
+    };
     let secs = cmd.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS);
     let mut command = tokio::process::Command::new("sh");
     command
@@ -470,12 +486,13 @@ impl Hook for CommandHooks {
             let mut rewritten = None;
             for cmd in Self::matching(&self.pre, &ev.tool_name) {
                 let input = event_json("PreToolUse", &ev, None, self.project_dir.as_ref());
-                let decision = match run(cmd, self.project_dir.as_ref(), &input).await {
-                    Outcome::Ok(stdout) => before_decision(&stdout)
-                        .unwrap_or_else(|e| HookDecision::Deny(failed(cmd, &e))),
-                    Outcome::Block(reason) => HookDecision::Deny(reason),
-                    Outcome::Failed(e) => HookDecision::Deny(failed(cmd, &e)),
-                };
+                let decision =
+                    match run(cmd, self.project_dir.as_ref(), &input, &self.at_once).await {
+                        Outcome::Ok(stdout) => before_decision(&stdout)
+                            .unwrap_or_else(|e| HookDecision::Deny(failed(cmd, &e))),
+                        Outcome::Block(reason) => HookDecision::Deny(reason),
+                        Outcome::Failed(e) => HookDecision::Deny(failed(cmd, &e)),
+                    };
                 let decision = match decision {
                     HookDecision::Deny(r) if !r.contains("hook `") => {
                         HookDecision::Deny(blocked_by(cmd, &r))
@@ -506,12 +523,13 @@ impl Hook for CommandHooks {
                     Some(current.as_ref().unwrap_or(out)),
                     self.project_dir.as_ref(),
                 );
-                let decision = match run(cmd, self.project_dir.as_ref(), &input).await {
-                    Outcome::Ok(stdout) => after_decision(&stdout)
-                        .unwrap_or_else(|e| AfterDecision::Block(failed(cmd, &e))),
-                    Outcome::Block(reason) => AfterDecision::Block(blocked_by(cmd, &reason)),
-                    Outcome::Failed(e) => AfterDecision::Block(failed(cmd, &e)),
-                };
+                let decision =
+                    match run(cmd, self.project_dir.as_ref(), &input, &self.at_once).await {
+                        Outcome::Ok(stdout) => after_decision(&stdout)
+                            .unwrap_or_else(|e| AfterDecision::Block(failed(cmd, &e))),
+                        Outcome::Block(reason) => AfterDecision::Block(blocked_by(cmd, &reason)),
+                        Outcome::Failed(e) => AfterDecision::Block(failed(cmd, &e)),
+                    };
                 let decision = match decision {
                     AfterDecision::Block(r) if !r.contains("hook `") => {
                         AfterDecision::Block(blocked_by(cmd, &r))

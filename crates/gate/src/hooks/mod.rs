@@ -6,7 +6,8 @@ use codemode_spec::{BoxFuture, CallKind, ModelFacts, Provenance, ScriptFacts, To
 use serde_json::Value;
 
 pub use command::{
-    CommandHooks, HookCommand, HookConfigError, HookMatcher, HookSettings, PROJECT_DIR_ENV,
+    CommandHooks, HookCommand, HookConfigError, HookMatcher, HookSettings, MAX_HOOKS_AT_ONCE,
+    PROJECT_DIR_ENV,
 };
 
 /// What a hook sees about one call.
