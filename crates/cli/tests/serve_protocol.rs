@@ -17,7 +17,12 @@ use serde_json::{Value, json};
 fn exchange(extra: &[&str], requests: &[Value]) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = common::codemode();
-    cmd.args(["serve", "--no-builtins", "--config-dir"])
+    // `--builtins` here: keep the built-in tools (the codemode tool needs some tool).
+    let builtins = extra.first() == Some(&"--builtins");
+    let extra = if builtins { &extra[1..] } else { extra };
+    cmd.arg("serve")
+        .args((!builtins).then_some("--no-builtins"))
+        .arg("--config-dir")
         .arg(dir.path())
         .arg("--state-dir")
         .arg(dir.path().join("state"))
@@ -263,4 +268,34 @@ fn lines_that_are_not_requests_get_errors_and_the_session_goes_on() {
     drop(raw.stdin.take());
     let status = raw.child.wait().unwrap();
     assert!(status.success(), "{status}");
+}
+
+/// Red team: the text a script's result carries is cut to `max_output_tokens`, but its
+/// `structuredContent` held every printed byte, so a script printing 15 MB sent the client a
+/// 15.7 MB answer, and a client that shows the structured result to the model (some prefer it)
+/// put all of it in the model's context. The structured result now stays within 256 KiB and
+/// says what it left out; the status stays.
+#[test]
+fn a_script_that_prints_megabytes_gets_a_bounded_answer() {
+    let script = "for (let i = 0; i < 8; i++) text('y'.repeat(500000)); return 'done'";
+    let answers = exchange(
+        &["--builtins"],
+        &[json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "codemode", "arguments": {"code": script}}})],
+    );
+    let answer = &answers[0];
+    let size = serde_json::to_vec(answer).unwrap().len();
+    let parts: Vec<(String, usize)> = answer["result"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.to_string().len())).collect();
+    assert!(size < 512 * 1024, "the answer is {size} bytes: {parts:?}");
+    let result = &answer["result"];
+    assert_eq!(result["isError"], false, "{}", result["content"]);
+    let structured = &result["structuredContent"];
+    assert_eq!(structured["ok"], true, "{structured}");
+    assert!(
+        structured["omitted"]["output"]
+            .as_str()
+            .is_some_and(|s| s.contains("8 items")),
+        "{structured}"
+    );
+    assert_eq!(structured["value"], "done");
 }

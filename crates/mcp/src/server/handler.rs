@@ -48,19 +48,7 @@ fn cell_result(report: &codemode_runtime::CellReport, extra_text: Option<&str>) 
     } else {
         CallToolResult::success(content)
     };
-    let mut structured = report.structured();
-    if let Some(output) = structured.get_mut("output").and_then(Value::as_array_mut) {
-        for item in output.iter_mut() {
-            if let Some(map) = item.as_object_mut()
-                && map.get("type").and_then(Value::as_str) == Some("image")
-                && let Some(Value::String(data)) = map.remove("data")
-            {
-                map.insert("bytes".into(), json!(data.len() / 4 * 3));
-                map.insert("note".into(), json!("sent as an image content block"));
-            }
-        }
-    }
-    result.structured_content = Some(structured);
+    result.structured_content = Some(super::result::for_client(report.structured()));
     result
 }
 
