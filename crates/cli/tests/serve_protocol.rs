@@ -285,7 +285,12 @@ fn a_script_that_prints_megabytes_gets_a_bounded_answer() {
     );
     let answer = &answers[0];
     let size = serde_json::to_vec(answer).unwrap().len();
-    let parts: Vec<(String, usize)> = answer["result"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.to_string().len())).collect();
+    let parts: Vec<(String, usize)> = answer["result"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_string().len()))
+        .collect();
     assert!(size < 512 * 1024, "the answer is {size} bytes: {parts:?}");
     let result = &answer["result"];
     assert_eq!(result["isError"], false, "{}", result["content"]);

@@ -25,6 +25,34 @@ use super::LiveCell;
 /// a copy of every large argument it passes (refused calls included).
 const MAX_LOGGED_ARGS: usize = 64 * 1024;
 
+/// Arguments with more JSON values than this are logged by their SHA-256 only too: a short
+/// text of many small values (`[0,0,0,…]`) is tens of times larger once a rebuilding process
+/// decodes it.
+const MAX_LOGGED_ARG_VALUES: u64 = 1024;
+
+/// Most JSON values one cell's log may hold. The byte cap alone let a log of small values
+/// decode to gigabytes in the process that takes the cell over (red team: 11 MB of log took
+/// a process from 56 MB to 829 MB), and every process that took it over next died the same way.
+const MAX_LOG_VALUES: u64 = 2_000_000;
+
+/// JSON values in `v`, itself included; counting stops past `limit`.
+fn value_count(v: &Value, limit: u64) -> u64 {
+    let mut n = 0u64;
+    let mut todo = vec![v];
+    while let Some(v) = todo.pop() {
+        n += 1;
+        if n > limit {
+            break;
+        }
+        match v {
+            Value::Array(items) => todo.extend(items),
+            Value::Object(map) => todo.extend(map.values()),
+            _ => {}
+        }
+    }
+    n
+}
+
 /// Most bytes one cell's replay log may hold. Past it the cell stops (it could not be rebuilt)
 /// rather than fill the shared store, or the memory of whichever process rebuilds it.
 const MAX_LOG_BYTES: u64 = 256 * 1024 * 1024;
@@ -106,7 +134,9 @@ fn text_digest(text: &str) -> String {
 /// `args` as the log keeps them: whole, or by their digest when large.
 fn logged_args(args: &Value) -> (Value, Option<String>) {
     let text = args.to_string();
-    if text.len() <= MAX_LOGGED_ARGS {
+    if text.len() <= MAX_LOGGED_ARGS
+        && value_count(args, MAX_LOGGED_ARG_VALUES) <= MAX_LOGGED_ARG_VALUES
+    {
         (args.clone(), None)
     } else {
         (Value::Null, Some(text_digest(&text)))
@@ -138,6 +168,7 @@ pub(crate) struct CellLink {
     /// The log's end; held while appending, so steps stay consecutive.
     tail: tokio::sync::Mutex<Tail>,
     max_log_bytes: u64,
+    max_log_values: u64,
 }
 
 struct Tail {
@@ -145,6 +176,8 @@ struct Tail {
     next: u64,
     /// Bytes the log holds.
     bytes: u64,
+    /// JSON values the log holds.
+    values: u64,
 }
 
 impl CellLink {
@@ -153,13 +186,17 @@ impl CellLink {
         cell: Arc<LiveCell>,
         store: Arc<dyn StateStore>,
         replica: String,
-        entries: &[ReplayEntry],
+        entries: Vec<ReplayEntry>,
     ) -> Result<CellLink, String> {
         let mut logged: HashMap<u64, Logged> = HashMap::new();
         let mut bytes = 0u64;
+        let mut values = 0u64;
+        let last = entries.last().map(|e| e.step).unwrap_or(0);
+        // Taken by value: a log near its bounds is not held twice while it is read.
         for e in entries {
             bytes += e.entry.to_string().len() as u64;
-            let step: Step = serde_json::from_value(e.entry.clone()).map_err(|err| {
+            values += value_count(&e.entry, u64::MAX);
+            let step: Step = serde_json::from_value(e.entry).map_err(|err| {
                 format!(
                     "step {} of the cell's replay log cannot be read ({err}); the cell cannot be rebuilt",
                     e.step
@@ -208,7 +245,6 @@ impl CellLink {
                 }
             }
         }
-        let last = entries.last().map(|e| e.step).unwrap_or(0);
         Ok(CellLink {
             cell,
             store,
@@ -218,14 +254,22 @@ impl CellLink {
             tail: tokio::sync::Mutex::new(Tail {
                 next: last + 1,
                 bytes,
+                values,
             }),
             max_log_bytes: MAX_LOG_BYTES,
+            max_log_values: MAX_LOG_VALUES,
         })
     }
 
     #[cfg(test)]
     fn with_max_log_bytes(mut self, max: u64) -> Self {
         self.max_log_bytes = max;
+        self
+    }
+
+    #[cfg(test)]
+    fn with_max_log_values(mut self, max: u64) -> Self {
+        self.max_log_values = max;
         self
     }
 
@@ -332,7 +376,16 @@ impl CellLink {
         }
         let entry = serde_json::to_value(&step).map_err(|e| e.to_string())?;
         let size = entry.to_string().len() as u64;
+        let values = value_count(&entry, self.max_log_values);
         let mut tail = self.tail.lock().await;
+        if tail.values + values > self.max_log_values {
+            let message = format!(
+                "The cell's replay log would pass {} JSON values with this call's {values} (it logs every call's arguments and result, so that the cell can be rebuilt), so the cell was stopped. Run a script that moves this much data without cells, or have it return less per call.",
+                self.max_log_values
+            );
+            self.cell.fail(message.clone());
+            return Err(message);
+        }
         if tail.bytes + size > self.max_log_bytes {
             let message = format!(
                 "The cell's replay log would pass {} bytes with this call's {size} (it logs every call's arguments and result, so that the cell can be rebuilt), so the cell was stopped. Run a script that moves this much data without cells, or have it return less per call.",
@@ -356,6 +409,7 @@ impl CellLink {
             Ok(()) => {
                 tail.next += 1;
                 tail.bytes += size;
+                tail.values += values;
                 Ok(())
             }
             Err(e) => {
@@ -415,7 +469,7 @@ mod tests {
             "s".into(),
             tokio_util::sync::CancellationToken::new(),
         ));
-        let link = CellLink::new(live.clone(), store.clone(), "r".into(), &[])
+        let link = CellLink::new(live.clone(), store.clone(), "r".into(), Vec::new())
             .unwrap()
             .with_max_log_bytes(1_000);
         link.started(1, "t", &json!({})).await.unwrap();
@@ -430,5 +484,60 @@ mod tests {
         );
         assert!(live.failure().is_some_and(|f| f.contains("was stopped")));
         assert_eq!(store.read_replay("c").await.unwrap().len(), 1);
+    }
+
+    /// Red team: refused calls with 64 KB of `[0,0,…]` each passed the byte cap and decoded to
+    /// gigabytes where the cell was rebuilt. Such arguments are logged by digest, and the log
+    /// counts its values.
+    #[tokio::test]
+    async fn a_log_of_many_small_values_is_bounded_by_its_values() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
+        store
+            .create_cell(NewCell {
+                id: "c".into(),
+                session_id: "s".into(),
+                source: "".into(),
+                source_hash: "0".repeat(64),
+                options: json!({}),
+                owner: "r".into(),
+                lease: std::time::Duration::from_secs(60),
+                max_live_per_session: None,
+            })
+            .await
+            .unwrap();
+        let live = Arc::new(LiveCell::new(
+            "c".into(),
+            "s".into(),
+            tokio_util::sync::CancellationToken::new(),
+        ));
+        let link = CellLink::new(live.clone(), store.clone(), "r".into(), Vec::new())
+            .unwrap()
+            .with_max_log_values(5_000);
+        // Many-valued arguments are logged by digest: a small entry.
+        let zeros = json!(vec![0; 30_000]);
+        link.started(1, "t", &zeros).await.unwrap();
+        let logged = store.read_replay("c").await.unwrap();
+        assert!(logged[0].entry["args"].is_null(), "{}", logged[0].entry);
+        assert!(logged[0].entry["args_sha256"].is_string());
+        // A result of many values is logged whole, within the log's count.
+        let many = Ok(json!(vec![1; 3_000]));
+        link.ended(1, "t", &zeros, &many, Charge::default())
+            .await
+            .unwrap();
+        link.started(2, "t", &json!({})).await.unwrap();
+        let refused = link
+            .ended(2, "t", &json!({}), &many, Charge::default())
+            .await
+            .unwrap_err();
+        assert!(refused.contains("5000 JSON values"), "{refused}");
+        assert!(live.failure().is_some_and(|f| f.contains("was stopped")));
+        // Rebuilt, the log it left counts the same.
+        let entries = store.read_replay("c").await.unwrap();
+        assert_eq!(entries.len(), 3);
+        let total: u64 = entries
+            .iter()
+            .map(|e| value_count(&e.entry, u64::MAX))
+            .sum();
+        assert!(total <= 5_000, "{total}");
     }
 }

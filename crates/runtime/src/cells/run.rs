@@ -157,7 +157,7 @@ impl Codemode {
             req.session_id.clone(),
             tokio_util::sync::CancellationToken::new(),
         ));
-        let link = match CellLink::new(live.clone(), store, config.replica.clone(), &[]) {
+        let link = match CellLink::new(live.clone(), store, config.replica.clone(), Vec::new()) {
             Ok(l) => Arc::new(l),
             Err(e) => return Err(CellError::Replay(e)),
         };
@@ -310,18 +310,14 @@ impl Codemode {
                 claimed.session_id.clone(),
                 tokio_util::sync::CancellationToken::new(),
             ));
-            let link = match CellLink::new(
-                live.clone(),
-                store.clone(),
-                config.replica.clone(),
-                &entries,
-            ) {
-                Ok(l) => Arc::new(l),
-                Err(e) => {
-                    fail(format!("cell {}: {e}", claimed.id)).await;
-                    continue;
-                }
-            };
+            let link =
+                match CellLink::new(live.clone(), store.clone(), config.replica.clone(), entries) {
+                    Ok(l) => Arc::new(l),
+                    Err(e) => {
+                        fail(format!("cell {}: {e}", claimed.id)).await;
+                        continue;
+                    }
+                };
             let mut req = ScriptRequest::new(claimed.source.clone(), claimed.session_id.clone());
             req.client = options.client.clone();
             req.parent_call_id = Some(options.call_id.clone());
