@@ -84,12 +84,26 @@ fn micro_usd(usd: f64) -> u64 {
 struct Inner {
     scripts: HashMap<String, LedgerSnapshot>,
     sessions: HashMap<String, LedgerSnapshot>,
+    /// Bytes of arguments each live script's calls put in the journal.
+    journalled: HashMap<String, u64>,
 }
 
+/// Most bytes of arguments one script's calls may put in the journal by default. Each line
+/// keeps a call's arguments whole up to 256 KiB, so without a bound one script could write
+/// gigabytes there.
+pub const MAX_JOURNALLED_BYTES_PER_SCRIPT: u64 = 64 * 1024 * 1024;
+
 /// Counters for every live script and session.
-#[derive(Default)]
 pub(crate) struct Ledger {
     inner: Mutex<Inner>,
+    /// Most bytes of arguments one script's calls may put in the journal.
+    journal_share: u64,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Ledger::with_journal_share(MAX_JOURNALLED_BYTES_PER_SCRIPT)
+    }
 }
 
 fn over(
@@ -245,6 +259,17 @@ pub(crate) fn estimate(
 }
 
 impl Ledger {
+    pub(crate) fn with_journal_share(journal_share: u64) -> Self {
+        Ledger {
+            inner: Mutex::default(),
+            journal_share,
+        }
+    }
+
+    pub(crate) fn journal_share(&self) -> u64 {
+        self.journal_share
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -374,7 +399,25 @@ impl Ledger {
     }
 
     pub(crate) fn end_script(&self, script_id: &str) -> LedgerSnapshot {
-        self.lock().scripts.remove(script_id).unwrap_or_default()
+        let mut inner = self.lock();
+        inner.journalled.remove(script_id);
+        inner.scripts.remove(script_id).unwrap_or_default()
+    }
+
+    /// Counts `bytes` of a call's arguments into its script's journal share; false (nothing
+    /// counted) when they would pass it. Only for scripts this ledger counts (a call reserved
+    /// here first).
+    pub(crate) fn journal(&self, script_id: &str, bytes: u64) -> bool {
+        let mut inner = self.lock();
+        if !inner.scripts.contains_key(script_id) {
+            return true;
+        }
+        let used = inner.journalled.entry(script_id.to_string()).or_default();
+        if used.saturating_add(bytes) > self.journal_share {
+            return false;
+        }
+        *used += bytes;
+        true
     }
 
     pub(crate) fn records(&self, script_id: &str) -> Vec<CallRecord> {

@@ -418,3 +418,63 @@ async fn a_log_swapped_with_its_journal_does_not_verify_on_its_own() {
         "{named}"
     );
 }
+
+/// Red team: each journal line keeps a call's arguments whole (up to 256 KiB, twice that once
+/// escaped), and nothing bounded a script's total: one script could write gigabytes into the
+/// journal. A script's calls now share a bound; past it they are refused before they run, with
+/// the log intact, and another script's calls go on.
+#[tokio::test]
+async fn a_scripts_calls_cannot_fill_the_journal_past_their_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let reg = Registry::new();
+    let w = TestTool::new("w", object_schema());
+    let runs = w.runs.clone();
+    reg.register(Arc::new(w)).unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
+        .max_journalled_bytes_per_script(1024 * 1024)
+        .build()
+        .unwrap();
+    // Quotes double when the line is escaped; the share counts what the call passed.
+    let padding = "\"".repeat(200 * 1024);
+    let mut refused = None;
+    for i in 0..10 {
+        match gate
+            .call(req(
+                "w",
+                json!({"path": format!("{i}{padding}")}),
+                script("filler"),
+            ))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => {
+                refused = Some((i, e));
+                break;
+            }
+        }
+    }
+    let (at, err) = refused.expect("the share ran out");
+    assert!((4..=5).contains(&at), "refused at call {at}");
+    assert!(err.message.contains("audit journal"), "{}", err.message);
+    assert!(
+        err.message.contains("nothing was changed"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        at,
+        "the refused call did not run"
+    );
+    let journal = std::fs::metadata(started_path(&path)).unwrap().len();
+    assert!(journal < 3 * 1024 * 1024, "{journal} bytes in the journal");
+    // Only that script: another one's call runs, and the log still verifies.
+    gate.call(req("w", json!({"path": "small"}), script("other")))
+        .await
+        .unwrap();
+    let report = codemode_gate::verify(&path, Some(&test_key())).unwrap();
+    // Every call that ran, and the one refused, has its line.
+    assert_eq!(report.lines, at + 2);
+}

@@ -64,6 +64,11 @@ pub enum AuditError {
     Head { path: String, problem: String },
     #[error("audit key {path}: {problem}")]
     Key { path: String, problem: String },
+    /// A script's calls used up its share of the journal; the log itself is fine.
+    #[error(
+        "`{tool}` was not run: this script's calls have put {max} bytes of arguments in the audit journal, the most one script may, so nothing was changed. No person was asked. Do the rest in another script, or pass less per call"
+    )]
+    ScriptShare { tool: String, max: u64 },
 }
 
 /// The head file beside a log.
@@ -606,7 +611,9 @@ fn last_line(file: &File) -> std::io::Result<Option<Vec<u8>>> {
     }
     let mut tail: Vec<u8> = Vec::new();
     let mut end = len;
-    let chunk = 4096u64;
+    // Doubled each time: a long last line is read in O(its length), not a chunk at a time
+    // with everything read so far copied again for each (a 0.5 MB line cost 33 MB of copying).
+    let mut chunk = 4096u64;
     loop {
         let start = end.saturating_sub(chunk);
         let mut buf = vec![0u8; (end - start) as usize];
@@ -622,9 +629,39 @@ fn last_line(file: &File) -> std::io::Result<Option<Vec<u8>>> {
             return Ok(Some(body.to_vec()));
         }
         end = start;
+        chunk = chunk.saturating_mul(2);
     }
 }
 
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod last_line_tests {
+    use super::last_line;
+    use std::io::Write;
+
+    /// Lines across the doubling reads: shorter than one, across two, across several.
+    #[test]
+    fn the_last_line_is_found_whatever_its_length() {
+        for len in [0usize, 1, 4095, 4096, 4097, 12_289, 100_000] {
+            for final_newline in [true, false] {
+                if len == 0 && !final_newline {
+                    continue; // "x…\n" alone: its last line is the x's.
+                }
+                let mut f = tempfile::tempfile().unwrap();
+                let last = "y".repeat(len);
+                write!(f, "{}\n{last}", "x".repeat(5000)).unwrap();
+                if final_newline {
+                    f.write_all(b"\n").unwrap();
+                }
+                let got = last_line(&f).unwrap().unwrap();
+                assert_eq!(got.len(), len, "len {len}, final newline {final_newline}");
+                assert!(got.iter().all(|b| *b == b'y'));
+            }
+        }
+        let empty = tempfile::tempfile().unwrap();
+        assert_eq!(last_line(&empty).unwrap(), None);
+    }
 }

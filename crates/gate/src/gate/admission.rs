@@ -255,6 +255,17 @@ impl Pending {
             return Ok(());
         }
         let args_text = serde_json::to_string(&self.args).unwrap_or_default();
+        if let Some(script_id) = &self.provenance.script_id
+            && !self
+                .gate
+                .ledger
+                .journal(script_id, args_text.len().min(WHOLE_ARGUMENTS) as u64)
+        {
+            return Err(crate::audit::AuditError::ScriptShare {
+                tool: self.tool.clone(),
+                max: self.gate.ledger.journal_share(),
+            });
+        }
         let journal_id = uuid::Uuid::new_v4().simple().to_string();
         let mut record = serde_json::json!({
             "time": utc_now(),
@@ -630,6 +641,10 @@ impl Admission {
             Ok(()) if !trusted_read_only => self.pending.journal_start().await,
             other => other,
         };
+        if let Err(e @ crate::audit::AuditError::ScriptShare { .. }) = recorded {
+            // This script's share is spent; the log is fine and other calls go on.
+            return Err(ToolError::failed(e.to_string()).with_effect(Effect::None));
+        }
         if let Err(e) = recorded {
             audit_failed(&self.pending.gate, &e);
             return Err(ToolError::failed(format!(

@@ -143,6 +143,7 @@ pub struct GateBuilder {
     protected: Vec<ProtectedPath>,
     shared: Option<SharedLedger>,
     shared_hold_for: Option<std::time::Duration>,
+    journal_share: Option<u64>,
     principal: Option<Principal>,
     observer: Option<Arc<dyn CallObserver>>,
     trace_arguments: bool,
@@ -161,6 +162,13 @@ impl GateBuilder {
     /// quarter of this, so a call may run longer. Default 15 minutes.
     pub fn shared_hold_for(mut self, hold_for: std::time::Duration) -> Self {
         self.shared_hold_for = Some(hold_for);
+        self
+    }
+    /// Most bytes of arguments one script's calls may put in the audit journal (each call's
+    /// whole arguments, up to 256 KiB, are journalled before it runs); past it the script's
+    /// calls are refused, and the log and other scripts go on. Default 64 MiB.
+    pub fn max_journalled_bytes_per_script(mut self, bytes: u64) -> Self {
+        self.journal_share = Some(bytes);
         self
     }
     /// Who sessions act for when nobody said otherwise with [`Gate::set_principal`].
@@ -278,7 +286,10 @@ impl GateBuilder {
                 budgets: self.budgets,
                 audit: self.audit,
                 mode: self.mode,
-                ledger: Ledger::default(),
+                ledger: Ledger::with_journal_share(
+                    self.journal_share
+                        .unwrap_or(crate::budget::MAX_JOURNALLED_BYTES_PER_SCRIPT),
+                ),
                 always: Mutex::new(HashSet::new()),
                 audit_failure: Mutex::new(None),
                 models: self.models,
@@ -343,6 +354,7 @@ impl Gate {
             protected: Vec::new(),
             shared: None,
             shared_hold_for: None,
+            journal_share: None,
             principal: None,
             observer: None,
             trace_arguments: false,
