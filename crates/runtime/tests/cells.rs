@@ -1043,3 +1043,63 @@ return [a.n, d.n];"#;
         "replayed, not run again"
     );
 }
+
+/// Red team: a client that starts cells and never reads their results kept each one's whole
+/// output in memory for an hour (30 MB a script that printed 15 MB), so memory grew with every
+/// cell. A session keeps at most 16 unread ended cells in memory; the others are let go, and
+/// `wait` still gets their result from the state store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_cells_nobody_reads_are_let_go_past_a_few_per_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(
+        dir.path(),
+        Setup {
+            max_live: 64,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..24 {
+        let code = format!(
+            "// @options: {{\"yield_after_ms\": 20}}\nawait tools.counted({{ ms: 300 }});\ntext('x'.repeat(100000));\nreturn {i};"
+        );
+        let r = w.codemode.start_cell(req(&code, "s")).await.unwrap();
+        assert_eq!(r.status, CellStatus::Running, "{}", r.text);
+        ids.push(r.cell);
+    }
+    let cells = w.codemode.cells().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let ended = futures::future::join_all(ids.iter().map(|id| w.store.get_cell(id))).await;
+        let all_ended = ended
+            .iter()
+            .all(|c| matches!(c, Ok(Some(c)) if c.status.is_terminal()));
+        let held = ids.iter().filter(|id| cells.holds(id)).count();
+        if all_ended && held <= 16 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{held} of 24 ended cells still held"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The first ones were let go; their result is still there.
+    assert!(!cells.holds(&ids[0]));
+    let report = w
+        .codemode
+        .wait_cell("s", &ids[0], wait_for(1_000))
+        .await
+        .unwrap();
+    assert_eq!(report.status, CellStatus::Finished, "{}", report.text);
+    assert!(report.text.contains("state store kept"), "{}", report.text);
+    // The newest are still held, output and all.
+    let last = w
+        .codemode
+        .wait_cell("s", &ids[23], wait_for(1_000))
+        .await
+        .unwrap();
+    assert_eq!(last.status, CellStatus::Finished);
+    assert!(last.structured()["value"] == 23, "{}", last.text);
+}

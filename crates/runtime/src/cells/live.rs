@@ -209,9 +209,22 @@ impl LiveCell {
         let pending = s.pending.clone();
         let (status, run) = match s.end.as_mut() {
             Some(end) => {
-                let run = (!end.collected).then(|| (end.run.clone(), from));
+                // Handed out once: what it printed and its run are not kept past that (a
+                // script that printed 15 MB kept it all for an hour after it was read).
+                let run = (!end.collected).then(|| {
+                    (
+                        std::mem::replace(
+                            &mut end.run,
+                            ScriptRun::refused(String::new(), String::new()),
+                        ),
+                        from,
+                    )
+                });
                 end.collected = true;
-                (end.status, run)
+                let status = end.status;
+                s.output = Vec::new();
+                s.reported = 0;
+                (status, run)
             }
             None if !pending.is_empty() => (CellStatus::WaitingForApproval, None),
             None => (CellStatus::Running, None),

@@ -273,6 +273,11 @@ impl Cells {
         }
     }
 
+    /// Whether this process keeps the cell in memory (running, or ended and not yet let go).
+    pub fn holds(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+
     pub(crate) fn live(&self, id: &str) -> Option<Arc<LiveCell>> {
         self.lock().get(id).cloned()
     }
@@ -339,10 +344,43 @@ async fn background(cells: Weak<CellsInner>) {
             }
         }
         run::expire_due(&cells).await;
-        cells
-            .lock()
-            .retain(|_, c| !c.is_done() || c.done_for() < Duration::from_secs(3600));
+        forget_ended(&mut cells.lock());
         drop(cells);
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Ended cells whose result nobody collected that one session keeps in memory; past it the
+/// oldest are let go (their result stays in the state store, where `wait` then reads it).
+const KEPT_ENDED_PER_SESSION: usize = 16;
+
+/// Forgets ended cells: collected ones after a minute (only to say "already collected"),
+/// uncollected ones after an hour, or sooner past [`KEPT_ENDED_PER_SESSION`] in a session. A
+/// client that starts cells and never reads them kept each one's whole output for an hour.
+fn forget_ended(live: &mut HashMap<String, Arc<LiveCell>>) {
+    live.retain(|_, c| {
+        let limit = if c.collected() { 60 } else { 3600 };
+        !c.is_done() || c.done_for() < Duration::from_secs(limit)
+    });
+    let mut by_session: HashMap<&str, Vec<(Duration, &String)>> = HashMap::new();
+    for (id, c) in live.iter() {
+        if c.is_done() && !c.collected() {
+            by_session
+                .entry(c.session_id.as_str())
+                .or_default()
+                .push((c.done_for(), id));
+        }
+    }
+    let mut gone: Vec<String> = Vec::new();
+    for (_, mut ended) in by_session {
+        if ended.len() > KEPT_ENDED_PER_SESSION {
+            // Longest ended first.
+            ended.sort_by_key(|e| std::cmp::Reverse(e.0));
+            let extra = ended.len() - KEPT_ENDED_PER_SESSION;
+            gone.extend(ended.into_iter().take(extra).map(|(_, id)| id.clone()));
+        }
+    }
+    for id in gone {
+        live.remove(&id);
     }
 }

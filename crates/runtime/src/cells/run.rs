@@ -426,7 +426,7 @@ async fn wait_elsewhere(
                 .unwrap_or_default()
                 .to_string();
             text.push_str(&format!(
-                "\n[Cell {cell_id} has ended, in another codemode process on the same state store.]"
+                "\n[Cell {cell_id} has ended; this is the result the state store kept (its printed output and images stayed with the process that ran it, or were let go).]"
             ));
             return Ok(CellReport {
                 cell: cell_id.to_string(),
