@@ -267,7 +267,9 @@ impl Codemode {
         self.inner.cells.as_ref().map(|c| c.store())
     }
 
-    /// The session's stored values, as `load()` sees them.
+    /// The session's stored values, as `load()` sees them, when there is no durable store;
+    /// with one, `load()` reads that ([`Codemode::durable_store`], `load_store`), and this is
+    /// empty.
     pub fn session_store(&self, session_id: &str) -> std::collections::BTreeMap<String, Value> {
         self.inner.stores.snapshot(session_id)
     }

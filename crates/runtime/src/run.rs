@@ -483,11 +483,15 @@ impl Codemode {
                 None => Ok(()),
             }
             .and_then(|()| {
-                let checked = self.durable_store().is_none();
+                // With a durable store, scripts load from it: a copy here would only hold
+                // every session's values in memory a second time.
+                if self.durable_store().is_some() {
+                    return Ok(());
+                }
                 self.inner.stores.apply(
                     &req.session_id,
                     &result.store_writes,
-                    checked,
+                    true,
                     ended,
                     SESSION_ENDED,
                 )

@@ -7,14 +7,20 @@ use codemode_sandbox::StoreWrite;
 use codemode_state::{MAX_STORE_TOTAL_CHARS, MAX_STORE_VALUE_CHARS};
 use serde_json::Value;
 
+/// Values are kept as their JSON text: the limits count characters, and a short text of small
+/// values (`[0,0,…]`) is tens of times larger decoded, in every session kept here.
 #[derive(Default)]
 pub(crate) struct SessionStores {
-    by_session: Mutex<HashMap<String, BTreeMap<String, Value>>>,
+    by_session: Mutex<HashMap<String, BTreeMap<String, String>>>,
 }
 
 impl SessionStores {
     pub(crate) fn snapshot(&self, session: &str) -> BTreeMap<String, Value> {
-        self.lock().get(session).cloned().unwrap_or_default()
+        let texts = self.lock().get(session).cloned().unwrap_or_default();
+        texts
+            .into_iter()
+            .filter_map(|(k, text)| Some((k, serde_json::from_str(&text).ok()?)))
+            .collect()
     }
 
     /// Applies a successful script's writes in the order it made them, all or none: a batch
@@ -41,13 +47,16 @@ impl SessionStores {
         for write in writes {
             match write {
                 StoreWrite::Set { key, value } => {
-                    let n = if checked { json_chars(value) } else { 0 };
+                    let text = serde_json::to_string(value).map_err(|e| {
+                        format!("the value stored under {key:?} cannot be written as JSON: {e}")
+                    })?;
+                    let n = text.chars().count();
                     if checked && n > MAX_STORE_VALUE_CHARS {
                         return Err(format!(
                             "the value stored under {key:?} is {n} characters of JSON; one value may be at most {MAX_STORE_VALUE_CHARS}"
                         ));
                     }
-                    store.insert(key.clone(), value.clone());
+                    store.insert(key.clone(), text);
                 }
                 StoreWrite::Delete { key, .. } => {
                     store.remove(key);
@@ -57,7 +66,7 @@ impl SessionStores {
         let total: usize = if checked {
             store
                 .iter()
-                .map(|(k, v)| k.chars().count() + json_chars(v))
+                .map(|(k, v)| k.chars().count() + v.chars().count())
                 .sum()
         } else {
             0
@@ -76,13 +85,9 @@ impl SessionStores {
     }
 
     // A poisoned lock means a panic elsewhere; the map itself is still consistent.
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, Value>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, BTreeMap<String, String>>> {
         self.by_session.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-fn json_chars(v: &Value) -> usize {
-    serde_json::to_string(v).map_or(0, |t| t.chars().count())
 }
 
 /// A script's writes as the state store takes them.
