@@ -120,3 +120,52 @@ fn an_allowed_origin_matches_its_port_only() {
         assert_eq!(v[origin], status, "Origin {origin}: {v}");
     }
 }
+
+/// Red team: a loopback server without a token served every local user, and a client it serves
+/// is also the one asked to approve its calls: another user's program ran `bash` as the user
+/// serving, approving its own prompt. Without a token, only that user's programs get in.
+#[test]
+fn a_tokenless_loopback_server_refuses_other_users_programs() {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: acting as another user needs root, and this test runs as another");
+        return;
+    }
+    let config = tempfile::tempdir().unwrap();
+    let (mut child, url) = common::start_serving(
+        Command::new(env!("CARGO_BIN_EXE_codemode"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
+            .arg(config.path())
+            .arg("--state-dir")
+            .arg(config.path().join("state")),
+    );
+    let healthz = url.replace("/mcp", "/healthz");
+    let curl = |as_nobody: bool| {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-s", "-w", "\n%{http_code}", &healthz]);
+        if as_nobody {
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(65534) != 0
+                        || libc::setuid(65534) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let out = cmd.output().expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let other = curl(true);
+    let own = curl(false);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(other.ends_with("\n403"), "{other}");
+    assert!(other.contains("--token"), "{other}");
+    assert!(own.ends_with("\n200"), "{own}");
+}

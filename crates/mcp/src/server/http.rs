@@ -282,7 +282,7 @@ pub async fn serve_http(
         config,
     );
     let guard = Guard {
-        tokens: Arc::new(tokens),
+        tokens: Arc::new(tokens.clone()),
         sessions: sessions.clone(),
         codemode: guard_codemode,
         hub,
@@ -313,6 +313,7 @@ pub async fn serve_http(
             router,
             stop,
             http.max_connections_per_peer,
+            tokens.is_empty(),
         )));
         tracing::info!(%local, "codemode MCP server listening on http://{local}/mcp");
     }
@@ -387,6 +388,7 @@ async fn accept_loop(
     router: axum::Router,
     stop: CancellationToken,
     max_per_peer: usize,
+    own_user_only: bool,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use tower::ServiceExt as _;
@@ -438,6 +440,11 @@ async fn accept_loop(
         let stop = stop.clone();
         connections.spawn(async move {
             let _slot = slot;
+            let mut stream = stream;
+            if own_user_only && !from_own_user(&stream).await {
+                refuse_other_user(&mut stream).await;
+                return;
+            }
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()
@@ -473,6 +480,41 @@ async fn accept_loop(
     connections.close();
     connections.wait().await;
     Ok(())
+}
+
+/// Whether the client at the other end of a loopback connection runs as this process's user.
+/// Unknown counts as no: a client that closed at once loses nothing.
+async fn from_own_user(stream: &tokio::net::TcpStream) -> bool {
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return false;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let owner =
+        tokio::task::spawn_blocking(move || super::peer_uid::loopback_peer_uid(local, peer))
+            .await
+            .ok()
+            .flatten();
+    if owner != Some(me) {
+        tracing::warn!(%peer, ?owner, "refused a connection from another user: this server has no token, so it serves only its own user's programs");
+    }
+    owner == Some(me)
+}
+
+/// Says why, then closes: another user's program reached a server that has no token.
+async fn refuse_other_user(stream: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = "this codemode server has no token, so it serves only programs of the user it runs as; to let others in, start it with --token (or --tokens-file) and give them the token\n";
+    let response = format!(
+        "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(
+        Duration::from_secs(2),
+        stream.write_all(response.as_bytes()),
+    )
+    .await;
+    let _ = stream.shutdown().await;
 }
 
 /// How often a connection checks whether it has been idle too long.

@@ -3,6 +3,7 @@
 mod approval;
 mod handler;
 mod http;
+mod peer_uid;
 mod result;
 mod sessions;
 mod stdio_lines;
