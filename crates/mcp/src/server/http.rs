@@ -341,11 +341,48 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// firing a thousand calls at two replicas opens.
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 1024;
 
-/// Open connections by peer address, and how many one may hold (0: no limit).
+/// Open connections by peer (see [`peer_key`]), and how many one may hold (0: no limit); and
+/// how many all peers together may, below the descriptors the process may open.
 #[derive(Clone)]
 struct PeerConnections {
     open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
     max: usize,
+    max_total: usize,
+}
+
+/// Who counts as one peer: every loopback address is one (a local program can connect from any
+/// of 127.0.0.0/8, and did, 20 addresses at a thousand connections each), an IPv4-mapped
+/// address is its IPv4 one, and an IPv6 address is its /64, which one host is usually given
+/// whole.
+fn peer_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        _ if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(Ipv6Addr::from(bits))
+        }
+        v4 => v4,
+    }
+}
+
+/// Connections all peers together may hold: the descriptors this process may open, less room
+/// for its own files, upstream servers and state store.
+fn max_total_connections() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    let soft = match unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } {
+        0 => usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX),
+        _ => 1024,
+    };
+    soft.saturating_sub(soft / 4).max(64)
 }
 
 /// One open connection of a peer; given back when dropped.
@@ -356,7 +393,11 @@ struct PeerSlot {
 
 impl PeerConnections {
     fn admit(&self, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let ip = peer_key(ip);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.values().sum::<usize>() >= self.max_total {
+            return None;
+        }
         let n = open.entry(ip).or_insert(0);
         if self.max > 0 && *n >= self.max {
             return None;
@@ -396,6 +437,7 @@ async fn accept_loop(
     let peers = PeerConnections {
         open: Arc::default(),
         max: max_per_peer,
+        max_total: max_total_connections(),
     };
     loop {
         let accepted = tokio::select! {
@@ -1146,5 +1188,40 @@ mod tests {
         ] {
             assert!(exact_origin(bad).is_err(), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod peer_tests {
+    use super::*;
+
+    /// Red team: the per-peer cap counted exact addresses, so one local program connecting
+    /// from 127.0.0.2, 127.0.0.3, … held a thousand connections on each.
+    #[test]
+    fn every_loopback_address_is_one_peer_and_all_share_a_total() {
+        let peers = PeerConnections {
+            open: Arc::default(),
+            max: 3,
+            max_total: 5,
+        };
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let mut held = Vec::new();
+        for a in ["127.0.0.1", "127.0.0.2", "::1"] {
+            held.push(peers.admit(ip(a)).expect("within the peer's share"));
+        }
+        for a in ["127.9.9.9", "::ffff:127.0.0.1", "127.0.0.1"] {
+            assert!(
+                peers.admit(ip(a)).is_none(),
+                "{a} is the same loopback peer"
+            );
+        }
+        // Two addresses of one /64: one peer, with room for both.
+        held.push(peers.admit(ip("2001:db8::1")).unwrap());
+        held.push(peers.admit(ip("2001:db8::2:3")).unwrap());
+        // The total (5) is reached: nobody else gets in, whoever they are.
+        assert!(peers.admit(ip("2001:db8:1::1")).is_none());
+        assert!(peers.admit(ip("192.0.2.7")).is_none());
+        held.clear();
+        assert!(peers.admit(ip("192.0.2.7")).is_some());
     }
 }
