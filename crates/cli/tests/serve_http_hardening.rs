@@ -169,3 +169,52 @@ fn a_tokenless_loopback_server_refuses_other_users_programs() {
     assert!(other.contains("--token"), "{other}");
     assert!(own.ends_with("\n200"), "{own}");
 }
+
+/// Red team: a 4 MiB body of `[0,0,…]` took the server from 57 to 527 MB while the transport
+/// decoded it, and eight at once to 1.9 GB. A body's JSON values are counted before anything
+/// decodes it.
+#[test]
+fn a_body_of_too_many_json_values_is_refused_before_it_is_decoded() {
+    let config = tempfile::tempdir().unwrap();
+    let (mut child, url) = common::start_serving(
+        Command::new(env!("CARGO_BIN_EXE_codemode"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
+            .arg(config.path())
+            .arg("--state-dir")
+            .arg(config.path().join("state")),
+    );
+    let post = |values: usize| {
+        let pad = vec!["0"; values].join(",");
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"codemode","arguments":{{"code":"1","pad":[{pad}]}}}}}}"#
+        );
+        let file = config.path().join("body.json");
+        std::fs::write(&file, body).unwrap();
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-w",
+                "\n%{http_code}",
+                "-H",
+                "content-type: application/json",
+            ])
+            .args(["-H", "accept: application/json, text/event-stream"])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .arg(&url)
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let many = post(200_000);
+    let few = post(1_000);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(many.ends_with("\n400"), "{many}");
+    assert!(
+        many.contains("-32600") && many.contains("65536 JSON values"),
+        "{many}"
+    );
+    // A body within the count goes on to the transport, which wants a session first.
+    assert!(!few.contains("JSON values"), "{few}");
+}

@@ -124,32 +124,8 @@ const MAX_INFLIGHT_VALUES: usize = 2 * MAX_DECODED_VALUES;
 /// a hook, a slow server) keeps a few copies of its arguments on the way through the gate.
 const MAX_INFLIGHT_BYTES: usize = 64 * 1024 * 1024;
 
-/// How many values `json` holds, counted on the text before anything is decoded (every value but
-/// the first follows a `,` or opens an array or object), stopping once past `limit`.
 fn count_values(json: &str, limit: usize) -> usize {
-    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
-    for &b in json.as_bytes() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b',' | b'[' | b'{' => {
-                count += 1;
-                if count > limit {
-                    return count;
-                }
-            }
-            _ => {}
-        }
-    }
-    count
+    codemode_spec::count_json_values(json.as_bytes(), limit)
 }
 
 /// Whether `json` holds more than `limit` values.

@@ -10,11 +10,13 @@
 mod call;
 mod clock;
 mod identifier;
+mod json_count;
 mod tool;
 
 pub use call::{CallKind, Origin, Provenance, Usage};
 pub use clock::{ActiveCall, DeadlineClock, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
+pub use json_count::count_json_values;
 pub use tool::{
     Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, HeldMemory,
     ModelFacts, NamespaceSpec, PathUse, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall,

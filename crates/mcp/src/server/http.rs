@@ -36,6 +36,10 @@ use crate::McpError;
 /// The largest request body accepted (rmcp's own limit).
 const MAX_BODY: usize = 4 * 1024 * 1024;
 
+/// Most JSON values one request body may hold: the transport decodes a body more than once,
+/// each value tens of bytes in memory, so bytes alone do not bound what a request costs.
+const MAX_BODY_VALUES: usize = 1 << 16;
+
 /// The largest `initialize` accepted. Its parameters (client name, capabilities) are kept for
 /// the session's whole life, so a client must not make each of its sessions hold megabytes;
 /// real clients send a few kilobytes.
@@ -1111,6 +1115,17 @@ async fn checked_json(req: Request) -> Result<(Request, BodyFacts), Response> {
                 .into_response());
         }
     };
+    // Counted before anything decodes it: 4 MiB of `[0,0,…]` took the process from 57 to
+    // 527 MB on its way through the transport (a red team's measure).
+    let values = codemode_spec::count_json_values(&bytes, MAX_BODY_VALUES);
+    if values > MAX_BODY_VALUES {
+        return Err(jsonrpc_error(
+            -32600,
+            &format!(
+                "Invalid Request: the body holds more than {MAX_BODY_VALUES} JSON values; pass large data as text (one string is one value), or in several calls"
+            ),
+        ));
+    }
     let method = match serde_json::from_slice::<Envelope>(&bytes) {
         Ok(Envelope::Message { method }) => method,
         Ok(Envelope::Other(_)) => None,
