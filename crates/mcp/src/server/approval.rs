@@ -113,11 +113,20 @@ impl ElicitationApprover {
             let sessions = self.sessions.read().unwrap_or_else(|e| e.into_inner());
             sessions.values().map(|s| s.peer.clone()).collect()
         };
-        for peer in peers {
-            if let Err(e) = peer.notify_tool_list_changed().await {
-                tracing::debug!(error = %e, "a client did not take the tool-list notification");
+        // All at once, each with a time limit: a client that stopped reading its stream would
+        // otherwise hold up every client after it.
+        let sends = peers.into_iter().map(|peer| async move {
+            match tokio::time::timeout(NOTIFY_WAIT, peer.notify_tool_list_changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "a client did not take the tool-list notification")
+                }
+                Err(_) => {
+                    tracing::debug!("a client did not take the tool-list notification in time")
+                }
             }
-        }
+        });
+        futures::future::join_all(sends).await;
     }
 
     fn session(&self, session_id: &str) -> Option<SessionPeer> {
@@ -313,6 +322,9 @@ fn question(req: &ApprovalRequest) -> Value {
         }
     })
 }
+
+/// How long a client gets to take a notification.
+const NOTIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {

@@ -508,10 +508,18 @@ impl Sessions {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.codemode.end_session(id);
-        let _ = self
-            .manager
-            .close_session(&SessionId::from(id.to_string()))
+        self.close_connection(&SessionId::from(id.to_string()))
             .await;
+    }
+
+    /// Closes a session's connection to rmcp's worker, waiting a bounded time: a worker stuck
+    /// sending to a client that stopped reading its stream never takes the close, and waiting
+    /// for it froze every later sweep, so no session expired for anyone.
+    async fn close_connection(&self, id: &SessionId) {
+        let closing = self.manager.close_session(id);
+        if tokio::time::timeout(CLOSE_WAIT, closing).await.is_err() {
+            tracing::warn!(session = %id, "an MCP session's worker did not take its close in time (its client stopped reading); it was dropped");
+        }
     }
 
     /// Closes idle connections and forgets sessions idle past the timeout. Returns how many
@@ -561,7 +569,7 @@ impl Sessions {
         drop(live);
         for id in to_close {
             tracing::debug!(session = %id, "closing an idle MCP connection; the session stays");
-            let _ = self.manager.close_session(&id).await;
+            self.close_connection(&id).await;
             ended += 1;
         }
         ended
@@ -623,3 +631,6 @@ impl SessionStore for Store {
         Ok(())
     }
 }
+
+/// How long closing one session's connection may take before the sweep goes on without it.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
