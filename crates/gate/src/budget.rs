@@ -54,9 +54,18 @@ pub struct LedgerSnapshot {
     /// What calls in flight are estimated to spend; settled when they end.
     pub pending: Usage,
     pub bytes: u64,
-    /// Per-call records (scripts only; empty for session totals).
+    /// Per-call records (scripts only; empty for session totals), the most recent
+    /// [`KEPT_RECORDS`] to twice that: a call still out when its script ends ends last, so its
+    /// record is among them.
     pub records: Vec<CallRecord>,
+    /// Records let go to keep that bound (the calls' audit lines have them all).
+    pub records_dropped: u64,
 }
+
+/// Per-call records a script keeps in memory: each is a kilobyte or two, and a script may make
+/// 100,000 calls (350 MB of records, a red team measured, with no permission needed: refused
+/// calls count).
+pub const KEPT_RECORDS: usize = 5_000;
 
 impl LedgerSnapshot {
     pub(crate) fn counts(&self) -> Counts {
@@ -394,6 +403,11 @@ impl Ledger {
 
     pub(crate) fn record(&self, script_id: &str, record: CallRecord) {
         if let Some(s) = self.lock().scripts.get_mut(script_id) {
+            // Dropped in halves, so a record costs O(1) over time.
+            if s.records.len() >= 2 * KEPT_RECORDS {
+                s.records.drain(..KEPT_RECORDS);
+                s.records_dropped += KEPT_RECORDS as u64;
+            }
             s.records.push(record);
         }
     }

@@ -29,7 +29,7 @@ pub use audit::{
     head_path, started_path, started_stream, unfinished_calls, unfinished_stream_calls, verify,
     verify_stream,
 };
-pub use budget::{BudgetLimits, Budgets, DailyBudgets, LedgerSnapshot, Principal};
+pub use budget::{BudgetLimits, Budgets, DailyBudgets, KEPT_RECORDS, LedgerSnapshot, Principal};
 pub use error::{GateError, RegistryError, Stage};
 pub use gate::{
     Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath, SessionHold,
