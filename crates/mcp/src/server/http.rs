@@ -744,7 +744,13 @@ async fn guard_request(State(guard): State<Guard>, req: Request, next: Next) -> 
                 Ok(checked) => checked,
                 Err(response) => return response,
             };
+            // After the body arrived, so a client slow to send it holds no turn.
+            let turn = match &busy {
+                Some(b) => b.decoding_turn().await,
+                None => None,
+            };
             let response = next.run(req).await;
+            drop(turn);
             return finish(not_a_message(response, body.json), busy);
         }
         (Method::POST, None) => {

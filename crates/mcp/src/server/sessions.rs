@@ -101,7 +101,14 @@ struct Record {
     shared_touch: Option<Instant>,
     /// When this replica last found the session's row in the shared store.
     shared_checked: Option<Instant>,
+    /// Turns to hand a request to the transport, which decodes it: a session's requests take
+    /// turns past [`DECODING_PER_SESSION`] at once, so one client cannot make the process
+    /// decode hundreds of bodies together.
+    decoding: Arc<tokio::sync::Semaphore>,
 }
+
+/// Requests of one session the transport decodes at once.
+pub(crate) const DECODING_PER_SESSION: usize = 8;
 
 impl Record {
     fn new(init: Option<SessionState>) -> Self {
@@ -112,6 +119,7 @@ impl Record {
             owner: None,
             shared_touch: None,
             shared_checked: None,
+            decoding: Arc::new(tokio::sync::Semaphore::new(DECODING_PER_SESSION)),
         }
     }
 }
@@ -385,6 +393,7 @@ impl Sessions {
         Some(InFlight {
             sessions: self.clone(),
             id: id.to_string(),
+            decoding: record.decoding.clone(),
         })
     }
 
@@ -589,6 +598,14 @@ impl Sessions {
 pub(crate) struct InFlight {
     sessions: Arc<Sessions>,
     id: String,
+    decoding: Arc<tokio::sync::Semaphore>,
+}
+
+impl InFlight {
+    /// Waits for the session's turn to hand a request to the transport.
+    pub(crate) async fn decoding_turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.decoding.clone().acquire_owned().await.ok()
+    }
 }
 
 impl Drop for InFlight {
