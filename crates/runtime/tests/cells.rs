@@ -737,14 +737,23 @@ return [a.n, b.n, d.n];"#;
     );
     assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
     assert_eq!(first.danger_runs.load(Ordering::SeqCst), 0);
-    // The script's own call has one outcome line, written where it ended, naming its start in
-    // the journal; the process that let go of it wrote none.
+    // The script's own call: the process that let go of it says so (not as a failure), and
+    // the one that finished it says how it ended; both name its one journal line.
     let ends: Vec<Value> = audit_lines(&second.audit)
         .into_iter()
         .filter(|l| l["tool"] == "codemode" && l.get("status").is_some())
         .collect();
-    assert_eq!(ends.len(), 1, "{ends:#?}");
-    assert_eq!(ends[0]["status"], "ok", "{ends:#?}");
+    assert_eq!(ends.len(), 2, "{ends:#?}");
+    assert_eq!(ends[0]["status"], "cancelled", "{ends:#?}");
+    assert!(
+        ends[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("carry on by replay")),
+        "{ends:#?}"
+    );
+    assert_eq!(ends[1]["event"], "taken_over_script_end", "{ends:#?}");
+    assert_eq!(ends[1]["status"], "ok", "{ends:#?}");
+    assert_eq!(ends[0]["journal_id"], ends[1]["journal_id"], "{ends:#?}");
 }
 
 /// Red team: a rebuilt cell checked each logged call only when the script reached it again. A

@@ -208,16 +208,6 @@ impl Pending {
 
     /// Replaces the reservation's estimate with what the call spent.
     async fn settle(&mut self, usage: Option<&Usage>, bytes: u64) -> Result<(), String> {
-        self.settle_then(usage, bytes, true).await
-    }
-
-    /// `line_follows`: the caller writes the call's line next and waits for it.
-    async fn settle_then(
-        &mut self,
-        usage: Option<&Usage>,
-        bytes: u64,
-        line_follows: bool,
-    ) -> Result<(), String> {
         self.hold_alive = None;
         self.usage = usage.cloned();
         let Some(r) = self.reservation.take() else {
@@ -228,21 +218,20 @@ impl Pending {
             .ledger
             .settle(&self.gate.budgets, &self.provenance, &r, usage, bytes);
         let shared = match (&r.shared, &self.gate.shared) {
-            (Some(hold), Some(shared)) => {
-                match shared.settle(hold, usage, bytes, line_follows).await {
-                    Ok(()) => Ok(()),
-                    Err(SettleError::Overrun(m)) => Err(m),
-                    Err(SettleError::Store(m)) => {
-                        let (gate, hold, usage) = (self.gate.clone(), hold.clone(), usage.cloned());
-                        in_background(&self.gate, async move {
-                            if let Some(shared) = &gate.shared {
-                                shared.settle_later(&hold, usage.as_ref(), bytes).await;
-                            }
-                        });
-                        Err(m)
-                    }
+            // Every caller writes the call's line next and waits for it.
+            (Some(hold), Some(shared)) => match shared.settle(hold, usage, bytes, true).await {
+                Ok(()) => Ok(()),
+                Err(SettleError::Overrun(m)) => Err(m),
+                Err(SettleError::Store(m)) => {
+                    let (gate, hold, usage) = (self.gate.clone(), hold.clone(), usage.cloned());
+                    in_background(&self.gate, async move {
+                        if let Some(shared) = &gate.shared {
+                            shared.settle_later(&hold, usage.as_ref(), bytes).await;
+                        }
+                    });
+                    Err(m)
                 }
-            }
+            },
             _ => Ok(()),
         };
         local.and(shared)
@@ -682,18 +671,26 @@ impl Admission {
         result
     }
 
-    /// Ends the call here without its outcome line: another process carries it on (it took
-    /// over the cell the call runs) and writes that line, naming this call's journal line.
-    /// Two lines would say the call ended twice. What it held is charged as spent, since the
-    /// call ran here; nothing is written for it in this process's log.
-    pub async fn hand_over(mut self) {
+    /// Ends the call in this process because another one carries it on (this process let go
+    /// of the cell it runs, or another took it over): its line says so, `cancelled` with
+    /// `why`, rather than the error the stopped run would show, which read as if the script
+    /// had failed. The process that carries it on writes how it ended, naming the same journal
+    /// line. What the call held is charged as spent: it ran here.
+    pub async fn hand_over(mut self, why: &str) {
         let charged = self
             .pending
             .reservation
             .as_ref()
             .and_then(|r| r.charged_when_unknown());
-        let _ = self.pending.settle_then(charged.as_ref(), 0, false).await;
-        self.pending.written = true;
+        let _ = self.pending.settle(charged.as_ref(), 0).await;
+        let line = self.pending.write(
+            Status::Cancelled,
+            Some(Stage::Execute),
+            Some(why),
+            Effect::Unknown,
+            0,
+        );
+        self.pending.store_line(line).await;
     }
 
     /// After-hooks, budgets settled with what the call spent, and its one audit line.

@@ -297,6 +297,7 @@ impl Codemode {
                     principal: None,
                     status: CellStatus::Failed,
                     is_error: true,
+                    handed_over: false,
                     message: "the script was not taken over after the process that started it stopped: the principal its session acted for was not recorded; none of its calls ran again",
                 }
                 .write(&config.audit)
@@ -492,6 +493,10 @@ enum ScriptCall {
     TakenOver { journal_id: Option<String> },
 }
 
+/// What the end line of a script's call says when the process stops running it and another
+/// one carries the cell on.
+const HANDED_OVER: &str = "this process stopped running the script and let go of its cell, for a codemode process on the same state store to carry on by replay (that one's end line names this call's journal line)";
+
 /// Runs the cell's script to its end and records how it ended.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
@@ -548,11 +553,10 @@ async fn drive(
     let handed_over = live.handed_over();
     let (mut run, resumed) = match script {
         ScriptCall::Admitted(a) if handed_over => {
-            a.hand_over().await;
+            a.hand_over(HANDED_OVER).await;
             (run, None)
         }
         ScriptCall::Admitted(a) => (codemode.finish_admission(*a, run).await, None),
-        ScriptCall::TakenOver { .. } if handed_over => (run, None),
         ScriptCall::TakenOver { journal_id } => (run, Some(journal_id)),
     };
     if live.is_abandoned() {
@@ -576,6 +580,7 @@ async fn drive(
         CellStatus::Finished
     };
     if let Some(journal_id) = resumed {
+        let handed_on = handed_over.then_some(HANDED_OVER);
         ResumedEnd {
             call_id: &call_id,
             journal_id: journal_id.as_deref(),
@@ -585,7 +590,8 @@ async fn drive(
             principal: codemode.gate().principal_of(&req.session_id).map(|p| p.id),
             status,
             is_error: run.is_error,
-            message: "the script was taken over by replay after the process that started it stopped, and ended here",
+            handed_over,
+            message: handed_on.unwrap_or("the script was taken over by replay after the process that started it stopped, and ended here"),
         }
         .write(&config.audit)
         .await;
@@ -696,6 +702,8 @@ struct ResumedEnd<'a> {
     principal: Option<String>,
     status: CellStatus,
     is_error: bool,
+    /// This process let go of the cell too: the script goes on elsewhere.
+    handed_over: bool,
     message: &'a str,
 }
 
@@ -716,10 +724,12 @@ impl ResumedEnd<'_> {
             line.insert("journal_id".into(), json!(id));
         }
         line.insert("cell_id".into(), json!(self.cell_id));
-        line.insert(
-            "status".into(),
-            json!(if self.is_error { "error" } else { "ok" }),
-        );
+        let status = match (self.handed_over, self.is_error) {
+            (true, _) => "cancelled",
+            (false, true) => "error",
+            (false, false) => "ok",
+        };
+        line.insert("status".into(), json!(status));
         line.insert("cell_status".into(), json!(self.status.as_str()));
         line.insert("message".into(), json!(self.message));
         if let Err(e) = audit.append_async(line).await {
