@@ -410,6 +410,21 @@ impl StateStore for MemoryStore {
         ready(Ok(existed))
     }
 
+    fn prune_ended(&self, before_ms: i64) -> BoxFuture<'_, Result<u64>> {
+        let mut inner = self.lock();
+        let cells = inner.cells.len();
+        inner
+            .cells
+            .retain(|_, c| !(c.status.is_terminal() && c.updated_at_ms < before_ms));
+        let approvals = inner.approvals.len();
+        inner.approvals.retain(|_, a| {
+            a.state == crate::ApprovalState::Pending
+                || a.answered_at_ms.unwrap_or(a.created_at_ms) >= before_ms
+        });
+        let gone = (cells - inner.cells.len()) + (approvals - inner.approvals.len());
+        ready(Ok(gone as u64))
+    }
+
     fn append_replay<'a>(
         &'a self,
         cell_id: &'a str,

@@ -136,6 +136,11 @@ pub trait StateStore: Send + Sync + 'static {
 
     fn read_replay<'a>(&'a self, cell: &'a str) -> BoxFuture<'a, Result<Vec<ReplayEntry>>>;
 
+    /// Deletes cells that ended, and approvals answered or expired, before `before_ms`: each
+    /// holds a script (up to 4 MiB) or a call's whole arguments, and nothing else removes
+    /// them. Their audit lines keep what happened. Returns how many rows went.
+    fn prune_ended(&self, before_ms: i64) -> BoxFuture<'_, Result<u64>>;
+
     // --- approvals ------------------------------------------------------------------------
 
     fn create_approval(&self, approval: NewApproval) -> BoxFuture<'_, Result<ApprovalRecord>>;

@@ -302,6 +302,7 @@ impl Cells {
 /// result nobody collected for an hour.
 async fn background(cells: Weak<CellsInner>) {
     let mut last_renew = tokio::time::Instant::now();
+    let mut last_prune: Option<tokio::time::Instant> = None;
     loop {
         let Some(inner) = cells.upgrade() else { return };
         let cells = Cells { inner };
@@ -344,11 +345,29 @@ async fn background(cells: Weak<CellsInner>) {
             }
         }
         run::expire_due(&cells).await;
+        if last_prune.is_none_or(|t| t.elapsed() >= PRUNE_EVERY) {
+            last_prune = Some(tokio::time::Instant::now());
+            let before = codemode_state::Clock::system()
+                .now_ms()
+                .saturating_sub(KEEP_ENDED_ROWS_MS);
+            match cells.store().prune_ended(before).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    "deleted {n} ended cells and answered approvals older than 7 days"
+                ),
+                Err(e) => tracing::warn!("pruning ended cells and answered approvals failed: {e}"),
+            }
+        }
         forget_ended(&mut cells.lock());
         drop(cells);
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// How long the state store keeps ended cells and answered approvals (their audit lines keep
+/// what happened), and how often they are pruned.
+const KEEP_ENDED_ROWS_MS: i64 = 7 * 24 * 3600 * 1000;
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Ended cells whose result nobody collected that one session keeps in memory; past it the
 /// oldest are let go (their result stays in the state store, where `wait` then reads it).

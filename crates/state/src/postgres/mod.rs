@@ -805,6 +805,29 @@ impl StateStore for PostgresStore {
         })
     }
 
+    fn prune_ended(&self, before_ms: i64) -> BoxFuture<'_, Result<u64>> {
+        Box::pin(async move {
+            let gone = read!(self, c => async {
+                let cells = c
+                    .execute(
+                        "DELETE FROM cells WHERE status IN ('finished', 'failed', 'terminated') AND updated_at_ms < $1",
+                        &[&before_ms],
+                    )
+                    .await
+                    .map_err(OpError::Pg)?;
+                let approvals = c
+                    .execute(
+                        "DELETE FROM approvals WHERE state <> 'pending' AND COALESCE(answered_at_ms, created_at_ms) < $1",
+                        &[&before_ms],
+                    )
+                    .await
+                    .map_err(OpError::Pg)?;
+                Ok::<_, OpError>(cells + approvals)
+            });
+            Ok(gone)
+        })
+    }
+
     fn delete_cell<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             let topic = Topic::Cell(id.to_string());

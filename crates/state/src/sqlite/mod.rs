@@ -519,6 +519,10 @@ impl StateStore for SqliteStore {
         self.notify_after(fut, move |_| Topic::Cell(id))
     }
 
+    fn prune_ended(&self, before_ms: i64) -> BoxFuture<'_, Result<u64>> {
+        self.run(move |c| ops::prune_ended(c, before_ms))
+    }
+
     fn append_replay<'a>(
         &'a self,
         cell: &'a str,

@@ -396,6 +396,20 @@ pub(crate) fn list_cells(conn: &mut Connection, session: &str) -> OpResult<Vec<C
     )
 }
 
+pub(crate) fn prune_ended(conn: &mut Connection, before_ms: i64) -> OpResult<u64> {
+    let tx = write_tx(conn)?;
+    let cells = tx.execute(
+        "DELETE FROM cells WHERE status IN ('finished', 'failed', 'terminated') AND updated_at_ms < ?1",
+        [before_ms],
+    )?;
+    let approvals = tx.execute(
+        "DELETE FROM approvals WHERE state <> 'pending' AND COALESCE(answered_at_ms, created_at_ms) < ?1",
+        [before_ms],
+    )?;
+    tx.commit()?;
+    Ok((cells + approvals) as u64)
+}
+
 pub(crate) fn claim_cell(
     conn: &mut Connection,
     id: &str,

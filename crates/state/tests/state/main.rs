@@ -48,6 +48,7 @@ macro_rules! every_backend {
 }
 
 every_backend!(
+    ended_cells_and_answered_approvals_are_pruned,
     sessions_and_store,
     store_limits_hold_under_concurrent_writers,
     cells_are_fenced_by_lease,

@@ -1340,3 +1340,63 @@ pub async fn ids_are_checked(env: Env) {
     env.a.ping().await.unwrap();
     assert!(!env.a.describe().is_empty());
 }
+
+/// Red team: ended cells (each with its script, up to 4 MiB) and answered approvals (each with
+/// a call's whole arguments) were never deleted, so the state database only grew. Pruning takes
+/// what ended before a time, and leaves what is live or waiting.
+pub async fn ended_cells_and_answered_approvals_are_pruned(env: Env) {
+    env.a
+        .create_cell(new_cell("c-done", "s1", "replica-a"))
+        .await
+        .unwrap();
+    env.a
+        .update_cell(
+            "c-done",
+            "replica-a",
+            CellUpdate {
+                status: CellStatus::Finished,
+                approval_id: None,
+                result: Some(json!({"text": "ok", "isError": false})),
+            },
+        )
+        .await
+        .unwrap();
+    env.a
+        .create_cell(new_cell("c-live", "s1", "replica-a"))
+        .await
+        .unwrap();
+    let answered = env
+        .a
+        .create_approval(new_approval("s1", Some("c-live")))
+        .await
+        .unwrap();
+    env.b
+        .answer_approval(
+            &answered.id,
+            answer(Decision::Deny, "bob", &answered.call_hash),
+        )
+        .await
+        .unwrap();
+    let waiting = env
+        .a
+        .create_approval(new_approval("s1", Some("c-live")))
+        .await
+        .unwrap();
+    // Nothing ended before the start.
+    assert_eq!(
+        env.b.prune_ended(crate::harness::START_MS).await.unwrap(),
+        0,
+        "{}",
+        env.name
+    );
+    let gone = env
+        .b
+        .prune_ended(crate::harness::START_MS + 1)
+        .await
+        .unwrap();
+    assert_eq!(gone, 2, "{}", env.name);
+    assert!(env.a.get_cell("c-done").await.unwrap().is_none());
+    assert!(env.a.get_cell("c-live").await.unwrap().is_some());
+    assert!(env.a.get_approval(&answered.id).await.unwrap().is_none());
+    assert!(env.a.get_approval(&waiting.id).await.unwrap().is_some());
+}
