@@ -723,6 +723,11 @@ impl SharedLedger {
     /// that outlives its hold must not give back budget it is still spending, or another call
     /// could take it. The task stops by itself when the store no longer has the hold.
     pub(crate) fn keep_alive(&self, hold: &SharedHold) -> Option<tokio_util::sync::DropGuard> {
+        // A grant from a budget lease is held in this process; the store renews the lease
+        // while calls granted from it run.
+        if hold.reservation.lease.is_some() {
+            return None;
+        }
         let rt = tokio::runtime::Handle::try_current().ok()?;
         let stop = tokio_util::sync::CancellationToken::new();
         let (store, hold_for) = (self.store.clone(), self.hold_for);
