@@ -699,6 +699,85 @@ fn bash_cannot_replace_the_program_your_key_command_names() {
     );
 }
 
+/// Red team: only a key command's first word was kept, and only by absolute path, so with
+/// `sh /abs/getkey.sh`, or `./key.sh` beside models.json, a `bash` rewrote the script and the
+/// next model call ran it unconfined; and the gate, which keeps less than confinement did, let
+/// the `write` tool change it, and another trusted project's `.codemode/`, under an allow-all
+/// policy. Every file a key command names is kept, by the gate and for programs alike, and so
+/// is every trusted project's configuration.
+#[test]
+fn every_file_a_key_command_names_and_other_trusted_projects_are_kept() {
+    let (d, _keep) = dirs();
+    let script = d.home.path().join("keys/getkey.sh");
+    executable(&script, "printf real-key\n");
+    let beside = d.config.join("key.sh");
+    executable(&beside, "#!/bin/sh\nprintf real-key\n");
+    std::fs::write(
+        d.config.join("models.json"),
+        serde_json::json!({
+            "providers": {
+                "p": { "baseUrl": "http://127.0.0.1:9/v1", "apiKeyCommand": format!("sh {}", script.display()) },
+                "q": { "baseUrl": "http://127.0.0.1:9/v1", "apiKeyCommand": "./key.sh" }
+            },
+            "models": [ { "provider": "p", "id": "judge", "type": "classifier" } ]
+        })
+        .to_string(),
+    )
+    .unwrap();
+    // Another project the user trusts, whose settings a write would widen there.
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = other_dir.path().canonicalize().unwrap();
+    let trusted = common::codemode()
+        .args(["trust"])
+        .arg(&other)
+        .arg("--config-dir")
+        .arg(&d.config)
+        .env("HOME", d.home.path())
+        .output()
+        .unwrap();
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    let settings = other.join(".codemode/settings.json");
+    // Through bash (the confinement).
+    let attack = format!(
+        "printf planted > {0} 2>&1; printf planted > {1} 2>&1; mkdir -p {2} 2>&1; printf '{{}}' > {3} 2>&1; echo tried",
+        script.display(),
+        beside.display(),
+        other.join(".codemode").display(),
+        settings.display()
+    );
+    let (code, v, stderr) = d.run(&bash_script(&attack), &[]);
+    assert_eq!(code, Some(0), "{v} {stderr}");
+    assert!(
+        v["value"].as_str().unwrap_or_default().contains("tried"),
+        "{v}"
+    );
+    // Through the write tool (the gate), each refused whatever the policy permits.
+    for target in [&script, &beside, &settings] {
+        let write = format!(
+            "return await tools.write({{ path: {:?}, content: 'planted' }})",
+            target.display().to_string()
+        );
+        let (_, v, _) = d.run(&write, &[]);
+        assert_eq!(v["ok"], false, "{} was written: {v}", target.display());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&script).unwrap(),
+        "printf real-key\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&beside).unwrap(),
+        "#!/bin/sh\nprintf real-key\n"
+    );
+    assert!(
+        !settings.exists(),
+        "a trusted project's settings were written"
+    );
+}
+
 /// Red team: confinement is a mount namespace, but a socket leads out of it. A confined `bash`
 /// asked the user's tmux server to run a command (`tmux run-shell`), which ran unconfined, as
 /// the user, and copied the audit key. The sockets of tmux, screen and systemd's user manager

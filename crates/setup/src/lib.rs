@@ -360,7 +360,7 @@ impl InstallationBuilder {
         }
         let gate = gate.build()?;
         match settings.confine_children {
-            true => confine_children(&gate, &config, &sources.paths, &mut warnings),
+            true => confine_children(&gate, &sources.paths, &mut warnings),
             false => warnings.push(
                 "the programs codemode starts (`bash`, hooks, stdio MCP servers) run unconfined, \
                  as your setting `environment.confine: false` asks: they can read the audit key \
@@ -428,11 +428,10 @@ impl InstallationBuilder {
 
 /// Keeps what the gate protects from the programs codemode starts (`bash`, hooks, stdio MCP
 /// servers), which open files without asking the gate: secret paths hidden, the rest read-only.
-/// Every trusted project's `.codemode/` is kept too, not only this one's: its settings may
-/// widen yours in the next run there; and so are the programs key commands name.
+/// One list for both (`protected::configuration_paths`): every trusted project's `.codemode/`
+/// (its settings may widen yours in the next run there) and the programs key commands name.
 fn confine_children(
     gate: &codemode_gate::Gate,
-    config: &Configuration,
     config_paths: &codemode_config::ConfigPaths,
     warnings: &mut Vec<String>,
 ) {
@@ -453,15 +452,9 @@ fn confine_children(
         .inspect(|dir| {
             let _ = std::fs::create_dir(dir);
         });
-    // A key command runs unconfined with your authority: the program it names is kept too.
-    let key_programs = config
-        .models
-        .iter()
-        .flat_map(|models| models.key_programs());
-    let read_only = paths(read_only)
-        .into_iter()
-        .chain(trusted)
-        .chain(key_programs);
+    // The gate's list already has the key commands' programs and the trusted projects'
+    // `.codemode/`; a missing one of the latter is made above so it can be kept.
+    let read_only = paths(read_only).into_iter().chain(trusted);
     // Services of yours that run commands on request (tmux, screen, systemd) would run them
     // outside the confinement: their sockets are hidden like the key.
     let hidden = paths(hidden)

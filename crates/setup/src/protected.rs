@@ -81,6 +81,32 @@ pub(crate) fn configuration_paths(
             out.push(ProtectedPath::new(file, "a program a hook runs"));
         }
     }
+    // A key command runs unconfined with your authority: every program and script it names
+    // (`sh /abs/getkey.sh`, `./key.sh` beside models.json) is kept, not only its first word.
+    for provider in config.models.iter().flat_map(|m| &m.providers) {
+        let codemode_config::models::KeySpec::Command(command, dir) = &provider.key else {
+            continue;
+        };
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let base = dir.as_deref().unwrap_or(&cwd);
+        let vars = |name: &str| std::env::var(name).ok();
+        for file in files_named(std::iter::once(command.as_str()), base, &vars) {
+            out.push(ProtectedPath::new(
+                file,
+                format!(
+                    "a program the key command of model provider `{}` runs",
+                    provider.name
+                ),
+            ));
+        }
+    }
+    // Other trusted projects' configuration: written, it would be trusted there next run.
+    for project in codemode_config::trust::trusted_projects(&sources.paths) {
+        out.push(ProtectedPath::new(
+            project.join(".codemode"),
+            "a trusted project's codemode configuration",
+        ));
+    }
     for server in config.mcp.servers() {
         let project = server.project_dir.as_deref().unwrap_or(workdir);
         let lookup = |name: &str| match name {

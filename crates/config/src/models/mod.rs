@@ -84,20 +84,6 @@ pub struct ModelsConfig {
 }
 
 impl ModelsConfig {
-    /// The programs key commands name by absolute path (their first word), for codemode to keep
-    /// read-only for the programs it starts: a key command runs with the user's authority.
-    pub fn key_programs(&self) -> Vec<std::path::PathBuf> {
-        self.providers
-            .iter()
-            .filter_map(|p| match &p.key {
-                KeySpec::Command(command, _) => command.split_whitespace().next(),
-                _ => None,
-            })
-            .filter(|program| program.starts_with('/'))
-            .map(std::path::PathBuf::from)
-            .collect()
-    }
-
     /// Loads your file and then the project's on top of it; `None` when neither exists.
     ///
     /// The project file may only remove models and providers or narrow a model's input kinds
