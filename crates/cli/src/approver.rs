@@ -80,8 +80,12 @@ fn question(req: &ApprovalRequest) -> String {
     } else {
         format!(" (policy {})", req.policy_ids.join(", "))
     };
+    let paths = match req.shown_paths() {
+        p if p.is_empty() => String::new(),
+        p => format!("\nPaths it reaches (resolved, links followed):\n{p}"),
+    };
     format!(
-        "codemode: a script wants to call `{}` with ({} characters):\n{args}\nReason: {}{policies}",
+        "codemode: a script wants to call `{}` with ({} characters):\n{args}{paths}\nReason: {}{policies}",
         codemode_gate::shown_text(&req.tool_name),
         args.chars().count(),
         codemode_gate::shown_text(&req.reason)

@@ -6,7 +6,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn at_terminal(script: &str, answers: &str) -> String {
+    at_terminal_in(|_| {}, script, answers)
+}
+
+/// As [`at_terminal`], with `prepare` making what the workspace holds first.
+fn at_terminal_in(prepare: impl FnOnce(&std::path::Path), script: &str, answers: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
+    prepare(dir.path());
     let file = dir.path().join("s.js");
     std::fs::write(&file, script).unwrap();
     let command = format!(
@@ -79,5 +85,28 @@ fn the_question_shows_the_whole_command_however_it_is_padded() {
         !question.contains('\u{1b}'),
         "no raw escape reaches the terminal"
     );
+    assert!(out.contains("was not approved"), "{out}");
+}
+
+/// Red team: the question showed the arguments only, so a write to `docs/notes.md` was approved
+/// while `docs` was a link the project shipped into another directory (`~/.ssh` in the attack).
+/// The question shows the resolved paths the call reaches.
+#[test]
+fn the_question_shows_where_a_path_really_leads() {
+    let script = "return await tools.write({ path: 'docs/notes.md', content: 'x' })";
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().canonicalize().unwrap();
+    let out = at_terminal_in(
+        |dir| std::os::unix::fs::symlink(&target, dir.join("docs")).unwrap(),
+        script,
+        "n",
+    );
+    let question = out
+        .split("Allow? [y]es")
+        .next()
+        .expect("the question was asked");
+    assert!(question.contains("Paths it reaches"), "{out}");
+    let landing = format!("{}/notes.md", target.display());
+    assert!(question.contains(&landing), "{landing} not in: {out}");
     assert!(out.contains("was not approved"), "{out}");
 }

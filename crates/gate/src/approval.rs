@@ -28,6 +28,17 @@ impl ApprovalRequest {
     pub fn shown_arguments(&self) -> String {
         shown_arguments(&self.args)
     }
+
+    /// The paths the call was judged on, resolved (symlinks followed), escaped as the
+    /// arguments are, one per line: `docs/notes.md` in the arguments may land in `~/.ssh`
+    /// through a link the project ships, and only this says so. Empty when there are none.
+    pub fn shown_paths(&self) -> String {
+        self.paths
+            .iter()
+            .map(|p| format!("  {}", crate::shown_text(p)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 const LONG_RUN: usize = 32;

@@ -295,7 +295,10 @@ fn question(req: &ApprovalRequest) -> Value {
         args.chars().count()
     );
     if !req.paths.is_empty() {
-        message.push_str(&format!("\nPaths: {}", req.paths.join(", ")));
+        message.push_str(&format!(
+            "\nPaths it reaches (resolved, links followed):\n{}",
+            req.shown_paths()
+        ));
     }
     // "Always" lasts for one script; a direct call or the client's own has none to last for.
     let (choices, description) = match req.provenance.script_id {
