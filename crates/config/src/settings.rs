@@ -469,9 +469,13 @@ pub struct ToolRules {
 }
 
 fn matches(pattern: &str, name: &str) -> bool {
+    // Case-insensitive: settings written for other agents name tools `Bash` and `Write`, and a
+    // rule that disables a tool must not silently match nothing.
     let glob = |p: &str| {
-        p == name
-            || Glob::new(p)
+        p.eq_ignore_ascii_case(name)
+            || globset::GlobBuilder::new(p)
+                .case_insensitive(true)
+                .build()
                 .map(|g| g.compile_matcher().is_match(name))
                 .unwrap_or(false)
     };

@@ -616,3 +616,23 @@ fn a_project_listing_policy_files_without_end_is_refused() {
         "{err}"
     );
 }
+
+/// Red team: tool rules were case-sensitive, so settings written for other agents
+/// (`"Bash": {"disabled": true}`) left `bash` running with no warning.
+#[test]
+fn a_tool_rule_matches_whatever_the_case() {
+    let d = dirs(
+        Some(
+            json!({"tools": {"Bash": {"disabled": true}, "WRITE": {"disabled": true}, "Mcp__Db__*": {"disabled": true}}}),
+        ),
+        None,
+    );
+    let s = load(&d).settings;
+    for name in ["bash", "write", "mcp__db__delete_all"] {
+        let (exposure, why, _) = decide(&s.tools, name, Exposure::Direct);
+        assert_eq!(exposure, Exposure::Hidden, "{name}");
+        assert!(why.is_some_and(|w| w.contains("disabled")), "{name}");
+    }
+    let (read, _, _) = decide(&s.tools, "read", Exposure::Direct);
+    assert_eq!(read, Exposure::Direct);
+}

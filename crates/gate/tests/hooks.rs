@@ -582,3 +582,30 @@ async fn a_burst_of_calls_runs_a_bounded_number_of_hooks_at_once() {
     );
     assert!(most > 1, "hooks still run side by side: {most}");
 }
+
+/// Red team: hook matchers are regexes, but tool rules are globs, and `mcp__db__*` written as
+/// a glob matched no tool as a regex: the blocking hook never ran and the tool deleted
+/// everything. A matcher also matches what it matches read as a glob.
+#[tokio::test]
+async fn a_matcher_written_as_a_glob_still_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    let deny = script_file(dir.path(), "deny.sh", "echo no >&2; exit 2");
+    for matcher in ["mcp__t__*", "MCP__T__delete*", "mcp__t__delete_?ll"] {
+        let (res, t) = run_with(
+            command_hooks(&[(matcher, &deny, 10)], &[]),
+            "mcp__t__delete_all",
+            json!({}),
+        )
+        .await;
+        assert_eq!(res.unwrap_err().stage, Stage::Hook, "{matcher}");
+        assert_eq!(t.runs.load(Ordering::SeqCst), 0, "{matcher}");
+    }
+    // Neither reading matches another tool.
+    let (res, _) = run_with(
+        command_hooks(&[("mcp__t__*", &deny, 10)], &[]),
+        "bash",
+        json!({}),
+    )
+    .await;
+    res.unwrap();
+}

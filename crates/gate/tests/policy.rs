@@ -677,3 +677,36 @@ async fn always_outside_a_script_approves_one_call_and_the_log_tells_asked_from_
         .collect();
     assert_eq!(decisions, ["ask", "ask", "ask", "ask", "always"]);
 }
+
+/// Red team: `@ask` was read in lower case only, so a permit written `@Ask("confirm every
+/// command")` let `bash` run without asking anyone. Any case of the annotation asks.
+#[tokio::test]
+async fn an_ask_annotation_in_any_case_asks() {
+    for annotation in ["@Ask", "@ASK", "@ask"] {
+        let reg = Registry::new();
+        let bash = TestTool::new("bash", object_schema());
+        let runs = bash.runs.clone();
+        reg.register(Arc::new(bash)).unwrap();
+        let policy = PolicySet::parse(
+            "p.cedar",
+            &format!(
+                r#"@id("confirm") {annotation}("confirm every command") permit(principal, action, resource == Tool::"bash");"#
+            ),
+        )
+        .unwrap();
+        let no = FixedApprover::new(ApprovalAnswer::No);
+        let gate = Gate::builder()
+            .registry(reg)
+            .policy(policy)
+            .approver(no.clone())
+            .build()
+            .unwrap();
+        let err = gate
+            .call(req("bash", json!({}), script("s")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stage, Stage::Approval, "{annotation}: {}", err.message);
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "{annotation}");
+        assert_eq!(no.asked.lock().unwrap().len(), 1, "{annotation}");
+    }
+}

@@ -88,6 +88,8 @@ struct Compiled {
     /// The matcher with MCP tool names as codemode registers them, when it names one as its
     /// server spells it (`mcp__db__delete-all` for the registered `mcp__db__delete_all`).
     spelled: Option<Regex>,
+    /// The matcher read as a glob, as tool rules are written.
+    glob: Option<globset::GlobMatcher>,
     commands: Vec<HookCommand>,
 }
 
@@ -125,7 +127,9 @@ impl CommandHooks {
     fn matching<'a>(list: &'a [Compiled], tool: &'a str) -> impl Iterator<Item = &'a HookCommand> {
         list.iter()
             .filter(move |c| {
-                c.matcher.is_match(tool) || c.spelled.as_ref().is_some_and(|r| r.is_match(tool))
+                c.matcher.is_match(tool)
+                    || c.spelled.as_ref().is_some_and(|r| r.is_match(tool))
+                    || c.glob.as_ref().is_some_and(|g| g.is_match(tool))
             })
             .flat_map(|c| c.commands.iter())
     }
@@ -156,9 +160,19 @@ fn compile(list: &[HookMatcher]) -> Result<Vec<Compiled>, HookConfigError> {
             // silently match nothing (tool rules and policies read such names the same way).
             let spelled =
                 mcp_spelling(&pattern).and_then(|p| Regex::new(&format!("(?i)^(?:{p})$")).ok());
+            // Tool rules are globs, so `mcp__db__*` is written here too; read as a regex it
+            // matches no real tool and a blocking hook never runs. A matcher also matches what
+            // it matches read as a glob: a guard that matches more fails safe.
+            let glob = globset::GlobBuilder::new(&m.matcher)
+                .case_insensitive(true)
+                .build()
+                .ok()
+                .filter(|_| !m.matcher.is_empty())
+                .map(|g| g.compile_matcher());
             Ok(Compiled {
                 matcher,
                 spelled,
+                glob,
                 commands: m.hooks.clone(),
             })
         })

@@ -213,7 +213,12 @@ impl PolicySet {
                 skipped.push((id, line));
                 continue;
             }
-            let ask = policy.annotation("ask").map(str::to_string);
+            // `@Ask(…)` or `@ASK(…)` means what `@ask(…)` does: an annotation Cedar keeps but
+            // codemode ignored would let the call run unasked.
+            let ask = policy
+                .annotations()
+                .find(|(key, _)| key.eq_ignore_ascii_case("ask"))
+                .map(|(_, value)| value.to_string());
             self.cedar
                 .add(policy.new_id(PolicyId::new(&id)))
                 .map_err(|_| PolicyError::Duplicate {
