@@ -187,6 +187,10 @@ impl Wiring {
                 lit.written
             ));
         }
+        // A name the tools type differently is out of the policies' sight: say which.
+        if let Ok(schema) = codemode_gate::PolicySchema::for_registry(registry) {
+            out.extend(schema.conflicts().iter().cloned());
+        }
         out
     }
 

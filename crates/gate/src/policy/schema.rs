@@ -58,20 +58,45 @@ impl ArgType {
 /// The generated Cedar schema together with the argument types it declares.
 ///
 /// `context.args` is typed from the top-level properties of every registered tool's input
-/// schema (string, integer, boolean, array of strings), each optional. A name that two tools
-/// declare with different types is left out, so a policy that reads it fails validation instead
-/// of meeting a value of the wrong type at run time.
+/// schema (string, integer, boolean, array of strings), each optional. A name the tools
+/// registered in this process (the built-ins) declare keeps their type whatever an MCP server
+/// declares: a red team listed a tool with `command: integer`, the name was dropped, and a
+/// `forbid … when { context.args has command && … }` on the built-in `bash` silently stopped
+/// applying. A call whose value does not have the type is shown without it. A name only MCP
+/// tools declare, with different types, is left out, so a policy that reads it fails
+/// validation instead of meeting a value of the wrong type; [`PolicySchema::conflicts`] names
+/// each such name for a warning.
 #[derive(Clone)]
 pub struct PolicySchema {
     text: String,
     pub(crate) schema: cedar_policy::Schema,
     pub(crate) args: BTreeMap<String, ArgType>,
+    conflicts: Vec<String>,
+}
+
+/// What the tools declare for one argument name.
+#[derive(Default)]
+struct Declared {
+    /// The built-ins' type: `Some(None)` when they disagree among themselves.
+    builtin: Option<Option<ArgType>>,
+    /// Every tool's: `Some(None)` when any two disagree.
+    any: Option<Option<ArgType>>,
+    /// Tools declaring it, for the warning.
+    tools: Vec<String>,
+}
+
+fn merge(slot: &mut Option<Option<ArgType>>, ty: Option<ArgType>) {
+    match slot {
+        None => *slot = Some(ty),
+        Some(t) if *t != ty => *slot = Some(None),
+        Some(_) => {}
+    }
 }
 
 impl PolicySchema {
     /// Builds the schema for the tools registered now.
     pub fn for_registry(registry: &Registry) -> Result<PolicySchema, PolicyError> {
-        let mut args: BTreeMap<String, Option<ArgType>> = BTreeMap::new();
+        let mut declared: BTreeMap<String, Declared> = BTreeMap::new();
         for spec in registry.specs() {
             let Some(props) = spec
                 .input_schema
@@ -85,23 +110,48 @@ impl PolicySchema {
                     continue;
                 }
                 let ty = ArgType::from_schema(prop);
-                args.entry(name.clone())
-                    .and_modify(|t| {
-                        if *t != ty {
-                            *t = None;
-                        }
-                    })
-                    .or_insert(ty);
+                let d = declared.entry(name.clone()).or_default();
+                if spec.namespace.is_none() {
+                    merge(&mut d.builtin, ty);
+                }
+                merge(&mut d.any, ty);
+                if d.tools.len() < 8 {
+                    d.tools.push(spec.name.clone());
+                }
             }
         }
-        let args: BTreeMap<String, ArgType> = args
-            .into_iter()
-            .filter_map(|(k, t)| t.map(|t| (k, t)))
-            .collect();
+        let mut args = BTreeMap::new();
+        let mut conflicts = Vec::new();
+        for (name, d) in declared {
+            let ty = match (d.builtin, d.any) {
+                (Some(builtin), _) => builtin,
+                (None, Some(any)) => any,
+                (None, None) => None,
+            };
+            if matches!(d.any, Some(None)) && ty.is_none() {
+                conflicts.push(format!(
+                    "`context.args.{name}` is left out of the policy schema: tools declare it with different types ({}), so policies cannot read it",
+                    d.tools.join(", ")
+                ));
+            }
+            if let Some(ty) = ty {
+                args.insert(name, ty);
+            }
+        }
         let text = schema_text(&args);
         let (schema, _warnings) = cedar_policy::Schema::from_cedarschema_str(&text)
             .map_err(|e| PolicyError::Schema(format!("{e}")))?;
-        Ok(PolicySchema { text, schema, args })
+        Ok(PolicySchema {
+            text,
+            schema,
+            args,
+            conflicts,
+        })
+    }
+
+    /// Argument names left out because the tools disagree on their type, in words.
+    pub fn conflicts(&self) -> &[String] {
+        &self.conflicts
     }
 
     /// The `.cedarschema` text, for `codemode policy schema` and for editors.
