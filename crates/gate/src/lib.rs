@@ -20,6 +20,7 @@ pub mod observe;
 pub mod outcome;
 pub mod policy;
 pub mod registry;
+mod schema_size;
 mod suggest;
 mod validate;
 

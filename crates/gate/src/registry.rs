@@ -127,9 +127,17 @@ impl Registry {
     ) -> Result<(), RegistryError> {
         let name = tool.spec().name.clone();
         // Built outside the lock: compiling a schema can take a while.
+        let schema = &tool.spec().input_schema;
+        let limit = crate::schema_size::MAX_EXPANDED_NODES;
         let validator = Arc::new(
-            jsonschema::validator_for(&tool.spec().input_schema)
-                .map_err(|e| format!("the tool's input schema is invalid: {e}")),
+            if crate::schema_size::expanded_nodes(schema, limit) > limit {
+                Err(format!(
+                    "the tool's input schema expands past {limit} nodes through its `$ref`s, too many to check a call against; the tool's server must simplify it"
+                ))
+            } else {
+                jsonschema::validator_for(schema)
+                    .map_err(|e| format!("the tool's input schema is invalid: {e}"))
+            },
         );
         let mut inner = self.write();
         let old = inner.tools.get(&name).map(|e| (e.exposure, e.active));

@@ -108,3 +108,33 @@ async fn a_tool_with_an_invalid_schema_is_refused_not_run() {
     assert!(err.message.contains("schema is invalid"), "{}", err.message);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Red team: a 3 KB schema of `$defs` that each try the next one twice made one call's
+/// validation take 86 s and 6.6 GB (22 levels), on a host thread, past the script's deadline.
+/// Such a schema is not checked at all: the tool's calls are refused at once.
+#[tokio::test]
+async fn a_schema_that_expands_exponentially_is_refused_not_checked() {
+    let mut defs = serde_json::Map::new();
+    for i in 0..22 {
+        let next = format!("#/$defs/l{}", i + 1);
+        defs.insert(
+            format!("l{i}"),
+            json!({"anyOf": [{"$ref": next}, {"$ref": next, "title": "x"}]}),
+        );
+    }
+    defs.insert("l22".into(), json!({"type": "string"}));
+    let schema =
+        json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/l0"}}, "$defs": defs});
+    let reg = Registry::new();
+    let tool = TestTool::new("slow", schema);
+    let runs = tool.runs.clone();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg).build().unwrap();
+    let err = gate
+        .call(req("slow", json!({"a": "x"}), script("s")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Validate, "{}", err.message);
+    assert!(err.message.contains("expands past"), "{}", err.message);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
