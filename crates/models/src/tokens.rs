@@ -8,9 +8,14 @@
 
 use serde_json::Value;
 
-/// Tokens one attached image is bounded by: the large-image cost of current vision models
-/// (OpenAI's high detail at 2048×2048 is 1105, Anthropic's largest is about 1600).
-const IMAGE_TOKEN_BOUND: u64 = 2_000;
+/// Tokens one attached image is bounded by, reserved before the call: the dearest current
+/// vision model's large image (OpenAI bills a high-detail 2048×2048 image on gpt-4o-mini as
+/// 25,501 tokens; most models bill 1,100 to 2,500). A bound of 2,000 let a red team's one
+/// `classify` of 60 images be admitted under a $0.05 cap and cost $0.23.
+const IMAGE_TOKEN_BOUND: u64 = 25_600;
+
+/// Tokens one image is charged at least, when the provider reports less.
+const IMAGE_TOKEN_ESTIMATE: u64 = 1_000;
 
 /// Codemode's counts of what a request sends.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -32,7 +37,7 @@ pub(crate) fn count_request(body: &Value) -> InputCount {
 fn walk(value: &Value, count: &mut InputCount) {
     match value {
         Value::String(s) if s.starts_with("data:") && s.contains(";base64,") => {
-            count.estimate += IMAGE_TOKEN_BOUND / 2;
+            count.estimate += IMAGE_TOKEN_ESTIMATE;
             count.bound += IMAGE_TOKEN_BOUND;
         }
         Value::String(s) => {
@@ -85,7 +90,13 @@ mod tests {
         let url = format!("data:image/png;base64,{}", "A".repeat(1_000_000));
         let c = count_request(&json!([{ "image_url": { "url": url } }]));
         assert!(c.bound < 3 * IMAGE_TOKEN_BOUND);
-        assert!(c.estimate >= IMAGE_TOKEN_BOUND / 2);
+        assert!(c.estimate >= IMAGE_TOKEN_ESTIMATE);
+        // Sixty images are reserved as the dearest model would bill them (a red team's one
+        // call of 60 large images cost $0.23 under a $0.05 cap when each was bounded at 2,000).
+        let many: Vec<_> = (0..60)
+            .map(|_| json!({ "image_url": { "url": format!("data:image/png;base64,{}", "A".repeat(100)) } }))
+            .collect();
+        assert!(count_request(&json!(many)).bound >= 60 * 25_501);
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn media_tokens(block: &serde_json::Value) -> u64 {
 /// Lines of codemode's own framing. Script output (which may quote a file or a tool's result)
 /// that starts a line with one gets a backslash, so it cannot pass for codemode's: a fake
 /// "Script error", a fake timeout, a fake list of calls, a fake pointer to the full output.
-const FRAMING: [&str; 15] = [
+const FRAMING: [&str; 17] = [
     "Script completed",
     "Script failed",
     "Script error:",
@@ -126,6 +126,9 @@ const FRAMING: [&str; 15] = [
     "==> text ",
     "Tool calls made before the failure",
     "No tool calls were made.",
+    // The runtime's notes after the output (media left out, model usage).
+    "Note:",
+    "Model usage:",
 ];
 
 /// Whether `line` would read as a framing line: spaces, a carriage return or invisible
