@@ -36,7 +36,15 @@ impl McpServers {
             // Sync once at once: servers may have come up already.
             changes.mark_changed();
             let mut reported: HashSet<String> = HashSet::new();
+            let mut last_sync: Option<tokio::time::Instant> = None;
             while changes.changed().await.is_ok() {
+                // At most one sync a second: a server announcing changes every 50 ms kept a
+                // worker busy re-registering thousands of tools (red team: every call 60 to
+                // 100 times slower, and shutdown waited minutes).
+                if let Some(at) = last_sync {
+                    tokio::time::sleep_until(at + MIN_SYNC_GAP).await;
+                }
+                last_sync = Some(tokio::time::Instant::now());
                 let generation = *changes.borrow_and_update();
                 let mut warnings: Vec<String> = follower
                     .status()
@@ -51,7 +59,15 @@ impl McpServers {
                         _ => None,
                     })
                     .collect();
-                warnings.extend(sync(&wiring, &follower));
+                // Off the async workers: registering thousands of tools is CPU work, and
+                // stopping this task (shutdown) must not wait for it.
+                let (w, h) = (wiring.clone(), follower.clone());
+                match tokio::task::spawn_blocking(move || sync(&w, &h)).await {
+                    Ok(more) => warnings.extend(more),
+                    Err(e) => {
+                        warnings.push(format!("taking in the MCP servers' tools failed: {e}"))
+                    }
+                }
                 wiring.warn(warnings, true);
                 changed.send_modify(|n| *n += 1);
                 let _ = synced_tx.send(generation);
@@ -93,6 +109,9 @@ impl McpServers {
         self.hub.shutdown().await;
     }
 }
+
+/// The least time between two syncs of the registry with the servers' tools.
+const MIN_SYNC_GAP: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Registers what the hub has now, applies the tool rules, and checks the policies against the
 /// new tools. Returns the warnings.

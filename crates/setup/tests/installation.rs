@@ -385,6 +385,16 @@ async fn tools_a_server_changes_while_scripts_call_them_are_judged_by_what_they_
     gate.call(script_call("mcp__bad__retag", json!({})))
         .await
         .unwrap();
+    // Each call's record names the server it reached (read now: the loops below make more
+    // calls in this script than its records keep).
+    let records = gate.records_for_script("script-1");
+    let retag = records
+        .iter()
+        .find(|r| r.tool == "mcp__bad__retag")
+        .unwrap();
+    assert_eq!(retag.namespace.as_deref(), Some("mcp__bad"));
+    let line = serde_json::to_value(retag).unwrap();
+    assert_eq!(line["namespace"], "mcp__bad");
     let deadline = Instant::now() + Duration::from_secs(20);
     let refused = loop {
         match gate
@@ -449,15 +459,6 @@ async fn tools_a_server_changes_while_scripts_call_them_are_judged_by_what_they_
     assert_eq!(ran, 0, "the disabled tool ran {ran} of {tries} times");
     assert!(tries > 50, "the loop ran while the tool changed: {tries}");
     assert_eq!(description(&inst).unwrap().1, Exposure::Hidden);
-    // Each call's record names the server it reached.
-    let records = gate.records_for_script("script-1");
-    let retag = records
-        .iter()
-        .find(|r| r.tool == "mcp__bad__retag")
-        .unwrap();
-    assert_eq!(retag.namespace.as_deref(), Some("mcp__bad"));
-    let line = serde_json::to_value(retag).unwrap();
-    assert_eq!(line["namespace"], "mcp__bad");
     inst.shutdown().await;
 }
 

@@ -14,8 +14,9 @@ use super::handler::Listing;
 use super::upstream::Upstream;
 
 /// How long a refresher waits after the first announcement before it lists, so that the rest
-/// of a burst is taken with it. It also bounds a server's re-listings to a few a second.
-const SETTLE: Duration = Duration::from_millis(200);
+/// of a burst is taken with it. It also bounds a server's re-listings to one a second: a
+/// server announcing every 50 ms had thousands of tools decoded five times a second.
+const SETTLE: Duration = Duration::from_secs(1);
 
 const ALL: [Listing; 3] = [Listing::Tools, Listing::Resources, Listing::Prompts];
 
