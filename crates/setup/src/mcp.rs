@@ -36,15 +36,22 @@ impl McpServers {
             // Sync once at once: servers may have come up already.
             changes.mark_changed();
             let mut reported: HashSet<String> = HashSet::new();
-            let mut last_sync: Option<tokio::time::Instant> = None;
+            let mut recent: std::collections::VecDeque<tokio::time::Instant> = Default::default();
             while changes.changed().await.is_ok() {
-                // At most one sync a second: a server announcing changes every 50 ms kept a
-                // worker busy re-registering thousands of tools (red team: every call 60 to
-                // 100 times slower, and shutdown waited minutes).
-                if let Some(at) = last_sync {
-                    tokio::time::sleep_until(at + MIN_SYNC_GAP).await;
+                // A few syncs at once (servers coming up, one failing), then at most one a
+                // second: a server announcing changes every 50 ms kept a worker busy
+                // re-registering thousands of tools (red team: every call 60 to 100 times
+                // slower, and shutdown waited minutes).
+                let now = tokio::time::Instant::now();
+                while recent.front().is_some_and(|t| now - *t > SYNC_BURST_WINDOW) {
+                    recent.pop_front();
                 }
-                last_sync = Some(tokio::time::Instant::now());
+                if recent.len() >= SYNC_BURST
+                    && let Some(last) = recent.back()
+                {
+                    tokio::time::sleep_until(*last + MIN_SYNC_GAP).await;
+                }
+                recent.push_back(tokio::time::Instant::now());
                 let generation = *changes.borrow_and_update();
                 let mut warnings: Vec<String> = follower
                     .status()
@@ -110,7 +117,10 @@ impl McpServers {
     }
 }
 
-/// The least time between two syncs of the registry with the servers' tools.
+/// Syncs of the registry with the servers' tools that may follow one another at once within
+/// [`SYNC_BURST_WINDOW`]; past them, syncs are [`MIN_SYNC_GAP`] apart.
+const SYNC_BURST: usize = 4;
+const SYNC_BURST_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 const MIN_SYNC_GAP: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Registers what the hub has now, applies the tool rules, and checks the policies against the
