@@ -133,13 +133,7 @@ fn a_tokenless_loopback_server_refuses_other_users_programs() {
         return;
     }
     let config = tempfile::tempdir().unwrap();
-    let (mut child, url) = common::start_serving(
-        Command::new(env!("CARGO_BIN_EXE_codemode"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
-            .arg(config.path())
-            .arg("--state-dir")
-            .arg(config.path().join("state")),
-    );
+    let (mut child, url) = serve_tokenless(config.path());
     let healthz = url.replace("/mcp", "/healthz");
     let curl = |as_nobody: bool| {
         let mut cmd = Command::new("curl");
@@ -176,13 +170,7 @@ fn a_tokenless_loopback_server_refuses_other_users_programs() {
 #[test]
 fn a_body_of_too_many_json_values_is_refused_before_it_is_decoded() {
     let config = tempfile::tempdir().unwrap();
-    let (mut child, url) = common::start_serving(
-        Command::new(env!("CARGO_BIN_EXE_codemode"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
-            .arg(config.path())
-            .arg("--state-dir")
-            .arg(config.path().join("state")),
-    );
+    let (mut child, url) = serve_tokenless(config.path());
     let post = |values: usize| {
         let pad = vec!["0"; values].join(",");
         let body = format!(
@@ -217,4 +205,15 @@ fn a_body_of_too_many_json_values_is_refused_before_it_is_decoded() {
     );
     // A body within the count goes on to the transport, which wants a session first.
     assert!(!few.contains("JSON values"), "{few}");
+}
+
+/// `codemode serve` on a loopback port, without a token, configured in `dir`.
+fn serve_tokenless(dir: &std::path::Path) -> (std::process::Child, String) {
+    common::start_serving(
+        Command::new(env!("CARGO_BIN_EXE_codemode"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config-dir"])
+            .arg(dir)
+            .arg("--state-dir")
+            .arg(dir.join("state")),
+    )
 }

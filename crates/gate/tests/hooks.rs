@@ -500,17 +500,11 @@ async fn a_hook_answer_too_long_to_read_whole_blocks() {
 
 /// Red team: a blocking hook whose matcher named an MCP tool as its server spells it
 /// (`mcp__t__delete-all`) never matched the registered `mcp__t__delete_all`, and the call ran.
-#[tokio::test]
-async fn a_matcher_with_an_mcp_tools_server_spelling_still_matches_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let deny = script_file(dir.path(), "deny.sh", "echo no >&2; exit 2");
-    for matcher in [
-        "mcp__t__delete-all",
-        "bash|mcp__t__delete-all",
-        "mcp__t__delete-a.*",
-    ] {
+/// Calls `mcp__t__delete_all` under a blocking hook with each of `matchers`: each must block it.
+async fn blocked_by_each(deny: &str, matchers: &[&str]) {
+    for matcher in matchers {
         let (res, t) = run_with(
-            command_hooks(&[(matcher, &deny, 10)], &[]),
+            command_hooks(&[(matcher, deny, 10)], &[]),
             "mcp__t__delete_all",
             json!({}),
         )
@@ -518,6 +512,21 @@ async fn a_matcher_with_an_mcp_tools_server_spelling_still_matches_it() {
         assert_eq!(res.unwrap_err().stage, Stage::Hook, "{matcher}");
         assert_eq!(t.runs.load(Ordering::SeqCst), 0, "{matcher}");
     }
+}
+
+#[tokio::test]
+async fn a_matcher_with_an_mcp_tools_server_spelling_still_matches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let deny = script_file(dir.path(), "deny.sh", "echo no >&2; exit 2");
+    blocked_by_each(
+        &deny,
+        &[
+            "mcp__t__delete-all",
+            "bash|mcp__t__delete-all",
+            "mcp__t__delete-a.*",
+        ],
+    )
+    .await;
     // A character class keeps its meaning.
     let (res, _) = run_with(
         command_hooks(&[("mcp__t__[a-c]x", &deny, 10)], &[]),
@@ -590,16 +599,11 @@ async fn a_burst_of_calls_runs_a_bounded_number_of_hooks_at_once() {
 async fn a_matcher_written_as_a_glob_still_matches() {
     let dir = tempfile::tempdir().unwrap();
     let deny = script_file(dir.path(), "deny.sh", "echo no >&2; exit 2");
-    for matcher in ["mcp__t__*", "MCP__T__delete*", "mcp__t__delete_?ll"] {
-        let (res, t) = run_with(
-            command_hooks(&[(matcher, &deny, 10)], &[]),
-            "mcp__t__delete_all",
-            json!({}),
-        )
-        .await;
-        assert_eq!(res.unwrap_err().stage, Stage::Hook, "{matcher}");
-        assert_eq!(t.runs.load(Ordering::SeqCst), 0, "{matcher}");
-    }
+    blocked_by_each(
+        &deny,
+        &["mcp__t__*", "MCP__T__delete*", "mcp__t__delete_?ll"],
+    )
+    .await;
     // Neither reading matches another tool.
     let (res, _) = run_with(
         command_hooks(&[("mcp__t__*", &deny, 10)], &[]),

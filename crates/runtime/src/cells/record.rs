@@ -448,8 +448,8 @@ mod tests {
     use codemode_state::{MemoryStore, NewCell};
     use serde_json::json;
 
-    #[tokio::test]
-    async fn a_log_past_its_bound_stops_the_cell_and_keeps_nothing_more() {
+    /// A cell `c` of session `s` held by `r` in a fresh store, and its live side.
+    async fn a_cell() -> (Arc<dyn StateStore>, Arc<LiveCell>) {
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
         store
             .create_cell(NewCell {
@@ -469,6 +469,12 @@ mod tests {
             "s".into(),
             tokio_util::sync::CancellationToken::new(),
         ));
+        (store, live)
+    }
+
+    #[tokio::test]
+    async fn a_log_past_its_bound_stops_the_cell_and_keeps_nothing_more() {
+        let (store, live) = a_cell().await;
         let link = CellLink::new(live.clone(), store.clone(), "r".into(), Vec::new())
             .unwrap()
             .with_max_log_bytes(1_000);
@@ -491,25 +497,7 @@ mod tests {
     /// counts its values.
     #[tokio::test]
     async fn a_log_of_many_small_values_is_bounded_by_its_values() {
-        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::default());
-        store
-            .create_cell(NewCell {
-                id: "c".into(),
-                session_id: "s".into(),
-                source: "".into(),
-                source_hash: "0".repeat(64),
-                options: json!({}),
-                owner: "r".into(),
-                lease: std::time::Duration::from_secs(60),
-                max_live_per_session: None,
-            })
-            .await
-            .unwrap();
-        let live = Arc::new(LiveCell::new(
-            "c".into(),
-            "s".into(),
-            tokio_util::sync::CancellationToken::new(),
-        ));
+        let (store, live) = a_cell().await;
         let link = CellLink::new(live.clone(), store.clone(), "r".into(), Vec::new())
             .unwrap()
             .with_max_log_values(5_000);
