@@ -784,4 +784,28 @@ async fn an_upstream_tool_cannot_take_a_builtins_argument_out_of_the_policys_sig
         "{}",
         schema.text()
     );
+    // A name two servers disagree on stays in sight, as text: one server cannot take it out
+    // of the context of the other's calls.
+    let policy = PolicySet::parse(
+        "p.cedar",
+        r#"@id("all") permit(principal, action, resource);
+           @id("no-nines") forbid(principal, action, resource)
+             when { context.args has limit && context.args.limit like "*9*" };"#,
+    )
+    .unwrap();
+    let gate = Gate::builder()
+        .registry(reg)
+        .policy(policy)
+        .build()
+        .unwrap();
+    for (tool, limit) in [("mcp__b__t", json!("x9")), ("mcp__c__t", json!(9))] {
+        let err = gate
+            .call(req(tool, json!({"limit": limit}), script("s")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.stage, Stage::Policy, "{tool}: {}", err.message);
+    }
+    gate.call(req("mcp__c__t", json!({"limit": 5}), script("s")))
+        .await
+        .unwrap();
 }

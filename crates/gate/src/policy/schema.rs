@@ -16,12 +16,15 @@ pub(crate) enum ArgType {
     Long,
     Bool,
     StringSet,
+    /// A name tools declare with different types: a `String` holding the value's JSON text
+    /// (a string as itself), so the name stays in the policies' sight for every tool.
+    Text,
 }
 
 impl ArgType {
     fn cedar(self) -> &'static str {
         match self {
-            ArgType::String => "String",
+            ArgType::String | ArgType::Text => "String",
             ArgType::Long => "Long",
             ArgType::Bool => "Bool",
             ArgType::StringSet => "Set<String>",
@@ -50,6 +53,8 @@ impl ArgType {
                 .iter()
                 .all(Value::is_string)
                 .then(|| Value::Array(items.clone())),
+            (ArgType::Text, Value::String(_)) => Some(v.clone()),
+            (ArgType::Text, other) => Some(Value::String(other.to_string())),
             _ => None,
         }
     }
@@ -63,9 +68,10 @@ impl ArgType {
 /// declares: a red team listed a tool with `command: integer`, the name was dropped, and a
 /// `forbid … when { context.args has command && … }` on the built-in `bash` silently stopped
 /// applying. A call whose value does not have the type is shown without it. A name only MCP
-/// tools declare, with different types, is left out, so a policy that reads it fails
-/// validation instead of meeting a value of the wrong type; [`PolicySchema::conflicts`] names
-/// each such name for a warning.
+/// tools declare, with different types, is a `String` holding each value's JSON text, so it
+/// never leaves the policies' sight; a policy comparing it as another type stops validating
+/// (and the last policies that did stay in force). [`PolicySchema::conflicts`] names each
+/// such name for a warning.
 #[derive(Clone)]
 pub struct PolicySchema {
     text: String,
@@ -74,22 +80,19 @@ pub struct PolicySchema {
     conflicts: Vec<String>,
 }
 
-/// What the tools declare for one argument name.
+/// What the tools declare for one argument name: the distinct types (`None`: one Cedar has
+/// no type for, such as an object), the built-ins' and everyone's.
 #[derive(Default)]
 struct Declared {
-    /// The built-ins' type: `Some(None)` when they disagree among themselves.
-    builtin: Option<Option<ArgType>>,
-    /// Every tool's: `Some(None)` when any two disagree.
-    any: Option<Option<ArgType>>,
+    builtin: Vec<Option<ArgType>>,
+    any: Vec<Option<ArgType>>,
     /// Tools declaring it, for the warning.
     tools: Vec<String>,
 }
 
-fn merge(slot: &mut Option<Option<ArgType>>, ty: Option<ArgType>) {
-    match slot {
-        None => *slot = Some(ty),
-        Some(t) if *t != ty => *slot = Some(None),
-        Some(_) => {}
+fn merge(seen: &mut Vec<Option<ArgType>>, ty: Option<ArgType>) {
+    if !seen.contains(&ty) {
+        seen.push(ty);
     }
 }
 
@@ -123,17 +126,23 @@ impl PolicySchema {
         let mut args = BTreeMap::new();
         let mut conflicts = Vec::new();
         for (name, d) in declared {
-            let ty = match (d.builtin, d.any) {
-                (Some(builtin), _) => builtin,
-                (None, Some(any)) => any,
-                (None, None) => None,
+            let ty = match (d.builtin.as_slice(), d.any.as_slice()) {
+                ([builtin], _) => *builtin,
+                // The built-ins disagree among themselves: left out, as it always was.
+                ([_, ..], _) => None,
+                (_, [only]) => *only,
+                // Dropped, the name would vanish from every call's context, and a `forbid`
+                // guarded by `has` would stop applying unseen (a server could do that to
+                // another's tools): it stays, as text.
+                (_, [_, _, ..]) => {
+                    conflicts.push(format!(
+                        "`context.args.{name}` is a String of each value's JSON text: tools declare it with different types ({}); a policy comparing it as another type no longer validates",
+                        d.tools.join(", ")
+                    ));
+                    Some(ArgType::Text)
+                }
+                (_, []) => None,
             };
-            if matches!(d.any, Some(None)) && ty.is_none() {
-                conflicts.push(format!(
-                    "`context.args.{name}` is left out of the policy schema: tools declare it with different types ({}), so policies cannot read it",
-                    d.tools.join(", ")
-                ));
-            }
             if let Some(ty) = ty {
                 args.insert(name, ty);
             }
@@ -149,7 +158,7 @@ impl PolicySchema {
         })
     }
 
-    /// Argument names left out because the tools disagree on their type, in words.
+    /// Argument names typed as text because the tools disagree on their type, in words.
     pub fn conflicts(&self) -> &[String] {
         &self.conflicts
     }
