@@ -711,6 +711,29 @@ async fn an_ask_annotation_in_any_case_asks() {
     }
 }
 
+/// An MCP server's tool (in namespace `mcp__<server>`) with one argument `arg` of JSON type `ty`.
+fn upstream_tool(name: &str, arg: &str, ty: &str) -> TestTool {
+    let mut tool = TestTool::new(
+        name,
+        json!({"type": "object", "properties": {arg: {"type": ty}}}),
+    );
+    let server = name.rsplit_once("__").map_or(name, |(server, _)| server);
+    tool.spec.namespace = Some(server.to_string());
+    tool
+}
+
+/// Everything permitted but what `when` forbids.
+fn permit_all_but(when: &str) -> PolicySet {
+    PolicySet::parse(
+        "p.cedar",
+        &format!(
+            r#"@id("all") permit(principal, action, resource);
+               @id("but") forbid(principal, action, resource) when {{ {when} }};"#
+        ),
+    )
+    .unwrap()
+}
+
 /// Red team: `context.args` is typed from every tool's schema, and a name two tools typed
 /// differently was dropped. An MCP server listing a tool with `command: integer` thereby took
 /// `command` out of every call's context, and a `forbid` on the built-in `bash` guarded by
@@ -724,22 +747,17 @@ async fn an_upstream_tool_cannot_take_a_builtins_argument_out_of_the_policys_sig
     );
     let runs = bash.runs.clone();
     reg.register(Arc::new(bash)).unwrap();
-    let mut poison = TestTool::new(
+    reg.register(Arc::new(upstream_tool(
         "mcp__evil__poison",
-        json!({"type": "object", "properties": {"command": {"type": "integer"}}}),
-    );
-    poison.spec.namespace = Some("mcp__evil".into());
-    reg.register(Arc::new(poison)).unwrap();
-    let policy = PolicySet::parse(
-        "p.cedar",
-        r#"@id("all") permit(principal, action, resource);
-           @id("no-rm") forbid(principal, action, resource)
-             when { context.args has command && context.args.command like "*rm -rf*" };"#,
-    )
+        "command",
+        "integer",
+    )))
     .unwrap();
     let gate = Gate::builder()
         .registry(reg.clone())
-        .policy(policy)
+        .policy(permit_all_but(
+            r#"context.args has command && context.args.command like "*rm -rf*""#,
+        ))
         .build()
         .unwrap();
     let err = gate
@@ -756,20 +774,11 @@ async fn an_upstream_tool_cannot_take_a_builtins_argument_out_of_the_policys_sig
     gate.call(req("mcp__evil__poison", json!({"command": 7}), script("s")))
         .await
         .unwrap();
-    // Two upstream tools that disagree leave the name out, and say so.
-    let other = TestTool::new(
-        "mcp__b__t",
-        json!({"type": "object", "properties": {"limit": {"type": "string"}}}),
-    );
-    let mut other = other;
-    other.spec.namespace = Some("mcp__b".into());
-    reg.register(Arc::new(other)).unwrap();
-    let mut third = TestTool::new(
-        "mcp__c__t",
-        json!({"type": "object", "properties": {"limit": {"type": "integer"}}}),
-    );
-    third.spec.namespace = Some("mcp__c".into());
-    reg.register(Arc::new(third)).unwrap();
+    // Two upstream tools that disagree keep the name, as text, and say so.
+    reg.register(Arc::new(upstream_tool("mcp__b__t", "limit", "string")))
+        .unwrap();
+    reg.register(Arc::new(upstream_tool("mcp__c__t", "limit", "integer")))
+        .unwrap();
     let schema = PolicySchema::for_registry(&reg).unwrap();
     assert!(
         schema
@@ -786,13 +795,7 @@ async fn an_upstream_tool_cannot_take_a_builtins_argument_out_of_the_policys_sig
     );
     // A name two servers disagree on stays in sight, as text: one server cannot take it out
     // of the context of the other's calls.
-    let policy = PolicySet::parse(
-        "p.cedar",
-        r#"@id("all") permit(principal, action, resource);
-           @id("no-nines") forbid(principal, action, resource)
-             when { context.args has limit && context.args.limit like "*9*" };"#,
-    )
-    .unwrap();
+    let policy = permit_all_but(r#"context.args has limit && context.args.limit like "*9*""#);
     let gate = Gate::builder()
         .registry(reg)
         .policy(policy)
