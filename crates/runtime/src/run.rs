@@ -491,7 +491,6 @@ impl Codemode {
                 self.inner.stores.apply(
                     &req.session_id,
                     &result.store_writes,
-                    true,
                     ended,
                     SESSION_ENDED,
                 )

@@ -26,16 +26,14 @@ impl SessionStores {
     /// Applies a successful script's writes in the order it made them, all or none: a batch
     /// that would put a value or the session past the store's limits is refused whole. The
     /// script API checks the same limits in the VM; this holds them for a worker that did not,
-    /// and for scripts of one session that each fit but together would not. `checked: false`
-    /// mirrors writes a durable store already took (and judged on everything it holds).
-    /// `ended` is asked under this map's lock, which [`SessionStores::remove`] takes too: a
+    /// and for scripts of one session that each fit but together would not. Only without a
+    /// durable store: with one, scripts load from it and nothing is kept here. `ended` is asked under this map's lock, which [`SessionStores::remove`] takes too: a
     /// session that ends is either removed after these writes or refuses them with
     /// `ended_why`, never given them back after its removal.
     pub(crate) fn apply(
         &self,
         session: &str,
         writes: &[StoreWrite],
-        checked: bool,
         ended: impl Fn() -> bool,
         ended_why: &str,
     ) -> Result<(), String> {
@@ -51,7 +49,7 @@ impl SessionStores {
                         format!("the value stored under {key:?} cannot be written as JSON: {e}")
                     })?;
                     let n = text.chars().count();
-                    if checked && n > MAX_STORE_VALUE_CHARS {
+                    if n > MAX_STORE_VALUE_CHARS {
                         return Err(format!(
                             "the value stored under {key:?} is {n} characters of JSON; one value may be at most {MAX_STORE_VALUE_CHARS}"
                         ));
@@ -63,15 +61,11 @@ impl SessionStores {
                 }
             }
         }
-        let total: usize = if checked {
-            store
-                .iter()
-                .map(|(k, v)| k.chars().count() + v.chars().count())
-                .sum()
-        } else {
-            0
-        };
-        if checked && total > MAX_STORE_TOTAL_CHARS {
+        let total: usize = store
+            .iter()
+            .map(|(k, v)| k.chars().count() + v.chars().count())
+            .sum();
+        if total > MAX_STORE_TOTAL_CHARS {
             return Err(format!(
                 "the session's store() values would be {total} characters of JSON together; the most is {MAX_STORE_TOTAL_CHARS}. Remove keys with store(key, undefined), and keep big data elsewhere"
             ));

@@ -64,11 +64,6 @@ pub enum AuditError {
     Head { path: String, problem: String },
     #[error("audit key {path}: {problem}")]
     Key { path: String, problem: String },
-    /// A script's calls used up its share of the journal; the log itself is fine.
-    #[error(
-        "`{tool}` was not run: this script's calls have put {max} bytes of arguments in the audit journal, the most one script may, so nothing was changed. No person was asked. Do the rest in another script, or pass less per call"
-    )]
-    ScriptShare { tool: String, max: u64 },
 }
 
 /// The head file beside a log.

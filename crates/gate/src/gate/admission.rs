@@ -237,24 +237,23 @@ impl Pending {
         local.and(shared)
     }
 
+    /// Counts a script call's arguments into its script's journal share: the refusal, when the
+    /// share is spent (a limit of the script's, not a failure of the log: other calls go on).
+    fn spend_journal_share(&self, args_bytes: usize) -> Option<String> {
+        let script_id = self.provenance.script_id.as_ref()?;
+        let bytes = args_bytes.min(WHOLE_ARGUMENTS) as u64;
+        (!self.gate.ledger.journal(script_id, bytes)).then(|| {
+            format!(
+                "`{}` was not run: this script's calls have put {} bytes of arguments in the audit journal, the most one script may, so nothing was changed. No person was asked. Do the rest in another script, or pass less per call",
+                self.tool,
+                self.gate.ledger.journal_share()
+            )
+        })
+    }
+
     /// Records in the journal that the call is about to run, before it can change anything, so
     /// a process killed while it runs still leaves a trace. An error means it must not run.
-    async fn journal_start(&mut self) -> Result<(), crate::audit::AuditError> {
-        if !self.gate.audit.has_journal() {
-            return Ok(());
-        }
-        let args_text = serde_json::to_string(&self.args).unwrap_or_default();
-        if let Some(script_id) = &self.provenance.script_id
-            && !self
-                .gate
-                .ledger
-                .journal(script_id, args_text.len().min(WHOLE_ARGUMENTS) as u64)
-        {
-            return Err(crate::audit::AuditError::ScriptShare {
-                tool: self.tool.clone(),
-                max: self.gate.ledger.journal_share(),
-            });
-        }
+    async fn journal_start(&mut self, args_text: String) -> Result<(), crate::audit::AuditError> {
         let journal_id = uuid::Uuid::new_v4().simple().to_string();
         let mut record = serde_json::json!({
             "time": utc_now(),
@@ -627,13 +626,15 @@ impl Admission {
         let trusted_read_only =
             self.spec.annotations.read_only_hint == Some(true) && self.spec.namespace.is_none();
         let recorded = match self.pending.gate.audit.check_intact() {
-            Ok(()) if !trusted_read_only => self.pending.journal_start().await,
+            Ok(()) if !trusted_read_only && self.pending.gate.audit.has_journal() => {
+                let args_text = serde_json::to_string(&self.pending.args).unwrap_or_default();
+                if let Some(why) = self.pending.spend_journal_share(args_text.len()) {
+                    return Err(ToolError::failed(why).with_effect(Effect::None));
+                }
+                self.pending.journal_start(args_text).await
+            }
             other => other,
         };
-        if let Err(e @ crate::audit::AuditError::ScriptShare { .. }) = recorded {
-            // This script's share is spent; the log is fine and other calls go on.
-            return Err(ToolError::failed(e.to_string()).with_effect(Effect::None));
-        }
         if let Err(e) = recorded {
             audit_failed(&self.pending.gate, &e);
             return Err(ToolError::failed(format!(

@@ -360,10 +360,7 @@ struct PeerConnections {
 /// whole.
 fn peer_key(ip: std::net::IpAddr) -> std::net::IpAddr {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = super::peer_uid::plain_ip(ip);
     match ip {
         _ if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(v6) => {

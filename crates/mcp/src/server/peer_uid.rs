@@ -32,11 +32,15 @@ fn owner_in(table: &str, local: SocketAddr, peer: SocketAddr) -> Option<u32> {
 
 /// Equal, reading an IPv4-mapped IPv6 address as the IPv4 one.
 fn same(a: SocketAddr, b: SocketAddr) -> bool {
-    let plain = |ip: IpAddr| match ip {
+    a.port() == b.port() && plain_ip(a.ip()) == plain_ip(b.ip())
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:127.0.0.1`) as the IPv4 one; any other as it is.
+pub(crate) fn plain_ip(ip: IpAddr) -> IpAddr {
+    match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
-    };
-    a.port() == b.port() && plain(a.ip()) == plain(b.ip())
+    }
 }
 
 /// `0100007F:1F90` (IPv4) or 32 hex digits and a port (IPv6): each 32-bit word of the address
