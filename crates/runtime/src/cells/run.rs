@@ -497,6 +497,30 @@ enum ScriptCall {
 /// one carries the cell on.
 const HANDED_OVER: &str = "this process stopped running the script and let go of its cell, for a codemode process on the same state store to carry on by replay (that one's end line names this call's journal line)";
 
+/// Before the end of a cell's script call is written: a process that finds another holder
+/// lets go (its line says the cell is carried on elsewhere, and the holder writes how it
+/// ended); one that still holds the cell renews its lease, so nobody takes the cell over while
+/// it writes the end.
+async fn confirm_holder(store: &dyn StateStore, live: &LiveCell, replica: &str, lease: Duration) {
+    match store.get_cell(&live.id).await {
+        Ok(Some(c)) if c.owner.as_deref().is_some_and(|o| o != replica) => {
+            live.lost_lease(format!(
+                "cell {} is held by {}",
+                live.id,
+                c.owner.unwrap_or_default()
+            ));
+        }
+        Ok(Some(c)) if !c.status.is_terminal() => {
+            if let Err(e @ (StateError::CellHeld { .. } | StateError::NotCellOwner { .. })) =
+                store.claim_cell(&live.id, replica, lease).await
+            {
+                live.lost_lease(e.to_string());
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Runs the cell's script to its end and records how it ended.
 #[allow(clippy::too_many_arguments)]
 async fn drive(
@@ -527,28 +551,8 @@ async fn drive(
     drop(slot);
     let config = cells.config();
     let store = cells.store();
-    // Exactly one process writes the end of the script's call: the one that holds the cell
-    // when it ends. One that finds another holder lets go; one that still holds it renews its
-    // lease, so nobody takes the cell over while it writes the end.
     if !live.handed_over() {
-        match store.get_cell(&cell_id).await {
-            Ok(Some(c)) if c.owner.as_deref().is_some_and(|o| o != config.replica) => {
-                live.lost_lease(format!(
-                    "cell {cell_id} is held by {}",
-                    c.owner.unwrap_or_default()
-                ));
-            }
-            Ok(Some(c)) if !c.status.is_terminal() => {
-                if let Err(e @ (StateError::CellHeld { .. } | StateError::NotCellOwner { .. })) =
-                    store
-                        .claim_cell(&cell_id, &config.replica, config.lease)
-                        .await
-                {
-                    live.lost_lease(e.to_string());
-                }
-            }
-            _ => {}
-        }
+        confirm_holder(store.as_ref(), &live, &config.replica, config.lease).await;
     }
     let handed_over = live.handed_over();
     let (mut run, resumed) = match script {
