@@ -478,3 +478,34 @@ async fn a_scripts_calls_cannot_fill_the_journal_past_their_share() {
     // Every call that ran, and the one refused, has its line.
     assert_eq!(report.lines, at + 2);
 }
+
+/// The same share under a burst: calls of one script fired together cannot each find room
+/// that only some of them have (the share is counted under the ledger's lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_one_scripts_calls_cannot_overrun_its_journal_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let reg = Registry::new();
+    let w = TestTool::new("w", object_schema());
+    let runs = w.runs.clone();
+    reg.register(Arc::new(w)).unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
+        .max_journalled_bytes_per_script(1024 * 1024)
+        .build()
+        .unwrap();
+    let padding = "x".repeat(200 * 1024);
+    let calls = (0..40).map(|i| {
+        let gate = gate.clone();
+        let args = json!({"path": format!("{i}{padding}")});
+        async move { gate.call(req("w", args, script("burst"))).await }
+    });
+    let results = futures::future::join_all(calls).await;
+    let ran = results.iter().filter(|r| r.is_ok()).count();
+    // 1 MiB holds five calls of about 200 KiB each, however they interleave.
+    assert_eq!(ran, 5, "{ran} calls ran");
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(r.message.contains("audit journal"), "{}", r.message);
+    }
+}
