@@ -3,7 +3,7 @@
 //! reorder text (bidi overrides), and C1 controls a terminal may act on, must be shown escaped,
 //! or a script could make `rm -rf ~` read as something harmless.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Output, Stdio};
 
-mod common;
+use crate::common;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

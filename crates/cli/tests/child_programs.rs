@@ -9,7 +9,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

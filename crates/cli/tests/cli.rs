@@ -5,7 +5,7 @@ use std::process::{Output, Stdio};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 fn codemode(args: &[&str], config_dir: &Path, stdin: Option<&str>) -> Output {
     let mut cmd = common::codemode();

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 struct Dirs {
     config: tempfile::TempDir,

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 fn testbed() -> PathBuf {
     let p = PathBuf::from(concat!(

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -7,7 +7,7 @@
 //! killed; the approval is answered from the CLI; a new server takes the cell over and its
 //! calls meet alice's `max_calls`.
 
-mod common;
+use crate::common;
 use common::Server;
 
 use std::path::{Path, PathBuf};

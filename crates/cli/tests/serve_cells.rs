@@ -3,7 +3,7 @@
 //! `codemode approvals` while no server runs, the cell is rebuilt by the next server and goes
 //! on without running its first call again (the file it appends to says so).
 
-mod common;
+use crate::common;
 use common::testbed;
 
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! `approvals.expire_after` has passed, like every other approval. Raw lines over stdio, as a
 //! hostile client would send them.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;

@@ -1,7 +1,7 @@
 //! `codemode serve` as a gateway people run all day, driven by the official MCP SDK client in
 //! Node against the real npm servers and the misbehaving fixture server (issue 13).
 
-mod common;
+use crate::common;
 use common::testbed;
 
 use std::process::Command;

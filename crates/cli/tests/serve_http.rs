@@ -1,6 +1,6 @@
 //! `codemode serve --listen` driven by the official MCP SDK client over streamable HTTP.
 
-mod common;
+use crate::common;
 use common::Server;
 use common::testbed;
 

@@ -1,6 +1,6 @@
 //! The streamable HTTP transport as the MCP specification asks (issue 13, item 9).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! Red team: connections that send no request hold a descriptor each, before any token is
 //! checked. HTTP/1.1 headers have a read timeout; these are the ways around it.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};

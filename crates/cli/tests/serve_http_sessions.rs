@@ -6,7 +6,7 @@
 //! The idle limit is shortened through its flag. Waits are generous on both sides of it, so a
 //! loaded machine slows the test down but does not flip its outcome.
 
-mod common;
+use crate::common;
 use common::testbed;
 
 use std::io::{BufRead, BufReader};

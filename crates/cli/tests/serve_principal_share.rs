@@ -11,7 +11,7 @@
 //! run at once, and alice's cells past her share must be refused with a message naming the
 //! limit and the setting that raises it.
 
-mod common;
+use crate::common;
 use common::Server;
 
 use std::path::PathBuf;

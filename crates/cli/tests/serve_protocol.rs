@@ -3,7 +3,7 @@
 //! wrong, and an unavailable method names itself. Raw lines over stdio, as a hostile or buggy
 //! client would send them.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;

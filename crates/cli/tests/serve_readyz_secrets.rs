@@ -5,7 +5,7 @@
 //!
 //! Needs PostgreSQL: `scripts/with-postgres cargo test -p codemode-cli --test serve_readyz_secrets`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 

@@ -4,7 +4,7 @@
 //! (the `codemode approvals` CLI, or the session's client come back through the other replica)
 //! resuming the cell on the replica that holds it.
 
-mod common;
+use crate::common;
 use common::testbed;
 
 use std::io::{Read, Write};

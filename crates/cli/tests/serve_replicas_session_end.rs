@@ -10,7 +10,7 @@
 //! spending the session's budget after its session had ended, and the paused call stayed
 //! pending, approvable by anyone holding `codemode approvals`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

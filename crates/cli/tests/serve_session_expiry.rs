@@ -6,7 +6,7 @@
 //! token to present it claimed it as a fresh session, became its principal, and could `wait`
 //! on, read and terminate the first principal's cells (and be asked about their approvals).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -9,7 +9,7 @@
 //! A session's `initialize` parameters are kept as long as the session lives, so a client
 //! could make each of its sessions hold megabytes. An oversized `initialize` is refused.
 
-mod common;
+use crate::common;
 use common::Server;
 
 use std::process::Command;

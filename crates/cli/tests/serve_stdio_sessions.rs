@@ -4,7 +4,7 @@
 //! its `store()` values, its live-cell count and its pending approvals. Two servers here are
 //! each the first process of a fresh pid namespace, so they have the same pid.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

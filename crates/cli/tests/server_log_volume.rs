@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-mod common;
+use crate::common;
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -3,7 +3,7 @@
 //! cell `codemode serve` runs after its request returned. Before, the process ended with the
 //! command still running and no line for it, and `audit verify` called the log intact.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

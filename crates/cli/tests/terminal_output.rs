@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-mod common;
+use crate::common;
 
 /// A value with an OSC 52 clipboard write, a line erase, a carriage return that overwrites, a
 /// C1 CSI, DEL and a right-to-left override.

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::json;
 
-mod common;
+use crate::common;
 use common::Server;
 
 const FIXTURE: &str = concat!(

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 fn run(
     config: &Path,

@@ -1,6 +1,6 @@
 //! Hostile and odd input: nothing panics, output stays well-formed, limits hold.
 
-mod support;
+use crate::support;
 
 use std::time::Instant;
 

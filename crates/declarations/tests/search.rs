@@ -1,6 +1,6 @@
 //! searchTools / describeTool / describeNamespace behaviour.
 
-mod support;
+use crate::support;
 
 use std::time::Instant;
 

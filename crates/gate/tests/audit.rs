@@ -1,7 +1,7 @@
 //! The audit log's keyed chain, attacked: changed, removed, reordered, truncated, forged and
 //! rechained logs, a forged head, and two processes writing one log at once.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

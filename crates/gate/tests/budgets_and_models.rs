@@ -1,6 +1,6 @@
 //! Budgets and model calls: race-free reservations, cost and token limits, every refusal audited.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

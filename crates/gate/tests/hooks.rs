@@ -1,6 +1,6 @@
 //! Hooks: trait hooks and command hooks run as real `sh` processes.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

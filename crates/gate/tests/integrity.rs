@@ -3,7 +3,7 @@
 //! templates, writes to protected paths, reads outside the workspace, and callers that drop a
 //! call half way.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! Attacked here: the line must exist while the tool runs, on a file and on shared streams; a
 //! journal that cannot be written must stop the call before it runs, and every later call.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

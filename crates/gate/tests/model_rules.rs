@@ -1,6 +1,6 @@
 //! The gate's typed inputs that are not policy: model rules and the nesting limit.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! Cedar policies: defaults, ask, errors at load, explain, path rules.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,7 +1,7 @@
 //! Every refusal reads the same way to the model: what happened, whether a person was asked,
 //! and what it can do next; the `stage` says which step refused.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

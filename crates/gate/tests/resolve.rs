@@ -1,6 +1,6 @@
 //! Resolve: exposures, active state, modes, unknown and hidden names.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

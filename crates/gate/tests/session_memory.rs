@@ -3,7 +3,7 @@
 //! host's memory without bound; but a call still running when its session ended keeps acting
 //! for the session's principal until it ends, never for the process's default one.
 
-mod common;
+use crate::common;
 use common::*;
 
 use std::sync::Arc;

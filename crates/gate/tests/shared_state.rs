@@ -2,7 +2,7 @@
 //! replicas use them: each "replica" here is its own gate with its own store handle (its own
 //! SQLite connection, its own PostgreSQL pool) on one database.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,6 +1,6 @@
 //! Validation: every JSON type, no coercion, each problem with its path.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -1,6 +1,6 @@
 //! At most four model calls of one script are in flight; the others wait their turn.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

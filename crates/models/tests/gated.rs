@@ -2,7 +2,7 @@
 //! cut off: the script's token budget still holds, and every call is in the audit log with what
 //! it was charged.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! models.generateImages against the loopback provider.
 
-mod common;
+use crate::common;
 
 use codemode_models::image_count;
 use codemode_models::testing::TINY_PNG_BASE64;

@@ -1,7 +1,7 @@
 //! The three gaps of the reference system, closed: model calls from scripts are decided by
 //! policy, hooks and budgets and audited; mode `only` refuses direct calls by the model.
 
-mod common;
+use crate::common;
 
 use codemode_gate::{BudgetLimits, Budgets};
 use codemode_runtime::ScriptRequest;

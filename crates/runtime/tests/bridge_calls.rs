@@ -5,7 +5,7 @@
 //! waits on a timer (its first poll is pending, the rest runs elsewhere), a denied call (decided
 //! at once), and a burst of both kinds: every call still passes the gate and is in the audit log.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

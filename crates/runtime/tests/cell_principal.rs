@@ -2,7 +2,7 @@
 //! taken over: run by replay in a process its client has not reached, its calls would be
 //! charged to nobody. It fails, saying why, and none of its calls runs.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

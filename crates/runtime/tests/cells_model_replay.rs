@@ -3,7 +3,7 @@
 //! rebuilt script a fresh token budget: a script that spent its tokens, then waited for an
 //! approval long enough for a takeover, could spend them all again.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! waiting for anyone: its time counts. Otherwise one unanswered question (an hour, for a
 //! paused approval) would lift `timeout_ms` from everything else the script does.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Scripts attacking the record: calls left running when a script returns, and a symlink
 //! flipping under calls the policy judged to stay inside the workspace.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

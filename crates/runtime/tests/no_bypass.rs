@@ -6,7 +6,7 @@
 //! the sandbox that only writes to the script's own output, a read-only helper, or a call that
 //! the gate's hooks observe with the script's provenance.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -1,7 +1,7 @@
 //! The read-only globals (`runtime::READ_ONLY_GLOBALS`) are answered on the host without the
 //! gate, so what a script passes them must not make the host work or allocate without bound.
 
-mod common;
+use crate::common;
 
 use codemode_runtime::ScriptRequest;
 use common::*;

@@ -5,7 +5,7 @@
 //! holds every worker, and another token's scripts wait in the queue until their timeout. The
 //! attack here is a burst: twenty scripts of one principal at once against a cap of two.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! back: they would be kept for a session nobody can reach again, in memory and in the state
 //! store, and a client that ends sessions while their scripts run could grow both without bound.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

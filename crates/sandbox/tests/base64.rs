@@ -1,6 +1,6 @@
 //! `atob` and `btoa`: HTML's forgiving base64, as pure functions of the prelude.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::*;

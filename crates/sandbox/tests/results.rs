@@ -2,7 +2,7 @@
 //! values must be exactly what `JSON.parse` makes of the same text, for odd but valid JSON too,
 //! and text that is not JSON must still be refused.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! bash with real processes: output order, exit codes, timeouts, caps and cancellation.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! read, write and edit on real files.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 

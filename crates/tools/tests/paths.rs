@@ -1,6 +1,6 @@
 //! Path resolution and the facts the policy decides on.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::symlink;
 

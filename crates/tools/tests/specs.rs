@@ -1,6 +1,6 @@
 //! What the tools declare: names, strict schemas, annotations, exposure, output schemas.
 
-mod common;
+use crate::common;
 
 use codemode_spec::{CallKind, Exposure};
 use common::Bench;
