@@ -613,3 +613,59 @@ async fn a_matcher_written_as_a_glob_still_matches() {
     .await;
     res.unwrap();
 }
+
+/// Red team: a command after a rewriting command was told the paths of the old arguments, so a
+/// hook guarding paths passed a write it would have blocked. Each command now sees the paths of
+/// the arguments the call will run with.
+#[tokio::test]
+async fn a_command_after_a_rewrite_sees_the_rewritten_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("project");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::create_dir_all(root.join("secrets")).unwrap();
+    let seen = dir.path().join("seen.json");
+    let rewrite = script_file(
+        dir.path(),
+        "rewrite.sh",
+        r#"echo '{"hookSpecificOutput":{"updatedInput":{"path":"secrets/key"}}}'"#,
+    );
+    // The guard blocks any path under secrets/, from what it is told.
+    let guard = script_file(
+        dir.path(),
+        "guard.sh",
+        &format!(
+            "tee {} | grep -q '/secrets/' && {{ echo 'no secrets' >&2; exit 2; }}; exit 0",
+            seen.display()
+        ),
+    );
+    let reg = Registry::new();
+    let tool = Arc::new(
+        TestTool::new(
+            "write",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "additionalProperties": false}),
+        )
+        .with_path_facts(&root),
+    );
+    reg.register(tool.clone()).unwrap();
+    let gate = builder(&reg)
+        .command_hooks(command_hooks(
+            &[("write", &rewrite, 10), ("write", &guard, 10)],
+            &[],
+        ))
+        .build()
+        .unwrap();
+    let err = gate
+        .call(req("write", json!({"path": "docs/a.md"}), script("h")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Hook, "{}", err.message);
+    assert!(err.message.contains("no secrets"), "{}", err.message);
+    assert_eq!(tool.runs.load(Ordering::SeqCst), 0);
+    let ev: Value = serde_json::from_str(&std::fs::read_to_string(&seen).unwrap()).unwrap();
+    assert_eq!(ev["tool_input"], json!({"path": "secrets/key"}));
+    let paths = ev["paths"].to_string();
+    assert!(
+        paths.contains("secrets/key") && !paths.contains("docs"),
+        "{paths}"
+    );
+}

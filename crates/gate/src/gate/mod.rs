@@ -212,8 +212,11 @@ impl GateBuilder {
         self.hooks.push(hook);
         self
     }
+    /// Adds command hooks, each command as a hook of its own (see `CommandHooks`).
     pub fn command_hooks(mut self, hooks: CommandHooks) -> Self {
-        self.hooks.push(Arc::new(hooks));
+        for hook in hooks.one_per_command() {
+            self.hooks.push(Arc::new(hook));
+        }
         self
     }
     pub fn approver(mut self, approver: Arc<dyn Approver>) -> Self {

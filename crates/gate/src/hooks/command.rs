@@ -83,6 +83,7 @@ pub enum HookConfigError {
     BadType(String),
 }
 
+#[derive(Clone)]
 struct Compiled {
     matcher: Regex,
     /// The matcher with MCP tool names as codemode registers them, when it names one as its
@@ -122,6 +123,34 @@ impl CommandHooks {
     pub fn with_project_dir(mut self, dir: PathBuf) -> Self {
         self.project_dir = Some(dir);
         self
+    }
+
+    /// One hook per command, in their order. The gate prepares a rewritten call again before
+    /// the next hook sees it, so each command is told the paths the call will really touch;
+    /// chained inside one hook, a command after a rewrite saw the paths of the old arguments.
+    pub(crate) fn one_per_command(self) -> Vec<CommandHooks> {
+        let single = |c: &Compiled, cmd: &HookCommand| Compiled {
+            commands: vec![cmd.clone()],
+            ..c.clone()
+        };
+        let hook = |pre: Vec<Compiled>, post: Vec<Compiled>| CommandHooks {
+            pre,
+            post,
+            project_dir: self.project_dir.clone(),
+            at_once: self.at_once.clone(),
+        };
+        let mut each = Vec::new();
+        for c in &self.pre {
+            for cmd in &c.commands {
+                each.push(hook(vec![single(c, cmd)], Vec::new()));
+            }
+        }
+        for c in &self.post {
+            for cmd in &c.commands {
+                each.push(hook(Vec::new(), vec![single(c, cmd)]));
+            }
+        }
+        each
     }
 
     fn matching<'a>(list: &'a [Compiled], tool: &'a str) -> impl Iterator<Item = &'a HookCommand> {
