@@ -51,6 +51,11 @@ impl Server {
             .arg(config.path().join("state"))
             .args(extra)
             .env("CODEMODE_LOG", "codemode_mcp::server=debug")
+            // Few heap arenas, and big blocks always mapped and unmapped: freed memory goes back
+            // at once, so the memory tests here measure what the server keeps, not what it once
+            // needed.
+            .env("MALLOC_ARENA_MAX", "2")
+            .env("MALLOC_MMAP_THRESHOLD_", "65536")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -615,4 +620,61 @@ fn principal_flags_that_would_apply_to_no_session_are_refused() {
     let (code, stderr) = serve(&[]);
     assert_ne!(code, Some(0), "{stderr}");
     assert!(stderr.contains("add --listen"), "{stderr}");
+}
+
+/// Red team: a `store()` value of `[0,0,…]` is 2 characters of JSON per element but 32 bytes
+/// decoded, and `serve` kept a decoded copy of every session's values (1 MiB of text took it
+/// from 60 to 146 MB). Values are now kept as text, and not in memory at all when the state
+/// store holds them: more sessions at the full 1 MiB each cost no more than sessions without.
+#[test]
+fn store_values_of_small_elements_do_not_grow_the_server() {
+    let (server, _dir) = with_three_tokens(&[]);
+    let rss = || {
+        std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    let probe = |sessions: usize| {
+        format!(
+            "{FETCH_HELPERS}
+const call = (token, id, code) => fetch(url, {{ method: 'POST', headers: h(token, id),
+  body: JSON.stringify({{ jsonrpc: '2.0', id: 3, method: 'tools/call', params: {{ name: 'codemode', arguments: {{ code }} }} }}) }})
+  .then((r) => r.text());
+(async () => {{
+  const stored = [], loaded = [];
+  for (let i = 0; i < {sessions}; i++) {{
+    const s = await open(alice);
+    await fetch(url, {{ method: 'POST', headers: h(alice, s.id), body: JSON.stringify({{ jsonrpc: '2.0', method: 'notifications/initialized' }}) }});
+    stored.push((await call(alice, s.id,
+      \"for (let k = 0; k < 4; k++) store('k' + k, new Array(130000).fill(0)); return 'stored-' + 4\")).includes('stored-4'));
+    loaded.push((await call(alice, s.id, \"return 'len-' + load('k3').length\")).includes('len-130000'));
+  }}
+  console.log(JSON.stringify({{ stored, loaded }}));
+}})().catch((e) => {{ console.error(e); process.exit(1); }});"
+        )
+    };
+    let run = |sessions: usize| {
+        let mut cmd = Command::new("node");
+        cmd.args(["-e", &probe(sessions), &server.url, ALICE, BOB, MASTER]);
+        common::client_json(cmd)
+    };
+    // A few sessions first, so the baseline holds what every session costs anyway.
+    let warm = run(4);
+    assert_eq!(warm["stored"], serde_json::json!(vec![true; 4]), "{warm}");
+    let before = rss();
+    let v = run(16);
+    assert_eq!(v["stored"], serde_json::json!(vec![true; 16]), "{v}");
+    assert_eq!(v["loaded"], serde_json::json!(vec![true; 16]), "{v}");
+    let grown_kb = rss().saturating_sub(before);
+    // Decoded, 16 sessions' 8 million zeros are 270 MB at the least; kept as text in memory,
+    // 16 MB; in the state store, nothing (16 sessions without store() values grow it ~2 MB).
+    assert!(
+        grown_kb < 12_000,
+        "16 more sessions of 1 MiB store() values grew the server by {grown_kb} KB"
+    );
 }

@@ -3,7 +3,7 @@
 //! (`postgres://user@host/db?password=…`, a form libpq and tokio-postgres take) was shown there
 //! whole: only a password in the URL's user part was hidden.
 //!
-//! Needs PostgreSQL: `scripts/with-postgres cargo test -p codemode-cli --test serve_readyz_secrets`.
+//! Needs PostgreSQL: `scripts/with-postgres cargo test -p codemode-cli --test suite serve_readyz_secrets::`.
 
 use crate::common;
 

@@ -86,6 +86,8 @@ impl Setup {
         let out = common::codemode()
             .args(["audit", "verify"])
             .arg(self.path("audit.jsonl"))
+            .arg("--key")
+            .arg(self.path("state/audit.key"))
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
@@ -403,6 +405,8 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     let out = common::codemode()
         .args(["audit", "verify"])
         .arg(&log)
+        .arg("--key")
+        .arg(s.path("state/audit.key"))
         .output()
         .unwrap();
     let said =
@@ -415,11 +419,14 @@ try {{ await tools.bash({{command: "touch {after}"}}); }} catch {{}}"#,
     assert!(said.contains("it was deleted"), "{said}");
 }
 
-/// What `codemode audit verify` prints for `log`, which must verify.
+/// What `codemode audit verify` prints for `log`, which must verify with the key of the run
+/// that wrote it (`state/audit.key` beside it).
 fn verify_output(log: &std::path::Path) -> String {
     let out = common::codemode()
         .args(["audit", "verify"])
         .arg(log)
+        .arg("--key")
+        .arg(log.with_file_name("state").join("audit.key"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

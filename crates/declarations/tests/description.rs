@@ -1,6 +1,6 @@
 //! The codemode description: what is listed, the shared budget, fairness and stability.
 
-use crate::support;
+mod support;
 
 use codemode_declarations::{
     DescriptionInput, Encoding, codemode_description, count_tokens, identifier_collisions,

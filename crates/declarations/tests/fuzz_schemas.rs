@@ -2,7 +2,7 @@
 //! search index never panic and always print balanced TypeScript without stray control characters.
 //! The `cargo fuzz` target in fuzz/ explores further with coverage guidance.
 
-use crate::support;
+mod support;
 
 use codemode_declarations::{
     DescriptionInput, RenderOptions, SearchOptions, ToolIndex, codemode_description,

@@ -2,7 +2,7 @@
 //! tests/golden/. After an intended change, regenerate with `UPDATE_GOLDEN=1 cargo test -p
 //! codemode-declarations --test golden` and review the diff.
 
-use crate::support;
+mod support;
 
 use codemode_declarations::{
     DescriptionInput, Globals, RenderOptions, SearchOptions, ToolIndex, codemode_description,

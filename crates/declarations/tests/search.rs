@@ -1,6 +1,6 @@
 //! searchTools / describeTool / describeNamespace behaviour.
 
-use crate::support;
+mod support;
 
 use std::time::Instant;
 

@@ -2,7 +2,7 @@
 //! cases, random ones) and whole description blocks go through the real compiler
 //! (testbed/node_modules/typescript, `tsc --noEmit --strict`).
 
-use crate::support;
+mod support;
 
 use std::path::Path;
 use std::process::Command;

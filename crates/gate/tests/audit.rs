@@ -338,7 +338,12 @@ async fn two_processes_appending_to_one_log_keep_the_chain() {
     write_log(&path, 1).await;
     let spawn = || {
         std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "writer_process", "--test-threads", "1"])
+            .args([
+                "--exact",
+                &this_module_test("writer_process"),
+                "--test-threads",
+                "1",
+            ])
             .env(WRITER_ENV, &path)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -694,4 +699,10 @@ async fn calls_made_together_while_another_process_holds_the_log_lock_end_togeth
         took < std::time::Duration::from_secs(30),
         "six calls made together took {took:?}: each waited for the lock after the one before"
     );
+}
+
+/// `name`'s full test path in this binary (`audit::name`), for running it as a second process.
+fn this_module_test(name: &str) -> String {
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    format!("{module}::{name}")
 }

@@ -170,7 +170,7 @@ async fn a_postgres_stream_journals_calls_before_they_run() {
         .filter(|u| !u.trim().is_empty())
     else {
         eprintln!(
-            "SKIPPED: the journal's PostgreSQL test, because CODEMODE_TEST_POSTGRES_URL is not set; run it with `scripts/with-postgres cargo test -p codemode-gate --test journal`"
+            "SKIPPED: the journal's PostgreSQL test, because CODEMODE_TEST_POSTGRES_URL is not set; run it with `scripts/with-postgres cargo test -p codemode-gate --test suite journal::`"
         );
         return;
     };

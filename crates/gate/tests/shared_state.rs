@@ -63,7 +63,7 @@ async fn postgres() -> Option<Shared> {
             use std::io::Write;
             let _ = writeln!(
                 std::io::stderr(),
-                "SKIPPED: the gate's PostgreSQL tests, because {PG_URL_VAR} is not set; run them with `scripts/with-postgres cargo test -p codemode-gate --test shared_state`"
+                "SKIPPED: the gate's PostgreSQL tests, because {PG_URL_VAR} is not set; run them with `scripts/with-postgres cargo test -p codemode-gate --test suite shared_state::`"
             );
         });
         return None;

@@ -1,7 +1,7 @@
 //! models.classify against the loopback provider: answers from log-probabilities, usage, what
 //! the provider sees, and inputs refused before any request.
 
-use crate::common;
+mod common;
 
 use codemode_models::testing::TINY_PNG_BASE64;
 use codemode_spec::{CallKind, ToolErrorKind};

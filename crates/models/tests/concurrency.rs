@@ -1,6 +1,6 @@
 //! At most four model calls of one script are in flight; the others wait their turn.
 
-use crate::common;
+mod common;
 
 use std::time::Duration;
 

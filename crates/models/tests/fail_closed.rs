@@ -3,7 +3,7 @@
 //! call cut off after its request went out is cancelled with an unknown effect; a provider's
 //! error text never carries the key.
 
-use crate::common;
+mod common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Provider failures resolve with stopReason "error" and a clear message; they never fail the
 //! tool call, so the script's promise resolves.
 
-use crate::common;
+mod common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! cut off: the script's token budget still holds, and every call is in the audit log with what
 //! it was charged.
 
-use crate::common;
+mod common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! models.generateImages against the loopback provider.
 
-use crate::common;
+mod common;
 
 use codemode_models::image_count;
 use codemode_models::testing::TINY_PNG_BASE64;

@@ -1,7 +1,7 @@
 //! A provider that answers with a redirect: codemode sends a provider's key, headers and the
 //! script's data only to the URL the user configured, never to wherever the answer points.
 
-use crate::common;
+mod common;
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-use crate::common;
+mod common;
 use std::sync::Arc;
 
 use codemode_sandbox::*;

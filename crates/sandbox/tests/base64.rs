@@ -1,6 +1,6 @@
 //! `atob` and `btoa`: HTML's forgiving base64, as pure functions of the prelude.
 
-use crate::common;
+mod common;
 
 use base64::Engine;
 use common::*;

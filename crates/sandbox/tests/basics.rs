@@ -1,4 +1,4 @@
-use crate::common;
+mod common;
 use common::*;
 use serde_json::json;
 

@@ -1,5 +1,5 @@
 //! Errors that must say what happened and what to do (issue 10, items 14, 16 and 17).
-use crate::common;
+mod common;
 use codemode_sandbox::*;
 use common::*;
 use serde_json::json;

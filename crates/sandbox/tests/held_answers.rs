@@ -2,7 +2,7 @@
 //! the script's bound (its heap limit, 64 MiB at least) an answer is dropped and the script gets
 //! an error saying the call ran.
 
-use crate::common;
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,5 +1,5 @@
 //! Hostile scripts: each is contained with a clear result, and the sandbox still works after it.
-use crate::common;
+mod common;
 use std::time::{Duration, Instant};
 
 use codemode_sandbox::*;

@@ -1,6 +1,6 @@
 //! What only process isolation can promise: limits that hold inside native code, crashes that
 //! stay in their worker, and layers the host can name.
-use crate::common;
+mod common;
 use std::time::{Duration, Instant};
 
 use codemode_sandbox::*;

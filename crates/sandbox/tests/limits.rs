@@ -1,4 +1,4 @@
-use crate::common;
+mod common;
 use std::time::{Duration, Instant};
 
 use codemode_sandbox::*;

@@ -1,4 +1,4 @@
-use crate::common;
+mod common;
 use codemode_sandbox::*;
 use common::*;
 

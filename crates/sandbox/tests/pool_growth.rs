@@ -4,7 +4,7 @@
 //! while 8 were preparing stayed queued until a worker finished a script, though the pool had
 //! room, and so did every later script behind them.
 
-use crate::common;
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

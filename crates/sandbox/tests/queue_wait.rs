@@ -3,7 +3,7 @@
 //! ran with its whole timeout. Now it is answered when its timeout passes, and says it never
 //! started, rather than "timed out" as if its own code had been too slow.
 
-use crate::common;
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

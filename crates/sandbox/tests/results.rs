@@ -2,7 +2,7 @@
 //! values must be exactly what `JSON.parse` makes of the same text, for odd but valid JSON too,
 //! and text that is not JSON must still be refused.
 
-use crate::common;
+mod common;
 
 use std::sync::Arc;
 

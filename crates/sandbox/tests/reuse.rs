@@ -2,7 +2,7 @@
 //! scripts one after another on a pool of exactly one VM, so every script runs where the previous
 //! one ran, and attack the reset: whatever the first script leaves behind must be gone.
 
-use crate::common;
+mod common;
 
 use codemode_sandbox::*;
 use common::*;

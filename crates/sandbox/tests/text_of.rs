@@ -1,6 +1,6 @@
 //! `textOf(result)`: the text of an MCP result's text blocks, the line every MCP script writes.
 
-use crate::common;
+mod common;
 use common::*;
 use serde_json::json;
 

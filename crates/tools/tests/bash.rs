@@ -1,6 +1,6 @@
 //! bash with real processes: output order, exit codes, timeouts, caps and cancellation.
 
-use crate::common;
+mod common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! as done must be in the file afterwards: a call may be refused (and say so), but never report
 //! success for a change a concurrent call then threw away.
 
-use crate::common;
+mod common;
 
 use codemode_spec::{Provenance, RunContext};
 use common::Bench;

@@ -1,6 +1,6 @@
 //! read, write and edit on real files.
 
-use crate::common;
+mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 

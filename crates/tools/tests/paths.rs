@@ -1,6 +1,6 @@
 //! Path resolution and the facts the policy decides on.
 
-use crate::common;
+mod common;
 
 use std::os::unix::fs::symlink;
 

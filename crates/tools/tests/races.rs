@@ -2,7 +2,7 @@
 //! judged (the prepared call's facts) must be exactly what the call touches: a call judged to
 //! stay inside the workspace never reads or writes outside it, however the race falls.
 
-use crate::common;
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

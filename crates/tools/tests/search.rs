@@ -1,6 +1,6 @@
 //! ls, find and grep on real trees, with .gitignore respected.
 
-use crate::common;
+mod common;
 
 use codemode_spec::ToolErrorKind;
 use common::Bench;

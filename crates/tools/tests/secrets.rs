@@ -1,7 +1,7 @@
 //! A secret file (the audit key) cannot be read by any built-in tool: not by its path, a
 //! symlink, a hard link, nor by searching the directory that holds it.
 
-use crate::common;
+mod common;
 
 use std::os::unix::fs::symlink;
 

@@ -1,6 +1,6 @@
 //! What the tools declare: names, strict schemas, annotations, exposure, output schemas.
 
-use crate::common;
+mod common;
 
 use codemode_spec::{CallKind, Exposure};
 use common::Bench;
