@@ -74,7 +74,7 @@ pub enum LookupError {
     #[error("{}", unknown_namespace(.name, .known))]
     UnknownNamespace { name: String, known: Vec<String> },
     #[error(
-        "describeTool({name:?}, {{schema: true}}): {count} tools share the script name `tools.{name}` ({names}); ask for one by its raw name"
+        "describeTool({}, {{schema: true}}): {count} tools share the script name `tools.{name}` ({names}); ask for one by its raw name", shown(.name)
     )]
     Ambiguous {
         name: String,
@@ -83,8 +83,20 @@ pub enum LookupError {
     },
 }
 
+/// `name` quoted for an error message, cut after 80 characters: a script may pass a name of
+/// millions of characters, and an error that repeats it twice made the host hold ten times its
+/// size and the worker run out of memory building the exception.
+fn shown(name: &str) -> String {
+    const SHOWN_CHARS: usize = 80;
+    match name.char_indices().nth(SHOWN_CHARS) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => format!("{:?}… ({} characters)", &name[..cut], name.chars().count()),
+    }
+}
+
 fn unknown_tool(name: &str, closest: &[String]) -> String {
-    let mut out = format!("describeTool({name:?}): no tool is named {name:?}.");
+    let name = shown(name);
+    let mut out = format!("describeTool({name}): no tool is named {name}.");
     if closest.is_empty() {
         out.push_str(" None is close;");
     } else {
@@ -96,12 +108,13 @@ fn unknown_tool(name: &str, closest: &[String]) -> String {
 }
 
 fn unknown_namespace(name: &str, known: &[String]) -> String {
+    let name = shown(name);
     match known {
         [] => format!(
-            "describeNamespace({name:?}): there are no namespaces; every tool is in ALL_TOOLS."
+            "describeNamespace({name}): there are no namespaces; every tool is in ALL_TOOLS."
         ),
         known => format!(
-            "describeNamespace({name:?}): no namespace is named {name:?}. Namespaces: {}.",
+            "describeNamespace({name}): no namespace is named {name}. Namespaces: {}.",
             known.join(", ")
         ),
     }

@@ -38,6 +38,35 @@ async fn a_huge_search_query_is_refused_with_the_limit() {
     assert!(run.text.contains("echo"), "{}", run.text);
 }
 
+/// Red team: `describeTool` and `describeNamespace` repeated an unknown name twice in their
+/// error. A 60-million-character name made the host hold 582 MB and the worker die building
+/// the exception. The error quotes the start of the name and says how long it was.
+#[tokio::test]
+async fn an_unknown_huge_name_is_not_repeated_in_the_error() {
+    let world = world(Options::default()).await;
+    let run = world
+        .codemode
+        .run_script(ScriptRequest::new(
+            r#"const name = "x".repeat(10000000);
+               const tool = await describeTool(name).then(() => "found", e => e.message);
+               const ns = await describeNamespace(name).then(() => "found", e => e.message);
+               return [tool, ns];"#,
+            "s1",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    let answers = run.result.unwrap().value.unwrap();
+    for answer in answers.as_array().unwrap() {
+        let answer = answer.as_str().unwrap();
+        assert!(
+            answer.len() < 1_000 && answer.contains("(10000000 characters)"),
+            "{} characters: {}",
+            answer.len(),
+            &answer[..answer.len().min(300)]
+        );
+    }
+}
+
 /// Each answer is quick now, but a script may ask again and again: what the host spends
 /// answering is bounded by the script's CPU budget, as the time its JavaScript runs is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
