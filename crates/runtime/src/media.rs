@@ -9,7 +9,8 @@ use serde_json::{Map, Value, json};
 const MAX_DEPTH: usize = 8;
 
 /// Replaces every MCP media block in `value` (`{type: "image"|"audio", data, mimeType}` and
-/// `{type: "resource", resource: {uri, blob}}`) with a short note, and returns the blocks.
+/// `{type: "resource", resource: {uri, blob}}`) with a short note, and returns the blocks to
+/// send: not an image block that is no picture `image()` would take, whose note says so.
 pub(crate) fn lift_media(value: &mut Value) -> Vec<Value> {
     let mut found = Vec::new();
     walk(value, 0, &mut found);
@@ -25,7 +26,15 @@ fn walk(value: &mut Value, depth: usize, found: &mut Vec<Value>) {
         Value::Object(map) => {
             if let Some(note) = media_note(map, found.len() + 1) {
                 let block = std::mem::replace(value, note);
-                found.push(block);
+                match codemode_sandbox::media_refusal(&block) {
+                    // Not sent at all (an SVG "image"): the note says why instead.
+                    Some(why) => {
+                        if let Some(note) = value.as_object_mut() {
+                            note.insert("note".into(), Value::String(format!("not sent: {why}")));
+                        }
+                    }
+                    None => found.push(block),
+                }
                 return;
             }
             map.values_mut().for_each(|v| walk(v, depth + 1, found));
@@ -67,28 +76,51 @@ fn media_note(map: &Map<String, Value>, n: usize) -> Option<Value> {
 mod tests {
     use super::*;
 
+    /// A 1x1 PNG.
+    const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+
     #[test]
     fn blocks_are_lifted_and_text_stays() {
         let mut v = json!({"content": [
             {"type": "text", "text": "hi"},
-            {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            {"type": "image", "data": PNG, "mimeType": "image/png"},
             {"type": "resource", "resource": {"uri": "x:/a", "blob": "AAAAAAAA", "mimeType": "application/pdf"}},
             {"type": "resource", "resource": {"uri": "x:/b", "text": "plain"}}
         ]});
         let media = lift_media(&mut v);
         assert_eq!(media.len(), 2);
-        assert_eq!(media[0]["data"], "AAAA");
+        assert_eq!(media[0]["data"], PNG);
         assert_eq!(v["content"][0]["text"], "hi");
-        assert_eq!(v["content"][1]["bytes"], 3);
+        assert_eq!(v["content"][1]["bytes"], 72);
         assert_eq!(v["content"][2]["mimeType"], "application/pdf");
         assert_eq!(v["content"][3]["resource"]["text"], "plain");
     }
 
     #[test]
     fn a_bare_image_value_is_lifted() {
-        let mut v = json!({"type": "image", "data": "AAAA", "mimeType": "image/png"});
+        let mut v = json!({"type": "image", "data": PNG, "mimeType": "image/png"});
         assert_eq!(lift_media(&mut v).len(), 1);
         assert_eq!(v["type"], "image");
         assert!(v.get("data").is_none());
+    }
+
+    /// Red team: an SVG returned as an image block was sent, though image() refuses it.
+    #[test]
+    fn an_image_that_is_no_picture_image_takes_is_not_sent() {
+        let svg = "PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+"; // <svg onload=alert(1)>
+        let mut v = json!([
+            {"type": "image", "data": svg, "mimeType": "image/svg+xml"},
+            {"type": "image", "data": svg, "mimeType": "image/png"},
+            {"type": "image", "data": PNG, "mimeType": "image/png"}
+        ]);
+        let media = lift_media(&mut v);
+        assert_eq!(media.len(), 1);
+        assert_eq!(media[0]["data"], PNG);
+        for refused in &v.as_array().unwrap()[..2] {
+            let note = refused["note"].as_str().unwrap();
+            assert!(note.starts_with("not sent: its "), "{note}");
+            assert!(refused.get("data").is_none());
+        }
+        assert_eq!(v[2]["note"], "sent as its own content block (media 1)");
     }
 }

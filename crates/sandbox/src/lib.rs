@@ -69,7 +69,9 @@ pub use host::{
     Determinism, Host, HostCall, HostCallKind, HostError, OutputTap, Script, ToolEntry,
 };
 pub use limits::{Isolation, Limits, SandboxConfig};
-pub use model_text::{ModelText, media_tokens, render_model_text, render_model_text_with_media};
+pub use model_text::{
+    ModelText, media_refusal, media_tokens, render_model_text, render_model_text_with_media,
+};
 pub use process::host::{WORKER_ENV, WorkerProgram};
 pub use process::layers::IsolationLayer;
 pub use replay::LogEntry;

@@ -55,7 +55,7 @@ pub fn render_model_text_with_media(
     let mut images_shown = 0;
     let mut image_tokens = 0u64;
     for cost in costs {
-        if image_tokens + cost > max_output_tokens / 2 {
+        if image_tokens.saturating_add(cost) > max_output_tokens / 2 {
             break;
         }
         image_tokens += cost;
@@ -94,17 +94,99 @@ pub fn render_model_text_with_media(
     }
 }
 
-/// What a media block (`{type: "image", data, mimeType}`, or audio or a resource's blob) costs
-/// the model, in tokens: an image by its size where its header gives it, anything else as the
-/// largest image.
+/// What a media block lifted out of a returned value (`{type: "image"|"audio", data, mimeType}`,
+/// or `{type: "resource", resource: {blob, mimeType}}`) costs the model, in tokens, at least the
+/// [`IMAGE_TOKENS_MIN`](crate::output_budget::IMAGE_TOKENS_MIN) a block's overhead takes:
+/// * an image by its size where its header gives it, else as the largest image;
+/// * media a client may give the model as text (a `text/*`, JSON, XML, script or unknown type) a
+///   token a byte decoded: no token is shorter than a byte, and counting the real tokens of
+///   megabytes the script returned would put that work on the host;
+/// * other media (sound, video, a PDF, an archive) a token per four bytes decoded, what prose of
+///   that size takes: what a model charges for them is not known here (a compressed PDF may
+///   hold far more text), so the budget bounds the bytes sent.
 pub fn media_tokens(block: &serde_json::Value) -> u64 {
-    match (
-        block.get("type").and_then(serde_json::Value::as_str),
-        block.get("data").and_then(serde_json::Value::as_str),
-    ) {
-        (Some("image"), Some(data)) => crate::output_budget::image_tokens(data),
-        _ => crate::output_budget::IMAGE_TOKENS_MAX,
+    use crate::output_budget::{IMAGE_TOKENS_MIN, image_tokens};
+    use serde_json::Value;
+    fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
+        v.get(k).and_then(Value::as_str)
     }
+    let kind = str_of(block, "type");
+    let (data, mime) = match kind {
+        Some("image" | "audio") => (str_of(block, "data"), str_of(block, "mimeType")),
+        Some("resource") => {
+            let resource = block.get("resource").unwrap_or(&Value::Null);
+            (str_of(resource, "blob"), str_of(resource, "mimeType"))
+        }
+        _ => (None, None),
+    };
+    let tokens = match data {
+        Some(data) if kind == Some("image") => return image_tokens(data),
+        Some(data) => {
+            let bytes = decoded_len(data) as u64;
+            if kind == Some("resource") && mime.is_none_or(may_be_read_as_text) {
+                bytes
+            } else {
+                bytes.div_ceil(4)
+            }
+        }
+        // Not a media block: what its JSON text would take at most.
+        None => block.to_string().len() as u64,
+    };
+    tokens.max(IMAGE_TOKENS_MIN)
+}
+
+/// Whether a client may put media of this MIME type into the model's context as text: anything
+/// but the kinds it cannot read so (a missing or unknown type counts as text, and so does XML or
+/// JSON of any kind, an SVG picture too).
+fn may_be_read_as_text(mime: &str) -> bool {
+    let essence = mime
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if essence.ends_with("+xml") || essence.ends_with("+json") {
+        return true;
+    }
+    let binary_kinds = ["image/", "audio/", "video/", "font/", "model/"];
+    let binary_types = [
+        "application/pdf",
+        "application/zip",
+        "application/gzip",
+        "application/octet-stream",
+        "application/wasm",
+    ];
+    !(binary_kinds.iter().any(|k| essence.starts_with(k))
+        || binary_types.contains(&essence.as_str())
+        || essence.starts_with("application/vnd."))
+}
+
+/// Why a media block lifted out of a returned value is not sent, or `None` when it may be: an
+/// image block must hold a picture `image()` would take (PNG, JPEG, GIF or WebP) and say so in
+/// its `mimeType`, since a client shows what the type says; an SVG, say, may run script.
+pub fn media_refusal(block: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    if block.get("type").and_then(Value::as_str) != Some("image") {
+        return None;
+    }
+    let mime = block.get("mimeType").and_then(Value::as_str).unwrap_or("");
+    let essence = mime
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if !crate::output_budget::IMAGE_TYPES.contains(&essence.as_str()) {
+        let shown: String = mime.chars().take(60).collect();
+        return Some(format!(
+            "its mimeType is {shown:?}, and only PNG, JPEG, GIF and WebP pictures are sent (those image() takes). Convert the picture to one of them, or describe it in text"
+        ));
+    }
+    let data = block.get("data").and_then(Value::as_str).unwrap_or("");
+    if crate::output_budget::image_type(data).is_none() {
+        return Some("its data is not a PNG, JPEG, GIF or WebP picture in base64, though its mimeType says so; only those are sent (the pictures image() takes)".into());
+    }
+    None
 }
 
 /// Lines of codemode's own framing. Script output (which may quote a file or a tool's result)
@@ -143,27 +225,121 @@ fn is_invisible(c: char) -> bool {
     matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}')
 }
 
-/// `text` from the script, unable to close the console block or to pass for a framing line.
+/// Characters after which a reader sees a new line: a model reads text, where a carriage return,
+/// a line or paragraph separator, NEL, a vertical tab or a form feed each start one as `\n` does.
+const LINE_BREAKS: [char; 7] = [
+    '\n', '\r', '\u{2028}', '\u{2029}', '\u{0085}', '\u{000B}', '\u{000C}',
+];
+
+/// `text` from the script, unable to close the console block, to pass for a framing line or to
+/// forge the truncation marker: each gets a backslash in front.
 fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
-    let suspicious = text.contains("console_output>") || FRAMING.iter().any(|f| text.contains(f));
-    if !suspicious {
+    let mut escapes: Vec<usize> = Vec::new();
+    if FRAMING.iter().any(|f| text.contains(f)) {
+        escapes.extend(framing_lines(text));
+    }
+    escapes.extend(console_tags(text));
+    escapes.extend(truncation_markers(text));
+    if escapes.is_empty() {
         return std::borrow::Cow::Borrowed(text);
     }
-    let mut out = String::with_capacity(text.len() + 16);
-    for (i, line) in text.split('\n').enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        if passes_for_framing(line) {
-            out.push('\\');
-        }
-        out.push_str(
-            &line
-                .replace("</console_output>", "<\\/console_output>")
-                .replace("<console_output>", "<\\console_output>"),
-        );
+    escapes.sort_unstable();
+    escapes.dedup();
+    let mut out = String::with_capacity(text.len() + escapes.len());
+    let mut from = 0;
+    for at in escapes {
+        out.push_str(&text[from..at]);
+        out.push('\\');
+        from = at;
     }
+    out.push_str(&text[from..]);
     std::borrow::Cow::Owned(out)
+}
+
+/// Where the lines of `text` that would read as framing lines start.
+fn framing_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
+    let starts = std::iter::once(0).chain(
+        text.char_indices()
+            .filter(|(_, c)| LINE_BREAKS.contains(c))
+            .map(|(i, c)| i + c.len_utf8()),
+    );
+    starts.filter(|&start| {
+        let line = &text[start..];
+        let end = line.find(LINE_BREAKS).unwrap_or(line.len());
+        passes_for_framing(&line[..end])
+    })
+}
+
+/// Spaces and invisible characters, which a reader does not see inside a tag.
+fn skip_blank(text: &str, at: usize) -> usize {
+    let rest = &text[at..];
+    at + (rest.len()
+        - rest
+            .trim_start_matches(|c: char| c.is_whitespace() || is_invisible(c))
+            .len())
+}
+
+/// Where a backslash goes in each `<console_output>` or `</console_output>` tag of `text` (just
+/// after its `<`), in any case and with spaces anywhere around its name, as `</CONSOLE_OUTPUT >`:
+/// a model reads each as the tag.
+fn console_tags(text: &str) -> Vec<usize> {
+    const NAME: &str = "console_output";
+    let mut found = Vec::new();
+    for (lt, _) in text.match_indices('<') {
+        let mut at = skip_blank(text, lt + 1);
+        if text[at..].starts_with('/') {
+            at = skip_blank(text, at + 1);
+        }
+        let Some(name) = text.get(at..at + NAME.len()) else {
+            continue;
+        };
+        if !name.eq_ignore_ascii_case(NAME) {
+            continue;
+        }
+        at = skip_blank(text, at + NAME.len());
+        if text[at..].starts_with('>') {
+            found.push(lt + 1);
+        }
+    }
+    found
+}
+
+/// Where each imitation of the marker that stands for the text cut out of long output
+/// (`…12000 tokens truncated…`) starts: a forged one, in any case, tells the model that output
+/// it did not see was cut, or hides where the real cut is.
+fn truncation_markers(text: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(i) = find_ignore_ascii_case(&bytes[from..], b"tokens") {
+        let tokens = from + i;
+        from = tokens + 1;
+        let after = skip_blank(text, tokens + "tokens".len());
+        let cut = text.get(after..after + "truncated".len());
+        if after == tokens + "tokens".len()
+            || !cut.is_some_and(|c| c.eq_ignore_ascii_case("truncated"))
+        {
+            continue;
+        }
+        // A count in front (`12000 `, `1,322 `), and the ellipsis before it if there is one.
+        let before = text[..tokens].trim_end();
+        let rest = before.trim_end_matches(|c: char| c.is_ascii_digit() || ",._".contains(c));
+        if !before[rest.len()..].contains(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        let dots = rest.trim_end().trim_end_matches(['…', '.']);
+        found.push(if dots.len() < rest.trim_end().len() {
+            dots.len()
+        } else {
+            rest.len()
+        });
+    }
+    found
+}
+
+fn find_ignore_ascii_case(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len())
+        .position(|w| w.eq_ignore_ascii_case(needle))
 }
 
 fn render_body(result: &ScriptResult, images_shown: usize) -> String {

@@ -17,7 +17,7 @@ const COUNTED_BYTES_PER_TOKEN: usize = 32;
 /// to its own maximum (1.15 megapixels at 750 pixels a token).
 pub(crate) const IMAGE_TOKENS_MAX: u64 = 1_600;
 /// The least an image costs, whatever its size: its block's own overhead.
-const IMAGE_TOKENS_MIN: u64 = 85;
+pub(crate) const IMAGE_TOKENS_MIN: u64 = 85;
 
 /// How `text` fits in `budget` tokens.
 pub(crate) enum Fit {
@@ -96,6 +96,37 @@ fn ceil_char(text: &str, mut at: usize) -> usize {
         at += 1;
     }
     at
+}
+
+/// The picture types `image()` takes, and clients show: none of them runs code (an SVG may).
+pub(crate) const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// The type of picture base64 `data` holds, by its first bytes, when it is one of
+/// [`IMAGE_TYPES`] and all of it is base64 (the checks `image()` makes).
+pub(crate) fn image_type(data: &str) -> Option<&'static str> {
+    let clean = data.len().is_multiple_of(4)
+        && data
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/' || b == b'=');
+    if !clean {
+        return None;
+    }
+    let head = base64::engine::general_purpose::STANDARD
+        .decode(&data.as_bytes()[..data.len().min(16)])
+        .ok()?;
+    let h = head.as_slice();
+    if h.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if h.starts_with(b"\xFF\xD8\xFF") && !matches!(h.get(3), Some(0xF4..=0xF7)) {
+        // As image() checks it: its base64 test leaves out a fourth byte of F4 to F7.
+        Some("image/jpeg")
+    } else if h.starts_with(b"GIF87a") || h.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if h.starts_with(b"RIFF") && h.get(8..12) == Some(b"WEBP") {
+        Some("image/webp")
+    } else {
+        None
+    }
 }
 
 /// What an image costs the model, from its size where its header says it (PNG, GIF), at 750

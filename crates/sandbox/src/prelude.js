@@ -32,6 +32,7 @@
   const mapSet = Map.prototype.set;
   const mapHas = Map.prototype.has;
   const mapDelete = Map.prototype.delete;
+  const mapForEach = Map.prototype.forEach;
   const setHas = Set.prototype.has;
   const setAdd = Set.prototype.add;
   const strSplit = String.prototype.split;
@@ -70,7 +71,13 @@
   let outputItems = 0;
   let storeJson = new MapCtor(); // key -> JSON text
   let storeSize = 0;
-  let writes = []; // [[key, json] | [key]]
+  // The writes the host applies, in order, all or none: only the last of each key, a key written
+  // again moving to the end. Every store() call adding one let a loop of writes to one key grow
+  // the list (and the host's copy of it) without bound; this way it is bounded by the store's
+  // own limits, and the last write of each key still wins, also where two keys are one to the
+  // host (a lone surrogate becomes U+FFFD). key -> json, or undefined for a delete.
+  let writes = new MapCtor();
+  let deletedSize = 0; // characters of the keys `writes` deletes
   const EXIT = freeze({ codemodeExit: true });
 
   // ---- deterministic hooks installed before lockdown ----
@@ -492,7 +499,7 @@
       return;
     }
     finished = true;
-    hostDone(true, json, stringify(writes));
+    hostDone(true, json, stringify(writeList()));
   }
   function finishErr(e) {
     if (finished) return;
@@ -610,15 +617,61 @@
   // ---- store ----
   const STORE_VALUE_LIMIT = 262144;
   const STORE_TOTAL_LIMIT = 1048576;
+  // The host's limit on a key (MAX_STORE_KEY_BYTES of codemode-state), checked here for deletes
+  // as for sets: a delete of a 30-million-character key was kept whole, once per call.
+  const STORE_KEY_BYTES = 1024;
   const STORE_HINT = " Keep store() for small state such as ids and short summaries; keep big data in variables, show pictures with image(), or save large data with a tool.";
-  function store(key, value) {
+  // Bytes of `s` in UTF-8 as the host keeps it (a lone surrogate becomes U+FFFD, 3 bytes),
+  // counted only until they pass `limit`: a key may be megabytes long.
+  function utf8Bytes(s, limit) {
+    let n = 0;
+    for (let i = 0; i < s.length && n <= limit; i++) {
+      const c = apply(strCharCodeAt, s, [i]);
+      if (c < 0x80) n += 1;
+      else if (c < 0x800) n += 2;
+      else if (c >= 0xd800 && c <= 0xdbff && i + 1 < s.length && (apply(strCharCodeAt, s, [i + 1]) & 0xfc00) === 0xdc00) {
+        n += 4;
+        i++;
+      } else n += 3;
+    }
+    return n;
+  }
+  function checkKey(key) {
     if (typeof key !== "string") throw new TypeErrorCtor("store() needs a string key");
+    // At least a byte a character: a long key is refused without counting it.
+    if (key.length > STORE_KEY_BYTES || utf8Bytes(key, STORE_KEY_BYTES) > STORE_KEY_BYTES) {
+      throw new RangeErrorCtor('store("' + wellFormed(apply(strSlice, key, [0, 40])) + '…"): the key is more than ' + STORE_KEY_BYTES +
+        " bytes long (UTF-8); a key may be at most " + STORE_KEY_BYTES + " bytes. Use a short key such as an id or a name, and keep long text in the value.");
+    }
+  }
+  function record(key, json) {
+    if (apply(mapHas, writes, [key])) {
+      if (apply(mapGet, writes, [key]) === undefined) deletedSize -= key.length;
+      apply(mapDelete, writes, [key]);
+    }
+    if (json === undefined) deletedSize += key.length;
+    apply(mapSet, writes, [key, json]);
+  }
+  function writeList() {
+    const out = [];
+    apply(mapForEach, writes, [function (json, key) { out.push(json === undefined ? [key] : [key, json]); }]);
+    return out;
+  }
+  function store(key, value) {
+    checkKey(key);
     if (value === undefined) {
+      // Deletes of keys the store does not hold are kept too (a script of the same session
+      // running meanwhile may have set them), so they have a bound of their own: the store's.
+      const pending = apply(mapHas, writes, [key]) && apply(mapGet, writes, [key]) === undefined;
+      if (!pending && deletedSize + key.length > STORE_TOTAL_LIMIT) {
+        throw new RangeErrorCtor('store("' + key + '", undefined): the keys this script deleted come to more than ' + STORE_TOTAL_LIMIT +
+          " characters together, the size of the whole store. Delete only keys that hold a value (load(key) !== undefined).");
+      }
       if (apply(mapHas, storeJson, [key])) {
         storeSize -= key.length + apply(mapGet, storeJson, [key]).length;
         apply(mapDelete, storeJson, [key]);
       }
-      writes.push([key]);
+      record(key, undefined);
       return;
     }
     let json;
@@ -638,7 +691,7 @@
     }
     storeSize = next;
     apply(mapSet, storeJson, [key, json]);
-    writes.push([key, json]);
+    record(key, json);
   }
   function load(key) {
     if (typeof key !== "string") throw new TypeErrorCtor("load() needs a string key");

@@ -55,7 +55,8 @@ fn awaited_default() -> bool {
     true
 }
 
-/// One `store()` write of a successful script, in order.
+/// One `store()` write of a successful script. A script's writes are the last of each key, in
+/// the order of those last writes: applied in order, they leave the store as the script did.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum StoreWrite {

@@ -913,13 +913,13 @@ fn decode_writes(writes: Option<&str>) -> Result<Vec<StoreWrite>, ScriptError> {
     let Some(w) = writes else {
         return Ok(Vec::new());
     };
-    // The writes and every value in them count against one bound: each store() is a write,
-    // even of a key written before.
+    // The writes and every value in them count against one bound. The VM sends the last write
+    // of each key only, within the store's limits; this holds for a worker that did not.
     let too_many = || ScriptError {
         kind: ErrorKind::Script,
         name: Some("RangeError".into()),
         message: format!(
-            "The script's store() writes hold more than {MAX_DECODED_VALUES} JSON values together, more than the host reads. Call store() less often (each call is a write, even of the same key), and keep big data elsewhere."
+            "The script's store() writes hold more than {MAX_DECODED_VALUES} JSON values together, more than the host reads. Store fewer keys and smaller values, and keep big data elsewhere."
         ),
         stack: None,
     };

@@ -566,7 +566,134 @@ async fn lone_surrogates_in_store_keys_are_replaced() {
     );
 }
 
+/// The store as `writes` leave it, applied in order as the host applies them.
+fn applied(writes: &[StoreWrite]) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut store = std::collections::BTreeMap::new();
+    for w in writes {
+        match w {
+            StoreWrite::Set { key, value } => {
+                store.insert(key.clone(), value.clone());
+            }
+            StoreWrite::Delete { key, .. } => {
+                store.remove(key);
+            }
+        }
+    }
+    store
+}
+
+/// Red team: a delete never checked its key, so three deletes of a 30-million-character key
+/// crashed the worker (allocation failed outside the heap limit, 363 MB), and a delete refused
+/// nothing a set would have refused.
+async fn a_store_delete_checks_its_key_as_a_set_does() {
+    let r = run(r#"const k="k".repeat(30000000); store(k,undefined); store(k,undefined); store(k,undefined); return "ok""#).await;
+    let e = r
+        .error
+        .clone()
+        .unwrap_or_else(|| panic!("the script succeeded, with {} writes", r.store_writes.len()));
+    assert_eq!(
+        (e.kind, e.name.as_deref()),
+        (ErrorKind::Script, Some("RangeError")),
+        "{e:?}"
+    );
+    assert!(
+        e.message.contains("the key is more than 1024 bytes long"),
+        "{e:?}"
+    );
+    assert!(e.message.len() < 400, "the key is not quoted whole");
+    assert!(r.store_writes.is_empty());
+    let msgs = value(
+        r#"const out = [];
+        for (const [k, v] of [["k".repeat(1025), undefined], ["k".repeat(1025), 1], ["é".repeat(513), undefined],
+                              ["\ud800".repeat(342), 1], ["é".repeat(512), undefined], ["😀".repeat(256), 1]]) {
+          try { store(k, v); out.push("no error") } catch (e) { out.push(e.name + ": " + e.message) }
+        }
+        return out"#,
+    )
+    .await;
+    let msgs: Vec<String> = serde_json::from_value(msgs).unwrap();
+    let refused = format!(
+        "RangeError: store(\"{}…\"): the key is more than 1024 bytes long (UTF-8); a key may be at most 1024 bytes.",
+        "k".repeat(40)
+    );
+    // A delete and a set of the same key fail alike; bytes are UTF-8 ones, a lone surrogate
+    // three (the host keeps U+FFFD).
+    assert!(msgs[0].starts_with(&refused), "{}", msgs[0]);
+    assert_eq!(msgs[0], msgs[1]);
+    assert!(msgs[2].contains("is more than 1024 bytes"), "{}", msgs[2]);
+    assert!(msgs[3].contains("is more than 1024 bytes"), "{}", msgs[3]);
+    assert_eq!(msgs[4..], ["no error", "no error"]);
+    healthy().await;
+}
+
+/// Red team: each store() call added a write, even of a key written before, while only the
+/// store as it ended was checked: 360 writes of one 262,000-character value crashed the worker,
+/// and 300 made the host hold 285 MB. Only the last write of each key is sent now.
+async fn store_writes_are_the_last_of_each_key() {
+    let r =
+        run(r#"const v="x".repeat(262000); for (let i=0;i<360;i++) store("k", v); return "ok""#)
+            .await;
+    assert_eq!(r.value, Some(json!("ok")), "{:?}", r.error);
+    assert_eq!(r.store_writes.len(), 1);
+    assert!(
+        matches!(&r.store_writes[0], StoreWrite::Set { key, value } if key == "k" && value.as_str().map(str::len) == Some(262000))
+    );
+
+    // Applied in order, the writes leave the store as the script did.
+    let r = run(
+        r#"store("a",1); store("b",2); store("a",3); store("b",undefined); store("c",1); store("c",undefined); store("c",4); store("d",undefined);
+        store("\ud800",1); store("\udc00",2); store("\ud800",3); return 1"#,
+    )
+    .await;
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(
+        r.store_writes.len(),
+        6,
+        "one write a key: {:?}",
+        r.store_writes
+    );
+    assert_eq!(
+        applied(&r.store_writes),
+        [("a", json!(3)), ("c", json!(4)), ("\u{fffd}", json!(3))]
+            .map(|(k, v)| (k.to_string(), v))
+            .into()
+    );
+    // A delete of a key the store does not hold is kept (another script of the session may
+    // have set it meanwhile).
+    assert!(r.store_writes.contains(&StoreWrite::Delete {
+        key: "d".into(),
+        delete: true
+    }));
+
+    // Deletes have a bound too: keys the store does not hold, 1,001 characters each.
+    let r = run(
+        r#"let n = 0; try { for (let i = 0; i < 2000; i++) { store("x".repeat(997) + (1000 + i), undefined); n++ } } catch (e) { return [n, e.name, e.message] } return [n]"#,
+    )
+    .await;
+    let v = r.value.clone().unwrap_or_else(|| panic!("{r:?}"));
+    assert_eq!(v[0], json!(1047), "{v}");
+    assert_eq!(v[1], "RangeError");
+    assert!(
+        v[2].as_str()
+            .unwrap()
+            .contains("the keys this script deleted come to more than 1048576 characters"),
+        "{v}"
+    );
+    let sent: usize = r
+        .store_writes
+        .iter()
+        .map(|w| match w {
+            StoreWrite::Set { key, value } => key.len() + value.to_string().len(),
+            StoreWrite::Delete { key, .. } => key.len(),
+        })
+        .sum();
+    assert!(sent <= 1 << 20, "{sent} bytes of writes");
+    healthy().await;
+}
+
 both_modes!(
+    a_store_delete_checks_its_key_as_a_set_does,
+    store_writes_are_the_last_of_each_key,
     lone_surrogates_in_store_keys_are_replaced,
     every_reachable_intrinsic_is_frozen,
     tampering_with_intrinsics_changes_nothing,

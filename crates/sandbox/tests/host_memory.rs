@@ -85,14 +85,36 @@ async fn store_writes_cannot_take_the_hosts_memory() {
     let r = run("return 1").await;
     assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
     let before = peak_mib();
-    // Every store() is a write the host decodes, even of a key written before: A million
-    // writes of one small key are within the store's size limits and the script's heap.
+    // A million writes of one small key are within the store's size limits and the script's
+    // heap; the host decodes the writes the VM sends.
     let r = run("for (let i = 0; i < 1e6; i++) store('k', i); return 1").await;
     let grew = peak_mib() - before;
     assert!(
         grew < 100,
         "the host's peak memory grew by {grew} MiB for {} store writes",
         r.store_writes.len()
+    );
+}
+
+/// Red team: 300 writes of one 262,000-character value made the host hold 285 MB (360 crashed
+/// the worker). Only the last write of a key is sent.
+#[tokio::test]
+async fn repeated_writes_of_a_big_value_cannot_take_the_hosts_memory() {
+    let sb = process_sandbox();
+    let host = Arc::new(Refuse);
+    let run = |src: &str| sb.run(Script::new(src, host.clone()));
+    let r = run("return 1").await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    let r =
+        run(r#"const v="x".repeat(262000); for (let i=0;i<360;i++) store("k", v); return "ok""#)
+            .await;
+    let grew = peak_mib() - before;
+    assert_eq!(r.value, Some(serde_json::json!("ok")), "{:?}", r.error);
+    assert_eq!(r.store_writes.len(), 1);
+    assert!(
+        grew < 50,
+        "the host's peak memory grew by {grew} MiB for 360 writes of one key"
     );
 }
 
