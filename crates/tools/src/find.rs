@@ -105,7 +105,7 @@ fn find(
     let mut shown = 0usize;
     let mut total = 0usize;
     let mut byte_cap = false;
-    let ignores = Ignores::above(&root.path);
+    let ignores = Ignores::above(&root.path, stop)?;
     walk(&fd, &root.path, &ignores, stop, |entry| {
         if !glob.matches(entry.rel) {
             return true;
@@ -126,7 +126,7 @@ fn find(
             }
         }
         true
-    });
+    })?;
     if stop.is_set() {
         return Err(ToolError::cancelled());
     }

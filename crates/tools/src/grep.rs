@@ -185,7 +185,7 @@ impl Search<'_> {
             }
             Leaf::Dir => {
                 let fd = self.root.open_dir()?;
-                let ignores = Ignores::above(root_path);
+                let ignores = Ignores::above(root_path, stop)?;
                 walk(&fd, root_path, &ignores, stop, |entry| {
                     let wanted = entry.kind == FileType::RegularFile
                         && self.glob.is_none_or(|g| g.matches(entry.rel));
@@ -199,7 +199,7 @@ impl Search<'_> {
                         self.search_file(&mut searcher, file, entry.path, &mut hits);
                     }
                     !hits.full
-                });
+                })?;
                 if stop.is_set() {
                     return Err(ToolError::cancelled());
                 }

@@ -3,9 +3,12 @@
 
 mod common;
 
-use codemode_spec::ToolErrorKind;
-use common::Bench;
+use std::time::{Duration, Instant};
+
+use codemode_spec::{ToolError, ToolErrorKind, ToolOutput};
+use common::{Bench, costly_rules, huge_ignore_file};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 /// The process's peak resident memory so far, in KiB.
 fn peak_rss_kib() -> u64 {
@@ -191,4 +194,126 @@ async fn image_results_waiting_for_a_script_hold_the_next_read_back() {
     big.put("big.png", png(2 * 1024 * 1024));
     let out = big.call("read", json!({"path": "big.png"})).await.unwrap();
     assert_eq!(out.value["type"], "image");
+}
+
+/// Twelve nested folders, each with a 1 MiB `.gitignore`, `.ignore` and `.git/info/exclude` of
+/// distinct short names, as a cloned repository may hold; returns the deepest folder. Compiled
+/// whole, these took one `find` to 4.3 GB and a minute.
+fn nested_huge_ignore_files(b: &Bench) -> String {
+    let mut deepest = String::new();
+    let mut file = 1;
+    for level in 0..12 {
+        deepest.push_str(&format!("d{level}/"));
+        for name in [".gitignore", ".ignore", ".git/info/exclude"] {
+            b.put(&format!("{deepest}{name}"), huge_ignore_file(file << 20));
+            file += 1;
+        }
+    }
+    b.put(&format!("{deepest}a.txt"), "x");
+    deepest
+}
+
+#[tokio::test]
+async fn huge_ignore_files_fail_a_search_soon_and_say_what_to_do() {
+    let b = Bench::new();
+    let deepest = nested_huge_ignore_files(&b);
+    b.put("elsewhere/a.txt", "x");
+    let started = Instant::now();
+    for (tool, args) in [
+        ("find", json!({"pattern": "*.txt", "path": deepest})),
+        ("grep", json!({"pattern": "x", "path": deepest})),
+    ] {
+        let err = b.error(tool, args).await;
+        assert_eq!(err.kind, ToolErrorKind::Failed, "{tool}: {}", err.message);
+        assert!(err.message.contains("past 4000 rules"), "{}", err.message);
+        assert!(
+            err.message.contains("search a folder outside"),
+            "{}",
+            err.message
+        );
+        assert!(err.message.contains("/d10/.ignore"), "{}", err.message);
+    }
+    // Searched from the top, the same files lie inside the search.
+    let err = b.error("find", json!({"pattern": "*.txt"})).await;
+    assert!(err.message.contains("past 4000 rules"), "{}", err.message);
+    assert!(
+        err.message.contains("a narrower path that leaves out"),
+        "{}",
+        err.message
+    );
+    // Each failed call compiled at most the budget, not 36 MiB of rules.
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the three calls took {took:?}"
+    );
+    // A folder beside them is searched as ever.
+    let found = b
+        .value("find", json!({"pattern": "*.txt", "path": "elsewhere"}))
+        .await;
+    assert_eq!(found["paths"], json!(["elsewhere/a.txt"]));
+}
+
+/// A `find` for `*.txt` in `path` on a runtime of its own, cancelled `cancel_after` in when
+/// given. Returns its result and how long it took counting until its worker thread ended:
+/// dropping the runtime waits for that.
+fn find_on_own_runtime(
+    b: &Bench,
+    path: &str,
+    cancel_after: Option<Duration>,
+) -> (Result<ToolOutput, ToolError>, Duration) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let started = Instant::now();
+    let result = rt.block_on(async {
+        let call = b.call_with(
+            "find",
+            json!({"pattern": "*.txt", "path": path}),
+            cancel.clone(),
+        );
+        let Some(after) = cancel_after else {
+            return call.await;
+        };
+        let cancel_later = async {
+            tokio::time::sleep(after).await;
+            cancel.cancel();
+        };
+        futures::future::join(call, cancel_later).await.0
+    });
+    drop(rt);
+    (result, started.elapsed())
+}
+
+/// Cancels a search a quarter into compiling 2,000 costly ignore rules (within the budget) and
+/// checks that its worker stops within a fraction of what the whole compile takes: before, it
+/// compiled on to the end.
+fn cancel_while_rules_compile(search_path: &str) {
+    let b = Bench::new();
+    b.put("big/.gitignore", costly_rules(2_000));
+    b.put("big/inner/a.txt", "x");
+    let (whole, full) = find_on_own_runtime(&b, search_path, None);
+    assert!(whole.is_ok(), "{:?}", whole.err());
+    let at = full / 4;
+    let (result, took) = find_on_own_runtime(&b, search_path, Some(at));
+    let err = result.expect_err("the call was cancelled");
+    assert_eq!(err.kind, ToolErrorKind::Cancelled, "{}", err.message);
+    let after_cancel = took.saturating_sub(at);
+    assert!(
+        after_cancel < full / 2,
+        "the worker ran on {after_cancel:?} after the cancel; the whole search takes {full:?}"
+    );
+}
+
+#[test]
+fn a_search_cancelled_while_rules_above_it_compile_stops_soon() {
+    cancel_while_rules_compile("big/inner");
+}
+
+#[test]
+fn a_search_cancelled_while_rules_inside_it_compile_stops_soon() {
+    cancel_while_rules_compile(".");
 }

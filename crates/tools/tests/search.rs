@@ -87,6 +87,95 @@ async fn find_matches_names_sorted_and_respects_gitignore() {
     );
 }
 
+/// `count` filler rules that match nothing here, one a line.
+fn filler(count: usize) -> String {
+    (0..count).map(|n| format!("filler-{n}\n")).collect()
+}
+
+#[tokio::test]
+async fn a_long_ignore_file_keeps_the_last_matching_rule_in_force() {
+    // Long enough to be compiled in several pieces; git obeys a file's last matching rule.
+    let b = Bench::new();
+    let rules = format!(
+        "*.log\n{}!keep.log\n{}!also.log\n{}also.log\n",
+        filler(600),
+        filler(600),
+        filler(600)
+    );
+    b.put(".gitignore", rules);
+    for name in ["drop.log", "keep.log", "also.log"] {
+        b.put(name, "x");
+    }
+    assert_eq!(
+        b.text("find", json!({"pattern": "*.log"})).await,
+        "keep.log\n"
+    );
+}
+
+#[tokio::test]
+async fn many_ignore_files_side_by_side_count_one_folder_at_a_time() {
+    // 20 folders of 1,000 rules each, 20,000 in all: a search holds one folder's at a time.
+    let b = Bench::new();
+    for n in 0..20 {
+        b.put(
+            &format!("pkg{n:02}/.gitignore"),
+            format!("{}*.tmp\n", filler(999)),
+        );
+        b.put(&format!("pkg{n:02}/a.tmp"), "x");
+        b.put(&format!("pkg{n:02}/a.txt"), "x");
+    }
+    let found = b.value("find", json!({"pattern": "a.*"})).await;
+    let paths = found["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 20, "{paths:?}");
+    assert!(paths.iter().all(|p| p.as_str().unwrap().ends_with(".txt")));
+
+    // Nested, the same files are all in force at once, and too many.
+    let b = Bench::new();
+    let mut dir = String::new();
+    for n in 0..5 {
+        dir.push_str(&format!("d{n}/"));
+        b.put(&format!("{dir}.gitignore"), filler(1_000));
+    }
+    b.put(&format!("{dir}a.txt"), "x");
+    b.put("d0/d1/d2/d3/side/b.txt", "x");
+    let err = b.error("grep", json!({"pattern": "x"})).await;
+    assert_eq!(err.kind, ToolErrorKind::Failed);
+    assert!(
+        err.message.contains("d4/.gitignore takes"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("past 4000 rules"), "{}", err.message);
+    assert!(err.message.contains("leaves out"), "{}", err.message);
+    // A folder beside d4 is under the first four only, whose rules fit.
+    let found = b
+        .value(
+            "find",
+            json!({"pattern": "*.txt", "path": "d0/d1/d2/d3/side"}),
+        )
+        .await;
+    assert_eq!(found["paths"], json!(["d0/d1/d2/d3/side/b.txt"]));
+}
+
+#[tokio::test]
+async fn ignore_rules_past_the_byte_budget_fail_the_search() {
+    let b = Bench::new();
+    // 200 rules of 1 KB: few rules, but long ones.
+    let long: String = (0..200)
+        .map(|n| format!("{n}{}\n", "x".repeat(1_000)))
+        .collect();
+    b.put("vendor/.gitignore", long);
+    b.put("vendor/a.txt", "x");
+    let err = b
+        .error("find", json!({"pattern": "*.txt", "path": "vendor"}))
+        .await;
+    assert!(
+        err.message.contains("past 131072 bytes of rules"),
+        "{}",
+        err.message
+    );
+}
+
 #[tokio::test]
 async fn find_with_a_slash_matches_the_relative_path() {
     let b = project();

@@ -4,8 +4,9 @@
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use codemode_spec::{Effect, ToolError};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
@@ -26,25 +27,52 @@ pub(crate) struct Entry<'a> {
     pub kind: FileType,
 }
 
+/// Most ignore rules one call holds compiled at once: those of the folders above the searched
+/// one plus those of the folders being walked. A walked folder's rules are given back when the
+/// walk leaves it, so a tree of many small ignore files is fine. A compiled rule takes far more
+/// memory than its line (measured with ignore 0.4: ~1 KB for a plain name, ~11 KB for one like
+/// `ab*.c`, which is a regex of its own), so this keeps a call's rules within ~45 MB; real
+/// projects hold hundreds of rules. Without a bound, a cloned repository's 1 MiB ignore files
+/// took one read-only `find` to gigabytes.
+const MAX_IGNORE_RULES: usize = 4_000;
+/// Most bytes of rule lines held at once: a long glob takes up to ~500 times its length while it
+/// compiles.
+const MAX_IGNORE_RULE_BYTES: usize = 128 * 1024;
+/// Most rules, and bytes of rule lines, compiled together: compiling checks for cancellation
+/// between chunks, and a chunk compiles in well under a second.
+const CHUNK_RULES: usize = 256;
+const CHUNK_BYTES: usize = 8 * 1024;
+
 /// The ignore rules in force above the walked root: the user's global excludes file and every
 /// ancestor directory's `.gitignore` and `.ignore`.
 pub(crate) struct Ignores {
     /// Innermost first; each directory's `.ignore` before its `.gitignore`.
     outer: Vec<Gitignore>,
+    /// What `outer` counts against the call's budget (the global file aside).
+    held: Held,
 }
 
 impl Ignores {
-    pub fn above(root: &Path) -> Self {
+    /// Compiles the rules above `root`, within the call's budget; fails when they are too many,
+    /// or when the call is cancelled meanwhile.
+    pub fn above(root: &Path, stop: &StopFlag) -> Result<Self, ToolError> {
+        let mut compiler = RuleCompiler {
+            held: Held::default(),
+            stop,
+        };
         let mut outer = Vec::new();
-        let ancestors: Vec<&Path> = root.ancestors().skip(1).collect();
-        for dir in ancestors {
+        for dir in root.ancestors().skip(1) {
             if let Ok(fd) = open_no_symlinks(dir) {
-                outer.extend(rules_in(&fd, dir));
+                outer.extend(compiler.rules_in(&fd, dir, Place::Above)?);
             }
         }
+        // The user's own file, not a repository's, so it is not counted.
         let (global, _) = Gitignore::global();
         outer.push(global);
-        Ignores { outer }
+        Ok(Ignores {
+            outer,
+            held: compiler.held,
+        })
     }
 }
 
@@ -69,34 +97,147 @@ fn read_small(dir: impl AsFd, name: &str) -> Option<String> {
     Some(text)
 }
 
-fn rules(base: &Path, text: &str) -> Option<Gitignore> {
-    let mut builder = GitignoreBuilder::new(base);
-    for line in text.lines() {
-        // A bad line is skipped, as git skips it.
-        let _ = builder.add_line(None, line);
+/// Ignore rules one call holds compiled: how many, and the bytes of their lines.
+#[derive(Clone, Copy, Default)]
+struct Held {
+    rules: usize,
+    bytes: usize,
+}
+
+/// Where an ignore file lies, for the advice when it brings too many rules.
+#[derive(Clone, Copy)]
+enum Place {
+    /// In a folder above the searched one.
+    Above,
+    /// In the searched folder or beneath it.
+    Inside,
+}
+
+/// One ignore file: the folder whose rules it holds, its path, and where that folder lies.
+struct IgnoreFile<'a> {
+    dir: &'a Path,
+    path: PathBuf,
+    place: Place,
+}
+
+/// Compiles one call's ignore files: within [`MAX_IGNORE_RULES`] and [`MAX_IGNORE_RULE_BYTES`]
+/// held at once, and stopping soon after the call is cancelled.
+struct RuleCompiler<'a> {
+    held: Held,
+    stop: &'a StopFlag,
+}
+
+impl RuleCompiler<'_> {
+    /// The rules a directory holds: `.ignore`, then `.gitignore`, then `.git/info/exclude`.
+    fn rules_in(
+        &mut self,
+        dir: &OwnedFd,
+        path: &Path,
+        place: Place,
+    ) -> Result<Vec<Gitignore>, ToolError> {
+        let mut out = Vec::new();
+        let source = |name: &str| IgnoreFile {
+            dir: path,
+            path: path.join(name),
+            place,
+        };
+        for name in [".ignore", ".gitignore"] {
+            if let Some(text) = read_small(dir, name) {
+                self.compile(&source(name), &text, &mut out)?;
+            }
+        }
+        let exclude = open_beneath(
+            dir,
+            Path::new(".git/info"),
+            OFlags::PATH | OFlags::DIRECTORY,
+        );
+        if let Ok(info) = exclude
+            && let Some(text) = read_small(&info, "exclude")
+        {
+            self.compile(&source(".git/info/exclude"), &text, &mut out)?;
+        }
+        Ok(out)
     }
+
+    /// Compiles the rules of `file` (read as `text`) onto `out`, in chunks. The chunks go last
+    /// first: the walk takes the first set that matches a path, and so gets the file's last
+    /// matching rule, the one git obeys.
+    fn compile(
+        &mut self,
+        file: &IgnoreFile,
+        text: &str,
+        out: &mut Vec<Gitignore>,
+    ) -> Result<(), ToolError> {
+        let mut chunks = Vec::new();
+        let mut builder = GitignoreBuilder::new(file.dir);
+        let mut chunk = Held::default();
+        for line in text.lines() {
+            if self.stop.is_set() {
+                return Err(ToolError::cancelled());
+            }
+            if let Some(bytes) = rule_bytes(line) {
+                self.charge(bytes, file)?;
+                chunk.rules += 1;
+                chunk.bytes += bytes;
+            }
+            // A bad line is skipped, as git skips it.
+            let _ = builder.add_line(None, line);
+            if chunk.rules >= CHUNK_RULES || chunk.bytes >= CHUNK_BYTES {
+                let full = std::mem::replace(&mut builder, GitignoreBuilder::new(file.dir));
+                chunks.extend(built(&full));
+                chunk = Held::default();
+            }
+        }
+        chunks.extend(built(&builder));
+        out.extend(chunks.into_iter().rev());
+        Ok(())
+    }
+
+    /// Counts one more rule of `bytes` bytes against the call's budget.
+    fn charge(&mut self, bytes: usize, file: &IgnoreFile) -> Result<(), ToolError> {
+        self.held.rules += 1;
+        self.held.bytes += bytes;
+        // Failing is better than searching without the rules: the result would silently
+        // include what they exclude (build output, vendored trees, files kept out of git).
+        if self.held.rules > MAX_IGNORE_RULES {
+            return Err(too_many_rules(file, &format!("{MAX_IGNORE_RULES} rules")));
+        }
+        if self.held.bytes > MAX_IGNORE_RULE_BYTES {
+            return Err(too_many_rules(
+                file,
+                &format!("{MAX_IGNORE_RULE_BYTES} bytes of rules"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The bytes a line counts against the budget: none for blank lines and comments, which compile
+/// to nothing.
+fn rule_bytes(line: &str) -> Option<usize> {
+    let rule = line.trim();
+    (!rule.is_empty() && !rule.starts_with('#')).then_some(line.len())
+}
+
+fn built(builder: &GitignoreBuilder) -> Option<Gitignore> {
     builder.build().ok().filter(|g| !g.is_empty())
 }
 
-/// The rules a directory holds: `.ignore`, then `.gitignore`, then `.git/info/exclude`.
-fn rules_in(dir: &OwnedFd, path: &Path) -> Vec<Gitignore> {
-    let mut out = Vec::new();
-    for name in [".ignore", ".gitignore"] {
-        if let Some(g) = read_small(dir, name).and_then(|t| rules(path, &t)) {
-            out.push(g);
+fn too_many_rules(file: &IgnoreFile, limit: &str) -> ToolError {
+    let dir = file.dir.display();
+    let advice = match file.place {
+        Place::Above => {
+            format!(
+                "its rules apply to everything under {dir}, so search a folder outside that one"
+            )
         }
-    }
-    let exclude = open_beneath(
-        dir,
-        Path::new(".git/info"),
-        OFlags::PATH | OFlags::DIRECTORY,
-    );
-    if let Ok(info) = exclude
-        && let Some(g) = read_small(&info, "exclude").and_then(|t| rules(path, &t))
-    {
-        out.push(g);
-    }
-    out
+        Place::Inside => format!("search a narrower path that leaves out {dir}"),
+    };
+    ToolError::failed(format!(
+        "{} takes the ignore rules in force past {limit}, more than one search compiles (every .gitignore, .ignore and .git/info/exclude above the searched folder and in the folders being searched counts). Searching without them would return files they exclude, so the search stopped with no result; {advice}, or ask the user to shorten that file",
+        file.path.display()
+    ))
+    .with_effect(Effect::None)
 }
 
 /// Most entries read from one directory; the rest of a bigger one is left out (sorted among
@@ -135,6 +276,10 @@ struct Walker<'a, F> {
     /// Rules of the directories being walked, outermost first.
     inner: Vec<Vec<Gitignore>>,
     outer: &'a Ignores,
+    /// Compiles the walked directories' rules, counting them with those above.
+    compiler: RuleCompiler<'a>,
+    /// Why the walk stopped, when it failed.
+    failure: Option<ToolError>,
     stop: &'a StopFlag,
     visit: F,
 }
@@ -162,9 +307,18 @@ impl<F: FnMut(&Entry) -> bool> Walker<'_, F> {
     /// Visits `dir`'s entries; false when the walk must stop.
     fn dir(&mut self, dir: &OwnedFd, rel: &Path, depth: usize) -> bool {
         let dir_path = self.root_path.join(rel);
-        self.inner.push(rules_in(dir, &dir_path));
+        let held_before = self.compiler.held;
+        match self.compiler.rules_in(dir, &dir_path, Place::Inside) {
+            Ok(rules) => self.inner.push(rules),
+            Err(e) => {
+                self.failure = Some(e);
+                return false;
+            }
+        }
         let keep_going = self.entries(dir, rel, depth);
         self.inner.pop();
+        // Its rules are dropped, so they no longer count against the call's budget.
+        self.compiler.held = held_before;
         keep_going
     }
 
@@ -215,23 +369,30 @@ impl<F: FnMut(&Entry) -> bool> Walker<'_, F> {
 /// sorted order, parents before children, skipping what `.gitignore`, `.ignore` and git's
 /// exclude files exclude, and the `.git` directory. Hidden files are included: dot-directories
 /// such as `.github` matter in code. Symlinks are reported, never followed. `visit` returns
-/// false to stop.
+/// false to stop. Fails when the ignore rules in force are too many to compile, or when the call
+/// is cancelled while they compile.
 pub(crate) fn walk(
     root: &OwnedFd,
     root_path: &Path,
     ignores: &Ignores,
     stop: &StopFlag,
     visit: impl FnMut(&Entry) -> bool,
-) {
+) -> Result<(), ToolError> {
     let mut walker = Walker {
         root,
         root_path,
         inner: Vec::new(),
         outer: ignores,
+        compiler: RuleCompiler {
+            held: ignores.held,
+            stop,
+        },
+        failure: None,
         stop,
         visit,
     };
     walker.dir(root, Path::new(""), 0);
+    walker.failure.map_or(Ok(()), Err)
 }
 
 /// Opens a regular file found by [`walk`] for reading, beneath the root and without symlinks.

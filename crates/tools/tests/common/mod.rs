@@ -129,3 +129,30 @@ pub fn shown_text(out: &ToolOutput) -> String {
         _ => out.value.as_str().expect("a text result").to_owned(),
     }
 }
+
+/// An ignore file of distinct rules, `rule(n)` for n counting up from `first`, one a line, as
+/// many as fit in `max_bytes`.
+pub fn ignore_file(first: usize, max_bytes: usize, rule: impl Fn(usize) -> String) -> String {
+    let mut text = String::new();
+    for n in first.. {
+        let line = rule(n);
+        if text.len() + line.len() + 1 > max_bytes {
+            break;
+        }
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
+}
+
+/// `count` rules of the costliest kind measured: each `<hex>*.c` compiles to a regex of its own,
+/// ~11 KB apiece.
+pub fn costly_rules(count: usize) -> String {
+    (0..count).map(|n| format!("{n:x}*.c\n")).collect()
+}
+
+/// The largest ignore file the walk reads (1 MiB) of short distinct names (hex numbers from
+/// `first`): a compiled copy takes over 100 MB.
+pub fn huge_ignore_file(first: usize) -> String {
+    ignore_file(first, 1024 * 1024, |n| format!("{n:x}"))
+}
