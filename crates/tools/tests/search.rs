@@ -176,6 +176,26 @@ async fn ignore_rules_past_the_byte_budget_fail_the_search() {
     );
 }
 
+/// An ignore file over 1 MiB was skipped silently, so a search returned what it excludes; it
+/// now fails the search as rules past the budget do.
+#[tokio::test]
+async fn an_ignore_file_too_big_to_read_fails_the_search() {
+    let b = Bench::new();
+    let mut big = String::from("*.txt\n");
+    big.push_str(&"# padding\n".repeat(110_000));
+    b.put("vendor/.gitignore", big);
+    b.put("vendor/a.txt", "x");
+    let err = b
+        .error("grep", json!({"pattern": "x", "path": "vendor"}))
+        .await;
+    assert!(
+        err.message.contains("vendor/.gitignore")
+            && err.message.contains("bytes for one ignore file"),
+        "{}",
+        err.message
+    );
+}
+
 #[tokio::test]
 async fn find_with_a_slash_matches_the_relative_path() {
     let b = project();

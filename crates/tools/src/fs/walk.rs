@@ -13,7 +13,8 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use super::{file_type, name_bytes, open_beneath, open_no_symlinks};
 use crate::support::StopFlag;
 
-/// Largest ignore file read; bigger ones are skipped rather than held in memory.
+/// Largest ignore file read; a bigger one fails the search, as rules past the budget do (it
+/// could not hold fewer than the budget's bytes of rules in any useful shape).
 const MAX_IGNORE_FILE_BYTES: u64 = 1024 * 1024;
 /// Deepest directory visited below the root.
 const MAX_DEPTH: usize = 256;
@@ -77,24 +78,31 @@ impl Ignores {
 }
 
 /// Reads one small regular file in `dir`, without following a symlink.
-fn read_small(dir: impl AsFd, name: &str) -> Option<String> {
-    let fd = rustix::fs::openat(
+/// An ignore file's text: `Ok(None)` when there is none to read (missing, not a regular file,
+/// unreadable), `Err(size)` when it is bigger than [`MAX_IGNORE_FILE_BYTES`].
+fn read_small(dir: impl AsFd, name: &str) -> Result<Option<String>, u64> {
+    let Ok(fd) = rustix::fs::openat(
         dir,
         name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
-    )
-    .ok()?;
-    let st = rustix::fs::fstat(&fd).ok()?;
-    if file_type(&st) != FileType::RegularFile || st.st_size as u64 > MAX_IGNORE_FILE_BYTES {
-        return None;
+    ) else {
+        return Ok(None);
+    };
+    let Ok(st) = rustix::fs::fstat(&fd) else {
+        return Ok(None);
+    };
+    if file_type(&st) != FileType::RegularFile {
+        return Ok(None);
+    }
+    if st.st_size as u64 > MAX_IGNORE_FILE_BYTES {
+        return Err(st.st_size as u64);
     }
     let mut text = String::new();
-    std::fs::File::from(fd)
+    let read = std::fs::File::from(fd)
         .take(MAX_IGNORE_FILE_BYTES)
-        .read_to_string(&mut text)
-        .ok()?;
-    Some(text)
+        .read_to_string(&mut text);
+    Ok(read.ok().map(|_| text))
 }
 
 /// Ignore rules one call holds compiled: how many, and the bytes of their lines.
@@ -141,9 +149,17 @@ impl RuleCompiler<'_> {
             path: path.join(name),
             place,
         };
+        let too_big = |file: &IgnoreFile, size: u64| {
+            too_many_rules(
+                file,
+                &format!("{MAX_IGNORE_FILE_BYTES} bytes for one ignore file (it has {size})"),
+            )
+        };
         for name in [".ignore", ".gitignore"] {
-            if let Some(text) = read_small(dir, name) {
-                self.compile(&source(name), &text, &mut out)?;
+            match read_small(dir, name) {
+                Ok(Some(text)) => self.compile(&source(name), &text, &mut out)?,
+                Ok(None) => {}
+                Err(size) => return Err(too_big(&source(name), size)),
             }
         }
         let exclude = open_beneath(
@@ -151,10 +167,13 @@ impl RuleCompiler<'_> {
             Path::new(".git/info"),
             OFlags::PATH | OFlags::DIRECTORY,
         );
-        if let Ok(info) = exclude
-            && let Some(text) = read_small(&info, "exclude")
-        {
-            self.compile(&source(".git/info/exclude"), &text, &mut out)?;
+        if let Ok(info) = exclude {
+            let file = source(".git/info/exclude");
+            match read_small(&info, "exclude") {
+                Ok(Some(text)) => self.compile(&file, &text, &mut out)?,
+                Ok(None) => {}
+                Err(size) => return Err(too_big(&file, size)),
+            }
         }
         Ok(out)
     }
