@@ -315,16 +315,7 @@ fn no_token_uses_a_session_another_token_began() {
 #[test]
 fn made_up_session_ids_leave_nothing_behind() {
     let (server, _dir) = with_three_tokens(&[]);
-    let rss = || {
-        std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            })
-            .unwrap_or(0)
-    };
+    let rss = || rss_kb(server.child.id());
     let probe = format!(
         "{FETCH_HELPERS}
 (async () => {{
@@ -629,16 +620,7 @@ fn principal_flags_that_would_apply_to_no_session_are_refused() {
 #[test]
 fn store_values_of_small_elements_do_not_grow_the_server() {
     let (server, _dir) = with_three_tokens(&[]);
-    let rss = || {
-        std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            })
-            .unwrap_or(0)
-    };
+    let rss = || rss_kb(server.child.id());
     let probe = |sessions: usize| {
         format!(
             "{FETCH_HELPERS}
@@ -677,4 +659,16 @@ const call = (token, id, code) => fetch(url, {{ method: 'POST', headers: h(token
         grown_kb < 12_000,
         "16 more sessions of 1 MiB store() values grew the server by {grown_kb} KB"
     );
+}
+
+/// A process's resident memory in KB, from `/proc/<pid>/status` (0 once it is gone).
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
 }

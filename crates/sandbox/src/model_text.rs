@@ -135,16 +135,20 @@ pub fn media_tokens(block: &serde_json::Value) -> u64 {
     tokens.max(IMAGE_TOKENS_MIN)
 }
 
+/// A MIME type without its parameters, in lower case (`Image/PNG; x=1` is `image/png`).
+fn mime_essence(mime: &str) -> String {
+    mime.split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
 /// Whether a client may put media of this MIME type into the model's context as text: anything
 /// but the kinds it cannot read so (a missing or unknown type counts as text, and so does XML or
 /// JSON of any kind, an SVG picture too).
 fn may_be_read_as_text(mime: &str) -> bool {
-    let essence = mime
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = mime_essence(mime);
     if essence.ends_with("+xml") || essence.ends_with("+json") {
         return true;
     }
@@ -170,12 +174,7 @@ pub fn media_refusal(block: &serde_json::Value) -> Option<String> {
         return None;
     }
     let mime = block.get("mimeType").and_then(Value::as_str).unwrap_or("");
-    let essence = mime
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = mime_essence(mime);
     if !crate::output_budget::IMAGE_TYPES.contains(&essence.as_str()) {
         let shown: String = mime.chars().take(60).collect();
         return Some(format!(
