@@ -155,6 +155,10 @@ pub fn unfinished_calls(
             false => Ok(Vec::new()),
         };
     }
+    // The log before the journal: a start is written before its outcome, so every outcome read
+    // names a start the journal then holds. The other way round, a call that started and ended
+    // between the two reads of a log being written read as a start cut from the journal.
+    let outcomes = records(log)?;
     let report = verify(&journal, key)?;
     if report.head == super::HeadCheck::Missing && report.lines > 0 {
         // As for the log: without its head, lines cut from the journal's end (a command
@@ -171,7 +175,7 @@ pub fn unfinished_calls(
     unmatched(
         &journal.display().to_string(),
         started,
-        records(log)?.into_iter(),
+        outcomes.into_iter(),
     )
 }
 
@@ -201,9 +205,10 @@ pub async fn unfinished_stream_calls(
             false => Ok(Vec::new()),
         };
     }
+    // The outcomes first, for the reason `unfinished_calls` gives.
+    let outcomes = read_stream(store, stream).await.map_err(read_err)?;
     verify_stream(store, &journal, key).await?;
     let started = read_stream(store, &journal).await.map_err(read_err)?;
-    let outcomes = read_stream(store, stream).await.map_err(read_err)?;
     unmatched(
         &format!("audit stream `{journal}` in {}", store.describe()),
         started,

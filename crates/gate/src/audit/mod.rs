@@ -262,8 +262,8 @@ impl AuditLog {
         self.submit_with(record, Durability::Now)
     }
 
-    /// [`AuditLog::submit`], saying when a stream's line must be on the store's disk (a file's
-    /// line is written at once either way).
+    /// [`AuditLog::submit`], saying when the line must be on the disk: a file's line is written
+    /// at once either way, and flushed with everything before it for [`Durability::Now`].
     pub(crate) fn submit_with(
         &self,
         record: Map<String, Value>,
@@ -272,7 +272,36 @@ impl AuditLog {
         if let Some(s) = &self.stream {
             return Ok(Some(s.append(record, durability)));
         }
-        self.append(record).map(|()| None)
+        self.append(record)?;
+        if durability == Durability::Now {
+            self.sync_to_disk()?;
+        }
+        Ok(None)
+    }
+
+    /// Flushes the log, the journal and their heads to the disk, as a stream's durable line
+    /// is: a line the model's answer waits for must survive a crash of the machine, and with it
+    /// every line before it and the journal starts they name (a log whose outcomes outlived
+    /// their starts, or whose head fell behind, would read as tampered with). Outside the
+    /// append lock, so other processes do not wait for this disk flush.
+    fn sync_to_disk(&self) -> Result<(), AuditError> {
+        if let Some(journal) = &self.journal {
+            journal.sync_to_disk()?;
+        }
+        let Some(inner) = &self.inner else {
+            return Ok(());
+        };
+        let (log, head) = {
+            let files = inner.lock();
+            (files.log.try_clone(), files.head.try_clone())
+        };
+        let flushed = log
+            .and_then(|f| f.sync_data())
+            .and_then(|()| head.and_then(|f| f.sync_data()));
+        flushed.map_err(|e| AuditError::Write {
+            path: inner.path.display().to_string(),
+            message: format!("could not flush it to the disk: {e}"),
+        })
     }
 
     /// Opens (or creates) the log keyed with the user's key at [`AuditKey::default_path`],

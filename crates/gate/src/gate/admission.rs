@@ -813,12 +813,14 @@ impl Admission {
     }
 }
 
-/// Arguments up to this size are journalled whole (a `bash` command cannot be longer: Linux
-/// refuses a single argument over 128 KiB).
-const WHOLE_ARGUMENTS: usize = 256 * 1024;
+/// Arguments' JSON text up to this size is journalled whole. A `bash` command is at most
+/// 128 KiB (Linux refuses a longer single argument), but JSON writes a control byte as six
+/// (`\u0001`): 100 KB of them around a payload made 600 KB of text, and at 256 KiB the payload
+/// in the middle was in neither the log nor the journal. 1 MiB holds any command whole.
+const WHOLE_ARGUMENTS: usize = 1024 * 1024;
 
 /// The arguments' JSON text for the journal: whole when it fits, else its first and last
-/// 128 KiB with its size, so padding in the middle cannot hide both ends.
+/// 512 KiB with its size, so padding in the middle cannot hide both ends.
 fn whole_arguments(text: &str) -> serde_json::Map<String, Value> {
     let mut out = serde_json::Map::new();
     if text.len() <= WHOLE_ARGUMENTS {
