@@ -1,7 +1,8 @@
 //! Red team: what `codemode approvals list` and `show` print for a person on duty to decide on
 //! comes from the script (its call's arguments) and from hooks (the reason). Characters that
 //! reorder text (bidi overrides), and C1 controls a terminal may act on, must be shown escaped,
-//! or a script could make `rm -rf ~` read as something harmless.
+//! or a script could make `rm -rf ~` read as something harmless. And the resolved paths a
+//! call reaches (links followed) must be shown, as the live question shows them.
 
 use crate::common;
 
@@ -39,6 +40,9 @@ fn approvals_are_shown_with_reordering_and_control_characters_escaped() {
             tool: "bash".into(),
             arguments: json!({ "command": command }),
             provenance: json!({"session_id": "s1", "depth": 1}),
+            // Where the call really lands, through a link: `notes` leads out of the project.
+            // The override in it must be escaped like the arguments.
+            paths: vec!["/outside/x.txt".into(), format!("/outside/{RLO}txt.exe")],
             policy_ids: vec!["ask-bash".into()],
             reason: format!("a hook says: {RLO}fine{CSI}0m"),
             expires_in: Duration::from_secs(600),
@@ -65,5 +69,16 @@ fn approvals_are_shown_with_reordering_and_control_characters_escaped() {
             "{args:?} prints a character that reorders or controls the terminal: {text:?}"
         );
         assert!(text.contains("\\u202e"), "{args:?}: {text}");
+        // Red team: `approvals show` printed only the arguments, and the person approved a
+        // write that landed in /outside through a link. Shown as the live question shows it.
+        assert!(
+            text.contains("Paths it reaches (resolved, links followed):\n"),
+            "{args:?}: {text}"
+        );
+        assert!(text.contains("  /outside/x.txt\n"), "{args:?}: {text}");
+        assert!(
+            text.contains("  /outside/\\u202etxt.exe"),
+            "{args:?}: {text}"
+        );
     }
 }

@@ -444,6 +444,7 @@ async fn approving_arguments_the_list_cut_needs_the_hash_show_prints() {
             tool: "bash".into(),
             arguments: json!({ "command": padded }),
             provenance: json!({}),
+            paths: Vec::new(),
             policy_ids: vec!["ask".into()],
             reason: "bash asks".into(),
             expires_in: Duration::from_secs(600),

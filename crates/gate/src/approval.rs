@@ -33,12 +33,18 @@ impl ApprovalRequest {
     /// arguments are, one per line: `docs/notes.md` in the arguments may land in `~/.ssh`
     /// through a link the project ships, and only this says so. Empty when there are none.
     pub fn shown_paths(&self) -> String {
-        self.paths
-            .iter()
-            .map(|p| format!("  {}", crate::shown_text(p)))
-            .collect::<Vec<_>>()
-            .join("\n")
+        shown_paths(&self.paths)
     }
+}
+
+/// Resolved paths as [`ApprovalRequest::shown_paths`] shows them, for a question asked again
+/// later from a stored approval (`codemode approvals show`): the same escaping, one per line.
+pub fn shown_paths(paths: &[String]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("  {}", crate::shown_text(p)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 const LONG_RUN: usize = 32;

@@ -24,7 +24,9 @@ mod schema_size;
 mod suggest;
 mod validate;
 
-pub use approval::{ApprovalAnswer, ApprovalRequest, Approver, shown_arguments, shown_text};
+pub use approval::{
+    ApprovalAnswer, ApprovalRequest, Approver, shown_arguments, shown_paths, shown_text,
+};
 pub use audit::{
     AuditError, AuditKey, AuditLog, HeadCheck, StreamReport, UnfinishedCall, VerifyReport,
     head_path, started_path, started_stream, unfinished_calls, unfinished_stream_calls, verify,

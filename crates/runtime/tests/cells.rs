@@ -1112,3 +1112,203 @@ async fn ended_cells_nobody_reads_are_let_go_past_a_few_per_session() {
     assert_eq!(last.status, CellStatus::Finished);
     assert!(last.structured()["value"] == 23, "{}", last.text);
 }
+
+const WRITE_ASKS: &str = r#"
+@id("write-needs-a-person")
+@ask("write changes files")
+permit (principal, action == Action::"tool_call", resource == Tool::"write");
+"#;
+
+/// A process whose only tool is the real `write`, working in `project`, asking a person before
+/// each write and pausing when nobody can answer; its cells' leases last `lease`.
+async fn writing_world(dir: &std::path::Path, project: &std::path::Path, lease: Duration) -> World {
+    let store = codemode_state::open(
+        &format!("sqlite://{}", dir.join("state.db").display()),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let registry = Registry::new();
+    for tool in codemode_tools::builtin_tools(&codemode_tools::ToolsConfig::new(project)) {
+        if tool.spec().name == "write" {
+            registry.register(tool).unwrap();
+        }
+    }
+    let audit_path = dir.join("audit.jsonl");
+    let audit = AuditLog::open_with_key(&audit_path, AuditKey::from_bytes([7; 32])).unwrap();
+    let mut config = CellsConfig::new(store.clone());
+    config.pause_approvals = true;
+    config.approval_expiry = Duration::from_secs(600);
+    config.lease = lease;
+    config.yield_after = Duration::from_secs(30);
+    config.audit = audit.clone();
+    let cells = Cells::new(config);
+    let gate = Gate::builder()
+        .registry(registry)
+        .policy(PolicySet::parse("write.cedar", WRITE_ASKS).unwrap())
+        .approver(cells.approver(None))
+        .workspace(project)
+        .audit(audit)
+        .build()
+        .unwrap();
+    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
+    World {
+        codemode,
+        runs: Arc::new(AtomicU64::new(0)),
+        danger_runs: Arc::new(AtomicU64::new(0)),
+        cancelled: Arc::new(AtomicU64::new(0)),
+        store,
+        audit: audit_path,
+    }
+}
+
+/// `dir/project` with `notes` a link to `dir/outside`; returns (project, outside), resolved.
+fn project_with_a_link_out(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = dir.canonicalize().unwrap();
+    let (project, outside) = (dir.join("project"), dir.join("outside"));
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, project.join("notes")).unwrap();
+    (project, outside)
+}
+
+const WRITE_NOTES: &str = r#"await tools.write({ path: "notes/x.txt", content: "from the script" });
+return "written";"#;
+
+/// Red team: `ln -s /outside project/notes`, a paused `write {path: "notes/x.txt"}`, and
+/// `approvals show` printed only the arguments; approved, the file landed in /outside. The
+/// stored approval holds where the call really lands, and its hash is bound to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_paused_through_a_link_stores_the_resolved_path_outside_the_project() {
+    let dir = tempfile::tempdir().unwrap();
+    let (project, outside) = project_with_a_link_out(dir.path());
+    let w = writing_world(dir.path(), &project, Duration::from_secs(15)).await;
+    let r = w.codemode.start_cell(req(WRITE_NOTES, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let id = r.pending[0].approval_id.clone();
+    let stored = w.store.get_approval(&id).await.unwrap().unwrap();
+    let landing = outside.join("x.txt").display().to_string();
+    assert_eq!(stored.arguments["path"], "notes/x.txt");
+    assert!(
+        stored.paths.contains(&landing),
+        "the approval must say the write lands at {landing}: {:?}",
+        stored.paths
+    );
+    assert!(
+        stored
+            .paths
+            .iter()
+            .all(|p| !p.starts_with(&*project.display().to_string())),
+        "{:?}",
+        stored.paths
+    );
+    assert_eq!(
+        stored.call_hash,
+        codemode_state::call_hash_with_paths(
+            &stored.tool,
+            &stored.arguments,
+            &stored.provenance,
+            &stored.paths
+        )
+    );
+    assert!(
+        !outside.join("x.txt").exists(),
+        "nothing is written before the answer"
+    );
+    // Approved for that place, it writes there (the person was shown it).
+    w.codemode
+        .answer_approval(&id, Decision::Approve, "alice", "library")
+        .await
+        .unwrap();
+    let (last, all) = finish(&w, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    assert_eq!(
+        std::fs::read_to_string(outside.join("x.txt")).unwrap(),
+        "from the script"
+    );
+}
+
+/// Red team: the approval was bound only to the tool, arguments and provenance. Approved while
+/// `notes` led to `outside`, the link was turned to `elsewhere` before another process took the
+/// cell over and prepared the write again: the old approval matched and the file landed in
+/// `elsewhere`, a place nobody approved. Now the call asks again, showing the new place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_does_not_carry_over_to_a_link_retargeted_before_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let (project, outside) = project_with_a_link_out(dir.path());
+    let elsewhere = outside.parent().unwrap().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let lease = Duration::from_millis(600);
+    let first = writing_world(dir.path(), &project, lease).await;
+    let r = first
+        .codemode
+        .start_cell(req(WRITE_NOTES, "s"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approved = r.pending[0].approval_id.clone();
+
+    // The first process lets go; the approval is given for `outside/x.txt`, as shown.
+    first.codemode.cells().unwrap().abandon();
+    codemode_runtime::cells::answer_approval(
+        first.store.as_ref(),
+        &AuditLog::disabled(),
+        &approved,
+        Decision::Approve,
+        "alice",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap();
+    // Then the link is turned elsewhere, and a second process takes the cell over.
+    std::fs::remove_file(project.join("notes")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, project.join("notes")).unwrap();
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    let second = writing_world(dir.path(), &project, lease).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let again = second
+        .codemode
+        .wait_cell("s", &r.cell, wait_for(2_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.status,
+        CellStatus::WaitingForApproval,
+        "the old approval must not let the write through a retargeted link: {}",
+        again.text
+    );
+    let asked = &again.pending[0];
+    assert_ne!(asked.approval_id, approved, "a new approval is asked for");
+    let new = second
+        .store
+        .get_approval(&asked.approval_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let new_landing = elsewhere.join("x.txt").display().to_string();
+    assert!(new.paths.contains(&new_landing), "{:?}", new.paths);
+    assert!(
+        !elsewhere.join("x.txt").exists(),
+        "nothing written to the new target"
+    );
+    assert!(!outside.join("x.txt").exists(), "nor to the old one");
+
+    // Denied, the script sees a refusal and still nothing is written.
+    second
+        .codemode
+        .answer_approval(&asked.approval_id, Decision::Deny, "alice", "library")
+        .await
+        .unwrap();
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert!(last.status.is_terminal(), "{all}");
+    assert!(
+        !all.contains("written") || all.contains("not approved"),
+        "{all}"
+    );
+    assert!(!elsewhere.join("x.txt").exists());
+    assert!(!outside.join("x.txt").exists());
+}

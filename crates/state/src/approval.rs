@@ -1,11 +1,11 @@
 //! Pending approvals: a call that a policy asked a person about, waiting for an answer that may
 //! come from another process or replica.
 //!
-//! An approval is bound to one exact call by [`call_hash`]: answering it names the hash of the
-//! call the person was shown, and the gate must check the hash again before it runs the call,
-//! so an approval can never be spent on a different call. Answering is a compare-and-set on a
-//! pending, unexpired row: of two approvers at once exactly one wins, the other gets
-//! [`crate::StateError::ApprovalAnswered`].
+//! An approval is bound to one exact call by [`call_hash_with_paths`]: answering it names the
+//! hash of the call the person was shown, and the gate must check the hash again before it runs
+//! the call, so an approval can never be spent on a different call. Answering is a
+//! compare-and-set on a pending, unexpired row: of two approvers at once exactly one wins, the
+//! other gets [`crate::StateError::ApprovalAnswered`].
 
 use std::time::Duration;
 
@@ -28,6 +28,29 @@ pub fn call_hash(tool: &str, arguments: &Value, provenance: &Value) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
+/// [`call_hash`], also over the resolved paths the call reaches (links followed), in order.
+/// A call whose `docs/x.txt` lands somewhere else once a link is changed is then a different
+/// call, and an approval given for the old place does not carry over. Equals [`call_hash`] when
+/// there are no paths, so approvals stored before paths were recorded keep their hash.
+pub fn call_hash_with_paths(
+    tool: &str,
+    arguments: &Value,
+    provenance: &Value,
+    paths: &[String],
+) -> String {
+    if paths.is_empty() {
+        return call_hash(tool, arguments, provenance);
+    }
+    let text = format!(
+        "[{},{},{},{}]",
+        json_text(&Value::String(tool.to_string())),
+        json_text(arguments),
+        json_text(provenance),
+        json_text(&Value::from(paths.to_vec()))
+    );
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
 /// A call waiting for a person. The store makes the id and the call hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewApproval {
@@ -36,6 +59,10 @@ pub struct NewApproval {
     pub tool: String,
     pub arguments: Value,
     pub provenance: Value,
+    /// The paths the call reaches, resolved (links followed), as the gate judged them: what the
+    /// person must see, since `docs/x.txt` in the arguments may land outside the project.
+    #[serde(default)]
+    pub paths: Vec<String>,
     /// The policies whose `@ask` asked.
     pub policy_ids: Vec<String>,
     /// Why approval is needed, in words for the person.
@@ -104,6 +131,10 @@ pub struct ApprovalRecord {
     pub tool: String,
     pub arguments: Value,
     pub provenance: Value,
+    /// The resolved paths the call reaches (see [`NewApproval::paths`]); empty for approvals
+    /// stored before paths were recorded.
+    #[serde(default)]
+    pub paths: Vec<String>,
     pub policy_ids: Vec<String>,
     pub reason: String,
     pub call_hash: String,
@@ -152,12 +183,16 @@ impl NewApproval {
         for p in &self.policy_ids {
             check_text("policy id", p)?;
         }
+        for p in &self.paths {
+            check_text("path", p)?;
+        }
         Ok(())
     }
 
     /// The record as first stored.
     pub(crate) fn into_record(self, id: String, now_ms: i64) -> ApprovalRecord {
-        let call_hash = call_hash(&self.tool, &self.arguments, &self.provenance);
+        let call_hash =
+            call_hash_with_paths(&self.tool, &self.arguments, &self.provenance, &self.paths);
         let expires_at_ms = now_ms.saturating_add(crate::budget::hold_ms(self.expires_in));
         ApprovalRecord {
             id,
@@ -166,6 +201,7 @@ impl NewApproval {
             tool: self.tool,
             arguments: self.arguments,
             provenance: self.provenance,
+            paths: self.paths,
             policy_ids: self.policy_ids,
             reason: self.reason,
             call_hash,

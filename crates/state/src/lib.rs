@@ -60,6 +60,7 @@ use std::sync::Arc;
 
 pub use approval::{
     Answer, ApprovalQuery, ApprovalRecord, ApprovalState, Decision, NewApproval, call_hash,
+    call_hash_with_paths,
 };
 pub use audit::{AuditHead, AuditLine, AuditLineFn, AuditRecord, Durability};
 pub use budget::{

@@ -5,7 +5,7 @@
 //! the process holding the cell sees it and carries on; this command writes the audit line
 //! naming who answered through the `cli` channel.
 
-use codemode_gate::{shown_arguments, shown_text};
+use codemode_gate::{shown_arguments, shown_paths, shown_text};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -87,6 +87,14 @@ pub async fn run(cmd: ApprovalsCommand) -> Result<ExitCode> {
                         cut(&shown_arguments(&a.arguments), LISTED_ARGUMENTS),
                         format_ms(a.expires_at_ms)
                     );
+                    // Whole, under the line: approving from this list must not hide where a
+                    // linked path really lands.
+                    if !a.paths.is_empty() {
+                        println!("    Paths it reaches (resolved, links followed):");
+                        for line in shown_paths(&a.paths).lines() {
+                            println!("    {line}");
+                        }
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -184,6 +192,14 @@ fn show(a: &ApprovalRecord, cell: Option<&codemode_state::CellRecord>) {
     // no character in them reorders or recolours what the person reads.
     println!("tool       {}", shown_text(&a.tool));
     println!("arguments  {}", shown_arguments(&a.arguments));
+    // Where the call really lands: `notes/x.txt` in the arguments may reach outside the
+    // project through a link. Worded as the live question words it.
+    if !a.paths.is_empty() {
+        println!(
+            "Paths it reaches (resolved, links followed):\n{}",
+            shown_paths(&a.paths)
+        );
+    }
     println!("why        {}", shown_text(&a.reason));
     println!(
         "policies   {}",

@@ -242,7 +242,8 @@ impl ElicitationApprover {
                 tool_name: approval.tool.clone(),
                 kind: codemode_spec::CallKind::Tool,
                 args: approval.arguments.clone(),
-                paths: Vec::new(),
+                // Where the call really lands (links followed), as the live question shows it.
+                paths: approval.paths.clone(),
                 provenance: serde_json::from_value(approval.provenance.clone())
                     .unwrap_or_else(|_| codemode_spec::Provenance::model("", session_id)),
                 reason: format!("{} (asked earlier, while you were away)", approval.reason),

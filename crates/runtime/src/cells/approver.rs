@@ -7,7 +7,7 @@ use codemode_gate::{ApprovalAnswer, ApprovalRequest, Approver};
 use codemode_spec::BoxFuture;
 use codemode_state::{
     ApprovalQuery, ApprovalRecord, ApprovalState, CellStatus, CellUpdate, NewApproval, Topic,
-    call_hash,
+    call_hash_with_paths,
 };
 use serde_json::Value;
 
@@ -15,8 +15,9 @@ use super::{Cells, LiveCell};
 
 /// Asks the inner approver (a terminal, an MCP client) first. When it could not ask anyone
 /// (`Unasked`), pausing is on and the call comes from a cell's script, the call waits: a
-/// pending approval bound to the call's hash is stored, the cell's status becomes
-/// `waiting_for_approval`, and the answer may come from any process sharing the state store.
+/// pending approval bound to the call's hash (over its resolved paths too) is stored, the
+/// cell's status becomes `waiting_for_approval`, and the answer may come from any process
+/// sharing the state store.
 /// The gate holds the script's deadline still meanwhile. An approval that expires is a denial.
 ///
 /// A rebuilt cell reaching the same call again finds the approval it stored before (same
@@ -69,7 +70,10 @@ impl PausingApprover {
         let store = self.cells.store().clone();
         let config = self.cells.config();
         let provenance = serde_json::to_value(&req.provenance).unwrap_or(Value::Null);
-        let hash = call_hash(&req.tool_name, &req.args, &provenance);
+        // The resolved paths count as part of the call: a rebuilt cell re-prepares it, and if a
+        // link was retargeted meanwhile the same arguments reach another place, which the
+        // earlier approval was not given for, so it must not match.
+        let hash = call_hash_with_paths(&req.tool_name, &req.args, &provenance, &req.paths);
         let earlier = store
             .list_approvals(ApprovalQuery {
                 cell_id: Some(cell.id.clone()),
@@ -88,6 +92,7 @@ impl PausingApprover {
                         tool: req.tool_name.clone(),
                         arguments: req.args.clone(),
                         provenance,
+                        paths: req.paths.clone(),
                         policy_ids: req.policy_ids.clone(),
                         reason: req.reason.clone(),
                         expires_in: config.approval_expiry,

@@ -578,7 +578,7 @@ pub(crate) async fn read_replay(
 
 const APPROVAL_COLS: &str = "id, cell_id, session_id, tool, arguments, provenance, policy_ids, \
      reason, call_hash, created_at_ms, expires_at_ms, state, answered_by, answered_channel, \
-     answered_at_ms";
+     answered_at_ms, paths";
 
 fn approval_row(r: &Row) -> OpResult<ApprovalRecord> {
     let id: String = col(r, 0)?;
@@ -586,7 +586,10 @@ fn approval_row(r: &Row) -> OpResult<ApprovalRecord> {
     let arguments: String = col(r, 4)?;
     let provenance: String = col(r, 5)?;
     let policy_ids: String = col(r, 6)?;
+    let paths: String = col(r, 15)?;
     Ok(ApprovalRecord {
+        paths: serde_json::from_value(json(&paths)?)
+            .map_err(|e| corrupt(format!("approval `{id}` paths: {e}")))?,
         state: ApprovalState::parse(&state)
             .ok_or_else(|| corrupt(format!("approval `{id}` has unknown state `{state}`")))?,
         arguments: json(&arguments)?,
@@ -629,7 +632,7 @@ pub(crate) async fn create_approval(
         tx,
         &format!(
             "INSERT INTO approvals ({APPROVAL_COLS})
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, NULL, NULL)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, NULL, NULL, NULL, $13)"
         ),
         &[
             &a.id,
@@ -644,6 +647,7 @@ pub(crate) async fn create_approval(
             &a.created_at_ms,
             &a.expires_at_ms,
             &a.state.as_str(),
+            &json_text(&Value::from(a.paths.clone())),
         ],
     )
     .await?;

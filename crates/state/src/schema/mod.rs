@@ -8,6 +8,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (2, include_str!("v2.sql")),
     (3, include_str!("v3.sql")),
     (4, include_str!("v4.sql")),
+    (5, include_str!("v5.sql")),
 ];
 
 /// What PostgreSQL runs for each version, after the shared SQL.

@@ -573,7 +573,7 @@ pub(crate) fn read_replay(conn: &mut Connection, cell_id: &str) -> OpResult<Vec<
 
 const APPROVAL_COLS: &str = "id, cell_id, session_id, tool, arguments, provenance, policy_ids, \
      reason, call_hash, created_at_ms, expires_at_ms, state, answered_by, answered_channel, \
-     answered_at_ms";
+     answered_at_ms, paths";
 
 struct ApprovalRow {
     id: String,
@@ -591,6 +591,7 @@ struct ApprovalRow {
     answered_by: Option<String>,
     answered_channel: Option<String>,
     answered_at_ms: Option<i64>,
+    paths: String,
 }
 
 fn approval_row(r: &Row<'_>) -> rusqlite::Result<ApprovalRow> {
@@ -610,6 +611,7 @@ fn approval_row(r: &Row<'_>) -> rusqlite::Result<ApprovalRow> {
         answered_by: r.get(12)?,
         answered_channel: r.get(13)?,
         answered_at_ms: r.get(14)?,
+        paths: r.get(15)?,
     })
 }
 
@@ -623,7 +625,10 @@ impl ApprovalRow {
         })?;
         let policy_ids: Vec<String> = serde_json::from_value(json(&self.policy_ids)?)
             .map_err(|e| corrupt(format!("approval `{}` policy ids: {e}", self.id)))?;
+        let paths: Vec<String> = serde_json::from_value(json(&self.paths)?)
+            .map_err(|e| corrupt(format!("approval `{}` paths: {e}", self.id)))?;
         Ok(ApprovalRecord {
+            paths,
             arguments: json(&self.arguments)?,
             provenance: json(&self.provenance)?,
             policy_ids,
@@ -676,7 +681,7 @@ pub(crate) fn create_approval(
         &tx,
         &format!(
             "INSERT INTO approvals ({APPROVAL_COLS})
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, NULL, NULL, NULL)"
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, NULL, NULL, NULL, ?13)"
         ),
         params![
             a.id,
@@ -690,7 +695,8 @@ pub(crate) fn create_approval(
             a.call_hash,
             a.created_at_ms,
             a.expires_at_ms,
-            a.state.as_str()
+            a.state.as_str(),
+            json_text(&Value::from(a.paths.clone()))
         ],
     )?;
     tx.commit()?;

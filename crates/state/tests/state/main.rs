@@ -56,6 +56,7 @@ every_backend!(
     live_cells_per_session_are_bounded_under_races,
     replay_log_continues_exactly,
     approvals_are_exact_and_answered_once,
+    approvals_keep_their_resolved_paths_and_are_bound_to_them,
     two_approvers_at_once_one_wins,
     approvals_expire_once_into_denials,
     an_answer_on_one_replica_wakes_the_other,

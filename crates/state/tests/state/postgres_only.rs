@@ -50,7 +50,7 @@ async fn replicas_starting_together_migrate_once() {
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(
         versions,
-        [1, 2, 3, 4],
+        [1, 2, 3, 4, 5],
         "each migration applied exactly once"
     );
 
@@ -170,6 +170,7 @@ async fn notifications_survive_a_cut_listener() {
             tool: "write".into(),
             arguments: json!({"path": "/p/x"}),
             provenance: json!({}),
+            paths: Vec::new(),
             policy_ids: vec![],
             reason: "r".into(),
             expires_in: Duration::from_secs(60),
@@ -257,6 +258,7 @@ async fn a_version_1_database_upgrades_in_place() {
              DROP TABLE budget_leases;
              DROP INDEX sessions_ended;
              ALTER TABLE sessions DROP COLUMN ended_at_ms;
+             ALTER TABLE approvals DROP COLUMN paths;
              DELETE FROM codemode_schema_versions WHERE version > 1;"
         ))
         .await
@@ -271,7 +273,7 @@ async fn a_version_1_database_upgrades_in_place() {
         .await
         .unwrap();
     let versions: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
     let ReserveOutcome::Granted(r) = b.reserve(one_call("s", 5)).await.unwrap() else {
         panic!("refused")
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use codemode_state::{
     Amounts, Answer, ApprovalQuery, ApprovalState, AuditLine, CellStatus, CellUpdate, Counter,
     Decision, LedgerKey, Limits, NewApproval, NewCell, ReplayEntry, ReserveOutcome, ReserveRequest,
-    StateError, StateStore, StoreChange, Topic, call_hash, utc_day,
+    StateError, StateStore, StoreChange, Topic, call_hash, call_hash_with_paths, utc_day,
 };
 use futures::future::join_all;
 use serde_json::json;
@@ -39,6 +39,7 @@ fn new_approval(session: &str, cell: Option<&str>) -> NewApproval {
         tool: "bash".into(),
         arguments: json!({"command": "rm -rf build", "cwd": "/p"}),
         provenance: json!({"session_id": session, "script_id": cell, "depth": 1}),
+        paths: Vec::new(),
         policy_ids: vec!["ask-bash".into()],
         reason: "bash needs approval".into(),
         expires_in: MINUTE,
@@ -753,6 +754,80 @@ pub async fn two_approvers_at_once_one_wins(env: Env) {
             "what is stored is what the winner was told"
         );
     }
+}
+
+/// Red team: a paused `write {path: "notes/x.txt"}` was approved from `approvals show`, which
+/// printed only the arguments, and wrote to /outside/x.txt through a link. The resolved paths
+/// are stored with the approval, read back on every replica, and bound into its hash, so an
+/// answer for the call reaching other places does not apply.
+pub async fn approvals_keep_their_resolved_paths_and_are_bound_to_them(env: Env) {
+    let outside = vec!["/outside/x.txt".to_string(), "/p/notes".to_string()];
+    let a = env
+        .a
+        .create_approval(NewApproval {
+            paths: outside.clone(),
+            ..new_approval("s1", Some("c1"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(a.paths, outside);
+    let shown = env.b.get_approval(&a.id).await.unwrap().unwrap();
+    assert_eq!(
+        shown.paths, outside,
+        "the other replica reads the paths back"
+    );
+    assert_eq!(shown, a);
+    let listed = env
+        .b
+        .list_approvals(ApprovalQuery::pending())
+        .await
+        .unwrap();
+    assert_eq!(listed, vec![a.clone()]);
+
+    // The hash covers the paths; without paths it is the old hash, so older rows still match.
+    let with = call_hash_with_paths(&a.tool, &a.arguments, &a.provenance, &outside);
+    let without = call_hash(&a.tool, &a.arguments, &a.provenance);
+    assert_eq!(a.call_hash, with);
+    assert_ne!(with, without);
+    assert_eq!(
+        call_hash_with_paths(&a.tool, &a.arguments, &a.provenance, &[]),
+        without
+    );
+    // The same arguments reaching somewhere else (the link retargeted) is another call.
+    let elsewhere = call_hash_with_paths(
+        &a.tool,
+        &a.arguments,
+        &a.provenance,
+        &["/elsewhere/x.txt".to_string(), "/p/notes".to_string()],
+    );
+    assert_ne!(elsewhere, with);
+    let reordered = call_hash_with_paths(
+        &a.tool,
+        &a.arguments,
+        &a.provenance,
+        &["/p/notes".to_string(), "/outside/x.txt".to_string()],
+    );
+    assert_ne!(reordered, with);
+    for wrong in [&elsewhere, &without] {
+        let e = env
+            .b
+            .answer_approval(&a.id, answer(Decision::Approve, "bob", wrong))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StateError::ApprovalMismatch { .. }), "{e}");
+    }
+    let approved = env
+        .a
+        .answer_approval(&a.id, answer(Decision::Approve, "bob", &with))
+        .await
+        .unwrap();
+    assert_eq!(approved.paths, outside, "answering keeps the paths");
+
+    // A record written before paths were kept (no `paths` key) reads as having none.
+    let mut old = serde_json::to_value(&a).unwrap();
+    old.as_object_mut().unwrap().remove("paths");
+    let old: codemode_state::ApprovalRecord = serde_json::from_value(old).unwrap();
+    assert!(old.paths.is_empty());
 }
 
 pub async fn approvals_expire_once_into_denials(env: Env) {
