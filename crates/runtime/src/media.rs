@@ -17,6 +17,48 @@ pub(crate) fn lift_media(value: &mut Value) -> Vec<Value> {
     found
 }
 
+/// What the note of a lifted block says while it is to be sent.
+const SENT_NOTE: &str = "sent as its own content block (media ";
+
+/// Rewrites the notes of the lifted blocks numbered `first_unsent` and after (1-based among
+/// those [`lift_media`] returned): the output budget left them out, and the returned value the
+/// model reads must not say they were sent.
+pub(crate) fn mark_unsent(value: &mut Value, first_unsent: usize) {
+    mark(value, 0, first_unsent);
+}
+
+fn mark(value: &mut Value, depth: usize, first_unsent: usize) {
+    if depth > MAX_DEPTH {
+        return;
+    }
+    match value {
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| mark(v, depth + 1, first_unsent)),
+        Value::Object(map) => {
+            let n = map.get("note").and_then(Value::as_str).and_then(|note| {
+                note.strip_prefix(SENT_NOTE)?
+                    .strip_suffix(')')?
+                    .parse::<usize>()
+                    .ok()
+            });
+            match n {
+                Some(n) if n >= first_unsent => {
+                    map.insert(
+                        "note".into(),
+                        Value::String("not sent: media may take half of the output budget, and this block did not fit; raise `max_output_tokens` to get it".into()),
+                    );
+                }
+                Some(_) => {}
+                None => map
+                    .values_mut()
+                    .for_each(|v| mark(v, depth + 1, first_unsent)),
+            }
+        }
+        _ => {}
+    }
+}
+
 fn walk(value: &mut Value, depth: usize, found: &mut Vec<Value>) {
     if depth > MAX_DEPTH {
         return;
@@ -68,7 +110,7 @@ fn media_note(map: &Map<String, Value>, n: usize) -> Option<Value> {
         "type": kind,
         "mimeType": mime,
         "bytes": base64_len / 4 * 3,
-        "note": format!("sent as its own content block (media {n})"),
+        "note": format!("{SENT_NOTE}{n})"),
     }))
 }
 

@@ -505,6 +505,15 @@ impl Codemode {
                 ));
             }
         }
+        // Lifted blocks the budget leaves out say so in the returned value the model reads.
+        let shown =
+            codemode_sandbox::media_shown(&result, result.limits.max_output_tokens, &lifted_tokens);
+        let script_images = media.len() - lifted_tokens.len();
+        if shown < media.len()
+            && let Some(value) = result.value.as_mut()
+        {
+            crate::media::mark_unsent(value, shown.saturating_sub(script_images) + 1);
+        }
         // The limits already hold what the options line lowered; the line cannot raise them.
         let rendered = codemode_sandbox::render_model_text_with_media(
             &result,

@@ -263,3 +263,33 @@ async fn unshown_generated_images_are_mentioned() {
         run.usage
     );
 }
+
+/// Returned blocks the output budget left out still said "sent as its own content block" in
+/// the returned value the model reads, beside the `Note:` saying some were not sent.
+#[tokio::test]
+async fn returned_media_the_budget_leaves_out_say_so() {
+    let world = world(Options::default()).await;
+    // Three PDFs of 1,500 bytes cost 375 tokens each; media may take 1,000 of the 2,000.
+    let run = world
+        .codemode
+        .run_script(ScriptRequest::new(
+            r#"// @options: {"max_output_tokens": 2000}
+               const blob = btoa("x".repeat(1500));
+               return [1, 2, 3].map(i => ({ type: "resource",
+                 resource: { uri: "file:///n" + i + ".pdf", blob, mimeType: "application/pdf" } }));"#,
+            "s1",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    assert_eq!(run.media.len(), 2, "{}", run.text);
+    let value = run.result.unwrap().value.unwrap();
+    assert_eq!(value[0]["note"], "sent as its own content block (media 1)");
+    assert_eq!(value[1]["note"], "sent as its own content block (media 2)");
+    let third = value[2]["note"].as_str().unwrap();
+    assert!(third.starts_with("not sent:"), "{third}");
+    assert!(
+        run.text.contains("1 of the 3 media blocks were not sent"),
+        "{}",
+        run.text
+    );
+}

@@ -44,23 +44,7 @@ pub fn render_model_text_with_media(
         },
         result.wall_ms / 1000.0
     );
-    let costs = result
-        .output
-        .iter()
-        .filter_map(|item| match item {
-            OutputItem::Image { data, .. } => Some(crate::output_budget::image_tokens(data)),
-            OutputItem::Text { .. } => None,
-        })
-        .chain(more_media.iter().copied());
-    let mut images_shown = 0;
-    let mut image_tokens = 0u64;
-    for cost in costs {
-        if image_tokens.saturating_add(cost) > max_output_tokens / 2 {
-            break;
-        }
-        image_tokens += cost;
-        images_shown += 1;
-    }
+    let (images_shown, image_tokens) = media_that_fit(result, max_output_tokens, more_media);
     let body = render_body(result, images_shown);
     let budget = usize::try_from(max_output_tokens - image_tokens).unwrap_or(usize::MAX);
     let (head, tail, total) = match crate::output_budget::fit(&body, budget) {
@@ -92,6 +76,38 @@ pub fn render_model_text_with_media(
         full_output_path: path,
         images_shown,
     }
+}
+
+/// How many of the script's images and then `more_media` are sent within `max_output_tokens`
+/// (media may take half of it, in order, up to the first that does not fit), and what they
+/// cost. A caller can tell which lifted blocks were left out before it renders the text.
+pub fn media_shown(result: &ScriptResult, max_output_tokens: u64, more_media: &[u64]) -> usize {
+    media_that_fit(result, max_output_tokens, more_media).0
+}
+
+fn media_that_fit(
+    result: &ScriptResult,
+    max_output_tokens: u64,
+    more_media: &[u64],
+) -> (usize, u64) {
+    let costs = result
+        .output
+        .iter()
+        .filter_map(|item| match item {
+            OutputItem::Image { data, .. } => Some(crate::output_budget::image_tokens(data)),
+            OutputItem::Text { .. } => None,
+        })
+        .chain(more_media.iter().copied());
+    let mut shown = 0;
+    let mut tokens = 0u64;
+    for cost in costs {
+        if tokens.saturating_add(cost) > max_output_tokens / 2 {
+            break;
+        }
+        tokens += cost;
+        shown += 1;
+    }
+    (shown, tokens)
 }
 
 /// What a media block lifted out of a returned value (`{type: "image"|"audio", data, mimeType}`,
