@@ -448,15 +448,7 @@ async fn a_log_swapped_with_its_journal_does_not_verify_on_its_own() {
 async fn a_scripts_calls_cannot_fill_the_journal_past_their_share() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
-    let reg = Registry::new();
-    let w = TestTool::new("w", object_schema());
-    let runs = w.runs.clone();
-    reg.register(Arc::new(w)).unwrap();
-    let gate = builder(&reg)
-        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
-        .max_journalled_bytes_per_script(1024 * 1024)
-        .build()
-        .unwrap();
+    let (gate, runs) = gate_with_a_journal_share(&path);
     // Quotes double when the line is escaped; the share counts what the call passed.
     let padding = "\"".repeat(200 * 1024);
     let mut refused = None;
@@ -507,15 +499,7 @@ async fn a_scripts_calls_cannot_fill_the_journal_past_their_share() {
 async fn a_burst_of_one_scripts_calls_cannot_overrun_its_journal_share() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
-    let reg = Registry::new();
-    let w = TestTool::new("w", object_schema());
-    let runs = w.runs.clone();
-    reg.register(Arc::new(w)).unwrap();
-    let gate = builder(&reg)
-        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
-        .max_journalled_bytes_per_script(1024 * 1024)
-        .build()
-        .unwrap();
+    let (gate, runs) = gate_with_a_journal_share(&path);
     let padding = "x".repeat(200 * 1024);
     let calls = (0..40).map(|i| {
         let gate = gate.clone();
@@ -575,4 +559,19 @@ async fn verifying_a_log_while_calls_are_written_finds_no_start_missing() {
         checks >= 3,
         "only {checks} checks ran while the calls were written"
     );
+}
+
+/// A gate with one tool, `w`, whose scripts may put 1 MiB of arguments in the journal of the
+/// log at `path`; and how many times `w` ran.
+fn gate_with_a_journal_share(path: &std::path::Path) -> (Gate, Arc<AtomicUsize>) {
+    let reg = Registry::new();
+    let w = TestTool::new("w", object_schema());
+    let runs = w.runs.clone();
+    reg.register(Arc::new(w)).unwrap();
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(path, test_key()).unwrap())
+        .max_journalled_bytes_per_script(1024 * 1024)
+        .build()
+        .unwrap();
+    (gate, runs)
 }

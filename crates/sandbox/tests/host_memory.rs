@@ -79,16 +79,10 @@ async fn arguments_and_results_cannot_take_the_hosts_memory() {
 
 #[tokio::test]
 async fn store_writes_cannot_take_the_hosts_memory() {
-    let sb = process_sandbox();
-    let host = Arc::new(Refuse);
-    let run = |src: &str| sb.run(Script::new(src, host.clone()));
-    let r = run("return 1").await;
-    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
-    let before = peak_mib();
     // A million writes of one small key are within the store's size limits and the script's
     // heap; the host decodes the writes the VM sends.
-    let r = run("for (let i = 0; i < 1e6; i++) store('k', i); return 1").await;
-    let grew = peak_mib() - before;
+    let (grew, r) =
+        growth_of_store_script("for (let i = 0; i < 1e6; i++) store('k', i); return 1").await;
     assert!(
         grew < 100,
         "the host's peak memory grew by {grew} MiB for {} store writes",
@@ -100,22 +94,28 @@ async fn store_writes_cannot_take_the_hosts_memory() {
 /// the worker). Only the last write of a key is sent.
 #[tokio::test]
 async fn repeated_writes_of_a_big_value_cannot_take_the_hosts_memory() {
-    let sb = process_sandbox();
-    let host = Arc::new(Refuse);
-    let run = |src: &str| sb.run(Script::new(src, host.clone()));
-    let r = run("return 1").await;
-    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
-    let before = peak_mib();
-    let r =
-        run(r#"const v="x".repeat(262000); for (let i=0;i<360;i++) store("k", v); return "ok""#)
-            .await;
-    let grew = peak_mib() - before;
+    let (grew, r) = growth_of_store_script(
+        r#"const v="x".repeat(262000); for (let i=0;i<360;i++) store("k", v); return "ok""#,
+    )
+    .await;
     assert_eq!(r.value, Some(serde_json::json!("ok")), "{:?}", r.error);
     assert_eq!(r.store_writes.len(), 1);
     assert!(
         grew < 50,
         "the host's peak memory grew by {grew} MiB for 360 writes of one key"
     );
+}
+
+/// How much the host's peak memory grew (MiB) while `src` ran, after a first script warmed
+/// the sandbox, and what it returned.
+async fn growth_of_store_script(src: &str) -> (i64, ScriptResult) {
+    let sb = process_sandbox();
+    let host = Arc::new(Refuse);
+    let r = sb.run(Script::new("return 1", host.clone())).await;
+    assert_eq!(r.value, Some(serde_json::json!(1)), "{:?}", r.error);
+    let before = peak_mib();
+    let r = sb.run(Script::new(src, host)).await;
+    (peak_mib() - before, r)
 }
 
 /// How much the host's peak memory grew (MiB) while `src` ran with calls to `hold` that wait

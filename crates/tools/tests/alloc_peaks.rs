@@ -67,6 +67,15 @@ fn peak_of_call(
 
 const MIB: usize = 1024 * 1024;
 
+fn assert_below_twice(peak: usize, size: usize) {
+    assert!(
+        peak < 2 * size,
+        "a failed edit of {} MiB allocated {} MiB at its peak",
+        size / MIB,
+        peak / MIB
+    );
+}
+
 #[test]
 fn a_failed_edit_of_a_big_file_allocates_less_than_twice_its_size() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -94,12 +103,7 @@ fn a_failed_edit_of_a_big_file_allocates_less_than_twice_its_size() {
         "{}",
         err.message
     );
-    assert!(
-        peak < 2 * size,
-        "a failed edit of {} MiB allocated {} MiB at its peak",
-        size / MIB,
-        peak / MIB
-    );
+    assert_below_twice(peak, size);
 
     // Not there at all: no hint, and no more memory.
     let (result, peak) = peak_of_call(
@@ -113,12 +117,7 @@ fn a_failed_edit_of_a_big_file_allocates_less_than_twice_its_size() {
         "{}",
         err.message
     );
-    assert!(
-        peak < 2 * size,
-        "a failed edit of {} MiB allocated {} MiB at its peak",
-        size / MIB,
-        peak / MIB
-    );
+    assert_below_twice(peak, size);
     assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, size);
 }
 
