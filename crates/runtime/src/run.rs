@@ -409,7 +409,9 @@ impl Codemode {
             record: req.record.clone(),
             replay: req.replay.clone(),
             abort: req.abort.clone(),
-            clock: codemode_spec::DeadlineClock::new(),
+            clock: cell
+                .as_ref()
+                .map_or_else(codemode_spec::DeadlineClock::new, |l| l.clock()),
             on_output,
         };
         let mut result = self.sandbox().run(script).await;

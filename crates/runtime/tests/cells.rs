@@ -841,6 +841,56 @@ return await Promise.all([3, 4, 5].map((step) =>
     assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
 }
 
+/// A rebuilt cell used to start a fresh `timeout_ms` for the rest of its script, so a cell
+/// whose process was restarted while it waited for a person ran about one more timeout per
+/// restart. Its log now carries the script's running time: here 2.5 s of a 4 s timeout were
+/// spent before the takeover, so the 2.5 s call after it passes the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_holds_across_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_millis(600);
+    let setup = || Setup {
+        lease,
+        ..Setup::default()
+    };
+    let code = r#"// @options: {"timeout_ms": 4000}
+await tools.counted({ step: 1, ms: 2500 });
+await tools.danger({});
+await tools.counted({ step: 2, ms: 2500 });
+return "finished";"#;
+    let first = world(dir.path(), setup()).await;
+    let r = first.codemode.start_cell(req(code, "s")).await.unwrap();
+    let r = if r.status == CellStatus::Running {
+        first
+            .codemode
+            .wait_cell("s", &r.cell, wait_for(10_000))
+            .await
+            .unwrap()
+    } else {
+        r
+    };
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    let second = approved_while_abandoned(&first, &approval, dir.path(), setup()).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let started = std::time::Instant::now();
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Failed, "{all}");
+    assert!(all.contains("4000 ms"), "{all}");
+    assert!(!all.contains("finished"), "{all}");
+    // The approved call ran once; the last call was cut at the deadline, not let run out.
+    assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
+    assert_eq!(second.cancelled.load(Ordering::SeqCst), 1, "{all}");
+    assert!(
+        started.elapsed() < Duration::from_millis(2_400),
+        "the rebuilt cell ran {:?}",
+        started.elapsed()
+    );
+}
+
 /// Starts `code` as a cell of session "s" that waits for an approval, abandons it, sets the
 /// store's "mode" to "b" behind it, and lets a second process take it over and finish it.
 async fn replayed_after_the_store_changed(

@@ -343,7 +343,7 @@ impl Sandbox {
                 () = queued_until => match inner.pool.withdraw(id) {
                     Some(_) => {
                         let mut r = ScriptResult::failed(
-                            session::never_started(clock.running(), limits.timeout_ms),
+                            session::never_started(&clock, limits.timeout_ms),
                             options.clone(),
                             limits.clone(),
                         );

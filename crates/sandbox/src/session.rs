@@ -205,8 +205,22 @@ pub(crate) fn preview(json: &str, max: usize) -> String {
 /// escaped in JSON as `\u0000`).
 const BYTES_PER_CHAR: usize = 6;
 
-/// The error of a script whose timeout passed while it waited for a worker: none of it ran.
-pub(crate) fn never_started(waited: Duration, timeout_ms: u64) -> ScriptError {
+/// The error of a script whose timeout passed before it started: while it waited for a worker
+/// (none of it ran), or, for a script resumed from a log, in the process that ran it before.
+pub(crate) fn never_started(clock: &DeadlineClock, timeout_ms: u64) -> ScriptError {
+    let carried = clock.carried();
+    if carried >= Duration::from_millis(timeout_ms) {
+        return ScriptError::new(
+            ErrorKind::Timeout,
+            format!(
+                "The script was not resumed: it had already run {} ms of its {timeout_ms} ms \
+                 timeout before the process running it stopped. Its calls that ran stand; run \
+                 it again with a longer timeout_ms to finish the work.",
+                carried.as_millis()
+            ),
+        );
+    }
+    let waited = clock.running().saturating_sub(carried);
     ScriptError::new(
         ErrorKind::Timeout,
         format!(
@@ -241,7 +255,7 @@ impl Session {
         // A worker took the script only after its timeout passed in the queue.
         let waited = script.clock.running();
         if waited >= Duration::from_millis(limits.timeout_ms) {
-            return Err(fail(never_started(waited, limits.timeout_ms)));
+            return Err(fail(never_started(&script.clock, limits.timeout_ms)));
         }
         check_tools(&script.tools).map_err(|e| fail(sandbox_err(e)))?;
         check_globals(&script.globals).map_err(|e| fail(sandbox_err(e)))?;

@@ -19,6 +19,14 @@ pub struct DeadlineClock {
 #[derive(Debug)]
 struct ClockState {
     started: Instant,
+    /// Running time this script had before this clock started: a cell rebuilt in another
+    /// process goes on from what its log recorded, not from zero.
+    carried: Duration,
+    /// While the rebuilt script replays its log, it re-does work the carried time already
+    /// counts: the clock reads the larger of the two. Once caught up, what the carried time
+    /// has beyond the replay (the first process's waits on tools) is added for good.
+    caught_up: bool,
+    extra: Duration,
     paused_total: Duration,
     pauses_held: usize,
     /// The script's calls in flight, as the sandbox counts them.
@@ -27,6 +35,13 @@ struct ClockState {
 }
 
 impl ClockState {
+    /// Wall time since this clock started, less paused time.
+    fn own(&self) -> Duration {
+        let now = Instant::now();
+        let paused_now = self.paused_since.map(|p| now - p).unwrap_or_default();
+        (now - self.started).saturating_sub(self.paused_total + paused_now)
+    }
+
     /// Starts or ends the current pause after a count changed.
     fn settle(&mut self) {
         let still = self.pauses_held > 0 && self.pauses_held >= self.active_calls;
@@ -49,9 +64,19 @@ impl Default for DeadlineClock {
 
 impl DeadlineClock {
     pub fn new() -> Self {
+        Self::carrying(Duration::ZERO)
+    }
+
+    /// A clock for a script that ran `already` before (in a process that stopped) and is
+    /// replayed here: it reads at least `already` until [`DeadlineClock::catch_up`], and
+    /// `already` plus what runs after the replay from then on.
+    pub fn carrying(already: Duration) -> Self {
         DeadlineClock {
             inner: Arc::new(Mutex::new(ClockState {
                 started: Instant::now(),
+                carried: already,
+                caught_up: already.is_zero(),
+                extra: Duration::ZERO,
                 paused_total: Duration::ZERO,
                 pauses_held: 0,
                 active_calls: 0,
@@ -86,12 +111,32 @@ impl DeadlineClock {
         lock(&self.inner).paused_since.is_some()
     }
 
-    /// Time counted against the deadline: wall time since start, less paused time.
+    /// Time counted against the deadline: wall time since start, less paused time, with the
+    /// carried time (see [`DeadlineClock::carrying`]).
     pub fn running(&self) -> Duration {
         let s = lock(&self.inner);
-        let now = Instant::now();
-        let paused_now = s.paused_since.map(|p| now - p).unwrap_or_default();
-        (now - s.started).saturating_sub(s.paused_total + paused_now)
+        let own = s.own();
+        if s.caught_up {
+            own + s.extra
+        } else {
+            own.max(s.carried)
+        }
+    }
+
+    /// The script has re-done the part of its run the carried time covers (a rebuilt cell
+    /// answered its last logged call): from now on the carried time counts on top of what
+    /// this process runs, less what the replay took.
+    pub fn catch_up(&self) {
+        let mut s = lock(&self.inner);
+        if !s.caught_up {
+            s.extra = s.carried.saturating_sub(s.own());
+            s.caught_up = true;
+        }
+    }
+
+    /// The running time carried over from before this clock started.
+    pub fn carried(&self) -> Duration {
+        lock(&self.inner).carried
     }
 
     /// Total time spent paused so far.
@@ -174,6 +219,29 @@ mod tests {
             clock.running() >= Duration::from_millis(60),
             "the other call's time counts: {:?}",
             clock.running()
+        );
+    }
+
+    #[test]
+    fn carried_time_counts_once_past_the_replay() {
+        let clock = DeadlineClock::carrying(Duration::from_millis(500));
+        assert!(clock.running() >= Duration::from_millis(500));
+        // Replaying re-does work the carried time counts: not added on top.
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(clock.running() < Duration::from_millis(530));
+        clock.catch_up();
+        std::thread::sleep(Duration::from_millis(40));
+        let r = clock.running();
+        assert!(r >= Duration::from_millis(540), "{r:?}");
+        assert!(r < Duration::from_millis(800), "{r:?}");
+        // A replay that took longer than the time it carried counts its own time.
+        let slow = DeadlineClock::carrying(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(40));
+        slow.catch_up();
+        let r = slow.running();
+        assert!(
+            r >= Duration::from_millis(40) && r < Duration::from_millis(300),
+            "{r:?}"
         );
     }
 }

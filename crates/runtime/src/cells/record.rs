@@ -9,11 +9,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
 use codemode_sandbox::HostError;
-use codemode_spec::Usage;
+use codemode_spec::{DeadlineClock, Usage};
 use codemode_state::{ReplayEntry, StateStore};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -80,6 +81,10 @@ enum Step {
         args: Value,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         args_sha256: Option<String>,
+        /// The script's running time (its deadline clock) when this was logged. Missing in
+        /// logs written before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        running_ms: Option<u64>,
     },
     End {
         seq: u64,
@@ -95,6 +100,8 @@ enum Step {
         /// What the call spent where it ran. Missing in logs written before it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         spent: Option<Charge>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        running_ms: Option<u64>,
     },
 }
 
@@ -169,6 +176,9 @@ pub(crate) struct CellLink {
     tail: tokio::sync::Mutex<Tail>,
     max_log_bytes: u64,
     max_log_values: u64,
+    /// The script's deadline clock; a rebuilt cell's starts at the running time its log
+    /// last recorded, so a takeover does not hand the script a fresh timeout.
+    clock: DeadlineClock,
 }
 
 struct Tail {
@@ -192,6 +202,7 @@ impl CellLink {
         let mut bytes = 0u64;
         let mut values = 0u64;
         let last = entries.last().map(|e| e.step).unwrap_or(0);
+        let mut ran_ms = 0u64;
         // Taken by value: a log near its bounds is not held twice while it is read.
         for e in entries {
             bytes += e.entry.to_string().len() as u64;
@@ -208,7 +219,9 @@ impl CellLink {
                     name,
                     args,
                     args_sha256,
+                    running_ms,
                 } => {
+                    ran_ms = ran_ms.max(running_ms.unwrap_or(0));
                     logged.entry(seq).or_insert(Logged {
                         name,
                         args,
@@ -226,7 +239,9 @@ impl CellLink {
                     value,
                     error,
                     spent,
+                    running_ms,
                 } => {
+                    ran_ms = ran_ms.max(running_ms.unwrap_or(0));
                     let result = if ok {
                         Ok(value.unwrap_or(Value::Null))
                     } else {
@@ -258,7 +273,17 @@ impl CellLink {
             }),
             max_log_bytes: MAX_LOG_BYTES,
             max_log_values: MAX_LOG_VALUES,
+            clock: DeadlineClock::carrying(Duration::from_millis(ran_ms)),
         })
+    }
+
+    /// The clock the script's deadline runs on (shared: the script's run uses this one).
+    pub fn clock(&self) -> DeadlineClock {
+        self.clock.clone()
+    }
+
+    fn running_ms(&self) -> Option<u64> {
+        Some(u64::try_from(self.clock.running().as_millis()).unwrap_or(u64::MAX))
     }
 
     #[cfg(test)]
@@ -277,12 +302,17 @@ impl CellLink {
     pub fn replay(&self, seq: u64, name: &str, args: &Value) -> Replayed {
         let logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
         let Some(entry) = logged.get(&seq) else {
+            // Past the log: the time it carried counts from here on.
+            self.clock.catch_up();
             return Replayed::Live;
         };
-        self.reached
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(seq);
+        {
+            let mut reached = self.reached.lock().unwrap_or_else(|e| e.into_inner());
+            reached.insert(seq);
+            if reached.len() >= logged.len() {
+                self.clock.catch_up();
+            }
+        }
         if entry.name != name || !entry.same_args(args) {
             let message = format!(
                 "Rebuilding cell {} diverged at step {seq}: the script called {name}({}), but the log has {}({}). The script behaves differently when run again (does it depend on time, randomness or a value it did not get from a call?), so the cell cannot continue; run it again as a new script.",
@@ -343,6 +373,7 @@ impl CellLink {
             name: name.to_string(),
             args,
             args_sha256,
+            running_ms: self.running_ms(),
         })
         .await
     }
@@ -366,6 +397,7 @@ impl CellLink {
             value: result.as_ref().ok().cloned(),
             error: result.as_ref().err().cloned().map(Box::new),
             spent: Some(spent),
+            running_ms: self.running_ms(),
         })
         .await
     }
