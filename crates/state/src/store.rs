@@ -212,8 +212,9 @@ pub trait StateStore: Send + Sync + 'static {
         make: AuditLineFn,
     ) -> BoxFuture<'a, Result<AuditRecord>>;
 
-    /// [`StateStore::append_audit`], saying when the line must be on disk. Stores that flush
-    /// every commit (memory, SQLite) ignore `durability`.
+    /// [`StateStore::append_audit`], saying when the line must be on disk. The default writes
+    /// every line as `append_audit` does (the memory store has no disk); SQLite under
+    /// `synchronous = NORMAL` syncs a `Now` line's commit, PostgreSQL waits for its flush.
     fn append_audit_with<'a>(
         &'a self,
         stream: &'a str,

@@ -8,6 +8,9 @@
 //! Durability: `synchronous = NORMAL` by default. In WAL mode a commit survives a crash of the
 //! process at once, and a power loss can undo the last commits but never corrupts the file;
 //! [`SqliteOptions::synchronous_full`] syncs every commit to disk, at the cost of an fsync each.
+//! An audit line appended [`Durability::Now`] is synced either way (its commit runs under
+//! `FULL`), as the audit file and PostgreSQL do: a call's result never reaches the model with
+//! its line still only in the page cache.
 
 mod ops;
 
@@ -20,7 +23,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 use serde_json::Value;
 
 use crate::approval::{Answer, ApprovalQuery, ApprovalRecord, NewApproval};
-use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord};
+use crate::audit::{self, AuditHead, AuditLineFn, AuditRecord, Durability};
 use crate::budget::{
     Amounts, LedgerKey, LedgerSnapshot, Reservation, ReserveOutcome, ReserveRequest, SettleOutcome,
 };
@@ -68,6 +71,8 @@ pub struct SqliteStore {
     path: PathBuf,
     clock: Clock,
     notifier: Notifier,
+    /// Every commit waits for the disk already (`synchronous = FULL`).
+    synchronous_full: bool,
 }
 
 /// Maps a SQLite failure to what it means for the person running codemode.
@@ -146,6 +151,7 @@ impl SqliteStore {
             path,
             clock,
             notifier: Notifier::new(Some(options.poll_interval)),
+            synchronous_full: options.synchronous_full,
         })
     }
 
@@ -636,6 +642,25 @@ impl StateStore for SqliteStore {
         }
         let (stream, now) = (stream.to_string(), self.clock.now_ms());
         self.run(move |c| ops::append_audit(c, &stream, make, now))
+    }
+
+    /// A line appended [`Durability::Now`] waits for the disk even under `synchronous =
+    /// NORMAL`, where a power loss could undo the last commits: the connection syncs this
+    /// commit (and the ones before it) and goes back to NORMAL.
+    fn append_audit_with<'a>(
+        &'a self,
+        stream: &'a str,
+        make: AuditLineFn,
+        durability: Durability,
+    ) -> BoxFuture<'a, Result<AuditRecord>> {
+        if self.synchronous_full || durability == Durability::Deferred {
+            return self.append_audit(stream, make);
+        }
+        if let Err(e) = audit::validate_stream(stream) {
+            return fail(e);
+        }
+        let (stream, now) = (stream.to_string(), self.clock.now_ms());
+        self.run(move |c| ops::append_audit_synced(c, &stream, make, now))
     }
 
     fn read_audit<'a>(

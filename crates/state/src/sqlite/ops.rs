@@ -1025,6 +1025,22 @@ pub(crate) fn append_audit(
     Ok(rec)
 }
 
+/// [`append_audit`] with this one commit waiting for the disk (`synchronous = FULL`), the
+/// connection's setting restored after it whatever happened.
+pub(crate) fn append_audit_synced(
+    conn: &mut Connection,
+    stream: &str,
+    make: AuditLineFn,
+    now: i64,
+) -> OpResult<AuditRecord> {
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let appended = append_audit(conn, stream, make, now);
+    let restored = conn.pragma_update(None, "synchronous", "NORMAL");
+    let rec = appended?;
+    restored?;
+    Ok(rec)
+}
+
 pub(crate) fn read_audit(
     conn: &mut Connection,
     stream: &str,
