@@ -672,3 +672,74 @@ fn rss_kb(pid: u32) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The body of `GET /readyz`, with its status code.
+fn readyz(url: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let addr = common::socket_address(url);
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// Red team: once an audit line could not be written, the gate refuses every call until the
+/// process restarts, yet `/readyz` kept answering 200, so a load balancer went on sending
+/// clients to a replica that could do nothing. Here another process holds the audit log's
+/// lock while a call is made.
+#[test]
+fn readyz_says_not_ready_once_the_audit_log_failed() {
+    let config = tempfile::tempdir().unwrap();
+    let log = config.path().join("audit.jsonl");
+    std::fs::write(
+        config.path().join("settings.json"),
+        serde_json::json!({"audit": {"path": log}}).to_string(),
+    )
+    .unwrap();
+    let server = Server::start_in(config, &[]);
+    let (code, body) = readyz(&server.url);
+    assert_eq!(code, 200, "{body}");
+    let first = server.client("once", 0);
+    assert_eq!(first["isError"], false, "{first}");
+    let holder = std::fs::File::open(&log).unwrap();
+    rustix::fs::flock(&holder, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    // The call waits for the lock a bounded time, then fails its audit line (a cell may
+    // report it still running meanwhile).
+    let _ = server.client("once", 0);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (code, body) = loop {
+        let (code, body) = readyz(&server.url);
+        if code != 200 || std::time::Instant::now() > until {
+            break (code, body);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    drop(holder);
+    assert_eq!(code, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ready"], false, "{body}");
+    assert!(
+        v["audit"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("audit log") && e.contains("restarted")),
+        "{body}"
+    );
+    // The gate stays closed with the lock gone: still not ready, calls still refused.
+    let after = server.client("once", 0);
+    assert_eq!(after["isError"], true, "{after}");
+    assert_eq!(readyz(&server.url).0, 503);
+}

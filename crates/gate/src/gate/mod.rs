@@ -364,6 +364,17 @@ impl Gate {
         }
     }
 
+    /// Why every call is refused, once an audit line could not be written (the gate stays
+    /// closed until the process restarts): for readiness probes, which must not call such a
+    /// process ready.
+    pub fn audit_failure(&self) -> Option<String> {
+        self.inner
+            .audit_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The state store shared budgets are kept in, if any.
     pub fn state_store(&self) -> Option<&Arc<dyn StateStore>> {
         self.inner.shared.as_ref().map(SharedLedger::store)

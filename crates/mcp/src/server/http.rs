@@ -3,8 +3,8 @@
 //! JSON-RPC parse error, unknown sessions answered with 404, a bearer token compared in constant
 //! time, and sessions that end give their memory back.
 //!
-//! Beside `/mcp` it serves `/healthz` (the process is up), `/readyz` (the state store answers;
-//! upstream servers are connected or being retried) and, with metrics on, `/metrics`
+//! Beside `/mcp` it serves `/healthz` (the process is up), `/readyz` (the state store answers
+//! and the audit log has not failed; upstream servers are connected or being retried) and, with metrics on, `/metrics`
 //! (Prometheus text, behind the bearer token like `/mcp`). With several tokens (one per
 //! person), the token's name is the session's principal, for per-principal and per-team
 //! budgets; a session stays with the principal that began it, on every replica.
@@ -933,8 +933,10 @@ async fn healthz() -> Response {
     (StatusCode::OK, "ok\n").into_response()
 }
 
-/// `/readyz`: the state store answers (within 3 s). Upstream servers that failed are retried in
-/// the background, so they do not make the replica unready; their states are listed.
+/// `/readyz`: the state store answers (within 3 s) and the audit log has not failed (a gate
+/// whose audit line could not be written refuses every call until a restart). Upstream servers
+/// that failed are retried in the background, so they do not make the replica unready; their
+/// states are listed.
 async fn readyz(State(guard): State<Guard>) -> Response {
     let state = match guard.codemode.gate().state_store() {
         None => json!({"ok": true, "backend": "none (this process only)"}),
@@ -967,8 +969,16 @@ async fn readyz(State(guard): State<Guard>) -> Response {
             json!({"server": s.name, "state": state})
         })
         .collect();
-    let ready = state["ok"] == json!(true);
-    let body = json!({"ready": ready, "state": state, "upstreams": upstreams});
+    // A gate whose audit log failed refuses every call until this process restarts.
+    let audit = match guard.codemode.gate().audit_failure() {
+        None => json!({"ok": true}),
+        Some(e) => json!({
+            "ok": false,
+            "error": format!("the audit log cannot be written ({e}); every call is refused until this replica is restarted"),
+        }),
+    };
+    let ready = state["ok"] == json!(true) && audit["ok"] == json!(true);
+    let body = json!({"ready": ready, "state": state, "audit": audit, "upstreams": upstreams});
     let code = if ready {
         StatusCode::OK
     } else {
