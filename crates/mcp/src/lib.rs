@@ -23,7 +23,9 @@ pub use config::{
     parse_exposure,
 };
 pub use error::McpError;
-pub use naming::{MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize};
+pub use naming::{
+    LeftOut, MAX_TOOL_NAME, mcp_namespace, mcp_tool_name, name_server_tools, sanitize,
+};
 #[cfg(feature = "server")]
 pub use server::{
     Activity, DEFAULT_MAX_CONNECTIONS_PER_PEER, ElicitationApprover, HttpOptions, HttpServer,

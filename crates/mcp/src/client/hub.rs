@@ -154,13 +154,12 @@ impl McpHub {
             let names = name_server_tools(upstream.name(), &raw, &taken);
             let own = || raw.iter().map(String::as_str);
             for (def, name) in catalog.tools.iter().zip(names) {
-                let Some(name) = name else {
-                    tracing::warn!(
-                        server = upstream.name(),
-                        tool = %def.name,
-                        "the server lists another tool whose name becomes the same registered name; neither is registered, so that a rule or policy naming one never silently stops applying. Rename one on the server"
-                    );
-                    continue;
+                let name = match name {
+                    Ok(name) => name,
+                    Err(why) => {
+                        tracing::warn!(server = upstream.name(), tool = %def.name, "{why}");
+                        continue;
+                    }
                 };
                 taken.insert(name.clone());
                 let exposure = upstream.config.exposure_for(&def.name);
