@@ -25,7 +25,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, filter::Targets, reload};
 
-pub use metrics::{Gauges, Metrics, MetricsSlot, UNRESOLVED_TOOL, UpstreamState};
+pub use metrics::{
+    Gauges, Metrics, MetricsSlot, NAMESPACED_TOOL_LABELS, OTHER_TOOL, TOOL_LABELS_PER_NAMESPACE,
+    UNRESOLVED_TOOL, UpstreamState,
+};
 
 type OtelLayer = tracing_opentelemetry::OpenTelemetryLayer<Registry, SdkTracer>;
 
@@ -158,7 +161,9 @@ impl Telemetry {
             }
             out.tracer = Some(provider);
         }
-        let mut meter = SdkMeterProvider::builder().with_resource(resource);
+        let mut meter = SdkMeterProvider::builder()
+            .with_resource(resource)
+            .with_view(metrics::series_limits);
         if config.metrics {
             let registry = prometheus::Registry::new();
             let exporter = opentelemetry_prometheus::exporter()
