@@ -19,7 +19,7 @@ use crate::render::{
 };
 use crate::schema::Ty;
 use crate::shared::SharedTypes;
-use crate::text::{comment_lines, json_string, shorten};
+use crate::text::{comment_lines, cut_to_tokens, foreign_comment_lines, json_string, shorten};
 use crate::tokens::{Encoding, count_tokens};
 
 /// Default inline budget, in o200k tokens, for everything below the fixed API text.
@@ -171,8 +171,9 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
 
     // Read each tool's schemas once for every level of detail tried.
     let types: Vec<ToolTypes> = listed.iter().map(|t| ToolTypes::of(t)).collect();
+    let headings = heading_descriptions(&listed, input.namespaces, input.inline_budget_tokens);
     let try_detail = |detail: Detail| {
-        let groups = group_by_namespace(&listed, &types, input.namespaces, &collisions, detail);
+        let groups = group_by_namespace(&listed, &types, &headings, &collisions, detail);
         let shown = select(&groups, input.inline_budget_tokens);
         (groups, shown, detail)
     };
@@ -464,8 +465,8 @@ impl<'t> Entry<'t> {
             .description_chars
             .and_then(|max| shorten(&tool.description, max));
         let (mut comment, shortened) = match short {
-            Some(short) => (vec![short], true),
-            None => (comment_lines(&tool.description), false),
+            Some(short) => (foreign_comment_lines(&short), true),
+            None => (foreign_comment_lines(&tool.description), false),
         };
         if let Some(note) = collision_note(tool, collisions) {
             comment.push(note);
@@ -501,7 +502,7 @@ struct Group<'t> {
     /// What every tool's name starts with (`mcp__memory__`), printed once as `Ns<prefix, …>`.
     prefix: Option<String>,
     description: Vec<String>,
-    /// The description was cut to [`NAMESPACE_DESCRIPTION_CHARS`].
+    /// The description was cut (see [`heading_descriptions`]).
     description_shortened: bool,
     /// In name order.
     entries: Vec<Entry<'t>>,
@@ -578,11 +579,88 @@ fn shared_prefix(namespace: &str, entries: &[Entry<'_>]) -> Option<String> {
 /// not the budget lists the namespace's tools; `describeNamespace` has it whole.
 const NAMESPACE_DESCRIPTION_CHARS: usize = 400;
 
-/// A namespace's description as heading comment lines, and whether it was shortened.
-fn heading_description(text: &str) -> (Vec<String>, bool) {
-    match shorten(text, NAMESPACE_DESCRIPTION_CHARS) {
-        Some(short) => (comment_lines(&short), true),
-        None => (comment_lines(text), false),
+/// Most o200k tokens of a namespace's description in its heading, whatever its characters: 400
+/// characters of English are about this many, of a dense script (hieroglyphs, CJK) many more.
+const NAMESPACE_DESCRIPTION_TOKENS: usize = 100;
+
+/// The part of the inline budget that the descriptions in all headings together may take: one
+/// `HEADINGS_SHARE`th.
+const HEADINGS_SHARE: usize = 2;
+
+/// Each listed namespace's description as heading comment lines, and whether it was shortened.
+///
+/// Headings are charged before any tools are listed, so what an MCP server writes about itself
+/// is bounded twice. Each description is cut after [`NAMESPACE_DESCRIPTION_CHARS`] characters
+/// and after [`NAMESPACE_DESCRIPTION_TOKENS`] tokens. And all of them together take at most half
+/// the budget: when they would take more, every description is cut to one common length, the
+/// largest at which they fit (descriptions shorter than that stay whole), so each gets at least
+/// an equal share of that half. One server's text therefore takes at most 100 tokens, and never
+/// more than the namespaces' equal share, from the room of other namespaces' tools, and the
+/// headings' descriptions never take the description past its budget (a budget of 0 prints no
+/// description in a heading). `describeNamespace` has every description whole.
+fn heading_descriptions(
+    listed: &[&ToolSpec],
+    namespaces: &[NamespaceSpec],
+    budget: usize,
+) -> BTreeMap<String, (Vec<String>, bool)> {
+    let names: std::collections::BTreeSet<&str> = listed
+        .iter()
+        .filter_map(|t| t.namespace.as_deref())
+        .collect();
+    // (name, lines, shortened, tokens of the lines)
+    let mut texts: Vec<(&str, Vec<String>, bool, usize)> = Vec::new();
+    for name in names {
+        // With duplicate specs for one name, the smallest wins, whatever their order.
+        let Some(text) = namespaces
+            .iter()
+            .filter(|ns| ns.name == name)
+            .min_by(|a, b| {
+                (&a.description, &a.instructions).cmp(&(&b.description, &b.instructions))
+            })
+            .and_then(|ns| ns.description.as_deref())
+        else {
+            continue;
+        };
+        let (text, shortened) = match shorten(text, NAMESPACE_DESCRIPTION_CHARS) {
+            Some(short) => (short, true),
+            None => (text.to_string(), false),
+        };
+        let (lines, shortened) = cut_heading(&text, NAMESPACE_DESCRIPTION_TOKENS, shortened);
+        let tokens = count_tokens(&lines.join("\n"), Encoding::O200kBase);
+        texts.push((name, lines, shortened, tokens));
+    }
+    let share = budget / HEADINGS_SHARE;
+    if budget != usize::MAX && texts.iter().map(|t| t.3).sum::<usize>() > share {
+        // The largest common cap at which they fit: a binary search over 0..=the token cap.
+        let fits = |cap: usize| texts.iter().map(|t| t.3.min(cap)).sum::<usize>() <= share;
+        let (mut low, mut high) = (0, NAMESPACE_DESCRIPTION_TOKENS);
+        while low < high {
+            let mid = (low + high).div_ceil(2);
+            if fits(mid) {
+                low = mid;
+            } else {
+                high = mid - 1;
+            }
+        }
+        for (_, lines, shortened, tokens) in &mut texts {
+            if *tokens > low {
+                (*lines, *shortened) = cut_heading(&lines.join("\n"), low, *shortened);
+            }
+        }
+    }
+    texts
+        .into_iter()
+        .map(|(name, lines, shortened, _)| (name.to_string(), (lines, shortened)))
+        .collect()
+}
+
+/// `text` as heading lines in at most `max_tokens` tokens (one line when it had to be cut), and
+/// whether it ends in `…` now. Left out whole when not even `…` fits.
+fn cut_heading(text: &str, max_tokens: usize, shortened: bool) -> (Vec<String>, bool) {
+    match cut_to_tokens(text, max_tokens) {
+        Some(cut) if cut.is_empty() => (Vec::new(), false),
+        Some(cut) => (foreign_comment_lines(&cut), true),
+        None => (foreign_comment_lines(text), shortened),
     }
 }
 
@@ -593,7 +671,7 @@ fn one_line_name(name: &str) -> String {
 fn group_by_namespace<'t>(
     listed: &[&ToolSpec],
     types: &'t [ToolTypes],
-    namespaces: &[NamespaceSpec],
+    headings: &BTreeMap<String, (Vec<String>, bool)>,
     collisions: &[IdentifierCollision],
     detail: Detail,
 ) -> Vec<Group<'t>> {
@@ -615,16 +693,10 @@ fn group_by_namespace<'t>(
     by_name
         .into_iter()
         .map(|(name, entries)| {
-            // With duplicate specs for one name, the smallest wins, whatever their order.
             let (description, description_shortened) = name
                 .as_ref()
-                .and_then(|n| {
-                    namespaces.iter().filter(|ns| &ns.name == n).min_by(|a, b| {
-                        (&a.description, &a.instructions).cmp(&(&b.description, &b.instructions))
-                    })
-                })
-                .and_then(|ns| ns.description.as_deref())
-                .map(heading_description)
+                .and_then(|n| headings.get(n))
+                .cloned()
                 .unwrap_or_default();
             let prefix = name.as_deref().and_then(|n| shared_prefix(n, &entries));
             let wrapper = match (&name, &prefix) {

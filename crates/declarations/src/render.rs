@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::mcp_result::structured_content;
 use crate::schema::{self, Object, Ty};
 use crate::shared::SharedTypes;
-use crate::text::{comment_lines, json_string, shorten};
+use crate::text::{comment_lines, foreign_comment_lines, json_string, shorten};
 
 /// How [`render_type`] and [`render_declaration`] print.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +168,7 @@ impl ToolTypes {
 pub fn render_declaration(spec: &ToolSpec, opts: &RenderOptions) -> String {
     let mut out = String::new();
     if opts.docs {
-        push_comment(&mut out, &comment_lines(&spec.description), "");
+        push_comment(&mut out, &foreign_comment_lines(&spec.description), "");
     }
     out.push_str(&signature(spec, &spec.identifier(), opts, opts.docs));
     out

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use serde_json::{Map, Value};
 
 use crate::tags::constraint_tags;
-use crate::text::{comment_lines, property_key};
+use crate::text::{foreign_comment_lines, property_key};
 
 /// Deeper nesting than this renders as `unknown`: no real tool needs it, and it bounds recursion.
 pub(crate) const MAX_DEPTH: usize = 40;
@@ -260,7 +260,7 @@ impl<'a> Builder<'a> {
                 props.push(Prop {
                     key: property_key(name),
                     optional: !required.contains(name.as_str()),
-                    doc: comment_lines(&self.description_of(schema)),
+                    doc: foreign_comment_lines(&self.description_of(schema)),
                     tags: constraint_tags(schema),
                     ty,
                 });

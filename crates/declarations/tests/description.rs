@@ -86,7 +86,16 @@ fn budget_bounds_the_listing_and_takes_whole_namespaces() {
             .iter()
             .all(|(_, n, marked)| *n == 0 && *marked)
     );
-    assert!(text.contains("// ## mcp__billing: The billing service: manage billing data through its API (20 tools, not listed)\n"), "{text}");
+    // Headings' descriptions take at most half the budget, so none at a budget of 0.
+    assert!(
+        text.contains("// ## mcp__billing (20 tools, not listed)\n"),
+        "{text}"
+    );
+    let small = codemode_description(&DescriptionInput {
+        inline_budget_tokens: 600,
+        ..DescriptionInput::new(&tools, &namespaces)
+    });
+    assert!(small.contains("// ## mcp__billing: The billing service: manage billing data through its API (20 tools, not listed)\n"), "{small}");
     // Everything fits: nothing is left out, so there is no word about searching.
     let all = codemode_description(&DescriptionInput {
         inline_budget_tokens: usize::MAX,
