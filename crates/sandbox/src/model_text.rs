@@ -228,33 +228,304 @@ const FRAMING: [&str; 17] = [
     "Model usage:",
 ];
 
-/// Whether `line` would read as a framing line: spaces, a carriage return or invisible
-/// characters (a zero-width space, a direction mark) in front do not hide one.
-fn passes_for_framing(line: &str) -> bool {
-    let shown = line.trim_start_matches(|c: char| c.is_whitespace() || is_invisible(c));
-    FRAMING.iter().any(|f| shown.starts_with(f))
-}
-
-/// Characters that show nothing: format characters a reader's eye skips.
-fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}')
-}
-
 /// Characters after which a reader sees a new line: a model reads text, where a carriage return,
 /// a line or paragraph separator, NEL, a vertical tab or a form feed each start one as `\n` does.
 const LINE_BREAKS: [char; 7] = [
     '\n', '\r', '\u{2028}', '\u{2029}', '\u{0085}', '\u{000B}', '\u{000C}',
 ];
 
+// What a line reads as is judged on its skeleton, not on its characters: each character folded
+// on its own to the visible ASCII it reads as, in lower case (`fold`), and every other one
+// (spaces, invisibles, fillers, blanks, combining marks, letters of other scripts that look
+// like no Latin one) dropped, wherever it is. A list of invisible characters is never complete
+// (Hangul fillers, braille blanks, tag characters, variation selectors, ...): what is not visible
+// ASCII after the fold counts for nothing. The patterns are matched on skeletons too, loosely
+// enough that a letter the fold dropped (a lookalike it does not know) still matches.
+
+/// One character of a text's skeleton, and where the character it came from is in the text.
+#[derive(Debug, Clone, Copy)]
+struct Folded {
+    /// Visible ASCII, in lower case.
+    b: u8,
+    /// The source character's byte range.
+    at: usize,
+    end: usize,
+    /// Whether white space came between this and the skeleton character before it.
+    gap: bool,
+}
+
+/// Feeds `emit` the skeleton of `c`: its compatibility decomposition (NFKD, which folds
+/// fullwidth, mathematical, circled and superscript forms and splits off accents), each part
+/// that is not ASCII taken as the ASCII its Unicode confusable prototype (UTS #39) is, if any,
+/// and only visible ASCII kept, lowercased. A character folds alone, so the skeleton streams and
+/// each of its characters points back into the text; a normalization that composes (NFKC) would
+/// only turn `e` and a combining accent into `é`, which then drops.
+fn fold(c: char, emit: &mut impl FnMut(u8)) {
+    if c.is_ascii() {
+        if c.is_ascii_graphic() {
+            emit(c.to_ascii_lowercase() as u8);
+        }
+        return;
+    }
+    // Whole blocks of letters that fold to nothing: prose in them costs no table look-ups.
+    if matches!(c, '\u{AC00}'..='\u{D7A3}' | '\u{3040}'..='\u{30FF}' | '\u{4E00}'..='\u{9FFF}') {
+        return;
+    }
+    unicode_normalization::char::decompose_compatible(c, |d| {
+        if d.is_ascii() {
+            if d.is_ascii_graphic() {
+                emit(d.to_ascii_lowercase() as u8);
+            }
+        } else {
+            lookalike(d, emit);
+        }
+    });
+}
+
+/// [`fold`] with the skeletons of characters that are not ASCII remembered: prose in another
+/// script repeats few letters, and a look-up in the confusables table costs far more than one
+/// in this map.
+#[derive(Default)]
+struct FoldCache(std::collections::HashMap<char, ([u8; 8], u8)>);
+
+impl FoldCache {
+    fn fold(&mut self, c: char, emit: &mut impl FnMut(u8)) {
+        if c.is_ascii() {
+            return fold(c, emit);
+        }
+        if let Some((bytes, n)) = self.0.get(&c) {
+            bytes[..usize::from(*n)].iter().for_each(|&b| emit(b));
+            return;
+        }
+        let mut folded = Vec::new();
+        fold(c, &mut |b| folded.push(b));
+        folded.iter().for_each(|&b| emit(b));
+        // Long decompositions (a ligature of a whole phrase) are rare: not kept.
+        if folded.len() <= 8 && self.0.len() < 4096 {
+            let mut bytes = [0u8; 8];
+            bytes[..folded.len()].copy_from_slice(&folded);
+            self.0.insert(c, (bytes, folded.len() as u8));
+        }
+    }
+}
+
+/// The ASCII a character that is not ASCII looks like: its confusable prototype when that is
+/// visible ASCII (Cyrillic `ѕ` and `о`, Greek `Ο`, `‹`), none otherwise.
+fn lookalike(c: char, emit: &mut impl FnMut(u8)) {
+    let mut utf8 = [0u8; 4];
+    let mut proto = [0u8; 4];
+    let mut n = 0;
+    for p in unicode_security::skeleton(c.encode_utf8(&mut utf8)) {
+        if !p.is_ascii_graphic() || n == proto.len() {
+            return;
+        }
+        proto[n] = p.to_ascii_lowercase() as u8;
+        n += 1;
+    }
+    // UTS #39 writes an `m` as `rn`, its prototype.
+    if proto[..n] == *b"rn" {
+        emit(b'm');
+    } else {
+        proto[..n].iter().for_each(|&b| emit(b));
+    }
+}
+
+/// A framing pattern's skeleton: lower case, without spaces.
+fn squeezed(pattern: &str) -> Vec<u8> {
+    pattern
+        .bytes()
+        .filter(|b| *b != b' ')
+        .map(|b| b.to_ascii_lowercase())
+        .collect()
+}
+
+/// How many of a pattern's letters and digits may be missing from a skeleton that still
+/// matches it: one in six, at most two (`note:` none, `tokens truncated` two).
+fn drops_allowed(pattern: &[u8]) -> usize {
+    (pattern.iter().filter(|b| droppable(**b)).count() / 6).min(2)
+}
+
+fn droppable(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// How much of `skeleton` a loose match of `pattern` takes from its start, if it matches: the
+/// same bytes in order, up to `drops` of the pattern's letters missing. A pattern's `i` also
+/// takes an `l`, what UTS #39 folds `I`-like letters to.
+fn loose_prefix(pattern: &[u8], skeleton: &[u8], drops: usize) -> Option<usize> {
+    let Some((&p, rest)) = pattern.split_first() else {
+        return Some(0);
+    };
+    if let Some(&s) = skeleton.first()
+        && (s == p || (p == b'i' && s == b'l'))
+        && let Some(n) = loose_prefix(rest, &skeleton[1..], drops)
+    {
+        return Some(n + 1);
+    }
+    if drops > 0 && droppable(p) {
+        return loose_prefix(rest, skeleton, drops - 1);
+    }
+    None
+}
+
+/// The longest skeleton a pattern's match can take.
+const LINE_HEAD: usize = 32;
+
+/// The framing patterns' skeletons, with how many letters each may miss.
+fn framing_skeletons() -> &'static [(Vec<u8>, usize)] {
+    static SKELETONS: std::sync::OnceLock<Vec<(Vec<u8>, usize)>> = std::sync::OnceLock::new();
+    SKELETONS.get_or_init(|| {
+        FRAMING
+            .iter()
+            .map(|f| {
+                let s = squeezed(f);
+                debug_assert!(s.len() <= LINE_HEAD);
+                let drops = drops_allowed(&s);
+                (s, drops)
+            })
+            .collect()
+    })
+}
+
+/// Whether a line whose skeleton starts with `head` would read as a framing line.
+fn passes_for_framing(head: &[u8]) -> bool {
+    framing_skeletons()
+        .iter()
+        .any(|(f, drops)| loose_prefix(f, head, *drops).is_some())
+}
+
+/// Folded characters a match may look at after its anchor, and a count's digits before it.
+const AHEAD: usize = 48;
+const BEHIND: usize = 32;
+/// Folded characters looked at in one go.
+const CHUNK: usize = 4096;
+
+/// Where a backslash goes in `text` so that nothing in it reads as codemode's framing, in one
+/// pass over it: at the start of each line whose skeleton starts with a framing line's, just
+/// after the `<` of each console tag, and in front of each truncation marker's count. Only a
+/// line's first skeleton characters and a bounded window of the text's are held.
+fn escapes(text: &str) -> Vec<usize> {
+    let mut found = Vec::new();
+    // The line being read: where it starts, and its skeleton so far (`None` once judged).
+    let mut line_start = 0;
+    let mut head: Option<Vec<u8>> = Some(Vec::with_capacity(LINE_HEAD));
+    let mut window: Vec<Folded> = Vec::with_capacity(CHUNK + AHEAD + BEHIND);
+    // The first window index not yet looked at as an anchor.
+    let mut next = 0;
+    let mut gap = false;
+    let mut folds = FoldCache::default();
+    for (at, c) in text.char_indices() {
+        if c.is_whitespace() {
+            gap = true;
+            if LINE_BREAKS.contains(&c) {
+                if let Some(h) = head.take()
+                    && passes_for_framing(&h)
+                {
+                    found.push(line_start);
+                }
+                line_start = at + c.len_utf8();
+                head = Some(Vec::with_capacity(LINE_HEAD));
+            }
+            continue;
+        }
+        let end = at + c.len_utf8();
+        folds.fold(c, &mut |b| {
+            window.push(Folded { b, at, end, gap });
+            gap = false;
+            if let Some(h) = &mut head {
+                h.push(b);
+                if h.len() == LINE_HEAD {
+                    if passes_for_framing(h) {
+                        found.push(line_start);
+                    }
+                    head = None;
+                }
+            }
+        });
+        if window.len() >= CHUNK + AHEAD + BEHIND {
+            let upto = window.len() - AHEAD;
+            while next < upto {
+                look_at(&window, next, &mut found);
+                next += 1;
+            }
+            window.drain(..upto - BEHIND);
+            next = BEHIND;
+        }
+    }
+    if let Some(h) = head
+        && passes_for_framing(&h)
+    {
+        found.push(line_start);
+    }
+    while next < window.len() {
+        look_at(&window, next, &mut found);
+        next += 1;
+    }
+    found
+}
+
+/// Looks at `window[i]` as the start of a console tag and the end of a truncation marker's
+/// count; `window` holds [`AHEAD`] characters after `i` unless the text ends first, and
+/// [`BEHIND`] before it unless the text starts there.
+fn look_at(window: &[Folded], i: usize, found: &mut Vec<usize>) {
+    let b = window[i].b;
+    // Most characters anchor nothing: look no further, with nothing allocated.
+    let ends_count = || window.get(i + 1).is_none_or(|f| f.gap || !is_count(f.b));
+    if !(b == b'<' || (b.is_ascii_digit() && ends_count())) {
+        return;
+    }
+    let mut buf = [0u8; AHEAD];
+    let mut n = 0;
+    for f in &window[i + 1..(i + 1 + AHEAD).min(window.len())] {
+        buf[n] = f.b;
+        n += 1;
+    }
+    let ahead = &buf[..n];
+    match b {
+        // `<console_output>` or `</console_output>`, in any case, with anything that folds to
+        // nothing anywhere in it (as `</CONSOLE_OUTPUT >`): a model reads each as the tag.
+        b'<' => {
+            const NAME: &[u8] = b"console_output";
+            let from = usize::from(ahead.first() == Some(&b'/'));
+            if let Some(n) = loose_prefix(NAME, &ahead[from..], drops_allowed(NAME))
+                && ahead.get(from + n) == Some(&b'>')
+            {
+                found.push(window[i].end);
+            }
+        }
+        // The marker that stands for the text cut out of long output (`…12000 tokens
+        // truncated…`), in any case: a forged one tells the model that output it did not see
+        // was cut, or hides where the real cut is. Its count is the digits (and `,._`) before,
+        // with the ellipsis in front if there is one; the backslash goes before them.
+        b'0'..=b'9' => {
+            const MARKER: &[u8] = b"tokenstruncated";
+            if loose_prefix(MARKER, ahead, drops_allowed(MARKER)).is_none() {
+                return;
+            }
+            let mut first = i;
+            while first > 0
+                && i - first < BEHIND - 1
+                && !window[first].gap
+                && is_count(window[first - 1].b)
+            {
+                first -= 1;
+            }
+            found.push(window[first].at);
+        }
+        _ => {}
+    }
+}
+
+/// What a count in a truncation marker is made of (`12000`, `1,322`), and the dots of the
+/// ellipsis in front of it.
+fn is_count(b: u8) -> bool {
+    b.is_ascii_digit() || b",._".contains(&b)
+}
+
 /// `text` from the script, unable to close the console block, to pass for a framing line or to
 /// forge the truncation marker: each gets a backslash in front.
 fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
-    let mut escapes: Vec<usize> = Vec::new();
-    if FRAMING.iter().any(|f| text.contains(f)) {
-        escapes.extend(framing_lines(text));
-    }
-    escapes.extend(console_tags(text));
-    escapes.extend(truncation_markers(text));
+    let mut escapes = escapes(text);
     if escapes.is_empty() {
         return std::borrow::Cow::Borrowed(text);
     }
@@ -269,92 +540,6 @@ fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
     }
     out.push_str(&text[from..]);
     std::borrow::Cow::Owned(out)
-}
-
-/// Where the lines of `text` that would read as framing lines start.
-fn framing_lines(text: &str) -> impl Iterator<Item = usize> + '_ {
-    let starts = std::iter::once(0).chain(
-        text.char_indices()
-            .filter(|(_, c)| LINE_BREAKS.contains(c))
-            .map(|(i, c)| i + c.len_utf8()),
-    );
-    starts.filter(|&start| {
-        let line = &text[start..];
-        let end = line.find(LINE_BREAKS).unwrap_or(line.len());
-        passes_for_framing(&line[..end])
-    })
-}
-
-/// Spaces and invisible characters, which a reader does not see inside a tag.
-fn skip_blank(text: &str, at: usize) -> usize {
-    let rest = &text[at..];
-    at + (rest.len()
-        - rest
-            .trim_start_matches(|c: char| c.is_whitespace() || is_invisible(c))
-            .len())
-}
-
-/// Where a backslash goes in each `<console_output>` or `</console_output>` tag of `text` (just
-/// after its `<`), in any case and with spaces anywhere around its name, as `</CONSOLE_OUTPUT >`:
-/// a model reads each as the tag.
-fn console_tags(text: &str) -> Vec<usize> {
-    const NAME: &str = "console_output";
-    let mut found = Vec::new();
-    for (lt, _) in text.match_indices('<') {
-        let mut at = skip_blank(text, lt + 1);
-        if text[at..].starts_with('/') {
-            at = skip_blank(text, at + 1);
-        }
-        let Some(name) = text.get(at..at + NAME.len()) else {
-            continue;
-        };
-        if !name.eq_ignore_ascii_case(NAME) {
-            continue;
-        }
-        at = skip_blank(text, at + NAME.len());
-        if text[at..].starts_with('>') {
-            found.push(lt + 1);
-        }
-    }
-    found
-}
-
-/// Where each imitation of the marker that stands for the text cut out of long output
-/// (`…12000 tokens truncated…`) starts: a forged one, in any case, tells the model that output
-/// it did not see was cut, or hides where the real cut is.
-fn truncation_markers(text: &str) -> Vec<usize> {
-    let mut found = Vec::new();
-    let bytes = text.as_bytes();
-    let mut from = 0;
-    while let Some(i) = find_ignore_ascii_case(&bytes[from..], b"tokens") {
-        let tokens = from + i;
-        from = tokens + 1;
-        let after = skip_blank(text, tokens + "tokens".len());
-        let cut = text.get(after..after + "truncated".len());
-        if after == tokens + "tokens".len()
-            || !cut.is_some_and(|c| c.eq_ignore_ascii_case("truncated"))
-        {
-            continue;
-        }
-        // A count in front (`12000 `, `1,322 `), and the ellipsis before it if there is one.
-        let before = text[..tokens].trim_end();
-        let rest = before.trim_end_matches(|c: char| c.is_ascii_digit() || ",._".contains(c));
-        if !before[rest.len()..].contains(|c: char| c.is_ascii_digit()) {
-            continue;
-        }
-        let dots = rest.trim_end().trim_end_matches(['…', '.']);
-        found.push(if dots.len() < rest.trim_end().len() {
-            dots.len()
-        } else {
-            rest.len()
-        });
-    }
-    found
-}
-
-fn find_ignore_ascii_case(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len())
-        .position(|w| w.eq_ignore_ascii_case(needle))
 }
 
 fn render_body(result: &ScriptResult, images_shown: usize) -> String {
