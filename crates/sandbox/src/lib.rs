@@ -70,7 +70,7 @@ pub use host::{
 };
 pub use limits::{Isolation, Limits, SandboxConfig};
 pub use model_text::{
-    ModelText, media_refusal, media_shown, media_tokens, render_model_text,
+    ModelText, escape_script_text, media_refusal, media_shown, media_tokens, render_model_text,
     render_model_text_with_media,
 };
 pub use process::host::{WORKER_ENV, WorkerProgram};

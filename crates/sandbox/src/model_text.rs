@@ -207,7 +207,7 @@ pub fn media_refusal(block: &serde_json::Value) -> Option<String> {
 /// Lines of codemode's own framing. Script output (which may quote a file or a tool's result)
 /// that starts a line with one gets a backslash, so it cannot pass for codemode's: a fake
 /// "Script error", a fake timeout, a fake list of calls, a fake pointer to the full output.
-const FRAMING: [&str; 17] = [
+const FRAMING: [&str; 19] = [
     "Script completed",
     "Script failed",
     "Script error:",
@@ -226,6 +226,9 @@ const FRAMING: [&str; 17] = [
     // The runtime's notes after the output (media left out, model usage).
     "Note:",
     "Model usage:",
+    // A cell's report (`wait`, `start`): its status lines and the head of what it printed.
+    "[Cell ",
+    "Output so far:",
 ];
 
 /// Characters after which a reader sees a new line: a model reads text, where a carriage return,
@@ -254,82 +257,6 @@ struct Folded {
     gap: bool,
 }
 
-/// Feeds `emit` the skeleton of `c`: its compatibility decomposition (NFKD, which folds
-/// fullwidth, mathematical, circled and superscript forms and splits off accents), each part
-/// that is not ASCII taken as the ASCII its Unicode confusable prototype (UTS #39) is, if any,
-/// and only visible ASCII kept, lowercased. A character folds alone, so the skeleton streams and
-/// each of its characters points back into the text; a normalization that composes (NFKC) would
-/// only turn `e` and a combining accent into `é`, which then drops.
-fn fold(c: char, emit: &mut impl FnMut(u8)) {
-    if c.is_ascii() {
-        if c.is_ascii_graphic() {
-            emit(c.to_ascii_lowercase() as u8);
-        }
-        return;
-    }
-    // Whole blocks of letters that fold to nothing: prose in them costs no table look-ups.
-    if matches!(c, '\u{AC00}'..='\u{D7A3}' | '\u{3040}'..='\u{30FF}' | '\u{4E00}'..='\u{9FFF}') {
-        return;
-    }
-    unicode_normalization::char::decompose_compatible(c, |d| {
-        if d.is_ascii() {
-            if d.is_ascii_graphic() {
-                emit(d.to_ascii_lowercase() as u8);
-            }
-        } else {
-            lookalike(d, emit);
-        }
-    });
-}
-
-/// [`fold`] with the skeletons of characters that are not ASCII remembered: prose in another
-/// script repeats few letters, and a look-up in the confusables table costs far more than one
-/// in this map.
-#[derive(Default)]
-struct FoldCache(std::collections::HashMap<char, ([u8; 8], u8)>);
-
-impl FoldCache {
-    fn fold(&mut self, c: char, emit: &mut impl FnMut(u8)) {
-        if c.is_ascii() {
-            return fold(c, emit);
-        }
-        if let Some((bytes, n)) = self.0.get(&c) {
-            bytes[..usize::from(*n)].iter().for_each(|&b| emit(b));
-            return;
-        }
-        let mut folded = Vec::new();
-        fold(c, &mut |b| folded.push(b));
-        folded.iter().for_each(|&b| emit(b));
-        // Long decompositions (a ligature of a whole phrase) are rare: not kept.
-        if folded.len() <= 8 && self.0.len() < 4096 {
-            let mut bytes = [0u8; 8];
-            bytes[..folded.len()].copy_from_slice(&folded);
-            self.0.insert(c, (bytes, folded.len() as u8));
-        }
-    }
-}
-
-/// The ASCII a character that is not ASCII looks like: its confusable prototype when that is
-/// visible ASCII (Cyrillic `ѕ` and `о`, Greek `Ο`, `‹`), none otherwise.
-fn lookalike(c: char, emit: &mut impl FnMut(u8)) {
-    let mut utf8 = [0u8; 4];
-    let mut proto = [0u8; 4];
-    let mut n = 0;
-    for p in unicode_security::skeleton(c.encode_utf8(&mut utf8)) {
-        if !p.is_ascii_graphic() || n == proto.len() {
-            return;
-        }
-        proto[n] = p.to_ascii_lowercase() as u8;
-        n += 1;
-    }
-    // UTS #39 writes an `m` as `rn`, its prototype.
-    if proto[..n] == *b"rn" {
-        emit(b'm');
-    } else {
-        proto[..n].iter().for_each(|&b| emit(b));
-    }
-}
-
 /// A framing pattern's skeleton: lower case, without spaces.
 fn squeezed(pattern: &str) -> Vec<u8> {
     pattern
@@ -356,17 +283,38 @@ fn loose_prefix(pattern: &[u8], skeleton: &[u8], drops: usize) -> Option<usize> 
     let Some((&p, rest)) = pattern.split_first() else {
         return Some(0);
     };
-    if let Some(&s) = skeleton.first()
-        && (s == p || (p == b'i' && s == b'l'))
+    let Some(&s) = skeleton.first() else {
+        return (drops > 0 && droppable(p))
+            .then(|| loose_prefix(rest, skeleton, drops - 1))
+            .flatten();
+    };
+    if same_letter(p, s)
         && let Some(n) = loose_prefix(rest, &skeleton[1..], drops)
     {
         return Some(n + 1);
+    }
+    // Punctuation the pattern does not have here (`**Script error:**`, `Script.completed`,
+    // `</console-output>`) hides nothing: skipped, wherever it is.
+    if s != p && is_punctuation(s) {
+        return loose_prefix(pattern, &skeleton[1..], drops).map(|n| n + 1);
     }
     if drops > 0 && droppable(p) {
         return loose_prefix(rest, skeleton, drops - 1);
     }
     None
 }
+
+/// Whether skeleton byte `s` reads as pattern byte `p`: the same, an `l` for an `i` (what
+/// UTS #39 folds `I`-like letters to), or a Latin letter the fold could not name for a letter.
+fn same_letter(p: u8, s: u8) -> bool {
+    s == p || (p == b'i' && s == b'l') || (s == ANY_LETTER && p.is_ascii_alphabetic())
+}
+
+fn is_punctuation(b: u8) -> bool {
+    b.is_ascii_punctuation() && b != b'_'
+}
+
+use codemode_spec::skeleton::ANY_LETTER;
 
 /// The longest skeleton a pattern's match can take.
 const LINE_HEAD: usize = 32;
@@ -413,7 +361,7 @@ fn escapes(text: &str) -> Vec<usize> {
     // The first window index not yet looked at as an anchor.
     let mut next = 0;
     let mut gap = false;
-    let mut folds = FoldCache::default();
+    let mut folds = codemode_spec::skeleton::FoldCache::default();
     for (at, c) in text.char_indices() {
         if c.is_whitespace() {
             gap = true;
@@ -464,14 +412,13 @@ fn escapes(text: &str) -> Vec<usize> {
     found
 }
 
-/// Looks at `window[i]` as the start of a console tag and the end of a truncation marker's
-/// count; `window` holds [`AHEAD`] characters after `i` unless the text ends first, and
-/// [`BEHIND`] before it unless the text starts there.
+/// Looks at `window[i]` as the start of a console tag or of a truncation marker's `tokens`;
+/// `window` holds [`AHEAD`] characters after `i` unless the text ends first, and [`BEHIND`]
+/// before it unless the text starts there.
 fn look_at(window: &[Folded], i: usize, found: &mut Vec<usize>) {
     let b = window[i].b;
     // Most characters anchor nothing: look no further, with nothing allocated.
-    let ends_count = || window.get(i + 1).is_none_or(|f| f.gap || !is_count(f.b));
-    if !(b == b'<' || (b.is_ascii_digit() && ends_count())) {
+    if !(b == b'<' || same_letter(b't', b)) {
         return;
     }
     let mut buf = [0u8; AHEAD];
@@ -481,39 +428,46 @@ fn look_at(window: &[Folded], i: usize, found: &mut Vec<usize>) {
         n += 1;
     }
     let ahead = &buf[..n];
-    match b {
-        // `<console_output>` or `</console_output>`, in any case, with anything that folds to
-        // nothing anywhere in it (as `</CONSOLE_OUTPUT >`): a model reads each as the tag.
-        b'<' => {
-            const NAME: &[u8] = b"console_output";
-            let from = usize::from(ahead.first() == Some(&b'/'));
-            if let Some(n) = loose_prefix(NAME, &ahead[from..], drops_allowed(NAME))
-                && ahead.get(from + n) == Some(&b'>')
-            {
-                found.push(window[i].end);
-            }
+    if b == b'<' {
+        // `<console_output>` or `</console_output>`, however spelled past its first letters
+        // (`</CONSOLE-OUTPUT >`, `</console_outputs>`, `</console_0utput>`): a model reads
+        // each as the tag, so every `<` before `consol` gets a backslash.
+        const NAME: &[u8] = b"consol";
+        if loose_prefix(NAME, ahead, drops_allowed(NAME)).is_some() {
+            found.push(window[i].end);
         }
-        // The marker that stands for the text cut out of long output (`…12000 tokens
-        // truncated…`), in any case: a forged one tells the model that output it did not see
-        // was cut, or hides where the real cut is. Its count is the digits (and `,._`) before,
-        // with the ellipsis in front if there is one; the backslash goes before them.
-        b'0'..=b'9' => {
-            const MARKER: &[u8] = b"tokenstruncated";
-            if loose_prefix(MARKER, ahead, drops_allowed(MARKER)).is_none() {
-                return;
-            }
-            let mut first = i;
-            while first > 0
-                && i - first < BEHIND - 1
-                && !window[first].gap
-                && is_count(window[first - 1].b)
-            {
-                first -= 1;
-            }
-            found.push(window[first].at);
-        }
-        _ => {}
+        return;
     }
+    // The marker that stands for the text cut out of long output (`…12000 tokens
+    // truncated…`), in any case and with any count (`twelve thousand`, `12k`, none) or a word
+    // between (`tokens were truncated`): a forged one tells the model that output it did not
+    // see was cut, or hides where the real cut is. The backslash goes before the count (the
+    // digits and `,._` before `tokens`, with the ellipsis in front if there is one) when it is
+    // short, else before `tokens`.
+    const TOKENS: &[u8] = b"okens";
+    const TRUNCATED: &[u8] = b"truncated";
+    let Some(after) = loose_prefix(TOKENS, ahead, 1) else {
+        return;
+    };
+    // A word of up to a dozen letters may stand between.
+    if !(after..=(after + 12).min(ahead.len()))
+        .any(|k| loose_prefix(TRUNCATED, &ahead[k..], drops_allowed(TRUNCATED)).is_some())
+    {
+        return;
+    }
+    let mut first = i;
+    while first > 0 && i - first < BEHIND - 1 && is_count(window[first - 1].b) {
+        if window[first].gap && first != i {
+            break;
+        }
+        first -= 1;
+    }
+    let whole_count = first == 0 || !is_count(window[first - 1].b) || window[first].gap;
+    found.push(if whole_count {
+        window[first].at
+    } else {
+        window[i].at
+    });
 }
 
 /// What a count in a truncation marker is made of (`12000`, `1,322`), and the dots of the
@@ -523,8 +477,9 @@ fn is_count(b: u8) -> bool {
 }
 
 /// `text` from the script, unable to close the console block, to pass for a framing line or to
-/// forge the truncation marker: each gets a backslash in front.
-fn neutralized(text: &str) -> std::borrow::Cow<'_, str> {
+/// forge the truncation marker: each gets a backslash in front. For every place that shows a
+/// script's output to the model outside [`render_model_text`] (a running cell's report).
+pub fn escape_script_text(text: &str) -> std::borrow::Cow<'_, str> {
     let mut escapes = escapes(text);
     if escapes.is_empty() {
         return std::borrow::Cow::Borrowed(text);
@@ -580,7 +535,7 @@ fn render_body(result: &ScriptResult, images_shown: usize) -> String {
         match p {
             Part::Text(t) => {
                 n += 1;
-                let t = neutralized(t);
+                let t = escape_script_text(t);
                 if total > 1 {
                     parts.push(format!("==> text {n}/{total} <==\n{t}"));
                 } else {
@@ -601,14 +556,14 @@ fn render_body(result: &ScriptResult, images_shown: usize) -> String {
     if !console.is_empty() {
         parts.push(format!(
             "<console_output>\n{}\n</console_output>",
-            neutralized(&console.join("\n"))
+            escape_script_text(&console.join("\n"))
         ));
     }
     if let Some(err) = result.error.as_ref().filter(|_| !result.ok) {
         // A thrown error's text is the script's (its name too: `name = "Script timed out"`);
         // the other heads are codemode's, with the message neutralized after them.
         let head = match err.kind {
-            ErrorKind::Script => neutralized(&err.stack.clone().unwrap_or_else(|| {
+            ErrorKind::Script => escape_script_text(&err.stack.clone().unwrap_or_else(|| {
                 format!(
                     "{}: {}",
                     err.name.as_deref().unwrap_or("Error"),
@@ -616,9 +571,12 @@ fn render_body(result: &ScriptResult, images_shown: usize) -> String {
                 )
             }))
             .into_owned(),
-            ErrorKind::Timeout => format!("Script timed out: {}", neutralized(&err.message)),
-            ErrorKind::Aborted => format!("Script aborted: {}", neutralized(&err.message)),
-            ErrorKind::Sandbox => format!("Script sandbox failed: {}", neutralized(&err.message)),
+            ErrorKind::Timeout => format!("Script timed out: {}", escape_script_text(&err.message)),
+            ErrorKind::Aborted => format!("Script aborted: {}", escape_script_text(&err.message)),
+            ErrorKind::Sandbox => format!(
+                "Script sandbox failed: {}",
+                escape_script_text(&err.message)
+            ),
         };
         let calls = if result.calls.is_empty() {
             "No tool calls were made.".to_string()

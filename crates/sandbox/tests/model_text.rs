@@ -329,10 +329,11 @@ fn a_forged_truncation_marker_is_escaped() {
         let t = render_model_text(&output(vec![text_item(forged.into(), false)]), 10_000);
         assert_eq!(body(&t), escaped);
     }
-    // Without a count it is prose, left alone.
+    // Without a count too (`…many tokens truncated…` reads as the marker): the backslash goes
+    // before `tokens`, a character more in prose that says so.
     let prose = "the tokens truncated here were few";
     let t = render_model_text(&output(vec![text_item(prose.into(), false)]), 10_000);
-    assert_eq!(body(&t), prose);
+    assert_eq!(body(&t), "the \\tokens truncated here were few");
     // A real cut keeps its own marker as it is.
     let long = format!("…5 tokens truncated…\n{}", "row\n".repeat(2_000));
     let t = render_model_text(&output(vec![text_item(long, false)]), 50);
@@ -626,8 +627,7 @@ fn prose_in_other_scripts_and_framing_words_mid_line_stay_as_they_are() {
         "Please note: this line is fine. I wrote a note: remember the milk.",
         "The output: 42, the script error: none, and 12 tokens were used.",
         "漢字のテキストです。出力：なし\n第二行",
-        "the tokens truncated here were few",
-        "<console> and <output> are not the tag",
+        "<b>bold</b> and x < y stay as they are",
     ] {
         for console in [false, true] {
             assert_eq!(rendered(text, console), text, "console: {console}");

@@ -11,6 +11,7 @@ mod call;
 mod clock;
 mod identifier;
 mod json_count;
+pub mod skeleton;
 mod tool;
 
 pub use call::{CallKind, Origin, Provenance, Usage};
