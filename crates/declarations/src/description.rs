@@ -228,6 +228,7 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
 /// why: outside the budget, since without it the model cannot tell a broken server from a
 /// name that does not exist.
 const UNAVAILABLE_CHARS: usize = 400;
+const UNAVAILABLE_TOKENS: usize = 80;
 
 fn unavailable_namespaces(namespaces: &[NamespaceSpec]) -> String {
     let mut down: Vec<(&str, &str)> = namespaces
@@ -247,6 +248,8 @@ fn unavailable_namespaces(namespaces: &[NamespaceSpec]) -> String {
             Some((cut, _)) => format!("{}…", why[..cut].trim_end()),
             None => why,
         };
+        // And in tokens: 400 characters of a dense script are over a thousand.
+        let why = cut_to_tokens(&why, UNAVAILABLE_TOKENS).unwrap_or(why);
         out.push_str(&format!("\n- {name}: {why}"));
     }
     out

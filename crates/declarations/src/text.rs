@@ -50,11 +50,14 @@ pub(crate) fn comment_lines(text: &str) -> Vec<String> {
 }
 
 /// [`comment_lines`] for text an MCP server or a user wrote, made unable to pass for a line of
-/// ours: a line that, after its indentation, starts with `#` or `//` (a namespace heading is
-/// `// ## name: …`) or reads as a declaration (`name(…`, `"raw name"(…`) gets a `\` before its
-/// first character, and `listed)` (the end of `(3 tools, not listed)`) becomes `listed\)`. Our
-/// headings, count suffixes and declarations are never written through here, so none of them can
-/// be forged by a description; ordinary text is untouched and a marked line costs a token more.
+/// ours: a line that, after its indentation, reads as starting with `#` or `//` (a namespace
+/// heading is `// ## name: …`) or as a declaration (`name(…`, `name?<T>(…`, `"raw name"(…`)
+/// gets a `\` before its first character, and a `)` that reads as the end of `listed)` (the end
+/// of `(3 tools, not listed)`) gets one too. What a line reads as is judged on its skeleton
+/// (`codemode_spec::skeleton`: invisibles dropped, fullwidth forms and lookalike letters folded),
+/// so `\u{200B}##` or `＃＃` are marked as `##` is. Our headings, count suffixes and declarations
+/// are never written through here, so none of them can be forged by a description; ordinary
+/// text is untouched and a marked line costs a token more.
 pub(crate) fn foreign_comment_lines(text: &str) -> Vec<String> {
     comment_lines(text)
         .iter()
@@ -62,46 +65,105 @@ pub(crate) fn foreign_comment_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A line's skeleton, with a space for each run of white space, and for each skeleton byte the
+/// byte offset of the character it came from.
+fn skeleton_of(line: &str) -> (Vec<u8>, Vec<usize>) {
+    let mut bytes = Vec::with_capacity(line.len());
+    let mut at = Vec::with_capacity(line.len());
+    for (i, c) in line.char_indices() {
+        if c.is_whitespace() {
+            if bytes.last() != Some(&b' ') {
+                bytes.push(b' ');
+                at.push(i);
+            }
+            continue;
+        }
+        codemode_spec::skeleton::fold_char(c, &mut |b| {
+            bytes.push(b);
+            at.push(i);
+        });
+    }
+    (bytes, at)
+}
+
 /// One line of foreign text as [`foreign_comment_lines`] marks it.
 pub(crate) fn mark_lookalike(line: &str) -> String {
-    let line = escape_count_suffix(line);
+    let (skeleton, at) = skeleton_of(line);
+    let mut line = break_fences(line, &skeleton, &at);
+    let mut inserts = count_suffix_ends(&skeleton, &at);
     let body = line.trim_start();
     let indent = line.len() - body.len();
-    if body.starts_with('#') || body.starts_with("//") || reads_as_declaration(body) {
-        format!("{}\\{body}", &line[..indent])
-    } else {
-        line
+    let head = skeleton.strip_prefix(b" ").unwrap_or(&skeleton);
+    if head.starts_with(b"#") || head.starts_with(b"//") || reads_as_declaration(head) {
+        inserts.push(indent);
     }
+    inserts.sort_unstable();
+    inserts.dedup();
+    for i in inserts.into_iter().rev() {
+        line.insert(i, '\\');
+    }
+    line
 }
 
-/// `listed)` in any case becomes `listed\)`.
-fn escape_count_suffix(line: &str) -> String {
-    const END: &str = "listed)";
-    let lower = line.to_ascii_lowercase();
-    if !lower.contains(END) {
+/// A fence written with lookalikes or invisibles between its backticks (`` ``\u{200B}` ``)
+/// reads as one: each of its backticks becomes `'`. Plain ```` ``` ```` is already broken up.
+fn break_fences(line: &str, skeleton: &[u8], at: &[usize]) -> String {
+    let ticks: Vec<usize> = skeleton
+        .windows(3)
+        .enumerate()
+        .filter(|(_, w)| *w == b"```")
+        .flat_map(|(k, _)| [at[k], at[k + 1], at[k + 2]])
+        .collect();
+    if ticks.is_empty() {
         return line.to_string();
     }
-    let mut out = String::with_capacity(line.len() + 4);
-    let mut rest = 0;
-    // ASCII lowercasing keeps byte offsets, and `)` is ASCII, so the offsets are char boundaries.
-    for (at, _) in lower.match_indices(END) {
-        let paren = at + END.len() - 1;
-        out.push_str(&line[rest..paren]);
-        out.push('\\');
-        rest = paren;
-    }
-    out.push_str(&line[rest..]);
-    out
+    line.char_indices()
+        .map(|(i, c)| if ticks.contains(&i) { '\'' } else { c })
+        .collect()
 }
 
-/// `name(` or `"raw name"(` at the start: how a tool's declaration begins.
-fn reads_as_declaration(body: &str) -> bool {
-    let Some(open) = body.find('(') else {
+/// Where a `\` goes before each `)` that ends something reading as `listed)`, in any case and
+/// spelling (`listed）`, `listеd)` with a Cyrillic `е`, `listed\u{200B})`).
+fn count_suffix_ends(skeleton: &[u8], at: &[usize]) -> Vec<usize> {
+    const END: &[u8] = b"listed)";
+    let reads_as = |s: &[u8]| {
+        s.iter().zip(END).all(|(&b, &p)| {
+            b == p
+                || (p == b'i' && b == b'l')
+                || (b == codemode_spec::skeleton::ANY_LETTER && p.is_ascii_alphabetic())
+        })
+    };
+    skeleton
+        .windows(END.len())
+        .enumerate()
+        .filter(|(_, w)| reads_as(w))
+        .map(|(k, _)| at[k + END.len() - 1])
+        .collect()
+}
+
+/// `name(`, `name?(`, `name<T>(` or `"raw name"(` at the start of a skeleton: how a tool's
+/// declaration begins.
+fn reads_as_declaration(head: &[u8]) -> bool {
+    let Some(open) = head.iter().position(|&b| b == b'(') else {
         return false;
     };
-    let key = body[..open].trim_end();
-    codemode_spec::is_identifier(key)
-        || (key.len() >= 2 && key.starts_with('"') && key.ends_with('"'))
+    let mut key = head[..open].trim_ascii_end();
+    if key.len() >= 2 && key.starts_with(b"\"") && key.ends_with(b"\"") {
+        return true;
+    }
+    if key.ends_with(b">")
+        && let Some(lt) = key.iter().position(|&b| b == b'<')
+    {
+        key = key[..lt].trim_ascii_end();
+    }
+    let key = key.strip_suffix(b"?").unwrap_or(key).trim_ascii_end();
+    let ident = |b: &u8| {
+        b.is_ascii_alphanumeric()
+            || *b == b'_'
+            || *b == b'$'
+            || *b == codemode_spec::skeleton::ANY_LETTER
+    };
+    key.first().is_some_and(|b| !b.is_ascii_digit()) && key.iter().all(ident)
 }
 
 /// The start of `text` (whitespace runs read as one space) in at most `max_tokens` o200k tokens,
