@@ -50,6 +50,9 @@ pub enum LeftOut {
     /// Its name must be shortened, and the server's name is too long to leave room for a hash
     /// after `mcp__<server>__`.
     ServerNameTooLong,
+    /// Its name is one of the shortened names of another tool of the same server, which that
+    /// tool holds.
+    LooksShortened,
 }
 
 impl std::fmt::Display for LeftOut {
@@ -60,6 +63,9 @@ impl std::fmt::Display for LeftOut {
             }
             LeftOut::NoFreeName => {
                 "the tool's registered name is too long or taken, and every shortened name that keeps the server's prefix mcp__<server>__ is held by another tool: no free name is left for it, so it is not registered (never under a name another tool holds, nor outside the prefix that rules, hooks and policies on the server match). Rename it on the server"
+            }
+            LeftOut::LooksShortened => {
+                "the tool's name is, as registered, a shortened name (cut, with a hash) of another tool of the same server; the name stays that tool's, so that a rule or policy written on it never moves to this one, and this one is not registered. Rename it on the server"
             }
             LeftOut::ServerNameTooLong => {
                 "the tool's registered name is longer than 64 characters, and the server's name is too long to leave room for a shortened name that keeps the prefix mcp__<server>__ (which rules, hooks and policies on the server match), so it is not registered. Give the server a shorter name in mcp.json"
@@ -98,12 +104,25 @@ fn hashed_name(
     tool: &str,
     taken: &HashSet<String>,
 ) -> Result<String, LeftOut> {
+    let candidates = shortened_names(plain, prefix_len, server, tool);
+    if candidates.is_empty() {
+        return Err(LeftOut::ServerNameTooLong);
+    }
+    candidates
+        .into_iter()
+        .find(|c| !taken.contains(c))
+        .ok_or(LeftOut::NoFreeName)
+}
+
+/// The shortened names `plain` may get, first choice first: cut, and `_` plus 8, 16, 32 or 48
+/// hex digits of SHA-256(`server` NUL `tool`), each keeping at least `prefix_len` characters.
+fn shortened_names(plain: &str, prefix_len: usize, server: &str, tool: &str) -> Vec<String> {
     let mut hasher = Sha256::new();
     hasher.update(server.as_bytes());
     hasher.update([0u8]);
     hasher.update(tool.as_bytes());
     let digest = hex::encode(hasher.finalize());
-    let mut fits = false;
+    let mut out = Vec::new();
     for digits in [8, 16, 32, 48] {
         // `plain` is ASCII after sanitizing, so byte slicing is safe.
         let keep = plain.len().min(MAX_TOOL_NAME - 1 - digits).min(KEPT_PREFIX);
@@ -111,17 +130,9 @@ fn hashed_name(
             // Longer digests keep even less.
             break;
         }
-        fits = true;
-        let candidate = format!("{}_{}", &plain[..keep], &digest[..digits]);
-        if !taken.contains(&candidate) {
-            return Ok(candidate);
-        }
+        out.push(format!("{}_{}", &plain[..keep], &digest[..digits]));
     }
-    Err(if fits {
-        LeftOut::NoFreeName
-    } else {
-        LeftOut::ServerNameTooLong
-    })
+    out
 }
 
 /// Names for all tools of one server, given the names other servers already hold; for a tool
@@ -132,10 +143,12 @@ fn hashed_name(
 /// look-alike beside it, and a settings rule or policy written on the old name (disabling
 /// `mcp__db__delete_all`, say) would then match nothing while the tool stayed callable.
 ///
-/// The outcome does not depend on the order the server lists its tools in. Every name that
-/// fits as the server spells it is reserved before any name is shortened, so a tool listed
-/// under another's shortened name keeps its own name, and the shortened one moves on; tools
-/// whose names are shortened are named in the order of their raw names.
+/// The outcome depends neither on the order the server lists its tools in nor on what it listed
+/// before. A tool whose name is spelled like one of the shortened names of another tool of the
+/// same server is left out ([`LeftOut::LooksShortened`]): otherwise a re-listing that adds it
+/// would take the long tool's name away, and a rule or policy written on that name would move
+/// to the newcomer. Other names that fit as the server spells them are reserved before any name
+/// is shortened; tools whose names are shortened are named in the order of their raw names.
 pub fn name_server_tools(
     server: &str,
     tools: &[String],
@@ -153,11 +166,25 @@ pub fn name_server_tools(
     // Look-alikes' names too: a rule naming a tool left out matches no other tool instead.
     let mut used = taken.clone();
     used.extend(plain.iter().filter(|p| p.len() <= MAX_TOOL_NAME).cloned());
+    // Every shortened name any of them may get: a tool spelled like one never holds it.
+    let shortened: HashSet<String> = plain
+        .iter()
+        .zip(tools)
+        .filter(|(p, _)| p.len() > MAX_TOOL_NAME || taken.contains(*p))
+        .flat_map(|(p, t)| shortened_names(p, prefix.len(), server, t))
+        .collect();
+    for p in &plain {
+        if shortened.contains(p) {
+            used.remove(p);
+        }
+    }
     let mut out: Vec<Result<String, LeftOut>> = Vec::with_capacity(tools.len());
     let mut to_shorten = Vec::new();
     for (i, p) in plain.iter().enumerate() {
         if counts.get(p.as_str()).copied().unwrap_or(0) > 1 {
             out.push(Err(LeftOut::SameName));
+        } else if shortened.contains(p) {
+            out.push(Err(LeftOut::LooksShortened));
         } else if p.len() <= MAX_TOOL_NAME && !taken.contains(p) {
             out.push(Ok(p.clone()));
         } else {
@@ -278,7 +305,9 @@ mod tests {
 
     /// Red-team finding: decoys of the 8, 16 and 32-digit names pushed a long tool of
     /// `playwright` to the 48-digit name, which kept 15 characters (`mcp__playwright_…`) and so
-    /// escaped every rule on `mcp__playwright__*`. No name leaves the prefix: the tool is left out.
+    /// escaped every rule on `mcp__playwright__*`. No name leaves the prefix: the decoys of the
+    /// same server are left out and the tool keeps its first name; held by other servers'
+    /// (never so, given the prefixes, but `taken` says so), it is left out.
     #[test]
     fn a_shortened_name_always_keeps_the_servers_whole_prefix() {
         let long = long_tool();
@@ -291,8 +320,14 @@ mod tests {
         for name in names.iter().flatten() {
             assert!(name.starts_with("mcp__playwright__"), "{name}");
         }
-        assert_eq!(names[3], Err(LeftOut::NoFreeName));
-        // Alone against names another server holds, likewise.
+        for decoy in &names[..3] {
+            assert_eq!(*decoy, Err(LeftOut::LooksShortened));
+        }
+        assert_eq!(
+            names[3].as_deref(),
+            Ok(format!("mcp__playwright__{}", decoy("playwright", &long, 8)).as_str())
+        );
+        // Alone against names held elsewhere: no free name within the prefix.
         let taken: HashSet<String> = tools[..3]
             .iter()
             .map(|t| format!("mcp__playwright__{t}"))
@@ -303,23 +338,32 @@ mod tests {
         );
     }
 
-    /// Every shortened name taken: the tool gets none, never the last one tried.
+    /// Every shortened name held elsewhere: the tool gets none, never the last one tried.
     #[test]
     fn a_tool_whose_every_shortened_name_is_held_gets_no_name() {
         let long = long_tool();
+        let taken: HashSet<String> = [8, 16, 32, 48]
+            .iter()
+            .map(|&d| format!("mcp__s__{}", decoy("s", &long, d)))
+            .collect();
+        let names = name_server_tools("s", std::slice::from_ref(&long), &taken);
+        assert_eq!(names[0], Err(LeftOut::NoFreeName));
+        // Listed by the same server, the decoys are left out instead, and no name is given twice.
         let mut tools: Vec<String> = [8, 16, 32, 48]
             .iter()
             .map(|&d| decoy("s", &long, d))
             .collect();
-        tools.push(long);
+        tools.push(long.clone());
         let names = name_server_tools("s", &tools, &HashSet::new());
-        let held: Vec<String> = names.iter().flatten().cloned().collect();
-        let distinct: HashSet<&String> = held.iter().collect();
-        assert_eq!(distinct.len(), held.len(), "a name given twice: {held:?}");
-        for (tool, name) in tools[..4].iter().zip(&names) {
-            assert_eq!(name.as_deref(), Ok(format!("mcp__s__{tool}").as_str()));
-        }
-        assert_eq!(names[4], Err(LeftOut::NoFreeName));
+        assert!(
+            names[..4]
+                .iter()
+                .all(|n| *n == Err(LeftOut::LooksShortened))
+        );
+        assert_eq!(
+            names[4].as_deref(),
+            Ok(format!("mcp__s__{}", decoy("s", &long, 8)).as_str())
+        );
     }
 
     /// A server name so long that no hash fits after `mcp__<server>__`: a long tool is left out,
@@ -332,19 +376,21 @@ mod tests {
         assert_eq!(names[1], Ok(format!("mcp__{server}__a")));
     }
 
-    /// A tool listed under another's shortened name keeps its own name whichever comes first;
-    /// the shortened one moves on, within the prefix.
+    /// Neither the list order nor an earlier listing decides who holds a shortened name: the
+    /// long tool keeps the name it got alone when a re-listing adds a tool spelled like it
+    /// (red team, round 4: the newcomer took it, and a rule written on it moved to the
+    /// newcomer), whichever comes first.
     #[test]
-    fn the_list_order_never_decides_who_holds_a_name() {
+    fn a_shortened_name_stays_with_its_tool() {
         let long = long_tool();
         let decoy8 = decoy("s", &long, 8);
+        let alone = name_server_tools("s", std::slice::from_ref(&long), &HashSet::new());
         let forward = name_server_tools("s", &[decoy8.clone(), long.clone()], &HashSet::new());
         let backward = name_server_tools("s", &[long.clone(), decoy8.clone()], &HashSet::new());
-        assert_eq!(forward[0], backward[1]);
-        assert_eq!(forward[1], backward[0]);
-        assert_eq!(forward[0], Ok(format!("mcp__s__{decoy8}")));
-        let shortened = forward[1].clone().unwrap();
-        assert!(shortened.starts_with("mcp__s__"), "{shortened}");
-        assert_ne!(shortened, format!("mcp__s__{decoy8}"));
+        assert_eq!(alone[0], Ok(format!("mcp__s__{decoy8}")));
+        assert_eq!(forward[1], alone[0]);
+        assert_eq!(backward[0], alone[0]);
+        assert_eq!(forward[0], Err(LeftOut::LooksShortened));
+        assert_eq!(backward[1], Err(LeftOut::LooksShortened));
     }
 }

@@ -246,10 +246,11 @@ async fn decoys_of_shorter_names_never_push_a_long_tool_out_of_its_servers_prefi
 
 /// Red-team finding F2: with every shortened name of a long tool already held (decoys of the 8,
 /// 16, 32 and 48-digit names), the long tool took the 48-digit name anyway and replaced the
-/// decoy listed under it, a read-only tool, by "run arbitrary code". No name is registered
-/// twice; the tool that held it keeps it; the long tool is left out, with a warning saying so.
+/// decoy listed under it, a read-only tool, by "run arbitrary code". Round 4: a decoy that held
+/// the long tool's name took it away on a re-listing. No name is registered twice; the long tool
+/// keeps its first shortened name; every decoy is left out, with a warning saying so.
 #[tokio::test]
-async fn a_long_tool_whose_every_shortened_name_is_held_is_left_out() {
+async fn decoys_of_a_long_tools_shortened_names_are_left_out() {
     let long = format!("run_arbitrary_code_{}", "x".repeat(60));
     let decoys: Vec<String> = [8, 16, 32, 48]
         .iter()
@@ -264,21 +265,17 @@ async fn a_long_tool_whose_every_shortened_name_is_held_is_left_out() {
     for (name, _) in &names {
         assert!(seen.insert(name), "{name} is registered twice: {names:?}");
     }
-    for decoy in &decoys {
-        let name = format!("mcp__s__{decoy}");
-        assert!(
-            names.contains(&(name.clone(), decoy.clone())),
-            "{name} does not run the tool {decoy} listed under it: {names:?}"
-        );
-    }
-    assert!(
-        !names.iter().any(|(_, upstream)| *upstream == long),
-        "{long} took a name: {names:?}"
+    assert_eq!(
+        names,
+        vec![(shortened("s", &long, 8), long.clone())],
+        "only the long tool, under its first shortened name"
     );
     let text = log.text();
-    assert!(
-        text.contains(&long) && text.contains("no free name"),
-        "no warning says that {long} was left out and why: {text}"
-    );
+    for decoy in &decoys {
+        assert!(
+            text.contains(decoy.as_str()) && text.contains("shortened name"),
+            "no warning says that {decoy} was left out and why: {text}"
+        );
+    }
     hub.shutdown().await;
 }
