@@ -131,22 +131,24 @@ mod tests {
     #[test]
     fn notes_say_what_a_call_resolves_to() {
         let mut bash = ToolSpec::new("bash", "Run a command", json!({"type": "object"}));
-        bash.output_schema = Some(json!({"type": "object", "properties": {
-            "output": {"type": "string"}, "exit_code": {"type": "integer"}}, "required": ["output", "exit_code"]}));
+        bash.output_schema = Some(std::sync::Arc::new(
+            json!({"type": "object", "properties": {
+            "output": {"type": "string"}, "exit_code": {"type": "integer"}}, "required": ["output", "exit_code"]}),
+        ));
         assert_eq!(
             direct_tool_note(&bash),
             "Codemode: `tools.bash(args)` resolves to `{ output, exit_code }`."
         );
         let mut mcp = ToolSpec::new("mcp__s__echo", "Echo", json!({"type": "object"}));
-        mcp.output_schema = Some(crate::mcp_result_schema(None));
+        mcp.output_schema = Some(std::sync::Arc::new(crate::mcp_result_schema(None)));
         assert_eq!(
             direct_tool_note(&mcp),
             "Codemode: `tools.mcp__s__echo(args)` resolves to an `McpResult` (declared in the codemode tool)."
         );
-        mcp.output_schema = Some(crate::mcp_result_schema(
+        mcp.output_schema = Some(std::sync::Arc::new(crate::mcp_result_schema(
             json!({"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]})
                 .as_object(),
-        ));
+        )));
         assert_eq!(
             direct_tool_note(&mcp),
             "Codemode: `tools.mcp__s__echo(args)` resolves to `McpResult<{ sum }>` (`McpResult` is declared in the codemode tool)."

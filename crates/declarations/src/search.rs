@@ -139,12 +139,22 @@ pub enum SearchError {
 struct Doc {
     tool: ToolSpec,
     identifier: String,
-    sample: String,
+    /// The name the tool's sample declares it under (its identifier, or its quoted raw name
+    /// when the identifier is shared). The sample itself is rendered when asked for: rendering
+    /// all of them at once took seconds and tens of megabytes for a server with 5,000 tools.
+    key: String,
     /// Normalized names a query may equal exactly: raw name, identifier, local name.
     exact_names: Vec<String>,
     /// Terms of the local name (after the last `__`), for the whole-name bonus.
     local_terms: Vec<String>,
     lengths: [usize; FIELDS],
+}
+
+impl Doc {
+    /// The tool's sample ([`crate::tool_sample`]), under the key it is declared with.
+    fn sample(&self) -> String {
+        sample_with_key(&self.tool, &self.key)
+    }
 }
 
 /// A search index over the callable tools (hidden tools are left out).
@@ -216,15 +226,15 @@ impl ToolIndex {
                 }
             }
             let identifier = tool.identifier();
+            let key = member_key(&tool, &collisions);
             let local = tool
                 .name
                 .rsplit("__")
                 .next()
                 .unwrap_or(&tool.name)
                 .to_string();
-            let key = member_key(&tool, &collisions);
             docs.push(Doc {
-                sample: sample_with_key(&tool, &key),
+                key,
                 exact_names: vec![
                     normalize(&tool.name),
                     normalize(&identifier),
@@ -358,7 +368,7 @@ impl ToolIndex {
                 SearchHit {
                     name: doc.tool.name.clone(),
                     identifier: doc.identifier.clone(),
-                    description: doc.sample.clone(),
+                    description: doc.sample(),
                     score,
                 }
             })
@@ -374,7 +384,7 @@ impl ToolIndex {
                 name: name_or_identifier.to_string(),
                 closest: self.closest_tools(name_or_identifier),
             }),
-            [one] => Ok(one.sample.clone()),
+            [one] => Ok(one.sample()),
             many => {
                 let names: Vec<&str> = many.iter().map(|d| d.tool.name.as_str()).collect();
                 let mut out = format!(
@@ -384,7 +394,7 @@ impl ToolIndex {
                 );
                 for doc in many {
                     out.push_str("\n\n");
-                    out.push_str(&doc.sample);
+                    out.push_str(&doc.sample());
                 }
                 Ok(out)
             }
@@ -398,7 +408,7 @@ impl ToolIndex {
                 name: name_or_identifier.to_string(),
                 closest: self.closest_tools(name_or_identifier),
             }),
-            [one] => Ok(one.tool.input_schema.clone()),
+            [one] => Ok((*one.tool.input_schema).clone()),
             many => Err(LookupError::Ambiguous {
                 name: name_or_identifier.to_string(),
                 count: many.len(),
@@ -554,7 +564,7 @@ impl ToolIndex {
             .map(|d| SearchHit {
                 name: d.tool.name.clone(),
                 identifier: d.identifier.clone(),
-                description: d.sample.clone(),
+                description: d.sample(),
                 score: 0.0,
             })
             .collect()
@@ -657,7 +667,13 @@ const STOP_WORDS: &[&str] = &[
 /// use spaces.
 pub(crate) fn tokenize(text: &str) -> Vec<String> {
     let mut words: Vec<String> = Vec::new();
-    let chars: Vec<char> = text.nfkc().collect();
+    // ASCII is its own NFKC form; normalizing it anyway was most of the time an index of
+    // thousands of tools took to build.
+    let chars: Vec<char> = if text.is_ascii() {
+        text.chars().collect()
+    } else {
+        text.nfkc().collect()
+    };
     let mut current = String::new();
     for (i, &ch) in chars.iter().enumerate() {
         if is_cjk(ch) {

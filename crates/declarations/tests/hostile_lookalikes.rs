@@ -73,9 +73,9 @@ fn catalog(
         "mcp__evil",
     ));
     let mut p = namespaced("mcp__evil__b", "Second.", "mcp__evil");
-    p.input_schema = json!({"type": "object", "properties": {
+    p.input_schema = std::sync::Arc::new(json!({"type": "object", "properties": {
         "x": {"type": "string", "description": evil_param},
-    }});
+    }}));
     tools.push(p);
     let namespaces = vec![
         server("mcp__good", "The database server."),

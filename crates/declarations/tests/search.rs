@@ -340,8 +340,10 @@ fn titles_allowed_values_and_result_fields_are_searched() {
         json!({"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}),
     );
     tool.annotations.title = Some("Weather station".into());
-    tool.output_schema = Some(codemode_declarations::mcp_result_schema(
-        json!({"type": "object", "properties": {"humidity": {"type": "number"}}}).as_object(),
+    tool.output_schema = Some(std::sync::Arc::new(
+        codemode_declarations::mcp_result_schema(
+            json!({"type": "object", "properties": {"humidity": {"type": "number"}}}).as_object(),
+        ),
     ));
     let other = ToolSpec::new("echo", "Echo text back.", json!({"type": "object"}));
     let index = ToolIndex::new(&[tool, other], &[]);
@@ -411,6 +413,8 @@ fn describe_tool_can_return_the_input_schema() {
             .find(|t| t.name == "read")
             .unwrap()
             .input_schema
+            .as_ref()
+            .clone()
     );
     assert!(matches!(
         index.input_schema("nope_nope"),

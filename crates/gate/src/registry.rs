@@ -17,9 +17,50 @@ struct Entry {
     tool: Arc<dyn Tool>,
     exposure: Exposure,
     active: bool,
-    /// Compiled once at registration; an invalid schema refuses calls instead of registration,
-    /// so one bad MCP tool does not take its server's other tools down.
-    validator: Arc<Result<jsonschema::Validator, String>>,
+    /// Compiled once, at the tool's first call; an invalid schema refuses calls instead of
+    /// registration, so one bad MCP tool does not take its server's other tools down.
+    validator: Arc<LazyValidator>,
+}
+
+/// A tool's input schema, compiled into a validator when a call first needs it. A compiled
+/// validator takes many times its schema's memory, and a server may list thousands of tools
+/// that are never called: compiling them all at registration made a large listing cost the
+/// host hundreds of megabytes.
+pub(crate) struct LazyValidator {
+    schema: Arc<serde_json::Value>,
+    compiled: std::sync::OnceLock<Result<jsonschema::Validator, String>>,
+}
+
+impl LazyValidator {
+    fn new(schema: Arc<serde_json::Value>) -> LazyValidator {
+        LazyValidator {
+            schema,
+            compiled: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The validator, compiled on first use (outside the registry's lock: compiling a schema
+    /// can take a while), or why the schema cannot be checked against.
+    pub(crate) fn get(&self) -> &Result<jsonschema::Validator, String> {
+        self.compiled.get_or_init(|| {
+            let schema = &*self.schema;
+            let limit = crate::schema_size::MAX_EXPANDED_NODES;
+            if crate::schema_size::expanded_nodes(schema, limit) > limit {
+                Err(format!(
+                    "the tool's input schema expands past {limit} nodes through its `$ref`s, too many to check a call against; the tool's server must simplify it"
+                ))
+            } else {
+                jsonschema::validator_for(schema)
+                    .map_err(|e| format!("the tool's input schema is invalid: {e}"))
+            }
+        })
+    }
+
+    /// Whether the validator was compiled yet.
+    #[cfg(test)]
+    pub(crate) fn is_compiled(&self) -> bool {
+        self.compiled.get().is_some()
+    }
 }
 
 impl Entry {
@@ -49,6 +90,8 @@ struct Inner {
     /// Identifier → raw name of every visible tool, so that registering or resolving one tool
     /// does not walk all the others (a server with 20 000 tools made that quadratic).
     identifiers: HashMap<String, String>,
+    /// Bumped by every change ([`Registry::generation`]).
+    generation: u64,
 }
 
 impl Inner {
@@ -80,7 +123,7 @@ pub(crate) struct Resolved {
     pub tool: Arc<dyn Tool>,
     pub spec: ToolSpec,
     pub active: bool,
-    pub validator: Arc<Result<jsonschema::Validator, String>>,
+    pub validator: Arc<LazyValidator>,
 }
 
 /// The outcome of looking a name up, before the caller's rights are considered.
@@ -100,7 +143,16 @@ impl Registry {
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Inner> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        inner.generation += 1;
+        inner
+    }
+
+    /// A number that changes whenever the registry may have (a tool, an exposure, an active
+    /// state or a namespace). What is built from the registry can be kept while it stays the
+    /// same; read it before reading what it versions.
+    pub fn generation(&self) -> u64 {
+        self.read().generation
     }
 
     /// Adds a tool with the exposure its spec declares. Direct tools start active.
@@ -126,19 +178,7 @@ impl Registry {
         replace: bool,
     ) -> Result<(), RegistryError> {
         let name = tool.spec().name.clone();
-        // Built outside the lock: compiling a schema can take a while.
-        let schema = &tool.spec().input_schema;
-        let limit = crate::schema_size::MAX_EXPANDED_NODES;
-        let validator = Arc::new(
-            if crate::schema_size::expanded_nodes(schema, limit) > limit {
-                Err(format!(
-                    "the tool's input schema expands past {limit} nodes through its `$ref`s, too many to check a call against; the tool's server must simplify it"
-                ))
-            } else {
-                jsonschema::validator_for(schema)
-                    .map_err(|e| format!("the tool's input schema is invalid: {e}"))
-            },
-        );
+        let validator = Arc::new(LazyValidator::new(tool.spec().input_schema.clone()));
         let mut inner = self.write();
         let old = inner.tools.get(&name).map(|e| (e.exposure, e.active));
         if old.is_some() && !replace {
@@ -336,5 +376,79 @@ fn check_identifier(inner: &Inner, name: &str, skip: Option<&str>) -> Result<(),
             identifier,
         }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use codemode_spec::{PreparedCall, ToolError};
+    use serde_json::{Value, json};
+
+    struct Listed(ToolSpec);
+
+    impl Tool for Listed {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        fn prepare(&self, _args: Value) -> Result<Box<dyn PreparedCall>, ToolError> {
+            unreachable!("never called")
+        }
+    }
+
+    /// A server may list 5,000 tools with large schemas (red team finding F6): every list the
+    /// registry hands out (to scripts, the search index, the policy schema) shares each tool's
+    /// schemas instead of copying them, and no validator is compiled before a call needs it.
+    #[test]
+    fn thousands_of_tools_share_their_schemas_and_compile_nothing_until_called() {
+        let registry = Registry::new();
+        let mut tools = Vec::new();
+        for i in 0..5_000 {
+            let mut spec = ToolSpec::new(
+                format!("mcp__big__tool_{i}"),
+                "a tool",
+                json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
+            );
+            spec.namespace = Some("mcp__big".into());
+            spec.output_schema = Some(Arc::new(json!({"type": "object"})));
+            let tool: Arc<dyn Tool> = Arc::new(Listed(spec));
+            registry.register(tool.clone()).unwrap();
+            tools.push(tool);
+        }
+        for list in [
+            registry.specs(),
+            registry.declared_specs(),
+            registry.script_callable(),
+        ] {
+            assert_eq!(list.len(), 5_000);
+            for spec in &list {
+                let i: usize = spec.name.rsplit('_').next().unwrap().parse().unwrap();
+                let own = tools[i].spec();
+                assert_eq!(spec.name, own.name);
+                assert!(Arc::ptr_eq(&spec.input_schema, &own.input_schema));
+                let (out, own_out) = (spec.output_schema.as_ref(), own.output_schema.as_ref());
+                assert!(Arc::ptr_eq(out.unwrap(), own_out.unwrap()));
+            }
+        }
+        let inner = registry.read();
+        assert!(inner.tools.values().all(|e| !e.validator.is_compiled()));
+        drop(inner);
+        let Lookup::Found(resolved) = registry.lookup("mcp__big__tool_7") else {
+            panic!("registered");
+        };
+        assert!(Arc::ptr_eq(
+            &resolved.spec.input_schema,
+            &tools[7].spec().input_schema
+        ));
+        let validator = resolved.validator.get().as_ref().expect("a valid schema");
+        assert!(!validator.is_valid(&json!({})));
+        assert!(validator.is_valid(&json!({"id": "x"})));
+        let compiled = registry
+            .read()
+            .tools
+            .values()
+            .filter(|e| e.validator.is_compiled())
+            .count();
+        assert_eq!(compiled, 1, "only the tool looked up for a call");
     }
 }

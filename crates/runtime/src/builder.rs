@@ -142,6 +142,7 @@ impl CodemodeBuilder {
                 share,
                 max_running_per_principal,
                 next_id: AtomicU64::new(1),
+                views: Default::default(),
             }),
         })
     }

@@ -2,14 +2,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use codemode_declarations::ToolIndex;
 use codemode_gate::{CallRequest, Gate, GateError};
 use codemode_models::Catalog;
 use codemode_sandbox::{Host, HostCall, HostCallKind, HostError};
-use codemode_spec::{Origin, Provenance, ToolSpec, Usage};
+use codemode_spec::{Origin, Provenance, Usage};
 use futures::FutureExt;
 use futures::future::LocalBoxFuture;
 use serde_json::{Map, Value, json};
@@ -17,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::cells::record::Charge;
 use crate::globals;
+use crate::view::ScriptView;
 
 /// Who is running the script; stamped on every call it makes.
 #[derive(Clone)]
@@ -46,9 +46,7 @@ struct HostState {
     io: Option<tokio::runtime::Handle>,
     identity: ScriptIdentity,
     /// Tools and namespaces as the script saw them at start, for the discovery helpers.
-    tools: Vec<ToolSpec>,
-    namespaces: Vec<codemode_spec::NamespaceSpec>,
-    index: OnceLock<ToolIndex>,
+    view: Arc<ScriptView>,
     catalog: Option<Arc<Catalog>>,
     /// Host time the read-only globals may take for this script: its CPU budget. They run
     /// outside the VM, where the budget is not counted.
@@ -72,8 +70,7 @@ pub(crate) struct Spent {
 
 /// What the read-only globals answer from, and the host time they may take.
 pub(crate) struct ReadOnlyView {
-    pub tools: Vec<ToolSpec>,
-    pub namespaces: Vec<codemode_spec::NamespaceSpec>,
+    pub view: Arc<ScriptView>,
     pub catalog: Option<Arc<Catalog>>,
     /// The script's CPU budget.
     pub budget: Duration,
@@ -88,8 +85,7 @@ impl RuntimeHost {
         gated_globals: HashMap<String, String>,
     ) -> Self {
         let ReadOnlyView {
-            tools,
-            namespaces,
+            view,
             catalog,
             budget: read_only_budget,
         } = view;
@@ -99,9 +95,7 @@ impl RuntimeHost {
                 gate,
                 io,
                 identity,
-                tools,
-                namespaces,
-                index: OnceLock::new(),
+                view,
                 catalog,
                 read_only_budget,
                 read_only_spent: AtomicU64::new(0),
@@ -170,9 +164,7 @@ impl HostState {
                 // Building the index is charged too: a server listing thousands of tools with
                 // long descriptions makes it seconds of host CPU.
                 let started = Instant::now();
-                let index = self
-                    .index
-                    .get_or_init(|| ToolIndex::new(&self.tools, &self.namespaces));
+                let index = self.view.index();
                 let answer = globals::answer(&call.name, &args, index, self.catalog.as_deref());
                 let took = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 self.read_only_spent.fetch_add(took, Ordering::Relaxed);

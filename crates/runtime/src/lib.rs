@@ -52,6 +52,7 @@ mod media;
 mod principal_share;
 mod run;
 mod store;
+mod view;
 
 pub use builder::{CodemodeBuilder, RuntimeError};
 pub use cells::{CellError, CellReport, Cells, CellsConfig, PendingCall, WaitOptions};
@@ -66,7 +67,7 @@ use codemode_declarations::{DescriptionInput, Globals, ToolIndex};
 use codemode_gate::{CallRequest, Gate, GateError};
 use codemode_models::Catalog;
 use codemode_sandbox::Sandbox;
-use codemode_spec::{CallKind, CodemodeMode, Provenance, ToolOutput, ToolSpec};
+use codemode_spec::{CodemodeMode, Provenance, ToolOutput, ToolSpec};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -92,6 +93,8 @@ struct Inner {
     /// Scripts one named principal may run at once here (`cells.max_running_per_principal`).
     max_running_per_principal: u32,
     next_id: std::sync::atomic::AtomicU64,
+    /// What scripts see of the registry, kept while it stays the same.
+    views: view::ViewCache,
 }
 
 impl Codemode {
@@ -123,13 +126,7 @@ impl Codemode {
 
     /// The tools a script may call as `tools.<name>` right now.
     pub fn script_tools(&self) -> Vec<ToolSpec> {
-        self.inner
-            .gate
-            .registry()
-            .script_callable()
-            .into_iter()
-            .filter(|s| s.kind == CallKind::Tool)
-            .collect()
+        self.script_view().tools.clone()
     }
 
     /// The description of the `codemode` tool, built from the tools a script can call now.

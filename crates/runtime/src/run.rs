@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use codemode_gate::{CODEMODE_TOOL, CallRequest};
-use codemode_sandbox::{Determinism, Script, ScriptResult, ToolEntry};
-use codemode_spec::{CallKind, Provenance, ToolOutput, Usage};
+use codemode_sandbox::{Determinism, Script, ScriptResult};
+use codemode_spec::{CallKind, Provenance, ToolOutput, ToolSpec, Usage};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -192,7 +192,10 @@ pub struct ScriptSurface {
 impl Codemode {
     /// The names a script started now would see.
     pub fn script_surface(&self) -> ScriptSurface {
-        let callable = self.gate().registry().script_callable();
+        self.surface_of(&self.script_view().callable)
+    }
+
+    fn surface_of(&self, callable: &[ToolSpec]) -> ScriptSurface {
         let tools = callable
             .iter()
             .filter(|s| s.kind == CallKind::Tool)
@@ -360,22 +363,15 @@ impl Codemode {
             cell: cell.clone(),
         };
 
-        let surface = self.script_surface();
-        let tool_specs = self.script_tools();
-        let tools = tool_specs
-            .iter()
-            .map(|s| ToolEntry {
-                name: s.name.clone(),
-                description: codemode_declarations::tool_sample(s),
-            })
-            .collect();
+        let view = self.script_view();
+        let surface = self.surface_of(&view.callable);
+        let tools = view.entries.clone();
         let host = RuntimeHost::new(
             self.gate().clone(),
             tokio::runtime::Handle::try_current().ok(),
             identity,
             ReadOnlyView {
-                tools: tool_specs,
-                namespaces: self.gate().registry().namespaces(),
+                view,
                 catalog: self.inner.catalog.clone(),
                 budget: std::time::Duration::from_millis(cpu_ms),
             },

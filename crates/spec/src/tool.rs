@@ -1,5 +1,7 @@
 //! What a tool is, and the trait every executor implements.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -86,11 +88,13 @@ pub struct ToolSpec {
     pub name: String,
     #[serde(default)]
     pub description: String,
-    /// JSON Schema of the single argument.
-    pub input_schema: Value,
-    /// JSON Schema of the result, when known.
+    /// JSON Schema of the single argument. Shared: every copy of a spec (the registry's lists,
+    /// a script's view, the search index) points at one schema, so a server listing thousands
+    /// of tools with large schemas costs the host one copy of them, not one per reader.
+    pub input_schema: Arc<Value>,
+    /// JSON Schema of the result, when known; shared like `input_schema`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub output_schema: Option<Value>,
+    pub output_schema: Option<Arc<Value>>,
     /// The group the tool belongs to, such as one MCP server (`mcp__github`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub namespace: Option<String>,
@@ -116,7 +120,7 @@ impl ToolSpec {
         ToolSpec {
             name: name.into(),
             description: description.into(),
-            input_schema,
+            input_schema: Arc::new(input_schema),
             output_schema: None,
             namespace: None,
             annotations: Annotations::default(),

@@ -38,7 +38,7 @@ pub fn mcp_server(server: &str) -> (Vec<ToolSpec>, NamespaceSpec) {
                 description,
                 tool["inputSchema"].clone(),
             );
-            spec.output_schema = tool.get("outputSchema").cloned();
+            spec.output_schema = tool.get("outputSchema").cloned().map(std::sync::Arc::new);
             spec.namespace = Some(namespace.clone());
             spec
         })
@@ -71,8 +71,10 @@ pub fn mcp_server_as_client(server: &str) -> (Vec<ToolSpec>, NamespaceSpec) {
     let dump: Value = serde_json::from_str(&text).unwrap();
     let (mut tools, ns) = mcp_server(server);
     for (tool, raw) in tools.iter_mut().zip(dump["tools"].as_array().unwrap()) {
-        tool.output_schema = Some(codemode_declarations::mcp_result_schema(
-            tool.output_schema.as_ref().and_then(Value::as_object),
+        tool.output_schema = Some(std::sync::Arc::new(
+            codemode_declarations::mcp_result_schema(
+                tool.output_schema.as_deref().and_then(Value::as_object),
+            ),
         ));
         let hints = &raw["annotations"];
         tool.annotations.title = raw["title"].as_str().map(str::to_string);

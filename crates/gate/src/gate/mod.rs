@@ -571,7 +571,7 @@ impl Gate {
         call.note_tool(&spec);
 
         let mut args = req.args.clone();
-        check_args(&spec.name, &resolved.validator, &args)
+        check_args(&spec.name, resolved.validator.get(), &args)
             .map_err(|m| GateError::new(Stage::Validate, m))?;
         let mut prepared = prepare(resolved.tool.as_ref(), &spec.name, args.clone())?;
         call.note_facts(prepared.facts());
@@ -629,7 +629,7 @@ impl Gate {
                 }
                 HookDecision::Ask(reason) => add_ask(&mut ask, format!("{reason} (hook)")),
                 HookDecision::Rewrite(new_args) => {
-                    check_args(&spec.name, &resolved.validator, &new_args).map_err(|m| {
+                    check_args(&spec.name, resolved.validator.get(), &new_args).map_err(|m| {
                         GateError::new(
                             Stage::Hook,
                             format!("a hook rewrote the arguments into invalid ones, so the call is refused: {m}. No person was asked"),

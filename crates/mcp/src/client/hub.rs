@@ -150,19 +150,19 @@ impl McpHub {
         let mut out: Vec<Arc<dyn Tool>> = Vec::new();
         for upstream in &self.upstreams {
             let catalog = upstream.catalog();
-            let raw: Vec<String> = catalog.tools.iter().map(|t| t.name.to_string()).collect();
+            let raw: Vec<String> = catalog.tools.iter().map(|t| t.name().to_string()).collect();
             let names = name_server_tools(upstream.name(), &raw, &taken);
             let own = || raw.iter().map(String::as_str);
             for (def, name) in catalog.tools.iter().zip(names) {
                 let name = match name {
                     Ok(name) => name,
                     Err(why) => {
-                        tracing::warn!(server = upstream.name(), tool = %def.name, "{why}");
+                        tracing::warn!(server = upstream.name(), tool = %def.name(), "{why}");
                         continue;
                     }
                 };
                 taken.insert(name.clone());
-                let exposure = upstream.config.exposure_for(&def.name);
+                let exposure = upstream.config.exposure_for(def.name());
                 out.push(Arc::new(McpTool::new(
                     name,
                     def,

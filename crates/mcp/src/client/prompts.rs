@@ -69,15 +69,15 @@ impl PromptTool {
                 "Gets a prompt of MCP server {server} by name, filled in with its arguments \
                  (strings). Returns its description and messages ({{role, content}})."
             ),
-            input_schema: json!({
+            input_schema: Arc::new(json!({
                 "type": "object",
                 "properties": {
                     "name": name_schema,
                     "arguments": {"type": "object", "additionalProperties": {"type": "string"}}
                 },
                 "required": ["name"]
-            }),
-            output_schema: Some(json!({
+            })),
+            output_schema: Some(Arc::new(json!({
                 "type": "object",
                 "properties": {
                     "description": {"type": "string"},
@@ -85,7 +85,7 @@ impl PromptTool {
                         "role": {"type": "string"}, "content": {}}, "required": ["role", "content"]}}
                 },
                 "required": ["messages"]
-            })),
+            }))),
             namespace: Some(mcp_namespace(&server)),
             annotations: read_only(),
             exposure,

@@ -93,7 +93,7 @@ impl McpHub {
         let upstream = &self.upstreams()[self.resource_upstream(uri)?];
         let catalog = upstream.catalog();
         if let Some(tool) =
-            own_tool_claiming(catalog.tools.iter().map(|t| &*t.name), "read_resource")
+            own_tool_claiming(catalog.tools.iter().map(|t| t.name()), "read_resource")
         {
             return Err(ProxyError::Failed(format!(
                 "MCP server {} has a tool of its own named {tool:?}, which takes the name of \
@@ -179,7 +179,7 @@ impl McpHub {
                 continue;
             }
             if let Some(tool) = own_tool_claiming(
-                catalog.tools.iter().map(|t| &*t.name),
+                catalog.tools.iter().map(|t| t.name()),
                 super::prompts::PROMPT_TOOL,
             ) {
                 return Err(ProxyError::Failed(format!(

@@ -19,13 +19,53 @@ pub(crate) struct McpTool {
     upstream: Arc<Upstream>,
 }
 
+/// One tool a server listed: its definition without its schemas, which are converted once,
+/// when listed, and shared by every [`McpTool`] made from it (a server may list thousands of
+/// tools with large schemas; converting them at every registry sync copied them all again).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ListedTool {
+    /// The server's definition; its `input_schema` is empty and its `output_schema` `None`.
+    pub(crate) def: McpToolDef,
+    pub(crate) input_schema: Arc<Value>,
+    pub(crate) output_schema: Arc<Value>,
+}
+
+impl ListedTool {
+    pub(crate) fn new(mut def: McpToolDef) -> ListedTool {
+        let input = std::mem::take(&mut def.input_schema);
+        let input = Arc::try_unwrap(input).unwrap_or_else(|shared| (*shared).clone());
+        let output = def
+            .output_schema
+            .take()
+            .map(|output| Arc::try_unwrap(output).unwrap_or_else(|shared| (*shared).clone()));
+        ListedTool {
+            def,
+            input_schema: Arc::new(input_schema(input)),
+            output_schema: match output {
+                None => PLAIN_RESULT.clone(),
+                Some(output) => Arc::new(result_schema(Some(output))),
+            },
+        }
+    }
+
+    /// The tool's name on its server.
+    pub(crate) fn name(&self) -> &str {
+        &self.def.name
+    }
+}
+
+/// The result schema of every tool that declares no output schema: one copy for all of them.
+static PLAIN_RESULT: std::sync::LazyLock<Arc<Value>> =
+    std::sync::LazyLock::new(|| Arc::new(result_schema(None)));
+
 impl McpTool {
     pub(crate) fn new(
         name: String,
-        def: &McpToolDef,
+        listed: &ListedTool,
         exposure: Exposure,
         upstream: Arc<Upstream>,
     ) -> Self {
+        let def = &listed.def;
         let server = upstream.name().to_string();
         let description = def
             .description
@@ -46,8 +86,8 @@ impl McpTool {
         let spec = ToolSpec {
             name,
             description,
-            input_schema: input_schema(def),
-            output_schema: Some(result_schema(def.output_schema.as_deref())),
+            input_schema: listed.input_schema.clone(),
+            output_schema: Some(listed.output_schema.clone()),
             namespace: Some(mcp_namespace(&server)),
             annotations: Annotations {
                 title: def.title.clone().or(hints.title),
@@ -96,8 +136,7 @@ impl Tool for McpTool {
 
 /// The server's input schema, made a proper object schema (some servers omit `type` or
 /// `properties`, which declarations and validators need).
-fn input_schema(def: &McpToolDef) -> Value {
-    let mut schema: Map<String, Value> = def.input_schema.as_ref().clone();
+fn input_schema(mut schema: Map<String, Value>) -> Value {
     schema
         .entry("type")
         .or_insert_with(|| Value::String("object".into()));
@@ -109,8 +148,8 @@ fn input_schema(def: &McpToolDef) -> Value {
 
 /// Schema of what a script's call resolves to: the `CallToolResult` object. The tool's own output
 /// schema describes `structuredContent`; its `$defs` move to the top so its `$ref`s still resolve.
-fn result_schema(output: Option<&Map<String, Value>>) -> Value {
-    let mut structured = output.cloned().unwrap_or_default();
+fn result_schema(output: Option<Map<String, Value>>) -> Value {
+    let mut structured = output.unwrap_or_default();
     let mut root = Map::new();
     for defs in ["$defs", "definitions"] {
         if let Some(v) = structured.remove(defs) {

@@ -28,6 +28,7 @@ use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
 use super::server_log::LogLimit;
 use super::stdio::ChildTransport;
+use super::tool::ListedTool;
 use crate::config::{ServerConfig, ServerTransport};
 
 /// How many of a server's last stderr lines are kept to explain a failed start.
@@ -58,7 +59,7 @@ pub struct ServerStatus {
 /// What a connected server told us about itself.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Catalog {
-    pub(crate) tools: Vec<McpToolDef>,
+    pub(crate) tools: Vec<ListedTool>,
     pub(crate) instructions: Option<String>,
     pub(crate) server_description: Option<String>,
     /// `Some` when the server offers resources (the capability), with what it listed.
@@ -398,7 +399,7 @@ impl Upstream {
         let tools = listing::tools(service.peer(), listing::BOUNDS)
             .await
             .map_err(|e| format!("listing its tools failed: {e}"))
-            .map(|listed| self.kept(listed))?;
+            .map(|listed| listed_tools(self.kept(listed)))?;
         let info = service.peer().peer_info();
         let capabilities = info
             .as_ref()
@@ -483,7 +484,7 @@ impl Upstream {
         match what {
             Listing::Tools => match listing::tools(peer, listing::BOUNDS).await {
                 Ok(tools) => {
-                    let tools = self.kept(tools);
+                    let tools = listed_tools(self.kept(tools));
                     replace_if_changed(&mut write(&self.catalog).tools, tools)
                 }
                 Err(e) => {
@@ -763,6 +764,11 @@ fn e_is_closed(e: &ServiceError) -> bool {
         e,
         ServiceError::TransportClosed | ServiceError::TransportSend(_)
     )
+}
+
+/// A listing's tools with their schemas converted, once (the raw listing is dropped).
+fn listed_tools(tools: Vec<McpToolDef>) -> Vec<ListedTool> {
+    tools.into_iter().map(ListedTool::new).collect()
 }
 
 fn replace_if_changed<T: PartialEq>(slot: &mut T, new: T) -> bool {

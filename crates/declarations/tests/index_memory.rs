@@ -1,0 +1,105 @@
+//! What the host allocates to index a large listing for `searchTools` (red team finding F6): a
+//! server may list 5,000 tools with schemas of 10 KB each. The index shares the tools' schemas
+//! (a `ToolSpec` holds them in an `Arc`) and renders a tool's sample only when it is asked for,
+//! so building it costs a fraction of what the schemas themselves take, not copies of them.
+//! This binary counts every allocation, so it holds one test only.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use codemode_declarations::{SearchOptions, ToolIndex};
+use codemode_spec::{NamespaceSpec, ToolSpec};
+use serde_json::{Map, Value, json};
+
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+        PEAK.fetch_max(live, Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Bytes allocated at the peak of `f`, beyond what was live when it began.
+fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let out = f();
+    (out, PEAK.load(Relaxed).saturating_sub(base))
+}
+
+const WORDS: [&str; 8] = [
+    "account", "invoice", "region", "cluster", "project", "ticket", "bucket", "pipeline",
+];
+
+/// About 10 KB of JSON: nested properties, each with a description.
+fn schema(tool: usize) -> Value {
+    let mut properties = Map::new();
+    for p in 0..28 {
+        let word = WORDS[(tool + p) % WORDS.len()];
+        properties.insert(
+            format!("{word}_{p}"),
+            json!({
+                "type": "object",
+                "description": format!("The {word} settings for field {p} of tool {tool}; see the guide for the options."),
+                "properties": {
+                    "id": {"type": "string", "description": format!("Identifier of the {word} to use.")},
+                    "limit": {"type": "integer", "minimum": 0, "description": "At most this many entries."},
+                    "mode": {"type": "string", "enum": ["fast", "safe", "full"], "description": "How it is processed."},
+                },
+                "required": ["id"],
+            }),
+        );
+    }
+    json!({"type": "object", "properties": properties})
+}
+
+#[test]
+fn indexing_5000_large_tools_copies_no_schema() {
+    let (tools, schemas_bytes) = peak_during(|| {
+        (0..5_000)
+            .map(|i| {
+                let mut spec = ToolSpec::new(
+                    format!("mcp__big__{}_tool_{i}", WORDS[i % WORDS.len()]),
+                    format!("Manage the {} records of tool {i}.", WORDS[i % WORDS.len()]),
+                    schema(i),
+                );
+                spec.namespace = Some("mcp__big".into());
+                spec
+            })
+            .collect::<Vec<_>>()
+    });
+    let json_bytes: usize = tools.iter().map(|t| t.input_schema.to_string().len()).sum();
+    assert!(json_bytes > 40 << 20, "the listing is {json_bytes} bytes");
+    let namespaces = [NamespaceSpec {
+        name: "mcp__big".into(),
+        description: Some("A large server.".into()),
+        instructions: None,
+        unavailable: None,
+    }];
+    let (index, peak) = peak_during(|| ToolIndex::new(&tools, &namespaces));
+    // Copying the schemas alone took `schemas_bytes`; rendering every sample took about as
+    // much again. The postings and names the index keeps are a small part of it.
+    assert!(
+        peak < schemas_bytes / 4,
+        "building the index allocated {} MB at its peak, for schemas of {} MB",
+        peak >> 20,
+        schemas_bytes >> 20
+    );
+    let hits = index
+        .search("invoice settings", &SearchOptions::default())
+        .unwrap();
+    assert_eq!(hits.len(), 8);
+    assert!(hits[0].description.contains("declare const tools"));
+}
