@@ -519,6 +519,9 @@ async fn a_burst_of_one_scripts_calls_cannot_overrun_its_journal_share() {
 /// Red team: `audit verify` on a log other processes were writing said "the log names a start
 /// it lacks" (2 of 30 runs): it read the journal, then the log, and a call that started and
 /// ended between the two reads looked like a start cut from the journal. The log is read first.
+/// Round 4 (a CI run, and 1 in 8 runs on a loaded machine): a head read after its log named
+/// lines the read had not seen ("lines were cut from the end"), and a line being written was
+/// read half ("the last line is truncated"). Logs are now read under a shared `flock`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verifying_a_log_while_calls_are_written_finds_no_start_missing() {
     let dir = tempfile::tempdir().unwrap();

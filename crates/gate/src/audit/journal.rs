@@ -125,10 +125,16 @@ fn unmatched(
 /// The records of a log or journal file. Its bytes are never decoded lossily: a line that is
 /// not UTF-8 was changed outside codemode, and is an error naming it.
 fn records(path: &Path) -> Result<Vec<Value>, AuditError> {
-    let bytes = std::fs::read(path).map_err(|e| AuditError::Open {
+    let opened = |e: std::io::Error| AuditError::Open {
         path: path.display().to_string(),
         message: e.to_string(),
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(opened)?;
+    // Between two whole lines of a log being written (see `verify`).
+    let lock = super::Flock::shared(&file).map_err(opened)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(opened)?;
+    drop(lock);
     let lines = verify::split_lines(&bytes);
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {

@@ -495,17 +495,32 @@ impl Inner {
 /// is a process that took it to stop codemode (a read-only descriptor is enough to take it).
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// An advisory exclusive lock on a file, released when dropped.
-struct Flock<'a>(&'a File);
+/// An advisory lock on a file, released when dropped.
+pub(crate) struct Flock<'a>(&'a File);
 
 impl<'a> Flock<'a> {
     /// Takes the lock, waiting at most `wait` ([`LOCK_WAIT`] but after a give-up): a call must
     /// fail, not hang (and hold a thread) while another process keeps the log locked.
     fn exclusive(file: &'a File, wait: std::time::Duration) -> std::io::Result<Self> {
+        Self::take(file, wait, FlockOperation::NonBlockingLockExclusive)
+    }
+
+    /// A shared lock, for reading a log whole: writers hold the exclusive one while they write
+    /// a line and its head, so a reader under this one never sees half a line or a head ahead
+    /// of its log.
+    pub(crate) fn shared(file: &'a File) -> std::io::Result<Self> {
+        Self::take(file, LOCK_WAIT, FlockOperation::NonBlockingLockShared)
+    }
+
+    fn take(
+        file: &'a File,
+        wait: std::time::Duration,
+        operation: FlockOperation,
+    ) -> std::io::Result<Self> {
         let started = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(1);
         loop {
-            match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+            match rustix::fs::flock(file, operation) {
                 Ok(()) => return Ok(Flock(file)),
                 Err(rustix::io::Errno::WOULDBLOCK) if started.elapsed() < wait => {
                     std::thread::sleep(pause);

@@ -73,23 +73,26 @@ impl VerifyReport {
 /// `hash`) and its agreement with the head. Says which line is the first that does not fit.
 pub fn verify(path: impl AsRef<Path>, key: Option<&AuditKey>) -> Result<VerifyReport, AuditError> {
     let path = path.as_ref();
-    let open = |p: &Path| {
-        std::fs::read(p).map_err(|e| AuditError::Open {
-            path: p.display().to_string(),
-            message: e.to_string(),
-        })
+    let opened = |p: &Path, e: std::io::Error| AuditError::Open {
+        path: p.display().to_string(),
+        message: e.to_string(),
     };
-    let bytes = open(path)?;
+    let log = File::open(path).map_err(|e| opened(path, e))?;
+    // Under a shared lock, as writers append under the exclusive one: a log being written is
+    // read between two whole lines, its head with it (never half a line, nor a head ahead of
+    // what was read). The head first all the same.
+    let lock = super::Flock::shared(&log).map_err(|e| opened(path, e))?;
     let head_bytes = match std::fs::read(head_path(path)) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            return Err(AuditError::Open {
-                path: head_path(path).display().to_string(),
-                message: e.to_string(),
-            });
-        }
+        Err(e) => return Err(opened(&head_path(path), e)),
     };
+    let mut bytes = Vec::new();
+    (&log)
+        .read_to_end(&mut bytes)
+        .map_err(|e| opened(path, e))?;
+    // Writers wait while it is held: not through the check.
+    drop(lock);
     check(path, &bytes, &head_bytes, key)
 }
 
