@@ -4,30 +4,13 @@
 
 mod support;
 
+use support::{namespaced, server};
+
 use codemode_declarations::{
     DEFAULT_INLINE_BUDGET_TOKENS, DescriptionInput, Encoding, codemode_description, count_tokens,
 };
 use codemode_spec::{NamespaceSpec, ToolSpec};
 use serde_json::json;
-
-fn namespaced(name: &str, description: &str, namespace: &str) -> ToolSpec {
-    let mut spec = ToolSpec::new(
-        name,
-        description,
-        json!({"type": "object", "properties": {"table": {"type": "string", "description": "The table."}}}),
-    );
-    spec.namespace = Some(namespace.to_string());
-    spec
-}
-
-fn server(name: &str, description: &str) -> NamespaceSpec {
-    NamespaceSpec {
-        name: name.into(),
-        description: Some(description.into()),
-        instructions: None,
-        unavailable: None,
-    }
-}
 
 /// What a reader sees: the line without characters that print as nothing.
 fn visible(line: &str) -> String {

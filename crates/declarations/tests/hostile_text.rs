@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::{namespaced, server};
+
 use codemode_declarations::{
     DEFAULT_INLINE_BUDGET_TOKENS, DescriptionInput, Encoding, ToolIndex, codemode_description,
     count_tokens,
@@ -82,25 +84,6 @@ fn listing(description: &str) -> &str {
         .map_or(description.len(), |i| i + 6);
     let end = description.rfind("\n```").unwrap_or(description.len());
     &description[start.min(end)..end]
-}
-
-fn namespaced(name: &str, description: &str, namespace: &str) -> ToolSpec {
-    let mut spec = ToolSpec::new(
-        name,
-        description,
-        json!({"type": "object", "properties": {"table": {"type": "string", "description": "The table."}}}),
-    );
-    spec.namespace = Some(namespace.to_string());
-    spec
-}
-
-fn server(name: &str, description: &str) -> NamespaceSpec {
-    NamespaceSpec {
-        name: name.into(),
-        description: Some(description.into()),
-        instructions: None,
-        unavailable: None,
-    }
 }
 
 /// `n` Egyptian hieroglyphs, no sentence break: a few characters each cost a token or more.

@@ -4,40 +4,15 @@
 //! so building it costs a fraction of what the schemas themselves take, not copies of them.
 //! This binary counts every allocation, so it holds one test only.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+mod support;
 
 use codemode_declarations::{SearchOptions, ToolIndex};
 use codemode_spec::{NamespaceSpec, ToolSpec};
 use serde_json::{Map, Value, json};
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-        PEAK.fetch_max(live, Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use support::counting::{Counting, peak_during};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// Bytes allocated at the peak of `f`, beyond what was live when it began.
-fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let base = LIVE.load(Relaxed);
-    PEAK.store(base, Relaxed);
-    let out = f();
-    (out, PEAK.load(Relaxed).saturating_sub(base))
-}
 
 const WORDS: [&str; 8] = [
     "account", "invoice", "region", "cluster", "project", "ticket", "bucket", "pipeline",

@@ -2,6 +2,8 @@
 //! `tools/list` of three npm MCP servers, and a generated 500-tool catalog.
 #![allow(dead_code)]
 
+pub mod counting;
+
 use codemode_spec::{Exposure, NamespaceSpec, ToolSpec};
 use serde_json::{Value, json};
 
@@ -435,5 +437,26 @@ fn random_literal(rng: &mut Rng) -> Value {
         3 => Value::Null,
         4 => json!({"k": [1, "two"]}),
         _ => json!(true),
+    }
+}
+
+/// A tool of `namespace` with one string property, for tests of what servers write.
+pub fn namespaced(name: &str, description: &str, namespace: &str) -> ToolSpec {
+    let mut spec = ToolSpec::new(
+        name,
+        description,
+        json!({"type": "object", "properties": {"table": {"type": "string", "description": "The table."}}}),
+    );
+    spec.namespace = Some(namespace.to_string());
+    spec
+}
+
+/// A server's namespace with its own description.
+pub fn server(name: &str, description: &str) -> NamespaceSpec {
+    NamespaceSpec {
+        name: name.into(),
+        description: Some(description.into()),
+        instructions: None,
+        unavailable: None,
     }
 }
