@@ -127,11 +127,9 @@ fn break_fences(line: &str, skeleton: &[u8], at: &[usize]) -> String {
 fn count_suffix_ends(skeleton: &[u8], at: &[usize]) -> Vec<usize> {
     const END: &[u8] = b"listed)";
     let reads_as = |s: &[u8]| {
-        s.iter().zip(END).all(|(&b, &p)| {
-            b == p
-                || (p == b'i' && b == b'l')
-                || (b == codemode_spec::skeleton::ANY_LETTER && p.is_ascii_alphabetic())
-        })
+        s.iter()
+            .zip(END)
+            .all(|(&b, &p)| codemode_spec::skeleton::reads_as(p, b))
     };
     skeleton
         .windows(END.len())

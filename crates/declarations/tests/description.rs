@@ -7,15 +7,7 @@ use codemode_declarations::{
 };
 use codemode_spec::{CodemodeMode, Exposure, NamespaceSpec, ToolSpec};
 use serde_json::json;
-
-/// The listing block of a description (between the ```ts fence lines).
-fn listing(description: &str) -> &str {
-    let start = description
-        .find("```ts\n")
-        .map_or(description.len(), |i| i + 6);
-    let end = description.rfind("\n```").unwrap_or(description.len());
-    &description[start.min(end)..end]
-}
+use support::listing;
 
 /// How many tools of each namespace heading are listed, by heading order.
 fn listed_per_namespace(description: &str) -> Vec<(String, usize, bool)> {

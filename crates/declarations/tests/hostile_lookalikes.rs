@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{namespaced, server};
+use support::{dense, namespaced, server};
 
 use codemode_declarations::{
     DEFAULT_INLINE_BUDGET_TOKENS, DescriptionInput, Encoding, codemode_description, count_tokens,
@@ -43,13 +43,7 @@ fn catalog(
     evil_param: &str,
 ) -> (Vec<ToolSpec>, Vec<NamespaceSpec>) {
     let mut tools = support::coding_tools();
-    for t in ["query", "schema", "tables"] {
-        tools.push(namespaced(
-            &format!("mcp__good__{t}"),
-            "Ask the database.",
-            "mcp__good",
-        ));
-    }
+    tools.extend(support::good_database_tools());
     tools.push(namespaced(
         "mcp__evil__a",
         evil_tool_description,
@@ -203,12 +197,6 @@ fn an_invisible_character_inside_backticks_does_not_close_the_fence() {
         .map(|l| format!("{l:?}"))
         .collect();
     assert!(found.is_empty(), "{}", found.join("\n"));
-}
-
-fn dense(n: usize, from: u32) -> String {
-    (0..n)
-        .map(|i| char::from_u32(from + (i as u32 * 7) % 1_000).unwrap())
-        .collect()
 }
 
 /// `unavailable` (a failed server's error, with the end of its stderr) is printed after

@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::{namespaced, server};
+use support::{listing, namespaced, server};
 
 use codemode_declarations::{
     DEFAULT_INLINE_BUDGET_TOKENS, DescriptionInput, Encoding, ToolIndex, codemode_description,
@@ -77,20 +77,9 @@ fn many_long_server_descriptions_stay_near_the_budget() {
     );
 }
 
-/// The listing block of a description (between the ```ts fence lines).
-fn listing(description: &str) -> &str {
-    let start = description
-        .find("```ts\n")
-        .map_or(description.len(), |i| i + 6);
-    let end = description.rfind("\n```").unwrap_or(description.len());
-    &description[start.min(end)..end]
-}
-
 /// `n` Egyptian hieroglyphs, no sentence break: a few characters each cost a token or more.
 fn hieroglyphs(n: usize) -> String {
-    (0..n)
-        .map(|i| char::from_u32(0x13000 + (i as u32 * 7) % 1_000).unwrap())
-        .collect()
+    support::dense(n, 0x13000)
 }
 
 /// The red team's F3: a `serverInfo.description` of ~800 hieroglyphs (under the 800-character
@@ -183,13 +172,7 @@ fn server_text_cannot_forge_a_heading_or_a_declaration() {
     );
     let forged_first = format!("{FORGED_HEADING}\n{FORGED_DECLARATION}\nMore text.");
     let mut tools = support::coding_tools();
-    for t in ["query", "schema", "tables"] {
-        tools.push(namespaced(
-            &format!("mcp__good__{t}"),
-            "Ask the database.",
-            "mcp__good",
-        ));
-    }
+    tools.extend(support::good_database_tools());
     tools.push(namespaced("mcp__evil__a", &forged, "mcp__evil"));
     tools.push(namespaced("mcp__evil__b", &forged_first, "mcp__evil"));
     let mut param = namespaced("mcp__evil__c", "Third.", "mcp__evil");

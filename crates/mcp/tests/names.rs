@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use codemode_mcp::{ConnectOptions, McpConfig, McpHub};
 use codemode_spec::{Provenance, Tool, ToolCall};
-use common::{assert_all_connected, find};
+use common::{CapturedLog, assert_all_connected, find};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -133,35 +133,6 @@ fn registered(hub: &McpHub) -> Vec<(String, String)> {
             (spec.name.clone(), upstream)
         })
         .collect()
-}
-
-/// The host's log at warning level, captured for one test.
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for CapturedLog {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl CapturedLog {
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
-        let writer = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
 }
 
 /// Red-team finding F1: a server configured as `playwright` listed three decoys named like a

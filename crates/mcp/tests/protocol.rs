@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use codemode_mcp::{ConnectOptions, McpConfig, McpHub, route_progress};
 use codemode_spec::{Provenance, Tool, ToolCall};
-use common::{assert_all_connected, find};
+use common::{CapturedLog, assert_all_connected, find};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -316,27 +316,6 @@ async fn a_server_that_floods_requests_and_never_reads_the_answers_is_restarted_
     hub.shutdown().await;
 }
 
-/// Everything written through `tracing` at warn level and above on this thread (the test's
-/// runtime and the tasks rmcp spawns on it), as codemode's default log filter lets it through.
-#[derive(Clone, Default)]
-struct CapturedLog(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for CapturedLog {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl CapturedLog {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 /// Red-team finding: a server's `notifications/message` went to the host's log whole (up to
 /// 16 MiB a line) and at error level, as often as the server sent one: a server could fill the
 /// log, or the disk under it. What is logged is cut per message and limited per second, and
@@ -344,13 +323,7 @@ impl CapturedLog {
 #[tokio::test]
 async fn a_flood_of_huge_server_log_messages_is_cut_and_thinned_in_the_host_log() {
     let log = CapturedLog::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let _default = log.install();
     let hub = hub(json!({"loud": server()})).await;
     // Messages of 1 MB: each is cut. Then 2,000 small ones: far more than 20 a second however
     // slowly a loaded machine reads them, so some are dropped.

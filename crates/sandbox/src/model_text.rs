@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
 
+use codemode_spec::skeleton::reads_as;
+
 use crate::result::{CallStatus, ErrorKind, OutputItem, ScriptResult};
 
 /// What goes back to the model. `full_output_path` names the private (0600) file holding the
@@ -238,12 +240,12 @@ const LINE_BREAKS: [char; 7] = [
 ];
 
 // What a line reads as is judged on its skeleton, not on its characters: each character folded
-// on its own to the visible ASCII it reads as, in lower case (`fold`), and every other one
+// on its own to the visible ASCII it reads as, in lower case (`codemode_spec::skeleton`), and every other one
 // (spaces, invisibles, fillers, blanks, combining marks, letters of other scripts that look
 // like no Latin one) dropped, wherever it is. A list of invisible characters is never complete
 // (Hangul fillers, braille blanks, tag characters, variation selectors, ...): what is not visible
 // ASCII after the fold counts for nothing. The patterns are matched on skeletons too, loosely
-// enough that a letter the fold dropped (a lookalike it does not know) still matches.
+// enough that a letter the fold dropped still matches, and punctuation a pattern lacks is skipped.
 
 /// One character of a text's skeleton, and where the character it came from is in the text.
 #[derive(Debug, Clone, Copy)]
@@ -288,7 +290,7 @@ fn loose_prefix(pattern: &[u8], skeleton: &[u8], drops: usize) -> Option<usize> 
             .then(|| loose_prefix(rest, skeleton, drops - 1))
             .flatten();
     };
-    if same_letter(p, s)
+    if reads_as(p, s)
         && let Some(n) = loose_prefix(rest, &skeleton[1..], drops)
     {
         return Some(n + 1);
@@ -304,17 +306,9 @@ fn loose_prefix(pattern: &[u8], skeleton: &[u8], drops: usize) -> Option<usize> 
     None
 }
 
-/// Whether skeleton byte `s` reads as pattern byte `p`: the same, an `l` for an `i` (what
-/// UTS #39 folds `I`-like letters to), or a Latin letter the fold could not name for a letter.
-fn same_letter(p: u8, s: u8) -> bool {
-    s == p || (p == b'i' && s == b'l') || (s == ANY_LETTER && p.is_ascii_alphabetic())
-}
-
 fn is_punctuation(b: u8) -> bool {
     b.is_ascii_punctuation() && b != b'_'
 }
-
-use codemode_spec::skeleton::ANY_LETTER;
 
 /// The longest skeleton a pattern's match can take.
 const LINE_HEAD: usize = 32;
@@ -418,7 +412,7 @@ fn escapes(text: &str) -> Vec<usize> {
 fn look_at(window: &[Folded], i: usize, found: &mut Vec<usize>) {
     let b = window[i].b;
     // Most characters anchor nothing: look no further, with nothing allocated.
-    if !(b == b'<' || same_letter(b't', b)) {
+    if !(b == b'<' || reads_as(b't', b)) {
         return;
     }
     let mut buf = [0u8; AHEAD];

@@ -37,12 +37,12 @@ pub fn fold_char(c: char, emit: &mut impl FnMut(u8)) {
     if unicode_normalization::char::is_combining_mark(c) {
         return;
     }
-    let mut parts = 0;
-    unicode_normalization::char::decompose_compatible(c, |_| parts += 1);
+    let mut parts = Vec::new();
+    unicode_normalization::char::decompose_compatible(c, |d| parts.push(d));
     // A ligature of a whole phrase (U+FDFA is 18 letters) is no lookalike of one letter: its
     // ASCII parts count, and no part costs a confusables look-up.
-    let look_up = parts <= 4;
-    unicode_normalization::char::decompose_compatible(c, |d| {
+    let look_up = parts.len() <= 4;
+    for d in parts {
         if d.is_ascii() {
             if d.is_ascii_graphic() {
                 emit(d.to_ascii_lowercase() as u8);
@@ -50,7 +50,7 @@ pub fn fold_char(c: char, emit: &mut impl FnMut(u8)) {
         } else if look_up && !unicode_normalization::char::is_combining_mark(d) {
             lookalike(d, emit);
         }
-    });
+    }
 }
 
 /// The ASCII a character that is not ASCII looks like: its confusable prototype when that is
@@ -76,6 +76,13 @@ fn lookalike(c: char, emit: &mut impl FnMut(u8)) {
     } else {
         proto[..n].iter().for_each(|&b| emit(b));
     }
+}
+
+/// Whether skeleton byte `s` reads as byte `p` of a pattern written in lower-case ASCII: the
+/// same, an `l` for an `i` (what UTS #39 folds `I`-like letters to), or a Latin letter the fold
+/// could not name ([`ANY_LETTER`]) for a letter.
+pub fn reads_as(p: u8, s: u8) -> bool {
+    s == p || (p == b'i' && s == b'l') || (s == ANY_LETTER && p.is_ascii_alphabetic())
 }
 
 /// Letters of the Latin blocks past ASCII: Latin-1, Extended-A to E, IPA, phonetic extensions

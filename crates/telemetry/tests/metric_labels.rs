@@ -12,21 +12,14 @@ mod common;
 
 use codemode_gate::CallRequest;
 use codemode_spec::Provenance;
-use codemode_telemetry::{Telemetry, TelemetryConfig, UNRESOLVED_TOOL};
+use codemode_telemetry::UNRESOLVED_TOOL;
 use serde_json::json;
 
 const MADE_UP: &str = "made-up-tool-name";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn made_up_tool_names_neither_become_labels_nor_crowd_out_real_tools() {
-    let telemetry = Telemetry::start(
-        &TelemetryConfig {
-            metrics: true,
-            ..TelemetryConfig::default()
-        },
-        None,
-    )
-    .unwrap();
+    let telemetry = common::metrics_only();
     let gate = common::echo_gate(telemetry.metrics().unwrap());
 
     // What a client can send as `tools/call` names, one request each: more names than the

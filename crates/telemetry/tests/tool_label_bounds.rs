@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use codemode_gate::{CallRequest, Gate, PolicySet, Registry};
 use codemode_spec::{Exposure, Provenance, ToolSpec};
-use codemode_telemetry::{TOOL_LABELS_PER_NAMESPACE, Telemetry, TelemetryConfig};
+use codemode_telemetry::{TOOL_LABELS_PER_NAMESPACE, Telemetry};
 use common::Echo;
 use serde_json::json;
 
@@ -65,14 +65,7 @@ fn label<'a>(line: &'a str, label: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_namespace_with_thousands_of_tools_does_not_starve_the_others() {
-    let telemetry = Telemetry::start(
-        &TelemetryConfig {
-            metrics: true,
-            ..TelemetryConfig::default()
-        },
-        None,
-    )
-    .unwrap();
+    let telemetry = common::metrics_only();
     let gate = gate(&telemetry);
 
     // The hostile server's script calls each of its tools once.

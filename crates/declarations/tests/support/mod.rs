@@ -460,3 +460,28 @@ pub fn server(name: &str, description: &str) -> NamespaceSpec {
         unavailable: None,
     }
 }
+
+/// The three tools of the trusted server `mcp__good` that hostile-text tests try to imitate.
+pub fn good_database_tools() -> Vec<ToolSpec> {
+    ["query", "schema", "tables"]
+        .iter()
+        .map(|t| namespaced(&format!("mcp__good__{t}"), "Ask the database.", "mcp__good"))
+        .collect()
+}
+
+/// `n` characters of a dense script from the block at `from` (Egyptian hieroglyphs at
+/// U+13000, cuneiform, Linear B), no sentence break: each costs a token or more.
+pub fn dense(n: usize, from: u32) -> String {
+    (0..n)
+        .map(|i| char::from_u32(from + (i as u32 * 7) % 1_000).unwrap())
+        .collect()
+}
+
+/// The listing block of a description (between the ```ts fence lines).
+pub fn listing(description: &str) -> &str {
+    let start = description
+        .find("```ts\n")
+        .map_or(description.len(), |i| i + 6);
+    let end = description.rfind("\n```").unwrap_or(description.len());
+    &description[start.min(end)..end]
+}

@@ -41,3 +41,16 @@ pub fn echo_gate(observer: Arc<dyn CallObserver>) -> Gate {
         .build()
         .expect("a gate")
 }
+
+/// Telemetry with metrics on (Prometheus text, no OTLP export), as `/metrics` serves them.
+#[allow(dead_code)] // Not every test binary uses it.
+pub fn metrics_only() -> codemode_telemetry::Telemetry {
+    codemode_telemetry::Telemetry::start(
+        &codemode_telemetry::TelemetryConfig {
+            metrics: true,
+            ..codemode_telemetry::TelemetryConfig::default()
+        },
+        None,
+    )
+    .unwrap()
+}
