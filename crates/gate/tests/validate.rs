@@ -138,3 +138,59 @@ async fn a_schema_that_expands_exponentially_is_refused_not_checked() {
     assert!(err.message.contains("expands past"), "{}", err.message);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Validators are compiled at a tool's first call, not at registration. Attacked where that
+/// could fail open: a burst of first calls racing to compile it, and a tool swapped in place
+/// (a server's `list_changed`) after its old schema was compiled, whose next calls must be
+/// judged by the new schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazily_compiled_schema_holds_under_a_burst_and_after_a_swap() {
+    let strict = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"], "additionalProperties": false});
+    let reg = Registry::new();
+    let tool = TestTool::new("lazy", strict.clone());
+    let runs = tool.runs.clone();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg).build().unwrap();
+    let burst = (0..64).map(|i| {
+        let gate = gate.clone();
+        let args = if i % 2 == 0 {
+            json!({"n": "not a number"})
+        } else {
+            json!({"n": i})
+        };
+        async move { gate.call(req("lazy", args, script("burst"))).await }
+    });
+    let results = futures::future::join_all(burst).await;
+    for (i, r) in results.iter().enumerate() {
+        match r {
+            Ok(_) => assert!(i % 2 == 1, "call {i} with a bad argument ran"),
+            Err(e) => {
+                assert!(i % 2 == 0, "call {i} was refused: {}", e.message);
+                assert_eq!(e.stage, Stage::Validate, "{}", e.message);
+            }
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 32);
+
+    // Swapped for a version that takes anything, then back to a strict one: each call is
+    // judged by the schema of the version registered when it is made.
+    let open = TestTool::new("lazy", json!({"type": "object"}));
+    let open_runs = open.runs.clone();
+    reg.install(Arc::new(open), codemode_spec::Exposure::Codemode)
+        .unwrap();
+    gate.call(req("lazy", json!({"n": "text", "x": 1}), script("swap")))
+        .await
+        .expect("the open version takes any object");
+    assert_eq!(open_runs.load(Ordering::SeqCst), 1);
+    let strict_again = TestTool::new("lazy", strict);
+    let strict_runs = strict_again.runs.clone();
+    reg.install(Arc::new(strict_again), codemode_spec::Exposure::Codemode)
+        .unwrap();
+    let err = gate
+        .call(req("lazy", json!({"n": "text", "x": 1}), script("swap")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Validate, "{}", err.message);
+    assert_eq!(strict_runs.load(Ordering::SeqCst), 0);
+}
