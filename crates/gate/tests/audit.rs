@@ -432,6 +432,62 @@ async fn a_call_whose_line_cannot_be_written_does_not_return_as_if_audited() {
     refused_because(&gate, "audit log cannot be written").await;
 }
 
+/// Found by a review: once the log had failed, every refusal was observed (and counted in
+/// metrics) as a made-up name, so a dashboard showed no tool refused at all. A name that resolves
+/// keeps its tool; one that does not stays unresolved.
+#[tokio::test]
+async fn refusals_after_the_log_failed_are_observed_under_their_tool() {
+    struct Seen(std::sync::Mutex<Vec<(String, bool)>>);
+    impl codemode_gate::CallObserver for Seen {
+        fn finished(&self, o: &codemode_gate::CallOutcome) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((o.tool.clone(), o.kind.is_some()));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    write_log(&path, 1).await;
+    let reg = Registry::new();
+    reg.register(Arc::new(TestTool::new("t", object_schema())))
+        .unwrap();
+    reg.register(Arc::new(DamagesTheHead {
+        spec: codemode_spec::ToolSpec::new("damage", "", object_schema()),
+        head: dir.path().join("audit.jsonl.head"),
+        runs: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+    }))
+    .unwrap();
+    let seen = Arc::new(Seen(Default::default()));
+    let gate = builder(&reg)
+        .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
+        .observer(seen.clone())
+        .build()
+        .unwrap();
+    gate.call(req("damage", json!({}), script("a")))
+        .await
+        .expect_err("its line cannot be written");
+    refused_because(&gate, "audit log cannot be written").await;
+    let err = gate
+        .call(req("no_such_tool", json!({}), script("a")))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("audit log cannot be written"),
+        "{}",
+        err.message
+    );
+    let seen = seen.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            ("damage".to_string(), true),
+            ("t".to_string(), true),
+            ("no_such_tool".to_string(), false),
+        ]
+    );
+}
+
 /// Calls `t` and expects a refusal whose message says `why`; returns the message.
 async fn refused_because(gate: &codemode_gate::Gate, why: &str) -> String {
     let err = gate

@@ -564,8 +564,15 @@ impl Gate {
         req: &CallRequest,
         call: &mut Pending,
     ) -> Result<Admitted, GateError> {
-        self.check_open(req)?;
         let p = &req.provenance;
+        if let Err(e) = self.check_open(req) {
+            // Named when the name resolves, so the refusal is counted under its tool, not as
+            // a made-up name.
+            if let Ok(resolved) = self.resolve(&req.name, p.origin) {
+                call.note_tool(&resolved.spec);
+            }
+            return Err(e);
+        }
         let resolved = self.resolve(&req.name, p.origin)?;
         let spec = resolved.spec.clone();
         call.note_tool(&spec);
