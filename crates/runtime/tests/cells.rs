@@ -70,6 +70,8 @@ struct Setup {
     lease: Duration,
     budgets: Budgets,
     max_live: u32,
+    /// The scripts' `cpu_ms` when set.
+    cpu_ms: Option<u64>,
 }
 
 impl Default for Setup {
@@ -80,6 +82,7 @@ impl Default for Setup {
             lease: Duration::from_secs(15),
             budgets: Budgets::default(),
             max_live: 8,
+            cpu_ms: None,
         }
     }
 }
@@ -127,7 +130,13 @@ async fn world(dir: &std::path::Path, setup: Setup) -> World {
         .audit(audit)
         .build()
         .unwrap();
-    let codemode = Codemode::builder().gate(gate).cells(cells).build().unwrap();
+    let mut builder = Codemode::builder().gate(gate).cells(cells);
+    if let Some(cpu_ms) = setup.cpu_ms {
+        let mut sandbox = codemode_sandbox::SandboxConfig::default();
+        sandbox.defaults.cpu_ms = cpu_ms;
+        builder = builder.sandbox_config(sandbox);
+    }
+    let codemode = builder.build().unwrap();
     World {
         codemode,
         runs,
@@ -889,6 +898,79 @@ return "finished";"#;
         "the rebuilt cell ran {:?}",
         started.elapsed()
     );
+}
+
+/// A rebuilt cell re-runs its script's code up to its last logged call, and that CPU time counts
+/// against `cpu_ms` again: a script cannot get a fresh CPU budget by being taken over. The loop's
+/// length is found with the CPU limit itself (not a clock), so a loaded machine does not move
+/// it: `work` iterations use most of `cpu` ms, so twice that passes `cpu * 3 / 2` while once
+/// does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cpu_budget_holds_across_a_takeover() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = 600;
+    let setup = |cpu_ms| Setup {
+        lease: Duration::from_millis(600),
+        cpu_ms: Some(cpu_ms),
+        ..Setup::default()
+    };
+    std::fs::create_dir(dir.path().join("calibrate")).unwrap();
+    let calibrating = world(&dir.path().join("calibrate"), setup(cpu)).await;
+    let spin =
+        |n: u64| format!("{{ let x = 0; for (let i = 0; i < {n}; i++) {{ x = (x + i) % 7; }} }}");
+    let fits = |n: u64| {
+        let code = format!("{}\nreturn 1;", spin(n));
+        let codemode = calibrating.codemode.clone();
+        async move {
+            let run = codemode.run_script(req(&code, "calibrate")).await;
+            if run.is_error {
+                assert!(run.text.contains("CPU budget"), "{}", run.text);
+            }
+            !run.is_error
+        }
+    };
+    let mut low = 10_000;
+    while fits(low * 2).await {
+        low *= 2;
+    }
+    let mut high = low * 2;
+    for _ in 0..4 {
+        let mid = (low + high) / 2;
+        if fits(mid).await {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    let work = low;
+    let code = format!(
+        "{}\nawait tools.danger({{}});\n{}\nreturn \"finished\";",
+        spin(work),
+        spin(work)
+    );
+    let first = world(dir.path(), setup(cpu * 3 / 2)).await;
+    let r = first.codemode.start_cell(req(&code, "s")).await.unwrap();
+    let r = if r.status == CellStatus::Running {
+        first
+            .codemode
+            .wait_cell("s", &r.cell, wait_for(20_000))
+            .await
+            .unwrap()
+    } else {
+        r
+    };
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    let second = approved_while_abandoned(&first, &approval, dir.path(), setup(cpu * 3 / 2)).await;
+    assert_eq!(
+        second.codemode.resume_cells().await.unwrap(),
+        vec![r.cell.clone()]
+    );
+    let (last, all) = finish(&second, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Failed, "{all}");
+    assert!(all.contains("CPU budget"), "{all}");
+    assert!(!all.contains("finished"), "{all}");
+    assert_eq!(second.danger_runs.load(Ordering::SeqCst), 1);
 }
 
 /// Starts `code` as a cell of session "s" that waits for an approval, abandons it, sets the
