@@ -81,4 +81,17 @@ fn approvals_are_shown_with_reordering_and_control_characters_escaped() {
             "{args:?}: {text}"
         );
     }
+    // Red team: answering printed the call it answered raw (its arguments as plain JSON), so
+    // the override and the CSI reached the terminal there.
+    let mut cmd = common::codemode();
+    cmd.args(["approvals", "deny", approval.id.as_str()])
+        .args(&dirs);
+    let out = common::pipe(cmd, None);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "deny: {text}");
+    assert!(text.contains("rm -rf ~"), "deny: {text}");
+    assert!(
+        !text.contains(RLO) && !text.contains(CSI),
+        "deny prints a character that reorders or controls the terminal: {text:?}"
+    );
 }

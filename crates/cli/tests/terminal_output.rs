@@ -214,3 +214,84 @@ fn a_paused_calls_notice_shows_its_arguments_escaped() {
         "the command is shown whole, its controls as text: {notice:?}"
     );
 }
+
+/// Red team: the notice of a paused call showed its tool, reason and arguments, and told the
+/// person to answer with `codemode approvals approve <id>`, which takes short arguments without
+/// a hash. It left out the paths the call reaches: `notes/x.txt` read through a link the project
+/// ships lands in another directory (`~/.ssh` in the attack), and the person approving from the
+/// notice never saw where. It shows the resolved paths, as the live question and `show` do.
+#[test]
+fn a_paused_calls_notice_shows_where_its_path_really_leads() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config");
+    let work = dir.path().join("work");
+    let outside = dir.path().join("outside");
+    for d in [&config, &work, &outside] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::fs::write(outside.join("x.txt"), "secret").unwrap();
+    std::os::unix::fs::symlink(&outside, work.join("notes")).unwrap();
+    std::fs::write(
+        config.join("settings.json"),
+        json!({"approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"}})
+            .to_string(),
+    )
+    .unwrap();
+    let mut child = common::codemode()
+        .args(["run", "--config-dir"])
+        .arg(&config)
+        .arg("--workdir")
+        .arg(&work)
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(br#"return await tools.read({ path: "notes/x.txt" })"#)
+            .unwrap();
+    }
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let _ = tx.send(line);
+        }
+    });
+    // The notice, up to the line saying how to answer.
+    let start = Instant::now();
+    let mut notice = String::new();
+    while start.elapsed() < Duration::from_secs(60) {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => {
+                let asked = !notice.is_empty() || line.contains("waits for approval");
+                if asked {
+                    notice.push_str(&line);
+                    notice.push('\n');
+                }
+                if asked && line.contains("answer with:") {
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        notice.contains("waits for approval"),
+        "no notice: {notice:?}"
+    );
+    let landing = outside.canonicalize().unwrap().join("x.txt");
+    assert!(
+        notice.contains(&landing.display().to_string()),
+        "the notice does not say the read lands in {}: {notice}",
+        landing.display()
+    );
+}

@@ -4,6 +4,7 @@
 
 #[macro_use]
 mod common;
+mod approval_text;
 mod audit;
 mod budgets_and_models;
 mod hooks;

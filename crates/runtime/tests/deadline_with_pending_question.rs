@@ -106,3 +106,31 @@ return said + " " + (await tools.tick({}));"#;
     assert!(!run.is_error, "{}", run.text);
     assert!(run.text.contains("approval 1"), "{}", run.text);
 }
+
+/// Red team: the clock stood still while the one call in flight waited for a person, whatever
+/// the script did meanwhile. A script that leaves a question pending and computes in
+/// JavaScript makes no call, so nothing told the clock it was running: it ran on past its
+/// deadline for as long as the person took (an hour for a paused approval), bounded only by
+/// the CPU budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "red team: the deadline clock stands still while the VM computes with a question pending"]
+async fn a_script_computing_while_a_question_is_pending_keeps_its_deadline() {
+    let codemode = codemode();
+    let code = r#"// @options: {"timeout_ms": 500}
+tools.ask({}).catch(() => {});
+let n = 0;
+for (;;) n++;"#;
+    let started = std::time::Instant::now();
+    let run = codemode.run_script(ScriptRequest::new(code, "s")).await;
+    let took = started.elapsed();
+    assert!(
+        run.is_error && run.text.contains("timed out"),
+        "{}",
+        run.text
+    );
+    // The person answers after 4 s; the script may not compute for all of it.
+    assert!(
+        took < Duration::from_millis(2_500),
+        "a 500 ms script computed for {took:?} while a question was pending"
+    );
+}

@@ -170,12 +170,13 @@ async fn answer(args: AnswerArgs, decision: Decision) -> Result<ExitCode> {
         args.call_hash.as_deref(),
     )
     .await?;
+    // Escaped as `list` shows them: the arguments are the script's.
     println!(
         "{} {}: `{}` with {}",
         a.state.as_str(),
         a.id,
-        a.tool,
-        cut(&a.arguments.to_string(), 200)
+        shown_text(&a.tool),
+        cut(&shown_arguments(&a.arguments), 200)
     );
     if a.state == ApprovalState::Approved
         && let Some(cell) = &a.cell_id

@@ -118,9 +118,14 @@ async fn run_pausing(
         for p in &report.pending {
             if told.insert(p.approval_id.clone()) {
                 // A person decides on what this says: shown as `codemode approvals` shows it,
-                // escaped and whole, whether or not standard error is a terminal.
+                // escaped and whole, whether or not standard error is a terminal, with the
+                // paths the call really reaches (`approve` takes short arguments unhashed).
+                let paths = match codemode_gate::shown_paths(&p.paths) {
+                    p if p.is_empty() => String::new(),
+                    p => format!("\nPaths it reaches (resolved, links followed):\n{p}"),
+                };
                 eprintln!(
-                    "codemode: `{}` waits for approval ({}): {}\n  answer with: codemode approvals approve {} (or deny)",
+                    "codemode: `{}` waits for approval ({}): {}{paths}\n  answer with: codemode approvals approve {} (or deny)",
                     codemode_gate::shown_text(&p.tool),
                     codemode_gate::shown_text(&p.reason),
                     codemode_gate::shown_arguments(&p.arguments),

@@ -289,10 +289,12 @@ impl Approver for ElicitationApprover {
 fn question(req: &ApprovalRequest) -> Value {
     // Whole, as the terminal shows them: a person cannot approve what was cut from sight.
     let args = req.shown_arguments();
+    // The reason is a hook's words, which may quote the call: escaped as the terminal prompt
+    // escapes it, so it can neither reorder the question nor add a line that reads as its own.
     let mut message = format!(
         "codemode wants to call `{}`.\n\nWhy approval is needed: {}\n\nArguments ({} characters): {args}",
-        req.tool_name,
-        req.reason,
+        codemode_gate::shown_text(&req.tool_name),
+        codemode_gate::shown_text(&req.reason),
         args.chars().count()
     );
     if !req.paths.is_empty() {
@@ -358,5 +360,31 @@ mod tests {
             "{message}"
         );
         assert!(!message.contains('\u{202e}') && !message.contains('\u{2066}'));
+    }
+
+    /// Red team: the terminal prompt, `approvals list` and `show` escape the reason (a hook's
+    /// words, which may quote the call) and the tool name; the question put to the client
+    /// showed them raw, so a right-to-left override in a hook's reason reordered it there.
+    #[test]
+    fn the_question_shows_the_reason_and_tool_name_escaped() {
+        let req = ApprovalRequest {
+            tool_name: "bash".into(),
+            kind: CallKind::Tool,
+            args: json!({ "command": "ls" }),
+            paths: Vec::new(),
+            provenance: Provenance::model("c1", "s"),
+            reason: "the hook says: \u{202e}txt.exe\u{9b}2K\nArguments: {}\u{2066} (hook)".into(),
+            policy_ids: Vec::new(),
+        };
+        let message = question(&req)["message"].as_str().unwrap().to_string();
+        for raw in ['\u{202e}', '\u{9b}', '\u{2066}'] {
+            assert!(!message.contains(raw), "{raw:?} in {message:?}");
+        }
+        assert!(
+            message.contains(
+                "the hook says: \\u202etxt.exe\\u009b2K\\u000aArguments: {}\\u2066 (hook)"
+            ),
+            "{message}"
+        );
     }
 }

@@ -25,6 +25,9 @@ pub struct PendingCall {
     pub tool: String,
     /// The call's full arguments.
     pub arguments: Value,
+    /// The paths the call reaches, resolved (links followed): a person deciding must see them,
+    /// since `notes/x.txt` in the arguments may land outside the project.
+    pub paths: Vec<String>,
     pub policy_ids: Vec<String>,
     pub reason: String,
     pub expires_at_ms: i64,
@@ -36,6 +39,7 @@ impl From<&ApprovalRecord> for PendingCall {
             approval_id: a.id.clone(),
             tool: a.tool.clone(),
             arguments: a.arguments.clone(),
+            paths: a.paths.clone(),
             policy_ids: a.policy_ids.clone(),
             reason: a.reason.clone(),
             expires_at_ms: a.expires_at_ms,
