@@ -164,7 +164,7 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
         mcp |= tool
             .output_schema
             .as_ref()
-            .is_some_and(|s| structured_content(s).is_some());
+            .is_some_and(|s| structured_content(&s.value()).is_some());
     }
     let visible: Vec<ToolSpec> = listed.iter().chain(&direct).map(|t| (*t).clone()).collect();
     let collisions = identifier_collisions(&visible);

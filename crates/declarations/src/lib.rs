@@ -33,7 +33,8 @@ pub use identifiers::{IdentifierCollision, identifier_collisions};
 pub use mcp_result::mcp_result_schema;
 pub use note::direct_tool_note;
 pub use render::{
-    DEFAULT_MAX_TYPE_CHARS, RenderOptions, render_declaration, render_type, tool_sample,
+    DEFAULT_MAX_TYPE_CHARS, RenderOptions, all_tools_descriptions, render_declaration, render_type,
+    tool_sample,
 };
 pub use search::{
     DEFAULT_SEARCH_LIMIT, LookupError, MAX_QUERY_BYTES, SearchError, SearchHit, SearchOptions,

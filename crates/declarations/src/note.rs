@@ -26,6 +26,7 @@ fn describe_output(spec: &ToolSpec) -> String {
     let Some(schema) = &spec.output_schema else {
         return "a string".into();
     };
+    let schema = &schema.value();
     match crate::mcp_result::structured_content(schema) {
         None => {}
         Some(None) => return "an `McpResult` (declared in the codemode tool)".into(),
@@ -131,7 +132,7 @@ mod tests {
     #[test]
     fn notes_say_what_a_call_resolves_to() {
         let mut bash = ToolSpec::new("bash", "Run a command", json!({"type": "object"}));
-        bash.output_schema = Some(std::sync::Arc::new(
+        bash.output_schema = Some(codemode_spec::Schema::from(
             json!({"type": "object", "properties": {
             "output": {"type": "string"}, "exit_code": {"type": "integer"}}, "required": ["output", "exit_code"]}),
         ));
@@ -140,12 +141,12 @@ mod tests {
             "Codemode: `tools.bash(args)` resolves to `{ output, exit_code }`."
         );
         let mut mcp = ToolSpec::new("mcp__s__echo", "Echo", json!({"type": "object"}));
-        mcp.output_schema = Some(std::sync::Arc::new(crate::mcp_result_schema(None)));
+        mcp.output_schema = Some(codemode_spec::Schema::from(crate::mcp_result_schema(None)));
         assert_eq!(
             direct_tool_note(&mcp),
             "Codemode: `tools.mcp__s__echo(args)` resolves to an `McpResult` (declared in the codemode tool)."
         );
-        mcp.output_schema = Some(std::sync::Arc::new(crate::mcp_result_schema(
+        mcp.output_schema = Some(codemode_spec::Schema::from(crate::mcp_result_schema(
             json!({"type": "object", "properties": {"sum": {"type": "number"}}, "required": ["sum"]})
                 .as_object(),
         )));

@@ -137,14 +137,17 @@ impl ToolTypes {
     pub(crate) fn of(spec: &ToolSpec) -> ToolTypes {
         let output = match &spec.output_schema {
             None => Output::Text,
-            Some(schema) => match structured_content(schema) {
-                Some(None) => Output::Mcp(None),
-                Some(Some(structured)) => Output::Mcp(Some(schema::build(&structured))),
-                None => Output::Type(schema::build(schema)),
-            },
+            Some(schema) => {
+                let schema = &schema.value();
+                match structured_content(schema) {
+                    Some(None) => Output::Mcp(None),
+                    Some(Some(structured)) => Output::Mcp(Some(schema::build(&structured))),
+                    None => Output::Type(schema::build(schema)),
+                }
+            }
         };
         ToolTypes {
-            input: schema::build(&spec.input_schema),
+            input: schema::build(&spec.input_schema.value()),
             output,
         }
     }
@@ -179,6 +182,46 @@ pub fn render_declaration(spec: &ToolSpec, opts: &RenderOptions) -> String {
 pub fn tool_sample(spec: &ToolSpec) -> String {
     sample_with_key(spec, &spec.identifier())
 }
+
+/// What `ALL_TOOLS` lists as each tool's `description`: its sample while all samples together
+/// stay within `max_bytes`, else its description alone, each cut to an equal share of
+/// `max_bytes` (`…` marks a cut). Every script gets the whole list, so a listing of thousands of
+/// tools with large schemas would otherwise cost each script start tens of megabytes of host
+/// memory and copying; `describeTool` still gives any tool's whole sample.
+pub fn all_tools_descriptions(specs: &[ToolSpec], max_bytes: usize) -> Vec<String> {
+    let mut samples = Vec::with_capacity(specs.len());
+    let mut total = 0usize;
+    for spec in specs {
+        let sample = tool_sample(spec);
+        total = total.saturating_add(sample.len());
+        if total > max_bytes {
+            break;
+        }
+        samples.push(sample);
+    }
+    if samples.len() == specs.len() {
+        return samples;
+    }
+    drop(samples);
+    let share = (max_bytes / specs.len().max(1)).min(MAX_SHORT_DESCRIPTION_BYTES);
+    specs
+        .iter()
+        .map(|spec| {
+            let text = comment_lines(&spec.description).join(" ");
+            if text.len() <= share {
+                return text;
+            }
+            let mut end = share.saturating_sub('…'.len_utf8());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", text[..end].trim_end())
+        })
+        .collect()
+}
+
+/// The longest description `ALL_TOOLS` keeps of a tool once samples do not fit.
+const MAX_SHORT_DESCRIPTION_BYTES: usize = 400;
 
 pub(crate) fn sample_with_key(spec: &ToolSpec, key: &str) -> String {
     // Same cleaning as comments: no stray control characters, no fence that closes the block early.

@@ -408,7 +408,7 @@ impl ToolIndex {
                 name: name_or_identifier.to_string(),
                 closest: self.closest_tools(name_or_identifier),
             }),
-            [one] => Ok((*one.tool.input_schema).clone()),
+            [one] => Ok(one.tool.input_schema.value()),
             many => Err(LookupError::Ambiguous {
                 name: name_or_identifier.to_string(),
                 count: many.len(),
@@ -599,8 +599,9 @@ fn namespace_text(name: &str, namespaces: &[NamespaceSpec]) -> String {
 fn tool_text(tool: &ToolSpec) -> String {
     let mut text = tool.description.clone();
     let mut budget = MAX_SCHEMA_WORDS_NODES;
-    schema_words(&tool.input_schema, &mut text, &mut budget, 0, true);
+    schema_words(&tool.input_schema.value(), &mut text, &mut budget, 0, true);
     if let Some(output) = &tool.output_schema {
+        let output = &output.value();
         match crate::mcp_result::structured_content(output) {
             Some(Some(structured)) => schema_words(&structured, &mut text, &mut budget, 0, false),
             Some(None) => {}

@@ -407,7 +407,7 @@ fn the_token_targets_hold_at_the_default_budget() {
         let rest = &block[start + 1..];
         let end = rest.find("\n//").unwrap_or(rest.len());
         let signature = &rest[..end];
-        for key in tool.input_schema["properties"]
+        for key in tool.input_schema.value()["properties"]
             .as_object()
             .map(|p| p.keys().collect::<Vec<_>>())
             .unwrap_or_default()

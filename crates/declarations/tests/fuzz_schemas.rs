@@ -34,7 +34,9 @@ fn random_schemas_render_without_panics() {
         check_text(&render_type(&schema, &tight));
         let mut tool = ToolSpec::new(format!("t{case}"), "fuzzed tool", schema.clone());
         if rng.below(3) == 0 {
-            tool.output_schema = Some(std::sync::Arc::new(support::random_schema(&mut rng, 0)));
+            tool.output_schema = Some(codemode_spec::Schema::from(support::random_schema(
+                &mut rng, 0,
+            )));
         }
         if rng.below(4) == 0 {
             tool.namespace = Some(format!("ns{}", rng.below(5)));

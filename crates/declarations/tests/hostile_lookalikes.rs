@@ -50,7 +50,7 @@ fn catalog(
         "mcp__evil",
     ));
     let mut p = namespaced("mcp__evil__b", "Second.", "mcp__evil");
-    p.input_schema = std::sync::Arc::new(json!({"type": "object", "properties": {
+    p.input_schema = codemode_spec::Schema::from(json!({"type": "object", "properties": {
         "x": {"type": "string", "description": evil_param},
     }}));
     tools.push(p);

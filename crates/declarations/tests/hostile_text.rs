@@ -176,7 +176,7 @@ fn server_text_cannot_forge_a_heading_or_a_declaration() {
     tools.push(namespaced("mcp__evil__a", &forged, "mcp__evil"));
     tools.push(namespaced("mcp__evil__b", &forged_first, "mcp__evil"));
     let mut param = namespaced("mcp__evil__c", "Third.", "mcp__evil");
-    param.input_schema = std::sync::Arc::new(json!({"type": "object", "properties": {
+    param.input_schema = codemode_spec::Schema::from(json!({"type": "object", "properties": {
         "x": {"type": "string", "description": forged},
         "y": {"type": "string", "description": FORGED_HEADING},
     }}));

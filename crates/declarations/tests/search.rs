@@ -340,7 +340,7 @@ fn titles_allowed_values_and_result_fields_are_searched() {
         json!({"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}}),
     );
     tool.annotations.title = Some("Weather station".into());
-    tool.output_schema = Some(std::sync::Arc::new(
+    tool.output_schema = Some(codemode_spec::Schema::from(
         codemode_declarations::mcp_result_schema(
             json!({"type": "object", "properties": {"humidity": {"type": "number"}}}).as_object(),
         ),
@@ -413,8 +413,7 @@ fn describe_tool_can_return_the_input_schema() {
             .find(|t| t.name == "read")
             .unwrap()
             .input_schema
-            .as_ref()
-            .clone()
+            .value()
     );
     assert!(matches!(
         index.input_schema("nope_nope"),
@@ -470,4 +469,67 @@ fn a_huge_unknown_name_is_answered_at_once() {
             "{namespace:?}"
         );
     }
+}
+
+/// `ALL_TOOLS` goes into every script whole: past its byte bound it keeps each tool's
+/// description alone, cut to an equal share, and never passes the bound; `describeTool` still
+/// has the whole sample. A catalog of ordinary size keeps every sample.
+#[test]
+fn all_tools_descriptions_stay_within_their_bound() {
+    const BOUND: usize = 2 * 1024 * 1024;
+    let (mut tools, _) = support::all_mcp();
+    tools.extend(support::coding_tools());
+    let (catalog, _) = support::catalog(20);
+    tools.extend(catalog);
+    let ordinary = codemode_declarations::all_tools_descriptions(&tools, BOUND);
+    for (tool, description) in tools.iter().zip(&ordinary) {
+        assert_eq!(description, &codemode_declarations::tool_sample(tool));
+    }
+    let ordinary_bytes: usize = ordinary.iter().map(String::len).sum();
+    assert!(
+        ordinary_bytes * 4 < BOUND,
+        "{} tools' samples take {ordinary_bytes} bytes",
+        tools.len()
+    );
+
+    // Past the bound (a smaller one here, for a test's time): 500 tools with large schemas and
+    // long descriptions in two scripts.
+    const SMALL_BOUND: usize = 256 * 1024;
+    let big: Vec<ToolSpec> = (0..500)
+        .map(|i| {
+            let properties: serde_json::Map<String, serde_json::Value> = (0..40)
+                .map(|p| {
+                    (
+                        format!("field_{p}"),
+                        json!({"type": "string", "description": format!("Field {p} of tool {i}, as the service names it.")}),
+                    )
+                })
+                .collect();
+            let mut spec = ToolSpec::new(
+                format!("mcp__big__tool_{i}"),
+                format!("Éditer le registre {i} — {}", "données ".repeat(100)),
+                json!({"type": "object", "properties": properties}),
+            );
+            spec.namespace = Some("mcp__big".into());
+            spec
+        })
+        .collect();
+    let whole: usize = big
+        .iter()
+        .map(|t| codemode_declarations::tool_sample(t).len())
+        .sum();
+    assert!(whole > 4 * SMALL_BOUND, "the fixture is too small: {whole}");
+    let short = codemode_declarations::all_tools_descriptions(&big, SMALL_BOUND);
+    assert_eq!(short.len(), big.len());
+    let total: usize = short.iter().map(String::len).sum();
+    assert!(total <= SMALL_BOUND, "{total}");
+    let share = SMALL_BOUND / big.len();
+    for (tool, description) in big.iter().zip(&short) {
+        assert!(description.len() <= share, "{}", description.len());
+        assert!(description.starts_with(&format!("Éditer le registre {}", &tool.name[15..])));
+        assert!(description.ends_with('…'), "{description}");
+    }
+    let index = ToolIndex::new(&big, &[]);
+    let sample = index.describe_tool("mcp__big__tool_7").unwrap();
+    assert!(sample.contains("field_39"), "{sample}");
 }

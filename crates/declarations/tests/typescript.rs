@@ -45,7 +45,9 @@ fn rendered_declarations_type_check() {
             support::random_schema(&mut rng, 0),
         );
         if i % 3 == 0 {
-            tool.output_schema = Some(std::sync::Arc::new(support::random_schema(&mut rng, 0)));
+            tool.output_schema = Some(codemode_spec::Schema::from(support::random_schema(
+                &mut rng, 0,
+            )));
         }
         tools.push(tool);
     }
@@ -106,7 +108,7 @@ fn rendered_declarations_type_check() {
         );
         tool.namespace = Some("mcp__random".into());
         let structured = support::random_schema(&mut rng, 0);
-        tool.output_schema = Some(std::sync::Arc::new(
+        tool.output_schema = Some(codemode_spec::Schema::from(
             codemode_declarations::mcp_result_schema(structured.as_object()),
         ));
         client.push(tool);

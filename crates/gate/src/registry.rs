@@ -27,12 +27,12 @@ struct Entry {
 /// that are never called: compiling them all at registration made a large listing cost the
 /// host hundreds of megabytes.
 pub(crate) struct LazyValidator {
-    schema: Arc<serde_json::Value>,
+    schema: codemode_spec::Schema,
     compiled: std::sync::OnceLock<Result<jsonschema::Validator, String>>,
 }
 
 impl LazyValidator {
-    fn new(schema: Arc<serde_json::Value>) -> LazyValidator {
+    fn new(schema: codemode_spec::Schema) -> LazyValidator {
         LazyValidator {
             schema,
             compiled: std::sync::OnceLock::new(),
@@ -43,7 +43,7 @@ impl LazyValidator {
     /// can take a while), or why the schema cannot be checked against.
     pub(crate) fn get(&self) -> &Result<jsonschema::Validator, String> {
         self.compiled.get_or_init(|| {
-            let schema = &*self.schema;
+            let schema = &self.schema.value();
             let limit = crate::schema_size::MAX_EXPANDED_NODES;
             if crate::schema_size::expanded_nodes(schema, limit) > limit {
                 Err(format!(
@@ -410,7 +410,7 @@ mod tests {
                 json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
             );
             spec.namespace = Some("mcp__big".into());
-            spec.output_schema = Some(Arc::new(json!({"type": "object"})));
+            spec.output_schema = Some(codemode_spec::Schema::from(json!({"type": "object"})));
             let tool: Arc<dyn Tool> = Arc::new(Listed(spec));
             registry.register(tool.clone()).unwrap();
             tools.push(tool);
@@ -425,9 +425,9 @@ mod tests {
                 let i: usize = spec.name.rsplit('_').next().unwrap().parse().unwrap();
                 let own = tools[i].spec();
                 assert_eq!(spec.name, own.name);
-                assert!(Arc::ptr_eq(&spec.input_schema, &own.input_schema));
+                assert!(spec.input_schema.shares(&own.input_schema));
                 let (out, own_out) = (spec.output_schema.as_ref(), own.output_schema.as_ref());
-                assert!(Arc::ptr_eq(out.unwrap(), own_out.unwrap()));
+                assert!(out.unwrap().shares(own_out.unwrap()));
             }
         }
         let inner = registry.read();
@@ -436,10 +436,12 @@ mod tests {
         let Lookup::Found(resolved) = registry.lookup("mcp__big__tool_7") else {
             panic!("registered");
         };
-        assert!(Arc::ptr_eq(
-            &resolved.spec.input_schema,
-            &tools[7].spec().input_schema
-        ));
+        assert!(
+            resolved
+                .spec
+                .input_schema
+                .shares(&tools[7].spec().input_schema)
+        );
         let validator = resolved.validator.get().as_ref().expect("a valid schema");
         assert!(!validator.is_valid(&json!({})));
         assert!(validator.is_valid(&json!({"id": "x"})));

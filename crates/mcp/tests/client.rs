@@ -95,7 +95,7 @@ async fn everything_server_lists_and_echoes() {
     let echo = find(&hub, "mcp__everything__echo");
     assert_eq!(echo.spec().namespace.as_deref(), Some("mcp__everything"));
     assert_eq!(echo.spec().exposure, Exposure::Codemode);
-    assert_eq!(echo.spec().input_schema["type"], json!("object"));
+    assert_eq!(echo.spec().input_schema.value()["type"], json!("object"));
     let out = echo.call(call(json!({"message": "hi"}))).await.unwrap();
     assert_eq!(text_of(&out.value), "Echo: hi");
     assert!(!out.is_error);
@@ -144,7 +144,8 @@ async fn annotations_pagination_and_structured_results() {
     assert_eq!(echo.spec().annotations.open_world_hint, Some(false));
     let structured = find(&hub, "mcp__bad__structured");
     assert_eq!(
-        structured.spec().output_schema.as_ref().unwrap()["properties"]["structuredContent"]["required"],
+        structured.spec().output_schema.as_ref().unwrap().value()["properties"]["structuredContent"]
+            ["required"],
         json!(["n"])
     );
     let out = structured.call(call(json!({}))).await.unwrap();

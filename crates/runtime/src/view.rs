@@ -4,8 +4,9 @@
 //! A server may list thousands of tools with large schemas (red team finding F6): rendering
 //! every tool's sample for `ALL_TOOLS` and building the `searchTools` index for each script
 //! made every script pay seconds of host time and hundreds of megabytes. The specs share their
-//! schemas with the registry (`ToolSpec` holds them in an `Arc`), and the view is dropped as
-//! soon as the registry changes and no running script holds it.
+//! schemas with the registry (`ToolSpec` holds them as shared text), `ALL_TOOLS` carries at
+//! most [`ALL_TOOLS_MAX_BYTES`] of descriptions, and the view is dropped as soon as the
+//! registry changes and no running script holds it.
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -37,6 +38,11 @@ impl ScriptView {
     }
 }
 
+/// The most bytes of tool descriptions `ALL_TOOLS` carries into each script: about 500,000
+/// tokens, far past what a model reads at once, and ten times the samples of 543 tools (the
+/// test catalog of 500 and three real servers: 193 KB).
+const ALL_TOOLS_MAX_BYTES: usize = 2 * 1024 * 1024;
+
 /// The view last built, kept while the registry stays the same.
 #[derive(Default)]
 pub(crate) struct ViewCache(Mutex<Option<Arc<ScriptView>>>);
@@ -61,11 +67,14 @@ impl Codemode {
             .filter(|s| s.kind == CallKind::Tool)
             .cloned()
             .collect();
+        let descriptions =
+            codemode_declarations::all_tools_descriptions(&tools, ALL_TOOLS_MAX_BYTES);
         let entries = tools
             .iter()
-            .map(|s| ToolEntry {
+            .zip(descriptions)
+            .map(|(s, description)| ToolEntry {
                 name: s.name.clone(),
-                description: codemode_declarations::tool_sample(s),
+                description,
             })
             .collect();
         let view = Arc::new(ScriptView {

@@ -11,6 +11,7 @@ mod call;
 mod clock;
 mod identifier;
 mod json_count;
+mod schema;
 pub mod skeleton;
 mod tool;
 
@@ -18,6 +19,7 @@ pub use call::{CallKind, Origin, Provenance, Usage};
 pub use clock::{ActiveCall, DeadlineClock, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
 pub use json_count::count_json_values;
+pub use schema::Schema;
 pub use tool::{
     Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, HeldMemory,
     ModelFacts, NamespaceSpec, PathUse, PreparedCall, RunContext, ScriptFacts, Tool, ToolCall,

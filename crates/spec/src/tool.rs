@@ -1,12 +1,10 @@
 //! What a tool is, and the trait every executor implements.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::{CallKind, Provenance, Usage};
+use crate::{CallKind, Provenance, Schema, Usage};
 
 pub type BoxFuture<'a, T> = futures::future::BoxFuture<'a, T>;
 
@@ -89,12 +87,12 @@ pub struct ToolSpec {
     #[serde(default)]
     pub description: String,
     /// JSON Schema of the single argument. Shared: every copy of a spec (the registry's lists,
-    /// a script's view, the search index) points at one schema, so a server listing thousands
-    /// of tools with large schemas costs the host one copy of them, not one per reader.
-    pub input_schema: Arc<Value>,
+    /// a script's view, the search index) points at one text, so a server listing thousands
+    /// of tools with large schemas costs the host one compact copy of them, not one per reader.
+    pub input_schema: Schema,
     /// JSON Schema of the result, when known; shared like `input_schema`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub output_schema: Option<Arc<Value>>,
+    pub output_schema: Option<Schema>,
     /// The group the tool belongs to, such as one MCP server (`mcp__github`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub namespace: Option<String>,
@@ -120,7 +118,7 @@ impl ToolSpec {
         ToolSpec {
             name: name.into(),
             description: description.into(),
-            input_schema: Arc::new(input_schema),
+            input_schema: Schema::new(&input_schema),
             output_schema: None,
             namespace: None,
             annotations: Annotations::default(),

@@ -105,8 +105,8 @@ pub(crate) fn make_spec(
     ToolSpec {
         name: name.to_owned(),
         description: description.to_owned(),
-        input_schema: std::sync::Arc::new(input_schema),
-        output_schema: output_schema.map(std::sync::Arc::new),
+        input_schema: input_schema.into(),
+        output_schema: output_schema.map(Into::into),
         namespace: None,
         annotations,
         exposure: ctx.config.exposure,

@@ -236,7 +236,7 @@ async fn timeout_above_the_configured_maximum_is_refused() {
     assert_eq!(err.kind, ToolErrorKind::InvalidArguments);
     assert!(err.message.contains("5000"), "{}", err.message);
     assert_eq!(
-        b.tool("bash").spec().input_schema["properties"]["timeout_ms"]["maximum"],
+        b.tool("bash").spec().input_schema.value()["properties"]["timeout_ms"]["maximum"],
         5_000
     );
 }

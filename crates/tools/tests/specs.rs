@@ -21,7 +21,7 @@ fn input_schemas_are_strict_and_valid() {
     let b = Bench::new();
     for tool in &b.tools {
         let spec = tool.spec();
-        let schema = &spec.input_schema;
+        let schema = &spec.input_schema.value();
         assert!(
             jsonschema::meta::is_valid(schema),
             "{} schema is not a valid JSON Schema",
@@ -55,7 +55,7 @@ fn input_schemas_are_strict_and_valid() {
             spec.name
         );
     }
-    let required = |name: &str| b.tool(name).spec().input_schema["required"].clone();
+    let required = |name: &str| b.tool(name).spec().input_schema.value()["required"].clone();
     assert_eq!(required("read"), json!(["path"]));
     assert_eq!(required("write"), json!(["path", "content"]));
     assert_eq!(
@@ -65,7 +65,7 @@ fn input_schemas_are_strict_and_valid() {
     assert_eq!(required("find"), json!(["pattern"]));
     assert_eq!(required("grep"), json!(["pattern"]));
     assert_eq!(required("bash"), json!(["command"]));
-    let read = jsonschema::validator_for(&b.tool("read").spec().input_schema).unwrap();
+    let read = jsonschema::validator_for(&b.tool("read").spec().input_schema.value()).unwrap();
     assert!(read.is_valid(&json!({"path": "a", "offset": 1, "limit": 5})));
     assert!(!read.is_valid(&json!({"path": "a", "offset": 0})));
     assert!(!read.is_valid(&json!({"path": 3})));
@@ -143,7 +143,8 @@ async fn results_match_their_output_schemas() {
             .tool(name)
             .spec()
             .output_schema
-            .clone()
+            .as_ref()
+            .map(codemode_spec::Schema::value)
             .unwrap_or_else(|| panic!("{name} has no output schema"));
         let out = b.call(name, args.clone()).await.unwrap();
         let validator = jsonschema::validator_for(&schema).unwrap();

@@ -40,7 +40,7 @@ pub fn mcp_server(server: &str) -> (Vec<ToolSpec>, NamespaceSpec) {
                 description,
                 tool["inputSchema"].clone(),
             );
-            spec.output_schema = tool.get("outputSchema").cloned().map(std::sync::Arc::new);
+            spec.output_schema = tool.get("outputSchema").cloned().map(Into::into);
             spec.namespace = Some(namespace.clone());
             spec
         })
@@ -73,9 +73,13 @@ pub fn mcp_server_as_client(server: &str) -> (Vec<ToolSpec>, NamespaceSpec) {
     let dump: Value = serde_json::from_str(&text).unwrap();
     let (mut tools, ns) = mcp_server(server);
     for (tool, raw) in tools.iter_mut().zip(dump["tools"].as_array().unwrap()) {
-        tool.output_schema = Some(std::sync::Arc::new(
+        tool.output_schema = Some(codemode_spec::Schema::from(
             codemode_declarations::mcp_result_schema(
-                tool.output_schema.as_deref().and_then(Value::as_object),
+                tool.output_schema
+                    .as_ref()
+                    .map(codemode_spec::Schema::value)
+                    .as_ref()
+                    .and_then(Value::as_object),
             ),
         ));
         let hints = &raw["annotations"];

@@ -101,11 +101,8 @@ impl PolicySchema {
     pub fn for_registry(registry: &Registry) -> Result<PolicySchema, PolicyError> {
         let mut declared: BTreeMap<String, Declared> = BTreeMap::new();
         for spec in registry.specs() {
-            let Some(props) = spec
-                .input_schema
-                .get("properties")
-                .and_then(Value::as_object)
-            else {
+            let schema = spec.input_schema.value();
+            let Some(props) = schema.get("properties").and_then(Value::as_object) else {
                 continue;
             };
             for (name, prop) in props {

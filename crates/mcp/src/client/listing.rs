@@ -10,9 +10,11 @@ use std::future::Future;
 
 use rmcp::RoleClient;
 use rmcp::ServiceError;
-use rmcp::model::{PaginatedRequestParams, Prompt, Resource, ResourceTemplate, Tool};
+use rmcp::model::{PaginatedRequestParams, Prompt, Resource, ResourceTemplate};
 use rmcp::service::Peer;
 use serde::Serialize;
+
+use super::tool::ListedTool;
 
 /// Bounds on one listing of one server.
 #[derive(Debug, Clone, Copy)]
@@ -43,8 +45,24 @@ pub(crate) struct Listed<T> {
 pub(crate) async fn list_bounded<T, Fut>(
     what: &str,
     bounds: Bounds,
-    mut page: impl FnMut(Option<String>) -> Fut,
+    page: impl FnMut(Option<String>) -> Fut,
 ) -> Result<Listed<T>, ServiceError>
+where
+    T: Serialize,
+    Fut: Future<Output = Result<(Vec<T>, Option<String>), ServiceError>>,
+{
+    list_bounded_as(what, bounds, page, |item| item).await
+}
+
+/// [`list_bounded`], keeping each item as `keep` makes it once it is counted, page by page: a
+/// page's raw items are dropped before the next is asked for, so a large listing is never held
+/// whole in its raw form.
+pub(crate) async fn list_bounded_as<T, U, Fut>(
+    what: &str,
+    bounds: Bounds,
+    mut page: impl FnMut(Option<String>) -> Fut,
+    mut keep: impl FnMut(T) -> U,
+) -> Result<Listed<U>, ServiceError>
 where
     T: Serialize,
     Fut: Future<Output = Result<(Vec<T>, Option<String>), ServiceError>>,
@@ -71,7 +89,7 @@ where
                     format!("{what} over {}", size(bounds.bytes)),
                 ));
             }
-            items.push(item);
+            items.push(keep(item));
         }
         let Some(next) = next else {
             return Ok(Listed { items, cut: None });
@@ -126,14 +144,20 @@ fn params(cursor: Option<String>) -> Option<PaginatedRequestParams> {
     Some(PaginatedRequestParams::default().with_cursor(cursor))
 }
 
+/// The tools, their schemas converted as each page arrives (see [`ListedTool`]).
 pub(crate) async fn tools(
     peer: &Peer<RoleClient>,
     bounds: Bounds,
-) -> Result<Listed<Tool>, ServiceError> {
-    list_bounded("tools", bounds, |c| async {
-        let r = peer.list_tools(params(c)).await?;
-        Ok((r.tools, r.next_cursor))
-    })
+) -> Result<Listed<ListedTool>, ServiceError> {
+    list_bounded_as(
+        "tools",
+        bounds,
+        |c| async {
+            let r = peer.list_tools(params(c)).await?;
+            Ok((r.tools, r.next_cursor))
+        },
+        ListedTool::new,
+    )
     .await
 }
 

@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use codemode_spec::{
-    CallFacts, CallKind, Exposure, PreparedCall, Tool, ToolError, ToolOutput, ToolSpec, prepared,
+    CallFacts, CallKind, Exposure, PreparedCall, Schema, Tool, ToolError, ToolOutput, ToolSpec,
+    prepared,
 };
 use serde_json::{Map, Value, json};
 
@@ -69,7 +70,7 @@ impl PromptTool {
                 "Gets a prompt of MCP server {server} by name, filled in with its arguments \
                  (strings). Returns its description and messages ({{role, content}})."
             ),
-            input_schema: Arc::new(json!({
+            input_schema: Schema::from(json!({
                 "type": "object",
                 "properties": {
                     "name": name_schema,
@@ -77,7 +78,7 @@ impl PromptTool {
                 },
                 "required": ["name"]
             })),
-            output_schema: Some(Arc::new(json!({
+            output_schema: Some(Schema::from(json!({
                 "type": "object",
                 "properties": {
                     "description": {"type": "string"},

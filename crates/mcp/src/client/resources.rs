@@ -115,8 +115,8 @@ impl ResourceTool {
         let spec = ToolSpec {
             name,
             description,
-            input_schema: Arc::new(input_schema),
-            output_schema: Some(Arc::new(output_schema)),
+            input_schema: input_schema.into(),
+            output_schema: Some(output_schema.into()),
             namespace: Some(mcp_namespace(&server)),
             annotations: read_only(),
             exposure,

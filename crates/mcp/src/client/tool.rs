@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use codemode_spec::{
-    Annotations, CallFacts, Effect, Exposure, PreparedCall, Tool, ToolError, ToolSpec, prepared,
+    Annotations, CallFacts, Effect, Exposure, PreparedCall, Schema, Tool, ToolError, ToolSpec,
+    prepared,
 };
 use rmcp::model::Tool as McpToolDef;
 use serde_json::{Map, Value, json};
@@ -26,8 +27,8 @@ pub(crate) struct McpTool {
 pub(crate) struct ListedTool {
     /// The server's definition; its `input_schema` is empty and its `output_schema` `None`.
     pub(crate) def: McpToolDef,
-    pub(crate) input_schema: Arc<Value>,
-    pub(crate) output_schema: Arc<Value>,
+    pub(crate) input_schema: Schema,
+    pub(crate) output_schema: Schema,
 }
 
 impl ListedTool {
@@ -40,10 +41,10 @@ impl ListedTool {
             .map(|output| Arc::try_unwrap(output).unwrap_or_else(|shared| (*shared).clone()));
         ListedTool {
             def,
-            input_schema: Arc::new(input_schema(input)),
+            input_schema: Schema::from(input_schema(input)),
             output_schema: match output {
                 None => PLAIN_RESULT.clone(),
-                Some(output) => Arc::new(result_schema(Some(output))),
+                Some(output) => Schema::from(result_schema(Some(output))),
             },
         }
     }
@@ -55,8 +56,8 @@ impl ListedTool {
 }
 
 /// The result schema of every tool that declares no output schema: one copy for all of them.
-static PLAIN_RESULT: std::sync::LazyLock<Arc<Value>> =
-    std::sync::LazyLock::new(|| Arc::new(result_schema(None)));
+static PLAIN_RESULT: std::sync::LazyLock<Schema> =
+    std::sync::LazyLock::new(|| Schema::from(result_schema(None)));
 
 impl McpTool {
     pub(crate) fn new(
@@ -189,7 +190,8 @@ pub(crate) fn upstream_output_schema(spec: &ToolSpec) -> Option<Map<String, Valu
     {
         return None;
     }
-    let root = spec.output_schema.as_ref()?.as_object()?;
+    let root = spec.output_schema.as_ref()?.value();
+    let root = root.as_object()?;
     let mut structured = root
         .get("properties")?
         .get("structuredContent")?

@@ -11,7 +11,7 @@ use codemode_spec::ToolError;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
     ClientRequest, GetPromptResult, Prompt, ReadResourceResult, RequestId, Resource,
-    ResourceTemplate, ServerResult, Tool as McpToolDef,
+    ResourceTemplate, ServerResult,
 };
 use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -399,7 +399,7 @@ impl Upstream {
         let tools = listing::tools(service.peer(), listing::BOUNDS)
             .await
             .map_err(|e| format!("listing its tools failed: {e}"))
-            .map(|listed| listed_tools(self.kept(listed)))?;
+            .map(|listed| self.kept(listed))?;
         let info = service.peer().peer_info();
         let capabilities = info
             .as_ref()
@@ -484,7 +484,7 @@ impl Upstream {
         match what {
             Listing::Tools => match listing::tools(peer, listing::BOUNDS).await {
                 Ok(tools) => {
-                    let tools = listed_tools(self.kept(tools));
+                    let tools = self.kept(tools);
                     replace_if_changed(&mut write(&self.catalog).tools, tools)
                 }
                 Err(e) => {
@@ -764,11 +764,6 @@ fn e_is_closed(e: &ServiceError) -> bool {
         e,
         ServiceError::TransportClosed | ServiceError::TransportSend(_)
     )
-}
-
-/// A listing's tools with their schemas converted, once (the raw listing is dropped).
-fn listed_tools(tools: Vec<McpToolDef>) -> Vec<ListedTool> {
-    tools.into_iter().map(ListedTool::new).collect()
 }
 
 fn replace_if_changed<T: PartialEq>(slot: &mut T, new: T) -> bool {

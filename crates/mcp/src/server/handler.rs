@@ -775,7 +775,7 @@ fn to_mcp_tool(spec: &ToolSpec) -> Tool {
     let mut tool = Tool::new_with_raw(
         spec.name.clone(),
         Some(spec.description.clone().into()),
-        Arc::new(as_object((*spec.input_schema).clone())),
+        Arc::new(as_object(spec.input_schema.value())),
     );
     tool.output_schema = upstream_output_schema(spec).map(Arc::new);
     let a = &spec.annotations;
