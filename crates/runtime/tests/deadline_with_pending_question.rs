@@ -60,6 +60,10 @@ impl Tool for Tick {
 }
 
 fn codemode() -> Codemode {
+    codemode_in(codemode_sandbox::Isolation::Process)
+}
+
+fn codemode_in(isolation: codemode_sandbox::Isolation) -> Codemode {
     let registry = Registry::new();
     let mut tick = ToolSpec::new("tick", "Takes 50 ms", json!({"type": "object"}));
     tick.exposure = Exposure::Codemode;
@@ -75,7 +79,15 @@ fn codemode() -> Codemode {
         }))
         .build()
         .unwrap();
-    Codemode::builder().gate(gate).build().unwrap()
+    let sandbox = codemode_sandbox::SandboxConfig {
+        isolation,
+        ..Default::default()
+    };
+    Codemode::builder()
+        .gate(gate)
+        .sandbox_config(sandbox)
+        .build()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,11 +123,45 @@ return said + " " + (await tools.tick({}));"#;
 /// the script did meanwhile. A script that leaves a question pending and computes in
 /// JavaScript makes no call, so nothing told the clock it was running: it ran on past its
 /// deadline for as long as the person took (an hour for a paused approval), bounded only by
-/// the CPU budget.
+/// the CPU budget. The VM's CPU time now counts while the clock stands still.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "red team: the deadline clock stands still while the VM computes with a question pending"]
 async fn a_script_computing_while_a_question_is_pending_keeps_its_deadline() {
+    computing_while_a_question_is_pending(codemode()).await;
+}
+
+/// The same in thread isolation, where the VM's thread, not a worker process, computes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_computing_on_a_thread_while_a_question_is_pending_keeps_its_deadline() {
+    computing_while_a_question_is_pending(codemode_in(codemode_sandbox::Isolation::Thread)).await;
+}
+
+/// Computing in bursts between short awaits, with the question pending throughout, is time
+/// counted too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn computing_in_bursts_while_a_question_is_pending_keeps_the_deadline() {
     let codemode = codemode();
+    let code = r#"// @options: {"timeout_ms": 500}
+tools.ask({}).catch(() => {});
+for (;;) {
+  let n = 0;
+  for (let i = 0; i < 100000; i++) n += i;
+  await Promise.resolve(n);
+}"#;
+    let started = std::time::Instant::now();
+    let run = codemode.run_script(ScriptRequest::new(code, "s")).await;
+    assert!(
+        run.is_error && run.text.contains("timed out"),
+        "{}",
+        run.text
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(2_500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+async fn computing_while_a_question_is_pending(codemode: Codemode) {
     let code = r#"// @options: {"timeout_ms": 500}
 tools.ask({}).catch(() => {});
 let n = 0;

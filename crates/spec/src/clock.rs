@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 /// not run out while somebody is reading the question. The clock stands still only while every
 /// call the script has in flight waits for a person ([`DeadlineClock::call_active`] counts
 /// them): a script that leaves a question pending and goes on calling other tools is not
-/// waiting on anyone, and its time counts. Cloning shares the clock.
+/// waiting on anyone, and its time counts. Nor is a script that computes meanwhile: while the
+/// clock stands still, the time its code computes (read from the VM's CPU clock, a [`Meter`]
+/// the sandbox sets) counts. Cloning shares the clock.
 #[derive(Debug, Clone)]
 pub struct DeadlineClock {
     inner: Arc<Mutex<ClockState>>,
@@ -32,24 +34,62 @@ struct ClockState {
     /// The script's calls in flight, as the sandbox counts them.
     active_calls: usize,
     paused_since: Option<Instant>,
+    /// The VM's compute time, while the sandbox runs the script.
+    meter: Option<MeterFn>,
+    /// The meter's reading when the current pause began.
+    metered_from: Option<Duration>,
+    /// Time the script computed while the clock stood still, in pauses that ended.
+    computed_in_pauses: Duration,
+}
+
+/// Reads the CPU time of what runs the script's code (the worker process, or the VM's thread);
+/// only differences between readings are used.
+pub type Meter = Arc<dyn Fn() -> Duration + Send + Sync>;
+
+struct MeterFn(Meter);
+
+impl std::fmt::Debug for MeterFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Meter")
+    }
 }
 
 impl ClockState {
-    /// Wall time since this clock started, less paused time.
+    /// Wall time since this clock started, less paused time in which the script's code did
+    /// not compute.
     fn own(&self) -> Duration {
         let now = Instant::now();
         let paused_now = self.paused_since.map(|p| now - p).unwrap_or_default();
+        let computing_now = self.computed_since_pause().min(paused_now);
         (now - self.started).saturating_sub(self.paused_total + paused_now)
+            + self.computed_in_pauses
+            + computing_now
+    }
+
+    /// What the meter counted since the current pause began.
+    fn computed_since_pause(&self) -> Duration {
+        match (&self.meter, self.metered_from) {
+            (Some(meter), Some(from)) if self.paused_since.is_some() => {
+                (meter.0)().saturating_sub(from)
+            }
+            _ => Duration::ZERO,
+        }
     }
 
     /// Starts or ends the current pause after a count changed.
     fn settle(&mut self) {
         let still = self.pauses_held > 0 && self.pauses_held >= self.active_calls;
         match (self.paused_since, still) {
-            (None, true) => self.paused_since = Some(Instant::now()),
+            (None, true) => {
+                self.paused_since = Some(Instant::now());
+                self.metered_from = self.meter.as_ref().map(|m| (m.0)());
+            }
             (Some(since), false) => {
+                let computed = self.computed_since_pause().min(since.elapsed());
+                self.computed_in_pauses += computed;
                 self.paused_total += since.elapsed();
                 self.paused_since = None;
+                self.metered_from = None;
             }
             _ => {}
         }
@@ -81,7 +121,23 @@ impl DeadlineClock {
                 pauses_held: 0,
                 active_calls: 0,
                 paused_since: None,
+                meter: None,
+                metered_from: None,
+                computed_in_pauses: Duration::ZERO,
             })),
+        }
+    }
+
+    /// Counts what `meter` reads while the clock stands still, until the returned guard is
+    /// dropped: the sandbox sets it for as long as a VM runs the script.
+    pub fn metered_by(&self, meter: Meter) -> MeterGuard {
+        let mut s = lock(&self.inner);
+        if s.paused_since.is_some() {
+            s.metered_from = Some(meter());
+        }
+        s.meter = Some(MeterFn(meter));
+        MeterGuard {
+            inner: self.inner.clone(),
         }
     }
 
@@ -146,6 +202,28 @@ impl DeadlineClock {
     }
 }
 
+/// Keeps a [`Meter`] on a [`DeadlineClock`] while alive; what it counted in the current pause
+/// stays counted.
+pub struct MeterGuard {
+    inner: Arc<Mutex<ClockState>>,
+}
+
+impl Drop for MeterGuard {
+    fn drop(&mut self) {
+        let mut s = lock(&self.inner);
+        let paused_now = s.paused_since.map(|p| p.elapsed()).unwrap_or_default();
+        let computed = s.computed_since_pause().min(paused_now);
+        // Moved out of the pause: the pause goes on, the time computed in it stays counted.
+        s.computed_in_pauses += computed;
+        if let Some(since) = s.paused_since {
+            s.paused_total += since.elapsed();
+            s.paused_since = Some(Instant::now());
+        }
+        s.meter = None;
+        s.metered_from = None;
+    }
+}
+
 /// Keeps a [`DeadlineClock`] stopped while alive.
 #[derive(Debug)]
 pub struct PauseGuard {
@@ -182,6 +260,53 @@ fn lock(m: &Mutex<ClockState>) -> std::sync::MutexGuard<'_, ClockState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A meter standing in for the VM's CPU clock, moved by hand.
+    fn fake_meter() -> (Meter, Arc<std::sync::atomic::AtomicU64>) {
+        let ms = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+        let read = ms.clone();
+        let meter: Meter =
+            Arc::new(move || Duration::from_millis(read.load(std::sync::atomic::Ordering::SeqCst)));
+        (meter, ms)
+    }
+
+    #[test]
+    fn computing_while_paused_counts() {
+        let clock = DeadlineClock::new();
+        let (meter, ms) = fake_meter();
+        let metered = clock.metered_by(meter);
+        let pause = clock.pause();
+        std::thread::sleep(Duration::from_millis(120));
+        ms.fetch_add(80, std::sync::atomic::Ordering::SeqCst);
+        let running = clock.running();
+        assert!(
+            running >= Duration::from_millis(80) && running < Duration::from_millis(115),
+            "{running:?}"
+        );
+        drop(pause);
+        let after = clock.running();
+        assert!(after >= Duration::from_millis(80) && after < Duration::from_millis(400));
+        // Computing outside a pause is wall time already: the meter adds nothing then.
+        ms.fetch_add(500, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            clock.running() < Duration::from_millis(400),
+            "{:?}",
+            clock.running()
+        );
+        // Taking the meter away keeps what it counted in a pause still going.
+        let pause = clock.pause();
+        ms.fetch_add(20, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(40));
+        drop(metered);
+        ms.fetch_add(1_000, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(40));
+        let running = clock.running();
+        assert!(
+            running >= Duration::from_millis(100) && running < Duration::from_millis(400),
+            "{running:?}"
+        );
+        drop(pause);
+    }
 
     #[test]
     fn paused_time_does_not_count() {

@@ -16,7 +16,7 @@ pub mod skeleton;
 mod tool;
 
 pub use call::{CallKind, Origin, Provenance, Usage};
-pub use clock::{ActiveCall, DeadlineClock, PauseGuard};
+pub use clock::{ActiveCall, DeadlineClock, Meter, MeterGuard, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
 pub use json_count::count_json_values;
 pub use schema::Schema;

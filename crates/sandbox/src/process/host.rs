@@ -380,6 +380,12 @@ impl WorkerProcess {
         let max = session.max_message();
         let cpu_budget = Duration::from_millis(session.limits.cpu_ms);
         let cpu_start = cpu_time(self.pid).unwrap_or_default();
+        // The worker's CPU time counts on the deadline clock while it stands still for a
+        // person: a script computing meanwhile is not waiting for anyone.
+        let pid = self.pid;
+        let _metered = session.clock.metered_by(std::sync::Arc::new(move || {
+            cpu_time(pid).unwrap_or_default()
+        }));
         let mut next_cpu_check = Instant::now() + cpu_budget;
         let mut stop_sent: Option<Stop> = None;
         let mut kill_at: Option<Instant> = None;
