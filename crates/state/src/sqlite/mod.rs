@@ -233,10 +233,26 @@ fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection> {
     if let Some(dir) = path.parent()
         && !dir.as_os_str().is_empty()
     {
-        std::fs::create_dir_all(dir).map_err(|e| StateError::Unavailable {
-            location: location.clone(),
-            detail: format!("cannot create its directory {}: {e}", dir.display()),
-        })?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StateError::Unavailable {
+                location: location.clone(),
+                detail: format!("cannot create its directory {}: {e}", dir.display()),
+            })?;
+    }
+    // It holds paused calls' arguments, logged results and `store()` values: readable by its
+    // owner only, as the audit log is, whatever the umask. SQLite gives its `-wal` and `-shm`
+    // files the database file's mode. An existing file is left as it is.
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path);
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE

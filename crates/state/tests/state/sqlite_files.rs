@@ -457,3 +457,34 @@ async fn many_opening_a_new_file_at_once_all_succeed() {
         }
     }
 }
+
+/// Found by a red team: the state file was created with the process's umask, so under the usual
+/// 022 other users of the machine could read paused calls' arguments, replay logs and `store()`
+/// values. It is created owner-only, as its `-wal` and `-shm` files are, and so is a directory
+/// the store makes for it.
+#[tokio::test]
+async fn a_new_state_file_is_readable_by_its_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let db = dir.path().join("made").join("state.db");
+    let store = open(&db).await.unwrap();
+    store
+        .apply_store(
+            "s",
+            &[StoreChange::Set {
+                key: "k".into(),
+                value: json!("secret"),
+            }],
+        )
+        .await
+        .unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(db.parent().unwrap()), 0o700);
+    for name in ["state.db", "state.db-wal", "state.db-shm"] {
+        let path = db.with_file_name(name);
+        if name == "state.db" || path.exists() {
+            assert_eq!(mode(&path), 0o600, "{name}");
+        }
+    }
+    assert!(db.with_file_name("state.db-wal").exists());
+}
