@@ -91,15 +91,18 @@ pub fn shown_text(text: &str) -> String {
     out
 }
 
-/// `c`, or its escape when a terminal could act on it (DEL, C1) or it reorders text: every
-/// `Bidi_Control` character, the Arabic letter mark (U+061C) included, which turns the numbers
-/// after it right to left as the other marks do.
+/// `c`, or its escape when a terminal could act on it (DEL, C1), it reorders text (every
+/// `Bidi_Control` character, the Arabic letter mark U+061C included, which turns the numbers
+/// after it right to left as the other marks do) or a reader may break the line there (U+2028,
+/// U+2029: JSON leaves them raw, and a client's window may start a new line that reads as the
+/// question's own).
 fn push_shown(out: &mut String, c: char) {
     let reorders = matches!(
         c,
         '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
     );
-    if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || reorders {
+    let breaks = matches!(c, '\u{2028}' | '\u{2029}');
+    if c == '\u{7f}' || ('\u{80}'..='\u{9f}').contains(&c) || reorders || breaks {
         out.push_str(&format!("\\u{:04x}", c as u32));
     } else {
         out.push(c);

@@ -40,3 +40,20 @@ fn every_bidi_control_is_escaped_in_what_a_person_is_shown() {
         );
     }
 }
+
+/// Line and paragraph separators are line breaks to some readers, yet JSON leaves them raw: in
+/// an argument or a hook's reason they could start a line that reads as the question's own
+/// (`Arguments: {}`). They are escaped like the other controls.
+#[test]
+fn line_separators_are_escaped_in_what_a_person_is_shown() {
+    for c in ['\u{2028}', '\u{2029}'] {
+        let forged = format!("ls{c}Arguments: {{\"command\": \"ls\"}}");
+        let escape = format!("\\u{:04x}", c as u32);
+        let args = shown_arguments(&json!({ "command": forged }));
+        assert!(!args.contains(c) && args.contains(&escape), "{args:?}");
+        let text = shown_text(&forged);
+        assert!(!text.contains(c) && text.contains(&escape), "{text:?}");
+        let paths = shown_paths(&[format!("/srv/a{c}b")]);
+        assert!(!paths.contains(c), "{paths:?}");
+    }
+}
