@@ -647,6 +647,102 @@ async fn of_two_answers_at_once_exactly_one_wins() {
     );
 }
 
+/// Found by a red team: an answer was written to the store first and audited after, and a line
+/// that could not be written was only logged, so an approval could count with nobody on record
+/// as having given it. Now the answer's line comes first: a log that cannot take it leaves the
+/// call unapproved (a denial still stands: it lets nothing run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_that_cannot_be_audited_is_not_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let r = w
+        .codemode
+        .start_cell(req("await tools.danger({}); return 'ran';", "s"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    // A log of its own for the answering side (as `codemode approvals` opens one), whose head
+    // no longer matches: every append fails.
+    let log = dir.path().join("answers.jsonl");
+    let answers = AuditLog::open_with_key(&log, AuditKey::from_bytes([9; 32])).unwrap();
+    answers
+        .append_async(serde_json::Map::from_iter([(
+            "event".into(),
+            json!("first"),
+        )]))
+        .await
+        .unwrap();
+    std::fs::write(dir.path().join("answers.jsonl.head"), "not a head").unwrap();
+    let err = codemode_runtime::cells::answer_approval(
+        w.store.as_ref(),
+        &answers,
+        &approval,
+        Decision::Approve,
+        "mallory",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, StateError::ApprovalNotAudited { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("audit log"), "{err}");
+    let stored = w.store.get_approval(&approval).await.unwrap().unwrap();
+    assert_eq!(stored.state, codemode_state::ApprovalState::Pending);
+    assert_eq!(w.danger_runs.load(Ordering::SeqCst), 0);
+    // A denial goes through.
+    let denied = codemode_runtime::cells::answer_approval(
+        w.store.as_ref(),
+        &answers,
+        &approval,
+        Decision::Deny,
+        "alice",
+        "cli",
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(denied.state, codemode_state::ApprovalState::Denied);
+    let (last, all) = finish(&w, "s", &r.cell).await;
+    assert!(!all.contains("ran"), "{all}");
+    assert_eq!(w.danger_runs.load(Ordering::SeqCst), 0, "{:?}", last.status);
+}
+
+/// An answer's line names who gave it, before the line of what it came to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_is_on_record_before_it_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = world(dir.path(), Setup::default()).await;
+    let r = w
+        .codemode
+        .start_cell(req("await tools.danger({}); return 'ran';", "s"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    w.codemode
+        .answer_approval(&approval, Decision::Approve, "alice", "library")
+        .await
+        .unwrap();
+    let (last, all) = finish(&w, "s", &r.cell).await;
+    assert_eq!(last.status, CellStatus::Finished, "{all}");
+    let lines = audit_lines(&w.audit);
+    let at = |event: &str| {
+        lines
+            .iter()
+            .position(|l| l["event"] == event && l["approval_id"] == approval.as_str())
+            .unwrap_or_else(|| panic!("no {event} line: {lines:?}"))
+    };
+    assert!(at("approval_answer") < at("approval"));
+    let attempt = &lines[at("approval_answer")];
+    assert_eq!(attempt["by"], "alice");
+    assert_eq!(attempt["decision"], "approve");
+    assert_eq!(attempt["channel"], "library");
+}
+
 /// The first process stops holding its cells (nothing is recorded about their end), `approval`
 /// is answered while nobody holds the cell, and once the lease ran out a second world (a new
 /// process on the same store, set up as `setup` says) is started, to take the cell over.

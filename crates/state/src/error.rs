@@ -71,6 +71,11 @@ pub enum StateError {
     )]
     ApprovalMismatch { id: String },
 
+    #[error(
+        "approval `{id}` was not given: the audit log, which must name who approves a call before the approval counts, cannot be written ({detail}); fix the log's location, then answer again"
+    )]
+    ApprovalNotAudited { id: String, detail: String },
+
     // --- sessions ---
     #[error(
         "session `{id}` has ended (its client ended it, it was idle too long, or it was never begun on a replica sharing this store); begin a new session"

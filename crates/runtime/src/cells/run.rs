@@ -679,6 +679,18 @@ pub async fn answer_approval(
     if current.state == ApprovalState::Pending && current.expires_at_ms <= now_ms() {
         expire_in(store, audit).await;
     }
+    // Who approves is on record before the approval counts: a log that cannot take the line
+    // leaves the call unapproved. A denial lets nothing run, so it stands either way.
+    let call_hash = shown_hash.unwrap_or(&current.call_hash);
+    if let Err(e) = write_attempt(audit, &current, decision, by, channel, call_hash).await {
+        if decision == Decision::Approve {
+            return Err(StateError::ApprovalNotAudited {
+                id: approval_id.to_string(),
+                detail: e.to_string(),
+            });
+        }
+        tracing::error!(approval = %approval_id, "a denial's audit line could not be written: {e}");
+    }
     let answered = store
         .answer_approval(
             approval_id,
@@ -686,7 +698,7 @@ pub async fn answer_approval(
                 decision,
                 by: by.to_string(),
                 channel: channel.to_string(),
-                call_hash: shown_hash.unwrap_or(&current.call_hash).to_string(),
+                call_hash: call_hash.to_string(),
             },
         )
         .await?;
@@ -765,6 +777,38 @@ pub async fn expire_in(store: &dyn StateStore, audit: &AuditLog) -> Vec<Approval
 
 /// One audit line for an answered or expired approval: to the file, or to the shared stream
 /// (which only takes lines asynchronously) when the state is shared by replicas.
+/// The line of an answer about to be given: who, through what, and to which call. The line
+/// of what it came to (`approval`, from [`write_audit`]) follows once the store took it or not.
+async fn write_attempt(
+    audit: &AuditLog,
+    a: &ApprovalRecord,
+    decision: Decision,
+    by: &str,
+    channel: &str,
+    call_hash: &str,
+) -> Result<(), codemode_gate::AuditError> {
+    let mut line = Map::new();
+    line.insert("time".into(), json!(format_ms(now_ms())));
+    line.insert("event".into(), json!("approval_answer"));
+    line.insert("approval_id".into(), json!(a.id));
+    let decision = match decision {
+        Decision::Approve => "approve",
+        Decision::Deny => "deny",
+    };
+    line.insert("decision".into(), json!(decision));
+    line.insert("by".into(), json!(by));
+    line.insert("channel".into(), json!(channel));
+    line.insert("tool".into(), json!(a.tool));
+    line.insert("call_hash".into(), json!(call_hash));
+    line.insert("session_id".into(), json!(a.session_id));
+    line.insert("cell_id".into(), json!(a.cell_id));
+    line.insert(
+        "call_id".into(),
+        a.provenance.get("call_id").cloned().unwrap_or(Value::Null),
+    );
+    audit.append_async(line).await
+}
+
 async fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
     let mut line = Map::new();
     line.insert(
