@@ -28,18 +28,30 @@ pub const DEFAULT_INLINE_BUDGET_TOKENS: usize = 2400;
 /// The inline budget for a catalog far larger than [`DEFAULT_INLINE_BUDGET_TOKENS`].
 pub const LARGE_CATALOG_BUDGET_TOKENS: usize = 1000;
 
-/// The budget to use when the operator set none. A catalog that fits in three default budgets
-/// gets [`DEFAULT_INLINE_BUDGET_TOKENS`]; a larger one gets [`LARGE_CATALOG_BUDGET_TOKENS`]:
+/// The budget to use when the operator set none. A catalog whose whole description fits in
+/// three default budgets gets [`DEFAULT_INLINE_BUDGET_TOKENS`]; a larger one (or one with a
+/// namespace that could not be listed within them even with its texts shortened) gets
+/// [`LARGE_CATALOG_BUDGET_TOKENS`]:
 /// once most tools cannot be listed anyway, the model finds them with `searchTools`, and every
 /// request is cheaper for a smaller listing.
 pub fn default_inline_budget(input: &DescriptionInput) -> usize {
+    let limit = 3 * DEFAULT_INLINE_BUDGET_TOKENS;
+    // A namespace that cannot be listed within the limit even at the leanest detail makes the
+    // catalog large without rendering it whole, which took seconds for thousands of tools.
+    let bounded = DescriptionInput {
+        inline_budget_tokens: limit,
+        globals: input.globals.clone(),
+        ..*input
+    };
+    if describe(&bounded, true).is_none() {
+        return LARGE_CATALOG_BUDGET_TOKENS;
+    }
     let unbudgeted = DescriptionInput {
         inline_budget_tokens: usize::MAX,
         globals: input.globals.clone(),
         ..*input
     };
     let full = codemode_description(&unbudgeted);
-    let limit = 3 * DEFAULT_INLINE_BUDGET_TOKENS;
     // Counting a huge description is slow; its size alone can show it is over.
     if full.len() / MAX_CHARS_PER_TOKEN > limit
         || crate::count_tokens(&full, crate::Encoding::O200kBase) > limit
@@ -149,6 +161,12 @@ const DETAILS: [Detail; 5] = [
 /// everything fits, else shortened (see [`Detail`]). Object shapes several listed tools share are
 /// declared once by name, and an MCP tool's result is the `McpResult` type.
 pub fn codemode_description(input: &DescriptionInput) -> String {
+    describe(input, false).unwrap_or_default()
+}
+
+/// [`codemode_description`]; `None`, as soon as it is known, when `only_if_all_listed` and some
+/// namespace cannot be listed.
+fn describe(input: &DescriptionInput, only_if_all_listed: bool) -> Option<String> {
     let tools = sorted_unique(input.tools);
     let mut listed: Vec<&ToolSpec> = Vec::new();
     let mut direct: Vec<&ToolSpec> = Vec::new();
@@ -169,11 +187,19 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
     let visible: Vec<ToolSpec> = listed.iter().chain(&direct).map(|t| (*t).clone()).collect();
     let collisions = identifier_collisions(&visible);
 
-    // Read each tool's schemas once for every level of detail tried.
-    let types: Vec<ToolTypes> = listed.iter().map(|t| ToolTypes::of(t)).collect();
+    // Each tool's schemas are read at most once for every level of detail tried, and only for
+    // tools printed: a namespace too large for the budget never reads its tools' schemas.
+    let types: Vec<OnceCell<ToolTypes>> = listed.iter().map(|_| OnceCell::new()).collect();
     let headings = heading_descriptions(&listed, input.namespaces, input.inline_budget_tokens);
     let try_detail = |detail: Detail| {
-        let groups = group_by_namespace(&listed, &types, &headings, &collisions, detail);
+        let groups = group_by_namespace(
+            &listed,
+            &types,
+            &headings,
+            &collisions,
+            detail,
+            input.inline_budget_tokens,
+        );
         let shown = select(&groups, input.inline_budget_tokens);
         (groups, shown, detail)
     };
@@ -181,6 +207,9 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
     // otherwise are the richer ones tried, richest first.
     let (leanest, rest) = DETAILS.split_last().expect("at least one level of detail");
     let lean = try_detail(*leanest);
+    if only_if_all_listed && !lean.1.iter().all(|s| *s) {
+        return None;
+    }
     let (groups, shown, detail) = if lean.1.iter().all(|s| *s) {
         rest.iter()
             .map(|d| try_detail(*d))
@@ -221,7 +250,7 @@ pub fn codemode_description(input: &DescriptionInput) -> String {
         out.push_str(&block);
     }
     out.push_str(&unavailable_namespaces(input.namespaces));
-    out
+    Some(out)
 }
 
 /// Namespaces whose tools are missing or failing now (an MCP server starting or down), with
@@ -272,7 +301,7 @@ fn listing(
         .filter(|(_, s)| **s)
         .flat_map(|(g, _)| &g.entries)
         .collect();
-    let trees: Vec<&Ty> = listed.iter().flat_map(|e| e.types.trees()).collect();
+    let trees: Vec<&Ty> = listed.iter().flat_map(|e| e.types().trees()).collect();
     let shared = SharedTypes::find(&trees);
     let mut listing = Listing {
         shared: Some(&shared),
@@ -327,7 +356,7 @@ fn listing(
             }
         }
         for entry in &group.entries {
-            shortened |= entry.shortened;
+            shortened |= entry.comment().1;
             out.push_str(&entry.render(&listing, detail, group.prefix.as_deref()));
         }
         if group.name.is_some() {
@@ -366,7 +395,7 @@ fn result_aliases(
     {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for entry in &group.entries {
-            let printed = print_output(entry.types, &opts, false, listing);
+            let printed = print_output(entry.types(), &opts, false, listing);
             *counts.entry(printed).or_default() += 1;
         }
         let Some((ty, uses)) = counts
@@ -448,45 +477,60 @@ pub(crate) fn sorted_unique(tools: &[ToolSpec]) -> Vec<&ToolSpec> {
     sorted
 }
 
-/// One listed tool, read once: its comment lines and types.
+/// One listed tool. Its comment lines and types are read when it is first printed, once.
 struct Entry<'t> {
+    tool: &'t ToolSpec,
     key: String,
-    comment: Vec<String>,
-    types: &'t ToolTypes,
-    /// The description was cut short.
-    shortened: bool,
+    collisions: &'t [IdentifierCollision],
+    detail: Detail,
+    /// The comment lines, and whether the description was cut short.
+    comment: OnceCell<(Vec<String>, bool)>,
+    types: &'t OnceCell<ToolTypes>,
 }
 
 impl<'t> Entry<'t> {
     fn new(
-        tool: &ToolSpec,
-        types: &'t ToolTypes,
-        collisions: &[IdentifierCollision],
+        tool: &'t ToolSpec,
+        types: &'t OnceCell<ToolTypes>,
+        collisions: &'t [IdentifierCollision],
         detail: Detail,
     ) -> Entry<'t> {
-        let short = detail
-            .description_chars
-            .and_then(|max| shorten(&tool.description, max));
-        let (mut comment, shortened) = match short {
-            Some(short) => (foreign_comment_lines(&short), true),
-            None => (foreign_comment_lines(&tool.description), false),
-        };
-        if let Some(note) = collision_note(tool, collisions) {
-            comment.push(note);
-        }
         Entry {
+            tool,
             key: member_key(tool, collisions),
-            comment,
+            collisions,
+            detail,
+            comment: OnceCell::new(),
             types,
-            shortened,
         }
+    }
+
+    fn types(&self) -> &'t ToolTypes {
+        self.types.get_or_init(|| ToolTypes::of(self.tool))
+    }
+
+    fn comment(&self) -> &(Vec<String>, bool) {
+        self.comment.get_or_init(|| {
+            let short = self
+                .detail
+                .description_chars
+                .and_then(|max| shorten(&self.tool.description, max));
+            let (mut comment, shortened) = match short {
+                Some(short) => (foreign_comment_lines(&short), true),
+                None => (foreign_comment_lines(&self.tool.description), false),
+            };
+            if let Some(note) = collision_note(self.tool, self.collisions) {
+                comment.push(note);
+            }
+            (comment, shortened)
+        })
     }
 
     /// Its description as comments, then its signature, named without `prefix` when its group
     /// prints the prefix once.
     fn render(&self, listing: &Listing, detail: Detail, prefix: Option<&str>) -> String {
         let mut out = String::new();
-        push_comment(&mut out, &self.comment, "");
+        push_comment(&mut out, &self.comment().0, "");
         let opts = RenderOptions {
             docs: detail.parameter_docs,
             ..RenderOptions::default()
@@ -494,7 +538,7 @@ impl<'t> Entry<'t> {
         let key = prefix
             .and_then(|p| self.key.strip_prefix(p))
             .unwrap_or(&self.key);
-        out.push_str(&print_signature(key, self.types, &opts, false, listing));
+        out.push_str(&print_signature(key, self.types(), &opts, false, listing));
         out.push('\n');
         out
     }
@@ -672,11 +716,12 @@ fn one_line_name(name: &str) -> String {
 }
 
 fn group_by_namespace<'t>(
-    listed: &[&ToolSpec],
-    types: &'t [ToolTypes],
+    listed: &[&'t ToolSpec],
+    types: &'t [OnceCell<ToolTypes>],
     headings: &BTreeMap<String, (Vec<String>, bool)>,
-    collisions: &[IdentifierCollision],
+    collisions: &'t [IdentifierCollision],
     detail: Detail,
+    budget: usize,
 ) -> Vec<Group<'t>> {
     let mut by_name: BTreeMap<Option<String>, Vec<Entry>> = BTreeMap::new();
     for (tool, types) in listed.iter().zip(types) {
@@ -707,9 +752,15 @@ fn group_by_namespace<'t>(
                 (Some(_), Some(p)) => format!("& Ns<{}, {{\n}}>\n", json_string(p)),
                 (Some(_), None) => "& {\n}\n".to_string(),
             };
-            // One count for the whole group: counting is the slow part for big catalogs.
+            // One count for the whole group: counting is the slow part for big catalogs. Past
+            // what the budget could hold in any case (see `Group::cost_at_least`) the rest is not
+            // printed: such a group is not listed, and its tools are never read.
+            let most_chars = budget.saturating_mul(MAX_CHARS_PER_TOKEN);
             let mut text = wrapper;
             for entry in &entries {
+                if text.len() > most_chars {
+                    break;
+                }
                 text.push_str(&entry.render(&plain, detail, prefix.as_deref()));
             }
             Group {

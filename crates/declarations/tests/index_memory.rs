@@ -1,13 +1,17 @@
-//! What the host allocates to index a large listing for `searchTools` (red team finding F6): a
-//! server may list 5,000 tools with schemas of 10 KB each. The index shares the tools' schemas
-//! (a `ToolSpec` holds them in an `Arc`) and renders a tool's sample only when it is asked for,
-//! so building it costs a fraction of what the schemas themselves take, not copies of them.
-//! This binary counts every allocation, so it holds one test only.
+//! What the host allocates to index a large listing for `searchTools` and to describe it (red
+//! team finding F6): a server may list 5,000 tools with schemas of 10 KB each. The index shares
+//! the tools' schemas (a `ToolSpec` holds them as shared text) and renders a tool's sample only
+//! when it is asked for, so building it costs a fraction of what the schemas themselves take,
+//! not copies of them; the description reads no tool of a namespace it cannot list. This binary
+//! counts every allocation, so it holds one test only.
 
 mod support;
 
-use codemode_declarations::{SearchOptions, ToolIndex};
-use codemode_spec::{NamespaceSpec, ToolSpec};
+use codemode_declarations::{
+    DescriptionInput, LARGE_CATALOG_BUDGET_TOKENS, SearchOptions, ToolIndex, codemode_description,
+    default_inline_budget,
+};
+use codemode_spec::{CodemodeMode, NamespaceSpec, ToolSpec};
 use serde_json::{Map, Value, json};
 use support::counting::{Counting, peak_during};
 
@@ -82,4 +86,35 @@ fn indexing_5000_large_tools_copies_no_schema() {
         .unwrap();
     assert_eq!(hits.len(), 8);
     assert!(hits[0].description.contains("declare const tools"));
+    drop(index);
+
+    // The description: the default budget is found without rendering every tool (that took
+    // several times the schemas' size and seconds; what is left is the few tools printed
+    // before the namespace is known not to fit), and the namespace keeps its heading.
+    let input = DescriptionInput {
+        tools: &tools,
+        namespaces: &namespaces,
+        mode: CodemodeMode::Only,
+        inline_budget_tokens: 0,
+        globals: Default::default(),
+    };
+    let (budget, peak) = peak_during(|| default_inline_budget(&input));
+    assert_eq!(budget, LARGE_CATALOG_BUDGET_TOKENS);
+    let input = DescriptionInput {
+        inline_budget_tokens: budget,
+        ..input
+    };
+    let (description, described) = peak_during(|| codemode_description(&input));
+    assert!(
+        description.contains("mcp__big") && description.contains("5000 tools, not listed"),
+        "{description}"
+    );
+    for (what, peak) in [("the default budget", peak), ("the description", described)] {
+        assert!(
+            peak < json_bytes,
+            "{what} allocated {} MB at its peak, for schemas of {} MB",
+            peak >> 20,
+            json_bytes >> 20
+        );
+    }
 }
