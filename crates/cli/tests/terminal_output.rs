@@ -148,16 +148,9 @@ fn piped_output_is_byte_exact() {
     );
 }
 
-#[test]
-fn a_paused_calls_notice_shows_its_arguments_escaped() {
-    // Nobody at a terminal to ask, approvals pause: codemode tells the person (on stderr) which
-    // call waits and with what arguments. They decide on what they read there, so a command's
-    // right-to-left override or C1 CSI must not reorder or hide it.
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config");
-    let work = dir.path().join("work");
-    std::fs::create_dir(&config).unwrap();
-    std::fs::create_dir(&work).unwrap();
+/// What `codemode run` prints on stderr when `script`'s call pauses for approval (approvals
+/// pause, nobody at a terminal): the notice, from its first line to the one saying how to answer.
+fn paused_notice(config: &std::path::Path, work: &std::path::Path, script: &[u8]) -> String {
     std::fs::write(
         config.join("settings.json"),
         json!({"approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"}})
@@ -166,9 +159,9 @@ fn a_paused_calls_notice_shows_its_arguments_escaped() {
     .unwrap();
     let mut child = common::codemode()
         .args(["run", "--config-dir"])
-        .arg(&config)
+        .arg(config)
         .arg("--workdir")
-        .arg(&work)
+        .arg(work)
         .arg("-")
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -178,11 +171,7 @@ fn a_paused_calls_notice_shows_its_arguments_escaped() {
     {
         use std::io::Write;
         let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(
-                br#"return await tools.bash({ command: "echo \u202e txt.exe; rm -rf x \u009b2K" })"#,
-            )
-            .unwrap();
+        stdin.write_all(script).unwrap();
     }
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -193,20 +182,46 @@ fn a_paused_calls_notice_shows_its_arguments_escaped() {
         }
     });
     let start = Instant::now();
-    let mut notice = None;
+    let mut notice = String::new();
     while start.elapsed() < Duration::from_secs(60) {
         match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) if line.contains("waits for approval") => {
-                notice = Some(line);
-                break;
+            Ok(line) => {
+                let asked = !notice.is_empty() || line.contains("waits for approval");
+                if asked {
+                    notice.push_str(&line);
+                    notice.push('\n');
+                }
+                if asked && line.contains("answer with:") {
+                    break;
+                }
             }
-            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(_) => break,
         }
     }
     let _ = child.kill();
     let _ = child.wait();
-    let notice = notice.expect("the paused call is announced on stderr");
+    assert!(
+        notice.contains("waits for approval"),
+        "the paused call is not announced on stderr: {notice:?}"
+    );
+    notice
+}
+
+#[test]
+fn a_paused_calls_notice_shows_its_arguments_escaped() {
+    // Codemode tells the person (on stderr) which call waits and with what arguments. They
+    // decide on what they read there, so a command's right-to-left override or C1 CSI must not
+    // reorder or hide it.
+    let dir = tempfile::tempdir().unwrap();
+    let (config, work) = (dir.path().join("config"), dir.path().join("work"));
+    std::fs::create_dir(&config).unwrap();
+    std::fs::create_dir(&work).unwrap();
+    let notice = paused_notice(
+        &config,
+        &work,
+        br#"return await tools.bash({ command: "echo \u202e txt.exe; rm -rf x \u009b2K" })"#,
+    );
     let raw = acting(&notice);
     assert!(raw.is_empty(), "{raw:?} reach the terminal: {notice:?}");
     assert!(
@@ -231,62 +246,10 @@ fn a_paused_calls_notice_shows_where_its_path_really_leads() {
     }
     std::fs::write(outside.join("x.txt"), "secret").unwrap();
     std::os::unix::fs::symlink(&outside, work.join("notes")).unwrap();
-    std::fs::write(
-        config.join("settings.json"),
-        json!({"approvals": {"when_nobody_can_answer": "pause", "expire_after": "10m"}})
-            .to_string(),
-    )
-    .unwrap();
-    let mut child = common::codemode()
-        .args(["run", "--config-dir"])
-        .arg(&config)
-        .arg("--workdir")
-        .arg(&work)
-        .arg("-")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(br#"return await tools.read({ path: "notes/x.txt" })"#)
-            .unwrap();
-    }
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            let _ = tx.send(line);
-        }
-    });
-    // The notice, up to the line saying how to answer.
-    let start = Instant::now();
-    let mut notice = String::new();
-    while start.elapsed() < Duration::from_secs(60) {
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                let asked = !notice.is_empty() || line.contains("waits for approval");
-                if asked {
-                    notice.push_str(&line);
-                    notice.push('\n');
-                }
-                if asked && line.contains("answer with:") {
-                    break;
-                }
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        notice.contains("waits for approval"),
-        "no notice: {notice:?}"
+    let notice = paused_notice(
+        &config,
+        &work,
+        br#"return await tools.read({ path: "notes/x.txt" })"#,
     );
     let landing = outside.canonicalize().unwrap().join("x.txt");
     assert!(

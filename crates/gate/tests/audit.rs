@@ -390,23 +390,32 @@ impl codemode_spec::Tool for DamagesTheHead {
     }
 }
 
-/// Found by a red-team run: a call whose own line could not be written returned "ok", and only
-/// later calls were refused. Its result is now withheld with an error that says it ran.
-#[tokio::test]
-async fn a_call_whose_line_cannot_be_written_does_not_return_as_if_audited() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("audit.jsonl");
-    write_log(&path, 1).await;
+/// A log of one line at `path`, and a registry with `t` and `damage`, which breaks the log's
+/// head when it runs (counted in the returned runs), so that its own line cannot be written.
+async fn with_a_tool_that_damages_the_log(
+    path: &Path,
+) -> (Registry, Arc<std::sync::atomic::AtomicUsize>) {
+    write_log(path, 1).await;
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let reg = Registry::new();
     reg.register(Arc::new(TestTool::new("t", object_schema())))
         .unwrap();
     reg.register(Arc::new(DamagesTheHead {
         spec: codemode_spec::ToolSpec::new("damage", "", object_schema()),
-        head: dir.path().join("audit.jsonl.head"),
+        head: path.with_file_name("audit.jsonl.head"),
         runs: runs.clone(),
     }))
     .unwrap();
+    (reg, runs)
+}
+
+/// Found by a red-team run: a call whose own line could not be written returned "ok", and only
+/// later calls were refused. Its result is now withheld with an error that says it ran.
+#[tokio::test]
+async fn a_call_whose_line_cannot_be_written_does_not_return_as_if_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let (reg, runs) = with_a_tool_that_damages_the_log(&path).await;
     let gate = builder(&reg)
         .audit(AuditLog::open_with_key(&path, test_key()).unwrap())
         .build()
@@ -448,16 +457,7 @@ async fn refusals_after_the_log_failed_are_observed_under_their_tool() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.jsonl");
-    write_log(&path, 1).await;
-    let reg = Registry::new();
-    reg.register(Arc::new(TestTool::new("t", object_schema())))
-        .unwrap();
-    reg.register(Arc::new(DamagesTheHead {
-        spec: codemode_spec::ToolSpec::new("damage", "", object_schema()),
-        head: dir.path().join("audit.jsonl.head"),
-        runs: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-    }))
-    .unwrap();
+    let (reg, _) = with_a_tool_that_damages_the_log(&path).await;
     let seen = Arc::new(Seen(Default::default()));
     let gate = builder(&reg)
         .audit(AuditLog::open_with_key(&path, test_key()).unwrap())

@@ -647,6 +647,15 @@ async fn of_two_answers_at_once_exactly_one_wins() {
     );
 }
 
+/// Starts `code` as a cell of session "s", which must wait for an approval: the report and the
+/// approval's id.
+async fn waiting_for_approval(w: &World, code: &str) -> (codemode_runtime::CellReport, String) {
+    let r = w.codemode.start_cell(req(code, "s")).await.unwrap();
+    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
+    let approval = r.pending[0].approval_id.clone();
+    (r, approval)
+}
+
 /// Found by a red team: an answer was written to the store first and audited after, and a line
 /// that could not be written was only logged, so an approval could count with nobody on record
 /// as having given it. Now the answer's line comes first: a log that cannot take it leaves the
@@ -655,13 +664,7 @@ async fn of_two_answers_at_once_exactly_one_wins() {
 async fn an_approval_that_cannot_be_audited_is_not_given() {
     let dir = tempfile::tempdir().unwrap();
     let w = world(dir.path(), Setup::default()).await;
-    let r = w
-        .codemode
-        .start_cell(req("await tools.danger({}); return 'ran';", "s"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
-    let approval = r.pending[0].approval_id.clone();
+    let (r, approval) = waiting_for_approval(&w, "await tools.danger({}); return 'ran';").await;
     // A log of its own for the answering side (as `codemode approvals` opens one), whose head
     // no longer matches: every append fails.
     let log = dir.path().join("answers.jsonl");
@@ -716,13 +719,7 @@ async fn an_approval_that_cannot_be_audited_is_not_given() {
 async fn an_answer_is_on_record_before_it_counts() {
     let dir = tempfile::tempdir().unwrap();
     let w = world(dir.path(), Setup::default()).await;
-    let r = w
-        .codemode
-        .start_cell(req("await tools.danger({}); return 'ran';", "s"))
-        .await
-        .unwrap();
-    assert_eq!(r.status, CellStatus::WaitingForApproval, "{}", r.text);
-    let approval = r.pending[0].approval_id.clone();
+    let (r, approval) = waiting_for_approval(&w, "await tools.danger({}); return 'ran';").await;
     w.codemode
         .answer_approval(&approval, Decision::Approve, "alice", "library")
         .await
