@@ -109,7 +109,17 @@ return n;"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_waiting_only_for_a_person_keeps_its_deadline() {
-    let codemode = codemode();
+    waiting_only_for_a_person(codemode()).await;
+}
+
+/// The VM's thread waits idle while the person reads: its CPU clock does not move, so the
+/// deadline stands still in thread isolation too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_on_a_thread_waiting_only_for_a_person_keeps_its_deadline() {
+    waiting_only_for_a_person(codemode_in(codemode_sandbox::Isolation::Thread)).await;
+}
+
+async fn waiting_only_for_a_person(codemode: Codemode) {
     // The person takes 4 s against a 1 s deadline: that wait does not count.
     let code = r#"// @options: {"timeout_ms": 1000}
 const said = await tools.ask({}).then(() => "yes", (e) => e.stage);
