@@ -183,41 +183,60 @@ pub fn tool_sample(spec: &ToolSpec) -> String {
     sample_with_key(spec, &spec.identifier())
 }
 
-/// What `ALL_TOOLS` lists as each tool's `description`: its sample while all samples together
-/// stay within `max_bytes`, else its description alone, each cut to an equal share of
-/// `max_bytes` (`…` marks a cut). Every script gets the whole list, so a listing of thousands of
-/// tools with large schemas would otherwise cost each script start tens of megabytes of host
-/// memory and copying; `describeTool` still gives any tool's whole sample.
+/// What `ALL_TOOLS` lists as each tool's `description`, in `specs`' order. Every namespace (the
+/// tools without one count as one) has an equal share of `max_bytes`: within it, its tools'
+/// samples while they all fit, else each tool's description alone, cut to an equal part of the
+/// share (`…` marks a cut). Every script gets the whole list, so a listing of thousands of tools
+/// with large schemas would otherwise cost each script start tens of megabytes of host memory
+/// and copying, and shares keep one server's size from cutting the others' text; `describeTool`
+/// still gives any tool's whole sample.
 pub fn all_tools_descriptions(specs: &[ToolSpec], max_bytes: usize) -> Vec<String> {
-    let mut samples = Vec::with_capacity(specs.len());
-    let mut total = 0usize;
-    for spec in specs {
-        let sample = tool_sample(spec);
-        total = total.saturating_add(sample.len());
-        if total > max_bytes {
-            break;
+    let mut namespaces: std::collections::BTreeMap<Option<&str>, Vec<usize>> = Default::default();
+    for (i, spec) in specs.iter().enumerate() {
+        namespaces
+            .entry(spec.namespace.as_deref())
+            .or_default()
+            .push(i);
+    }
+    let share = max_bytes / namespaces.len().max(1);
+    let mut out = vec![String::new(); specs.len()];
+    for members in namespaces.into_values() {
+        let mut samples = Vec::with_capacity(members.len());
+        let mut total = 0usize;
+        for &i in &members {
+            let sample = tool_sample(&specs[i]);
+            total = total.saturating_add(sample.len());
+            if total > share {
+                break;
+            }
+            samples.push(sample);
         }
-        samples.push(sample);
-    }
-    if samples.len() == specs.len() {
-        return samples;
-    }
-    drop(samples);
-    let share = (max_bytes / specs.len().max(1)).min(MAX_SHORT_DESCRIPTION_BYTES);
-    specs
-        .iter()
-        .map(|spec| {
-            let text = comment_lines(&spec.description).join(" ");
-            if text.len() <= share {
-                return text;
+        if samples.len() == members.len() {
+            for (&i, sample) in members.iter().zip(samples) {
+                out[i] = sample;
             }
-            let mut end = share.saturating_sub('…'.len_utf8());
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}…", text[..end].trim_end())
-        })
-        .collect()
+            continue;
+        }
+        drop(samples);
+        let part = (share / members.len()).min(MAX_SHORT_DESCRIPTION_BYTES);
+        for &i in &members {
+            out[i] = cut_description(&specs[i].description, part);
+        }
+    }
+    out
+}
+
+/// `description` as one line of at most `max` bytes.
+fn cut_description(description: &str, max: usize) -> String {
+    let text = comment_lines(description).join(" ");
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", text[..end].trim_end())
 }
 
 /// The longest description `ALL_TOOLS` keeps of a tool once samples do not fit.

@@ -532,4 +532,21 @@ fn all_tools_descriptions_stay_within_their_bound() {
     let index = ToolIndex::new(&big, &[]);
     let sample = index.describe_tool("mcp__big__tool_7").unwrap();
     assert!(sample.contains("field_39"), "{sample}");
+
+    // Beside that server, the built-ins and a small server keep their whole samples: each
+    // namespace has its share, so one server's size does not cut the others' text.
+    let coding = support::coding_tools();
+    let (memory, _) = support::mcp_server("server-memory");
+    let mut mixed = big.clone();
+    mixed.extend(coding.iter().cloned());
+    mixed.extend(memory.iter().cloned());
+    let descriptions = codemode_declarations::all_tools_descriptions(&mixed, SMALL_BOUND);
+    let total: usize = descriptions.iter().map(String::len).sum();
+    assert!(total <= SMALL_BOUND, "{total}");
+    for (tool, description) in mixed.iter().zip(&descriptions).skip(big.len()) {
+        assert_eq!(description, &codemode_declarations::tool_sample(tool));
+    }
+    for description in &descriptions[..big.len()] {
+        assert!(description.ends_with('…'), "{description}");
+    }
 }
