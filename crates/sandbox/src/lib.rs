@@ -39,6 +39,7 @@
 //! ```
 
 mod arena;
+mod cpu_clock;
 mod engine;
 mod held;
 mod host;

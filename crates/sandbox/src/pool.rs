@@ -340,7 +340,7 @@ fn run_in_thread(
     };
     // This thread's CPU time counts on the deadline clock while it stands still for a person:
     // a script computing meanwhile is not waiting for anyone.
-    let _metered = this_thread_cpu_clock().map(|meter| session.clock.metered_by(meter));
+    let _metered = crate::cpu_clock::this_thread().map(|meter| session.clock.metered_by(meter));
     let active = ActiveLimits {
         cpu: Duration::from_millis(limits.cpu_ms),
         wall: Some(Wall {
@@ -553,27 +553,4 @@ fn run_on_worker(
     }));
     drop(local);
     result
-}
-
-/// A reader of the calling thread's CPU-time clock that any thread may call.
-fn this_thread_cpu_clock() -> Option<codemode_spec::Meter> {
-    let mut id: libc::clockid_t = 0;
-    // SAFETY: asks for the clock of the calling thread, written to a local.
-    if unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) } != 0 {
-        return None;
-    }
-    Some(std::sync::Arc::new(move || {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: reads a clock into a local; the thread outlives the script it runs.
-        if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
-            return Duration::ZERO;
-        }
-        Duration::new(
-            ts.tv_sec.max(0) as u64,
-            ts.tv_nsec.clamp(0, 999_999_999) as u32,
-        )
-    }))
 }

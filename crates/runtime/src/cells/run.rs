@@ -775,8 +775,6 @@ pub async fn expire_in(store: &dyn StateStore, audit: &AuditLog) -> Vec<Approval
     }
 }
 
-/// One audit line for an answered or expired approval: to the file, or to the shared stream
-/// (which only takes lines asynchronously) when the state is shared by replicas.
 /// The line of an answer about to be given: who, through what, and to which call. The line
 /// of what it came to (`approval`, from [`write_audit`]) follows once the store took it or not.
 async fn write_attempt(
@@ -787,14 +785,69 @@ async fn write_attempt(
     channel: &str,
     call_hash: &str,
 ) -> Result<(), codemode_gate::AuditError> {
-    let mut line = Map::new();
-    line.insert("time".into(), json!(format_ms(now_ms())));
-    line.insert("event".into(), json!("approval_answer"));
-    line.insert("approval_id".into(), json!(a.id));
     let decision = match decision {
         Decision::Approve => "approve",
         Decision::Deny => "deny",
     };
+    let line = approval_line(
+        now_ms(),
+        "approval_answer",
+        a,
+        Answered {
+            decision,
+            by: Some(by),
+            channel: Some(channel),
+            call_hash,
+        },
+    );
+    audit.append_async(line).await
+}
+
+/// One audit line for an answered or expired approval: to the file, or to the shared stream
+/// (which only takes lines asynchronously) when the state is shared by replicas.
+async fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
+    let answer = Answered {
+        decision: a.state.as_str(),
+        by: a.answered_by.as_deref(),
+        channel: a.answered_channel.as_deref(),
+        call_hash: &a.call_hash,
+    };
+    let mut line = approval_line(
+        a.answered_at_ms.unwrap_or_else(now_ms),
+        "approval",
+        a,
+        answer,
+    );
+    line.insert("policy_ids".into(), json!(a.policy_ids));
+    if let Err(e) = audit.append_async(line).await {
+        tracing::error!(approval = %a.id, "the approval's audit line could not be written: {e}");
+    }
+}
+
+/// What an approval line says of the answer (`by` and `channel` are null for an expiry).
+struct Answered<'a> {
+    decision: &'a str,
+    by: Option<&'a str>,
+    channel: Option<&'a str>,
+    call_hash: &'a str,
+}
+
+/// The fields both approval lines have: the answer's and the call's.
+fn approval_line(
+    at_ms: i64,
+    event: &str,
+    a: &ApprovalRecord,
+    Answered {
+        decision,
+        by,
+        channel,
+        call_hash,
+    }: Answered<'_>,
+) -> Map<String, Value> {
+    let mut line = Map::new();
+    line.insert("time".into(), json!(format_ms(at_ms)));
+    line.insert("event".into(), json!(event));
+    line.insert("approval_id".into(), json!(a.id));
     line.insert("decision".into(), json!(decision));
     line.insert("by".into(), json!(by));
     line.insert("channel".into(), json!(channel));
@@ -806,32 +859,7 @@ async fn write_attempt(
         "call_id".into(),
         a.provenance.get("call_id").cloned().unwrap_or(Value::Null),
     );
-    audit.append_async(line).await
-}
-
-async fn write_audit(audit: &AuditLog, a: &ApprovalRecord) {
-    let mut line = Map::new();
-    line.insert(
-        "time".into(),
-        json!(format_ms(a.answered_at_ms.unwrap_or_else(now_ms))),
-    );
-    line.insert("event".into(), json!("approval"));
-    line.insert("approval_id".into(), json!(a.id));
-    line.insert("decision".into(), json!(a.state.as_str()));
-    line.insert("by".into(), json!(a.answered_by));
-    line.insert("channel".into(), json!(a.answered_channel));
-    line.insert("tool".into(), json!(a.tool));
-    line.insert("call_hash".into(), json!(a.call_hash));
-    line.insert("policy_ids".into(), json!(a.policy_ids));
-    line.insert("session_id".into(), json!(a.session_id));
-    line.insert("cell_id".into(), json!(a.cell_id));
-    line.insert(
-        "call_id".into(),
-        a.provenance.get("call_id").cloned().unwrap_or(Value::Null),
-    );
-    if let Err(e) = audit.append_async(line).await {
-        tracing::error!(approval = %a.id, "the approval's audit line could not be written: {e}");
-    }
+    line
 }
 
 fn now_ms() -> i64 {

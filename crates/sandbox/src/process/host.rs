@@ -185,25 +185,6 @@ pub(crate) fn describe_exit(status: Option<ExitStatus>) -> String {
     }
 }
 
-/// The CPU time a process has used, by its CPU-time clock.
-fn cpu_time(pid: i32) -> Option<Duration> {
-    let mut clock: libc::clockid_t = 0;
-    // SAFETY: plain calls writing locals.
-    unsafe {
-        if libc::clock_getcpuclockid(pid, &mut clock) != 0 {
-            return None;
-        }
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        if libc::clock_gettime(clock, &mut ts) != 0 {
-            return None;
-        }
-        Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-    }
-}
-
 impl WorkerProcess {
     /// Starts a worker and waits for its hello.
     pub fn spawn(
@@ -379,12 +360,12 @@ impl WorkerProcess {
         };
         let max = session.max_message();
         let cpu_budget = Duration::from_millis(session.limits.cpu_ms);
-        let cpu_start = cpu_time(self.pid).unwrap_or_default();
+        let cpu_start = crate::cpu_clock::of_process(self.pid).unwrap_or_default();
         // The worker's CPU time counts on the deadline clock while it stands still for a
         // person: a script computing meanwhile is not waiting for anyone.
         let pid = self.pid;
         let _metered = session.clock.metered_by(std::sync::Arc::new(move || {
-            cpu_time(pid).unwrap_or_default()
+            crate::cpu_clock::of_process(pid).unwrap_or_default()
         }));
         let mut next_cpu_check = Instant::now() + cpu_budget;
         let mut stop_sent: Option<Stop> = None;
@@ -485,7 +466,7 @@ impl WorkerProcess {
             if stop_sent.is_none() {
                 let mut due = session.due_stop();
                 if due.is_none() && now >= next_cpu_check {
-                    let used = cpu_time(self.pid)
+                    let used = crate::cpu_clock::of_process(self.pid)
                         .unwrap_or_default()
                         .saturating_sub(cpu_start);
                     if used >= cpu_budget {
