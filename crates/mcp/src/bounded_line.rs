@@ -39,10 +39,6 @@ impl BoundedLine {
         &self.bytes
     }
 
-    pub(crate) fn take_bytes(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.bytes)
-    }
-
     /// Ready for the next line. One long line must not keep its buffer for the rest of the
     /// connection.
     pub(crate) fn clear(&mut self) {
@@ -65,6 +61,6 @@ mod tests {
         line.clear();
         assert!(!line.take_oversized());
         line.push(b"abc\n");
-        assert_eq!(line.take_bytes(), b"abc\n");
+        assert_eq!(line.bytes(), b"abc\n");
     }
 }

@@ -3,16 +3,26 @@
 //! rmcp drops a line longer than its limit, and a line its JSON parser refuses (serde_json stops
 //! at 127 levels of nesting), with only a log line: the request it answered then waits for its
 //! timeout. This scanner sees each line as it streams past, in constant memory, and records what
-//! is needed to fail that request at once instead: how deep the line nests, and the top-level
-//! `id` and whether there is a `method` (a response has an `id` and no `method`).
+//! is needed to fail that request at once instead: how deep the line nests, how many JSON values
+//! it holds, and the top-level `id` and whether there is a `method` (a response has an `id` and
+//! no `method`).
+//!
+//! The count matters because parsing costs memory by values, not bytes: 15 MiB of `[0,0,…]` is
+//! 7.5 million values, which rmcp's parser (an untagged enum, buffered and copied per variant
+//! tried) took to over 2 GB for a few answers in flight. A line past [`MAX_VALUES`] is never
+//! parsed.
 
 /// The most nesting serde_json's parser accepts (its recursion limit of 128 counts one more).
 pub(crate) const MAX_DEPTH: usize = 127;
 
+/// The most JSON values one message may hold, object keys counted as values: the same bound the
+/// host puts on what it decodes from a script. A 16 MiB message of ordinary JSON (8 or more
+/// bytes a value) stays within it; 2 bytes a value (`[0,0,…]`) does not.
+pub(crate) const MAX_VALUES: usize = 1 << 20;
+
 /// A top-level `id` longer than this is not kept (ids are numbers or short strings).
 const MAX_ID_LEN: usize = 256;
 
-#[derive(Default)]
 pub(crate) struct Scanner {
     depth: usize,
     deepest: usize,
@@ -28,6 +38,31 @@ pub(crate) struct Scanner {
     id: Vec<u8>,
     id_overflow: bool,
     has_method: bool,
+    /// Values seen (strings, keys included, containers and scalars).
+    values: usize,
+    /// The last byte outside strings, bar whitespace, began a line, a container or a member:
+    /// the next scalar byte starts a value.
+    value_next: bool,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Scanner {
+            depth: 0,
+            deepest: 0,
+            in_string: false,
+            escaped: false,
+            expect_key: false,
+            key: Vec::new(),
+            reading_key: false,
+            current: None,
+            id: Vec::new(),
+            id_overflow: false,
+            has_method: false,
+            values: 0,
+            value_next: true,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -81,6 +116,12 @@ impl Scanner {
             }
             return;
         }
+        if !matches!(b, b' ' | b'\t' | b'\r' | b'\n') {
+            let scalar = !matches!(b, b'"' | b'{' | b'[' | b'}' | b']' | b',' | b':');
+            let starts = matches!(b, b'"' | b'{' | b'[') || (scalar && self.value_next);
+            self.values += usize::from(starts);
+            self.value_next = matches!(b, b'{' | b'[' | b',' | b':');
+        }
         match b {
             b'"' => {
                 self.in_string = true;
@@ -114,6 +155,11 @@ impl Scanner {
     /// How deep the line nests.
     pub(crate) fn deepest(&self) -> usize {
         self.deepest
+    }
+
+    /// How many JSON values the line holds, object keys included.
+    pub(crate) fn values(&self) -> usize {
+        self.values
     }
 
     /// The `id` of a response (a message with an `id` and no `method`), as JSON.
@@ -174,6 +220,33 @@ mod tests {
         let s = scan(&json!({"id": 1, "result": {"text": text}}).to_string());
         assert_eq!(s.deepest(), 2);
         assert_eq!(s.response_id(), Some(json!(1)));
+    }
+
+    /// Every value and key, whatever the spacing, never a byte inside a string.
+    #[test]
+    fn counts_values_and_keys() {
+        for (line, values) in [
+            ("0", 1),
+            ("[]", 1),
+            ("[0,0,0]", 4),
+            (" [ 10 , -2.5e3 ,true,null ] ", 5),
+            (r#"{"a":1,"b":[{},"x,y:[1]"]}"#, 7),
+            (r#"{"id":1,"result":{"s":"\"[0,0]\""}}"#, 7),
+            ("[[],[[]],{}]", 5),
+        ] {
+            assert_eq!(scan(line).values(), values, "{line}");
+            let parsed: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(count(&parsed), values, "{line}");
+        }
+    }
+
+    /// Values and keys as serde_json sees them, to check the scanner against.
+    fn count(v: &serde_json::Value) -> usize {
+        1 + match v {
+            serde_json::Value::Array(a) => a.iter().map(count).sum(),
+            serde_json::Value::Object(o) => o.values().map(|v| 1 + count(v)).sum(),
+            _ => 0,
+        }
     }
 
     #[test]

@@ -1,11 +1,15 @@
-//! The transport to a stdio server: rmcp's line transport, reading the server's stdout through a
-//! screen that turns a response rmcp would drop into an error for the request it answers.
+//! The transport to a stdio server: the server's stdout is read by a screen that parses each
+//! message once and hands it to rmcp, and turns a response rmcp could not read into an error for
+//! the request it answers; what codemode sends goes through rmcp's line transport.
 //!
-//! rmcp discards a line over its length limit, and a line serde_json refuses to parse (too
-//! deeply nested), with a log line only; the call then waits until its timeout and fails as
-//! "timed out". The screen sits between the server's stdout and rmcp: lines within both limits
-//! pass unchanged, and a response over either is replaced by a JSON-RPC error for the same id
-//! that says what was wrong. The connection stays usable: the next line is read as usual.
+//! rmcp's own reader discards a line over its length limit, and a line serde_json refuses to
+//! parse (too deeply nested), with a log line only; the call then waits until its timeout and
+//! fails as "timed out". The screen refuses a response over a limit (length, nesting, values)
+//! before parsing it and answers its request with a JSON-RPC error that says what was wrong. It
+//! parses what passes exactly once (rmcp's message type is an untagged enum, costly on a large
+//! answer) and passes messages one at a time: while rmcp has not taken one, the next line is not
+//! read, so answers waiting between the server and a call hold at most one message. The
+//! connection stays usable: the next line is read as usual.
 
 use std::io;
 use std::process::Stdio;
@@ -16,11 +20,12 @@ use process_wrap::tokio::{ChildWrapper, CommandWrap};
 use rmcp::service::{RoleClient, RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use rmcp::transport::async_rw::{AsyncRwTransport, DEFAULT_MAX_LINE_LENGTH};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Empty};
 use tokio::process::{ChildStderr, ChildStdin};
+use tokio::sync::mpsc;
 
 use super::backlog::Backlog;
-use super::screen::{MAX_DEPTH, Scanner};
+use super::screen::{MAX_DEPTH, MAX_VALUES, Scanner};
 use crate::bounded_line::BoundedLine;
 
 /// The longest line (one JSON-RPC message, newline included) read from a server: rmcp's own
@@ -37,7 +42,10 @@ const EXIT_WAIT: Duration = Duration::from_secs(3);
 pub(crate) struct ChildTransport {
     server: Arc<str>,
     child: Option<Box<dyn ChildWrapper>>,
-    inner: AsyncRwTransport<RoleClient, DuplexStream, ChildStdin>,
+    /// Writes to the server's stdin (its reading half is never used).
+    inner: AsyncRwTransport<RoleClient, Empty, ChildStdin>,
+    /// The server's messages, parsed by the screen.
+    incoming: mpsc::Receiver<RxJsonRpcMessage<RoleClient>>,
     /// What waits to be written to the server's stdin: a server that stops reading is closed.
     backlog: Arc<Backlog>,
 }
@@ -68,18 +76,19 @@ impl ChildTransport {
                 Some(exit) => Box::pin(exit),
                 None => Box::pin(std::future::pending()),
             };
-        let (read, write) = tokio::io::duplex(64 * 1024);
+        let (to_rmcp, incoming) = mpsc::channel(1);
         tokio::spawn(screen_lines(
             server.clone(),
             stdout,
-            write,
+            to_rmcp,
             MAX_LINE,
             exited,
         ));
         let transport = ChildTransport {
             server,
             child: Some(child),
-            inner: AsyncRwTransport::new_client(read, stdin),
+            inner: AsyncRwTransport::new_client(tokio::io::empty(), stdin),
+            incoming,
             backlog: Arc::default(),
         };
         Ok((transport, stderr))
@@ -120,7 +129,7 @@ impl Transport<RoleClient> for ChildTransport {
     /// Ends (rmcp then closes the connection) once the server was found to read nothing.
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
         let backlog = self.backlog.clone();
-        let receive = self.inner.receive();
+        let receive = self.incoming.recv();
         async move {
             tokio::select! {
                 biased;
@@ -174,7 +183,7 @@ impl Drop for ChildTransport {
 async fn screen_lines(
     server: Arc<str>,
     from: impl AsyncRead + Unpin,
-    mut to: impl AsyncWrite + Unpin,
+    to: mpsc::Sender<RxJsonRpcMessage<RoleClient>>,
     max_line: usize,
     exited: impl Future<Output = ()>,
 ) {
@@ -244,33 +253,56 @@ async fn screen_lines(
                     scanned.deepest()
                 ),
             )
-        } else if let Some(why) = unreadable_response(&scanned, line.bytes()) {
-            rejected(&server, &scanned, &why)
+        } else if scanned.values() > MAX_VALUES {
+            rejected(
+                &server,
+                &scanned,
+                &format!(
+                    "the server's response holds {} JSON values (object keys included), more \
+                     than the {MAX_VALUES} codemode reads in one message, and was dropped; ask \
+                     the tool for less (a smaller page, range or limit)",
+                    scanned.values()
+                ),
+            )
         } else {
-            Some(line.take_bytes())
+            parsed(&server, &scanned, line.bytes())
         };
         line.clear();
-        if let Some(bytes) = pass
-            && to.write_all(&bytes).await.is_err()
+        if let Some(message) = pass
+            && to.send(message).await.is_err()
         {
             break;
         }
     }
 }
 
-/// Why rmcp would drop a response line it cannot read (cut-off JSON, neither `result` nor
-/// `error`, another JSON-RPC version), if it would. Only responses are read twice: they are the
-/// lines a call waits for.
-fn unreadable_response(scanned: &Scanner, line: &[u8]) -> Option<String> {
-    scanned.response_id()?;
-    let e = serde_json::from_slice::<RxJsonRpcMessage<RoleClient>>(line).err()?;
-    Some(format!(
-        "the server's answer is not a JSON-RPC response codemode can read ({e}), and was dropped; the fault is the server's, not the call's"
-    ))
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The line as a message. A response that cannot be read (cut-off JSON, neither `result` nor
+/// `error`, another JSON-RPC version) becomes an error for its request, which would otherwise
+/// wait for its timeout; any other such line is dropped (at debug level: a server could send
+/// many).
+fn parsed(server: &str, scanned: &Scanner, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
+    let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
+    match serde_json::from_slice(line) {
+        Ok(message) => Some(message),
+        Err(e) if scanned.response_id().is_some() => rejected(
+            server,
+            scanned,
+            &format!(
+                "the server's answer is not a JSON-RPC response codemode can read ({e}), and was \
+                 dropped; the fault is the server's, not the call's"
+            ),
+        ),
+        Err(e) => {
+            tracing::debug!(%server, error = %e, "an MCP server message codemode cannot read was dropped");
+            None
+        }
+    }
 }
 
-/// The error line that replaces a rejected response, when it answered a request.
-fn rejected(server: &str, scanned: &Scanner, why: &str) -> Option<Vec<u8>> {
+/// The error that replaces a rejected response, when it answered a request.
+fn rejected(server: &str, scanned: &Scanner, why: &str) -> Option<RxJsonRpcMessage<RoleClient>> {
     let Some(id) = scanned.response_id() else {
         tracing::warn!(%server, "MCP server message dropped: {why} (it answered no request)");
         return None;
@@ -281,9 +313,7 @@ fn rejected(server: &str, scanned: &Scanner, why: &str) -> Option<Vec<u8>> {
         "id": id,
         "error": { "code": -32603, "message": why },
     });
-    let mut bytes = serde_json::to_vec(&error).ok()?;
-    bytes.push(b'\n');
-    Some(bytes)
+    serde_json::from_value(error).ok()
 }
 
 fn mib(bytes: usize) -> String {
@@ -298,10 +328,10 @@ fn mib(bytes: usize) -> String {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use tokio::io::AsyncReadExt;
 
+    /// What the screen hands rmcp, as JSON.
     async fn screened(input: Vec<u8>, max_line: usize) -> Vec<Value> {
-        let (mut out, into) = tokio::io::duplex(1024);
+        let (into, mut out) = mpsc::channel(1);
         let task = tokio::spawn(screen_lines(
             "t".into(),
             std::io::Cursor::new(input),
@@ -309,12 +339,66 @@ mod tests {
             max_line,
             std::future::pending(),
         ));
-        let mut text = String::new();
-        out.read_to_string(&mut text).await.unwrap();
+        let mut messages = Vec::new();
+        while let Some(message) = out.recv().await {
+            messages.push(serde_json::to_value(&message).unwrap());
+        }
         task.await.unwrap();
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        messages
+    }
+
+    /// A line is read only once rmcp took the one before: answers do not pile up between the
+    /// server and rmcp, the server's writes wait instead.
+    #[tokio::test]
+    async fn the_server_waits_while_rmcp_has_not_taken_the_last_message() {
+        use tokio::io::AsyncWriteExt;
+        let (mut server, stdout) = tokio::io::duplex(64 * 1024);
+        let (into, mut out) = mpsc::channel(1);
+        tokio::spawn(screen_lines(
+            "t".into(),
+            stdout,
+            into,
+            MAX_LINE,
+            std::future::pending(),
+        ));
+        let lines = 8;
+        let writer = tokio::spawn(async move {
+            for id in 1..=lines {
+                let line =
+                    json!({"jsonrpc": "2.0", "id": id, "result": {"t": "x".repeat(100_000)}});
+                server
+                    .write_all(format!("{line}\n").as_bytes())
+                    .await
+                    .unwrap();
+            }
+            server
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !writer.is_finished(),
+            "800 KB were taken in while rmcp took nothing"
+        );
+        for id in 1..=lines {
+            let next = out.recv().await.unwrap();
+            assert_eq!(serde_json::to_value(&next).unwrap()["id"], id);
+        }
+        writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_byte_order_mark_is_read_past_and_an_unreadable_answer_fails_its_call() {
+        let input = "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\
+                     {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"a\":}\n\
+                     {\"jsonrpc\":\"2.0\",\"method\":\"notifications/x\",\"params\":[}\n";
+        let out = screened(input.as_bytes().to_vec(), MAX_LINE).await;
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(out[0]["id"], 1);
+        assert_eq!(out[1]["id"], 2);
+        let message = out[1]["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("not a JSON-RPC response codemode can read"),
+            "{message}"
+        );
     }
 
     #[tokio::test]
@@ -339,6 +423,23 @@ mod tests {
         assert_eq!(out[0]["id"], "a");
         assert!(message.contains("202 levels deep"), "{message}");
         assert!(message.contains("127"), "{message}");
+    }
+
+    /// Small in bytes, costly to parse: refused unparsed, and the connection goes on.
+    #[tokio::test]
+    async fn a_response_of_too_many_values_becomes_an_error() {
+        let zeros = vec![0u8; MAX_VALUES];
+        let wide =
+            json!({"jsonrpc": "2.0", "id": 7, "result": {"structuredContent": {"v": zeros}}});
+        let just = json!({"jsonrpc": "2.0", "id": 8, "result": {"v": vec![0u8; MAX_VALUES - 9]}});
+        let input = format!("{wide}\n{just}\n").into_bytes();
+        let out = screened(input, MAX_LINE).await;
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0]["id"], 7);
+        let message = out[0]["error"]["message"].as_str().unwrap();
+        assert!(message.contains("1048587 JSON values"), "{message}");
+        assert!(message.contains("ask the tool for less"), "{message}");
+        assert_eq!(out[1], just, "a line of exactly the limit passes");
     }
 
     #[tokio::test]
