@@ -35,7 +35,8 @@ pub use audit::{
 pub use budget::{BudgetLimits, Budgets, DailyBudgets, KEPT_RECORDS, LedgerSnapshot, Principal};
 pub use error::{GateError, RegistryError, Stage};
 pub use gate::{
-    Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath, SessionHold,
+    Admission, CODEMODE_PERMIT_ID, CallRequest, Gate, GateBuilder, ProtectedPath, ResultRoom,
+    SessionHold,
 };
 pub use hooks::{
     AfterDecision, CommandHooks, Hook, HookDecision, HookEvent, HookSettings, MAX_HOOKS_AT_ONCE,

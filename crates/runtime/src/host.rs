@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use codemode_gate::{CallRequest, Gate, GateError};
 use codemode_models::Catalog;
 use codemode_sandbox::{Host, HostCall, HostCallKind, HostError};
-use codemode_spec::{Origin, Provenance, Usage};
+use codemode_spec::{HeldMemory, Origin, Provenance, Usage};
 use futures::FutureExt;
 use futures::future::LocalBoxFuture;
 use serde_json::{Map, Value, json};
@@ -258,6 +258,7 @@ impl HostState {
             provenance,
             cancel: call.cancel.clone(),
             clock: Some(call.clock.clone()),
+            result_room: Some(result_room(&call.room)),
         };
         let gate = self.gate.clone();
         let logged_call = logged.clone();
@@ -443,4 +444,10 @@ fn host_error(message: String, name: &str, properties: Map<String, Value>) -> Ho
 
 fn lock(m: &Mutex<Spent>) -> std::sync::MutexGuard<'_, Spent> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The script's room for answers, as the gate reserves it: the share is held with the result.
+fn result_room(room: &codemode_sandbox::AnswerRoom) -> codemode_gate::ResultRoom {
+    let room = room.clone();
+    codemode_gate::ResultRoom::new(move |bytes| room.reserve(bytes).map(HeldMemory::new))
 }

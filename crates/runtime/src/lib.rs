@@ -211,6 +211,7 @@ impl Codemode {
                 provenance,
                 cancel,
                 clock: None,
+                result_room: None,
             })
             .await
     }
@@ -236,6 +237,7 @@ impl Codemode {
                 provenance,
                 cancel,
                 clock: None,
+                result_room: None,
             })
             .await
     }

@@ -278,6 +278,7 @@ impl Codemode {
                 provenance,
                 cancel: req.abort.clone(),
                 clock: None,
+                result_room: None,
             })
             .await;
         let mut admission = match admitted {

@@ -13,5 +13,6 @@ mod deadline_with_pending_question;
 mod integrity;
 mod no_bypass;
 mod read_only_globals;
+mod results_on_their_way;
 mod script_principal_share;
 mod session_end_store;

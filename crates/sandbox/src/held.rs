@@ -2,6 +2,11 @@
 //! VM to take them. A script can start thousands of calls whose answers are each up to an MCP
 //! message (16 MiB); past a bound, a further answer is dropped and the script gets an error in
 //! its place, so the host's memory for one script stays bounded whatever it awaits.
+//!
+//! An answer is counted from before it reaches the sandbox, too: the host's call sees an
+//! [`AnswerRoom`] and reserves the size of a result as soon as the tool returns it, so results
+//! waiting on their way (for hooks, the audit log, a thread to convert them) count against the
+//! same bound, and one that does not fit is dropped there, not after it has been copied.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,6 +31,32 @@ impl HeldAnswers {
         }
     }
 
+    /// Reserves `n` bytes for a result on its way, or says why it does not fit.
+    fn reserve(&self, n: usize) -> Result<AnswerShare, String> {
+        let before = self.bytes.fetch_add(n, Ordering::AcqRel);
+        if before.saturating_add(n) <= self.max {
+            return Ok(AnswerShare {
+                bytes: self.bytes.clone(),
+                n,
+            });
+        }
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        Err(format!(
+            "The call ran, but its answer ({}) was dropped: {}",
+            size(n),
+            self.waiting(before)
+        ))
+    }
+
+    fn waiting(&self, before: usize) -> String {
+        format!(
+            "the script already has {} of answers waiting that it has not taken, and at most {} \
+             may wait (its heap limit). Await large calls a few at a time, or ask the tool for less.",
+            size(before),
+            size(self.max)
+        )
+    }
+
     /// Counts an answer that arrived, or replaces it with a short error when it does not fit.
     /// Errors count too: a tool's error message may be as large as a result.
     pub(crate) fn admit(&self, r: Result<String, HostError>) -> Result<String, HostError> {
@@ -35,12 +66,7 @@ impl HeldAnswers {
             return r;
         }
         self.bytes.fetch_sub(n, Ordering::AcqRel);
-        let waiting = format!(
-            "the script already has {} of answers waiting that it has not taken, and at most {} \
-             may wait (its heap limit). Await large calls a few at a time, or ask the tool for less.",
-            size(before),
-            size(self.max)
-        );
+        let waiting = self.waiting(before);
         let replacement = Err(match r {
             Ok(_) => HostError::new(format!(
                 "The call ran, but its answer ({}) was dropped: {waiting}",
@@ -87,6 +113,53 @@ impl HeldAnswers {
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         self.bytes.load(Ordering::Acquire)
+    }
+}
+
+/// Where a script's call results wait: a call reserves its result's size here as soon as the
+/// tool returns it. Cloned into each [`crate::HostCall`].
+#[derive(Clone)]
+pub struct AnswerRoom(pub(crate) HeldAnswers);
+
+impl std::fmt::Debug for AnswerRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnswerRoom")
+            .field("held", &self.0.bytes.load(Ordering::Relaxed))
+            .field("max", &self.0.max)
+            .finish()
+    }
+}
+
+impl AnswerRoom {
+    /// Room for `bytes` of result, held until the share is dropped; or, when the script already
+    /// holds as much as may wait, the error the script should get instead of the result.
+    pub fn reserve(&self, bytes: usize) -> Result<AnswerShare, String> {
+        self.0.reserve(bytes)
+    }
+
+    /// A room without bound, for calls made outside a script (tests, embedders' own calls).
+    pub fn unbounded() -> Self {
+        AnswerRoom(HeldAnswers {
+            bytes: Arc::new(AtomicUsize::new(0)),
+            max: usize::MAX,
+        })
+    }
+}
+
+/// Bytes of a result reserved in its script's [`AnswerRoom`], given back when dropped.
+pub struct AnswerShare {
+    bytes: Arc<AtomicUsize>,
+    n: usize,
+}
+
+impl Drop for AnswerShare {
+    fn drop(&mut self) {
+        let n = self.n;
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                Some(held.saturating_sub(n))
+            });
     }
 }
 
@@ -152,6 +225,33 @@ mod tests {
         assert!(held.admit(big()).is_ok());
         held.release(&kept[3]);
         assert_eq!(held.held(), 60 << 20);
+    }
+
+    /// Red team: results waiting between the tool and the sandbox were not counted, so 400
+    /// answers of 1 MiB waiting for a script that computed took the host to 1.3 GB. A result
+    /// is counted from when the tool returns it, in the same bound as answers that arrived.
+    #[test]
+    fn results_on_their_way_share_the_bound_with_answers_that_arrived() {
+        let held = HeldAnswers::new(0);
+        let room = super::AnswerRoom(held.clone());
+        let shares: Vec<_> = (0..3).map(|_| room.reserve(20 << 20).unwrap()).collect();
+        let refused = room.reserve(20 << 20).err().unwrap();
+        assert!(
+            refused.starts_with("The call ran, but its answer (20.0 MiB) was dropped"),
+            "{refused}"
+        );
+        let replaced = held.admit(Ok("x".repeat(20 << 20)));
+        assert!(replaced.is_err(), "answers that arrived share the bound");
+        held.release(&replaced);
+        drop(shares);
+        assert_eq!(held.held(), 0, "a share is given back when dropped");
+        assert!(held.admit(Ok("x".repeat(20 << 20))).is_ok());
+        assert!(room.reserve(40 << 20).is_ok());
+        assert!(
+            super::AnswerRoom::unbounded()
+                .reserve(usize::MAX / 2)
+                .is_ok()
+        );
     }
 
     /// Red team: errors were not counted, so a server answering each of 80 calls with a 15 MiB

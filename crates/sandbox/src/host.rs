@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::held::AnswerRoom;
+
 /// The sandbox's only power: every `tools.x(...)` and host global call lands here.
 ///
 /// The returned future is polled on the script's own worker thread (that is what makes a call
@@ -60,6 +62,8 @@ pub struct HostCall {
     pub cancel: CancellationToken,
     /// The script's deadline clock; hold `clock.pause()` while waiting for a person.
     pub clock: DeadlineClock,
+    /// Where the call's result waits for the script: reserve its size as soon as it exists.
+    pub room: AnswerRoom,
 }
 
 /// A failed call. The script's `await` rejects with an `Error` carrying this message, name and

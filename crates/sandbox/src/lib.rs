@@ -66,6 +66,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub use codemode_spec::to_identifier;
+pub use held::{AnswerRoom, AnswerShare};
 pub use host::{
     Determinism, Host, HostCall, HostCallKind, HostError, OutputTap, Script, ToolEntry,
 };

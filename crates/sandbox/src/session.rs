@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
-use crate::held::HeldAnswers;
+use crate::held::{AnswerRoom, HeldAnswers};
 use crate::host::{Determinism, Host, HostCall, HostCallKind, HostError, Script};
 use crate::limits::Limits;
 use crate::protocol::{Delivery, End, Finish, Start, VmLimits};
@@ -488,6 +488,7 @@ impl Session {
             args,
             cancel: token,
             clock: self.clock.clone(),
+            room: AnswerRoom(self.held.clone()),
         };
         let host = self.host.clone();
         let Ok(mut fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call)))

@@ -5,15 +5,15 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use codemode_spec::{
-    CallFacts, CallKind, Effect, PreparedCall, Provenance, RunContext, ScriptFacts, ToolError,
-    ToolErrorKind, ToolOutput, ToolSpec, Usage,
+    CallFacts, CallKind, ContentBlock, Effect, HeldMemory, PreparedCall, Provenance, RunContext,
+    ScriptFacts, ToolError, ToolErrorKind, ToolOutput, ToolSpec, Usage,
 };
 use codemode_state::Durability;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::script_lines::ScriptLines;
-use super::{Admitted, CallRequest, Inner, hook_event};
+use super::{Admitted, CallRequest, Inner, ResultRoom, hook_event};
 use crate::audit::{PendingLine, sha256_hex};
 use crate::budget::{Reservation, SettleError, SharedHold};
 use crate::error::{GateError, Stage};
@@ -557,6 +557,7 @@ pub struct Admission {
     prepared: Option<Box<dyn PreparedCall>>,
     provenance: Provenance,
     cancel: CancellationToken,
+    result_room: Option<ResultRoom>,
 }
 
 impl Admission {
@@ -569,6 +570,7 @@ impl Admission {
             prepared: Some(admitted.prepared),
             provenance: req.provenance,
             cancel: req.cancel,
+            result_room: req.result_room,
         }
     }
 
@@ -741,14 +743,39 @@ impl Admission {
             }
         };
         self.pending.effect = Some(Effect::Applied);
+        // Counted where the caller keeps results from now on: hooks, the audit line and the way
+        // back may take a while, and a script can have thousands of calls ending at once.
+        if let Some(room) = self.result_room.take() {
+            match room.reserve(result_size(&output)) {
+                Ok(share) => {
+                    output.held = HeldMemory::new((std::mem::take(&mut output.held), share));
+                }
+                Err(message) => {
+                    let usage = output.usage.take();
+                    drop(output);
+                    let _ = self.pending.settle(usage.as_ref(), 0).await;
+                    let line = self.pending.write(
+                        Status::Error,
+                        Some(Stage::Execute),
+                        Some(&message),
+                        Effect::Applied,
+                        0,
+                    );
+                    self.pending.store_line(line).await;
+                    return Err(GateError::new(Stage::Execute, message));
+                }
+            }
+        }
         let ev = hook_event(&self.spec, &self.args, &self.facts, &self.provenance);
         let gate = self.pending.gate.clone();
         for hook in &gate.hooks {
             match hook.after(&ev, &output).await {
                 AfterDecision::Keep => {}
                 AfterDecision::Replace(mut o) => {
-                    // Usage was spent whatever the hook shows the caller.
+                    // Usage was spent whatever the hook shows the caller; the room reserved
+                    // stays held with what the caller gets.
                     o.usage = output.usage.clone();
+                    o.held = output.held.clone();
                     output = o;
                 }
                 AfterDecision::Block(reason) => {
@@ -773,9 +800,7 @@ impl Admission {
         let bytes = if self.spec.name == crate::registry::CODEMODE_TOOL {
             0
         } else {
-            serde_json::to_vec(&output.value)
-                .map(|b| b.len() as u64)
-                .unwrap_or(0)
+            json_len(&output.value) as u64
         };
         if let Err(m) = self.pending.settle(output.usage.as_ref(), bytes).await {
             let err = GateError::new(Stage::Budget, m);
@@ -811,6 +836,38 @@ impl Admission {
         }
         Ok(output)
     }
+}
+
+/// What a result holds in memory, near enough: its value as JSON text, and the text and data
+/// a direct call would show (an MCP result carries its text twice).
+fn result_size(output: &ToolOutput) -> usize {
+    let shown: usize = output
+        .content
+        .iter()
+        .flatten()
+        .map(|block| match block {
+            ContentBlock::Text { text } => text.len(),
+            ContentBlock::Image { data, mime_type } => data.len() + mime_type.len(),
+        })
+        .sum();
+    json_len(&output.value).saturating_add(shown)
+}
+
+/// A JSON value's length as text, counted without writing it out.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// Arguments' JSON text up to this size is journalled whole. A `bash` command is at most

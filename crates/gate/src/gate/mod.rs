@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use codemode_spec::{
-    CallFacts, CallKind, CodemodeMode, DeadlineClock, Exposure, Origin, PreparedCall, Provenance,
-    Tool, ToolOutput, ToolSpec, Usage,
+    CallFacts, CallKind, CodemodeMode, DeadlineClock, Exposure, HeldMemory, Origin, PreparedCall,
+    Provenance, Tool, ToolOutput, ToolSpec, Usage,
 };
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,33 @@ pub struct CallRequest {
     pub cancel: CancellationToken,
     /// The calling script's deadline clock, paused while a person approves.
     pub clock: Option<DeadlineClock>,
+    /// Where the caller keeps results: the result's size is reserved there as soon as the tool
+    /// returns it, so results on their way to a script count against what the script may hold.
+    pub result_room: Option<ResultRoom>,
+}
+
+/// Reserves room for a call's result in what its caller may hold. Given the result's size in
+/// bytes, a share to keep with the result (given back when the result is dropped), or the error
+/// the caller gets instead of the result, which is then dropped at once.
+#[derive(Clone)]
+pub struct ResultRoom(Arc<dyn Fn(usize) -> Result<HeldMemory, String> + Send + Sync>);
+
+impl ResultRoom {
+    pub fn new(
+        reserve: impl Fn(usize) -> Result<HeldMemory, String> + Send + Sync + 'static,
+    ) -> Self {
+        ResultRoom(Arc::new(reserve))
+    }
+
+    pub fn reserve(&self, bytes: usize) -> Result<HeldMemory, String> {
+        (self.0)(bytes)
+    }
+}
+
+impl std::fmt::Debug for ResultRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ResultRoom")
+    }
 }
 
 impl CallRequest {
@@ -59,6 +86,7 @@ impl CallRequest {
             provenance,
             cancel: CancellationToken::new(),
             clock: None,
+            result_room: None,
         }
     }
 }
