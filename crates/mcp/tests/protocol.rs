@@ -363,6 +363,39 @@ async fn a_flood_of_huge_server_log_messages_is_cut_and_thinned_in_the_host_log(
     hub.shutdown().await;
 }
 
+/// Red team: each request a server made of the client (sampling, elicitation, roots), refused,
+/// was one warning in the host's log, unthrottled: 96,803 lines in 3 s from one server. They
+/// are limited per second as the server's log messages are, and the log says how many it left
+/// out.
+#[tokio::test]
+async fn a_flood_of_refused_server_requests_is_thinned_in_the_host_log() {
+    let log = CapturedLog::default();
+    let _default = log.install();
+    let hub = hub(json!({"asker": server()})).await;
+    assert_eq!(
+        run(&hub, "mcp__asker__ask_flood", json!({"count": 2000})).await,
+        "asked"
+    );
+    // A request after the burst's second reports what was left out.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        run(&hub, "mcp__asker__ask_flood", json!({"count": 1})).await,
+        "asked"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = log.text();
+    let logged = text.matches("MCP server request refused").count();
+    assert!(
+        (1..=100).contains(&logged),
+        "2,001 refused requests wrote {logged} lines to the host's log"
+    );
+    assert!(
+        text.contains("not logged"),
+        "the log does not say what it left out"
+    );
+    hub.shutdown().await;
+}
+
 /// Red-team finding: each progress notification restarted a call's timeout and nothing else
 /// ended it, so a server that reported progress forever held a call (and a direct model call,
 /// which has no script deadline) open for good. A call ends after 10 times its server's

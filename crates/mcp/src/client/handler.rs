@@ -34,13 +34,26 @@ pub(crate) struct Handler {
     pub(crate) progress: Watchers,
     /// How much of the server's own log reaches the host's.
     pub(crate) log_limit: Arc<LogLimit>,
+    /// How many refused requests of the server's are logged: a server can send thousands.
+    pub(crate) refusal_limit: Arc<LogLimit>,
 }
 
 impl Handler {
     /// The answer to a request for something codemode does not offer a server: an error that
     /// says so, logged against the server.
     fn refuse(&self, method: &str, what: &str) -> ErrorData {
-        tracing::warn!(server = %self.server, %method, "MCP server request refused");
+        if let Admit::Write { dropped } = self.refusal_limit.admit(std::time::Instant::now()) {
+            let server = &self.server;
+            if dropped > 0 {
+                tracing::warn!(
+                    %server,
+                    dropped,
+                    "MCP server requests refused: {dropped} not logged (more than {} a second)",
+                    super::server_log::MAX_PER_SECOND
+                );
+            }
+            tracing::warn!(%server, %method, "MCP server request refused");
+        }
         ErrorData::new(
             ErrorCode::METHOD_NOT_FOUND,
             format!(

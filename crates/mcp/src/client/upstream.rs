@@ -90,6 +90,8 @@ pub(crate) struct Upstream {
     progress: Watchers,
     /// The server's log messages in the host's log, per second (kept across restarts).
     log_limit: Arc<LogLimit>,
+    /// The server's refused requests in the host's log, per second.
+    refusal_limit: Arc<LogLimit>,
     /// Set once the first attempt to start finished, whatever its outcome.
     attempted: AtomicBool,
     /// Set by `shutdown`: nothing starts the server again.
@@ -149,6 +151,7 @@ impl Upstream {
             changes: Arc::default(),
             progress: Watchers::default(),
             log_limit: Arc::default(),
+            refusal_limit: Arc::default(),
             attempted: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             retry_every: Mutex::new(None),
@@ -308,6 +311,7 @@ impl Upstream {
             changes: self.changes.clone(),
             progress: self.progress.clone(),
             log_limit: self.log_limit.clone(),
+            refusal_limit: self.refusal_limit.clone(),
         };
         let mut group = None;
         let project_dir = self.config.project_dir.as_deref();
