@@ -83,7 +83,7 @@ impl HeldAnswers {
                 properties: e
                     .properties
                     .into_iter()
-                    .filter(|(_, v)| json_len(v) <= 1024)
+                    .filter(|(_, v)| codemode_spec::json_text_len(v) <= 1024)
                     .collect(),
             },
         });
@@ -171,28 +171,11 @@ fn bytes_of(r: &Result<String, HostError>) -> usize {
             let fields: usize = e
                 .properties
                 .iter()
-                .map(|(k, v)| k.len() + json_len(v))
+                .map(|(k, v)| k.len() + codemode_spec::json_text_len(v))
                 .sum();
             e.message.len() + e.name.as_ref().map_or(0, String::len) + fields
         }
     }
-}
-
-/// A JSON value's length as text, counted without writing it out.
-fn json_len(v: &serde_json::Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, v);
-    count.0
 }
 
 fn size(bytes: usize) -> String {

@@ -1,4 +1,5 @@
-//! Counting JSON values on the text, before anything is decoded.
+//! Counting JSON: values on the text, before anything is decoded, and the text a decoded value
+//! makes, without writing it.
 //!
 //! A limit on bytes does not bound what decoding costs: `[0,0,0,…]` is two bytes a value in
 //! text and tens of bytes each once decoded. Whoever takes JSON from an untrusted side checks
@@ -33,9 +34,38 @@ pub fn count_json_values(json: &[u8], limit: usize) -> usize {
     count
 }
 
+/// The length of `value`'s compact JSON text, counted without writing it out: a size for a
+/// result held in memory, where writing a copy to measure it would double what is held.
+pub fn json_text_len(value: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
 #[cfg(test)]
 mod tests {
-    use super::count_json_values;
+    use super::{count_json_values, json_text_len};
+
+    #[test]
+    fn text_length_is_what_writing_it_gives() {
+        for v in [
+            serde_json::json!(null),
+            serde_json::json!({"a": [1, "x\u{1}\"y", {"b": 2.5}], "é": true}),
+            serde_json::json!("\u{2028}".repeat(100)),
+        ] {
+            assert_eq!(json_text_len(&v), v.to_string().len(), "{v}");
+        }
+    }
 
     #[test]
     fn values_are_counted_outside_strings_only() {

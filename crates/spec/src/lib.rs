@@ -18,7 +18,7 @@ mod tool;
 pub use call::{CallKind, Origin, Provenance, Usage};
 pub use clock::{ActiveCall, DeadlineClock, Meter, MeterGuard, PauseGuard};
 pub use identifier::{is_identifier, to_identifier};
-pub use json_count::count_json_values;
+pub use json_count::{count_json_values, json_text_len};
 pub use schema::Schema;
 pub use tool::{
     Annotations, BoxFuture, CallFacts, CodemodeMode, ContentBlock, Effect, Exposure, HeldMemory,

@@ -800,7 +800,7 @@ impl Admission {
         let bytes = if self.spec.name == crate::registry::CODEMODE_TOOL {
             0
         } else {
-            json_len(&output.value) as u64
+            codemode_spec::json_text_len(&output.value) as u64
         };
         if let Err(m) = self.pending.settle(output.usage.as_ref(), bytes).await {
             let err = GateError::new(Stage::Budget, m);
@@ -850,24 +850,7 @@ fn result_size(output: &ToolOutput) -> usize {
             ContentBlock::Image { data, mime_type } => data.len() + mime_type.len(),
         })
         .sum();
-    json_len(&output.value).saturating_add(shown)
-}
-
-/// A JSON value's length as text, counted without writing it out.
-fn json_len(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
+    codemode_spec::json_text_len(&output.value).saturating_add(shown)
 }
 
 /// Arguments' JSON text up to this size is journalled whole. A `bash` command is at most
