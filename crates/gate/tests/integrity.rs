@@ -445,6 +445,35 @@ async fn a_dropped_call_still_writes_its_one_outcome_line() {
     assert_eq!(gate.end_script("d").calls, 1);
 }
 
+/// Red team: validating a huge argument against its schema ran past the script's deadline,
+/// and the call still went out seconds after the script had stopped. A call cancelled while
+/// it was admitted never runs, and its line says nothing happened.
+#[tokio::test]
+async fn a_call_cancelled_during_admission_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = Registry::new();
+    let tool = Arc::new(TestTool::new("t", object_schema()));
+    reg.register(tool.clone()).unwrap();
+    let (log, path) = audit_in(dir.path());
+    let gate = builder(&reg).audit(log).build().unwrap();
+    let request = req("t", json!({}), script("c"));
+    let cancel = request.cancel.clone();
+    let mut admitted = gate.admit(request).await.unwrap();
+    cancel.cancel();
+    let executed = admitted.execute().await;
+    let err = admitted.finish(executed).await.unwrap_err();
+    assert!(err.message.contains("cancelled"), "{}", err.message);
+    assert_eq!(
+        tool.runs.load(Ordering::SeqCst),
+        0,
+        "the cancelled call ran"
+    );
+    let lines = audit_lines(&path);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["status"], "cancelled");
+    assert_eq!(lines[0]["effect"], "none");
+}
+
 /// A workspace whose name is not UTF-8 (a Latin-1 `café`) is no text a path can start with:
 /// its lossy spelling (`caf\u{FFFD}`) is another directory, outside it, which must not count
 /// as inside. Tools refuse non-UTF-8 paths, so nothing counts as inside such a workspace.

@@ -654,6 +654,11 @@ impl Admission {
         let Some(prepared) = self.prepared.take() else {
             return Err(ToolError::failed("the call was already run").with_effect(Effect::None));
         };
+        // Admission can take long (a schema check of a huge argument, a person asked): a call
+        // whose script stopped meanwhile must not go out after it.
+        if self.cancel.is_cancelled() {
+            return Err(ToolError::cancelled());
+        }
         // A read-only call killed with its process leaves nothing to account for: its result
         // dies with the process. Every other call is journalled before it runs, and so is every
         // MCP call, whatever its server says.
