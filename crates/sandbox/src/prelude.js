@@ -498,6 +498,14 @@
         " characters. Return a summary instead, or write large data to a file with a tool."));
       return;
     }
+    // A string travels to the host as JSON, where a control character takes six: 16 million
+    // of them made 96 MB, past what the worker may hold beside its heap.
+    if (typeof value === "string" && json.length > 2 * limits.chars) {
+      finishErr(new RangeErrorCtor("the returned string is " + len + " characters but " + json.length +
+        " once written as JSON (control characters take six each), more than twice the output limit of " +
+        limits.chars + " characters. Print it with text() instead, or return less."));
+      return;
+    }
     finished = true;
     hostDone(true, json, stringify(writeList()));
   }

@@ -27,6 +27,22 @@ async fn a_huge_return_value_counts_against_the_output_limit() {
     assert!(r.ok);
 }
 
+/// Red team: a string within the output limit but of control characters became about 100 MB
+/// of JSON on its way to the host, and the worker aborted ("the sandbox crashed") instead of
+/// returning it or saying what to do.
+async fn a_returned_string_that_swells_as_json_gets_a_clear_error() {
+    let e = error("return '\\x01'.repeat(16 * 1024 * 1024 - 100)").await;
+    assert_eq!(e.name.as_deref(), Some("RangeError"), "{e:?}");
+    assert!(
+        e.message.contains("once written as JSON") && e.message.contains("text()"),
+        "{}",
+        e.message
+    );
+    // Quotes and backslashes double at most: a string of them is returned whole.
+    let r = run("return '\"'.repeat(1024 * 1024)").await;
+    assert!(r.ok, "{:?}", r.error);
+}
+
 async fn values_nested_too_deep_get_a_clear_error() {
     let e = error("let v = 1; for (let i = 0; i < 200; i++) v = [v]; return v").await;
     assert_eq!(e.kind, ErrorKind::Script);
@@ -87,6 +103,7 @@ async fn load_of_a_missing_key_is_undefined() {
 
 both_modes!(
     a_huge_return_value_counts_against_the_output_limit,
+    a_returned_string_that_swells_as_json_gets_a_clear_error,
     values_nested_too_deep_get_a_clear_error,
     running_out_of_memory_while_compiling_is_not_a_syntax_error,
     load_of_a_missing_key_is_undefined
