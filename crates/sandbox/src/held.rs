@@ -36,16 +36,30 @@ impl HeldAnswers {
         let before = self.bytes.fetch_add(n, Ordering::AcqRel);
         if before.saturating_add(n) <= self.max {
             return Ok(AnswerShare {
-                bytes: self.bytes.clone(),
+                held: self.clone(),
                 n,
             });
         }
         self.bytes.fetch_sub(n, Ordering::AcqRel);
-        Err(format!(
+        Err(self.dropped(n, before))
+    }
+
+    fn dropped(&self, n: usize, before: usize) -> String {
+        format!(
             "The call ran, but its answer ({}) was dropped: {}",
             size(n),
             self.waiting(before)
-        ))
+        )
+    }
+
+    /// Gives back `n` bytes. Saturating: an answer released without being counted must not wrap
+    /// the count, which would then drop every later answer.
+    fn give_back(&self, n: usize) {
+        let _ = self
+            .bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                Some(held.saturating_sub(n))
+            });
     }
 
     fn waiting(&self, before: usize) -> String {
@@ -68,10 +82,7 @@ impl HeldAnswers {
         self.bytes.fetch_sub(n, Ordering::AcqRel);
         let waiting = self.waiting(before);
         let replacement = Err(match r {
-            Ok(_) => HostError::new(format!(
-                "The call ran, but its answer ({}) was dropped: {waiting}",
-                size(n)
-            )),
+            Ok(_) => HostError::new(self.dropped(n, before)),
             // Failed anyway: what failed is kept, in brief, with its small fields (its stage).
             Err(e) => HostError {
                 message: format!(
@@ -100,14 +111,7 @@ impl HeldAnswers {
 
     /// The answer left the host's keeping: taken by the VM, or thrown away.
     pub(crate) fn release(&self, r: &Result<String, HostError>) {
-        let n = bytes_of(r);
-        // Saturating: an answer released without being counted must not wrap the count, which
-        // would then drop every later answer.
-        let _ = self
-            .bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                Some(held.saturating_sub(n))
-            });
+        self.give_back(bytes_of(r));
     }
 
     #[cfg(test)]
@@ -148,18 +152,13 @@ impl AnswerRoom {
 
 /// Bytes of a result reserved in its script's [`AnswerRoom`], given back when dropped.
 pub struct AnswerShare {
-    bytes: Arc<AtomicUsize>,
+    held: HeldAnswers,
     n: usize,
 }
 
 impl Drop for AnswerShare {
     fn drop(&mut self) {
-        let n = self.n;
-        let _ = self
-            .bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                Some(held.saturating_sub(n))
-            });
+        self.held.give_back(self.n);
     }
 }
 
