@@ -1,10 +1,12 @@
 //! The journal: a "started" line for each call that can change something, written before the
 //! call runs, and the check that pairs those lines with the log's outcome lines.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use codemode_state::StateStore;
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::{AuditError, AuditKey, verify, verify_stream};
@@ -53,10 +55,6 @@ impl UnfinishedCall {
     }
 }
 
-fn said_journalled(record: &Value) -> bool {
-    journal_id(record).is_some()
-}
-
 fn journal_id(record: &Value) -> Option<&str> {
     record.get("journal_id").and_then(Value::as_str)
 }
@@ -75,96 +73,153 @@ fn call_id(record: &Value) -> Option<&str> {
         .and_then(Value::as_str)
 }
 
-/// Started calls in `started` without a line in `outcomes`, in journal order. They pair by the
-/// journal line's id, which is unique: call ids start again in every process, so a call id
-/// alone would let an earlier run's outcome close a later run's killed call. Both chains use
-/// one key, so each side must also be what it says:
-/// a log that holds starts was replaced by its journal, and an outcome naming a start the
-/// journal lacks means the journal was cut or emptied (a start is written before its call runs).
-fn unmatched(
-    journal: &str,
-    started: Vec<Value>,
-    outcomes: impl Iterator<Item = Value>,
-) -> Result<Vec<UnfinishedCall>, AuditError> {
-    let wrong = |problem: &str| AuditError::Head {
-        path: journal.to_string(),
-        problem: problem.to_string(),
-    };
-    if started
-        .iter()
-        .any(|v| v.get("event").and_then(Value::as_str) != Some("started"))
-    {
-        return Err(wrong(
-            "it holds lines that are not starts: it was replaced by a log",
-        ));
+/// What a log's outcome lines say about its journal: which starts they close, and whether the
+/// log holds a start itself (then it is the journal, put in the log's place).
+#[derive(Default)]
+struct Outcomes {
+    holds_start: bool,
+    ended: HashSet<String>,
+}
+
+impl Outcomes {
+    fn add(&mut self, event: Option<&str>, journal_id: Option<&str>) {
+        self.holds_start |= event == Some("started");
+        if let Some(id) = journal_id {
+            self.ended.insert(id.to_string());
+        }
     }
-    let starts: HashSet<&str> = started.iter().filter_map(journal_id).collect();
-    let mut ended: HashSet<String> = HashSet::new();
-    for v in outcomes {
-        if v.get("event").and_then(Value::as_str) == Some("started") {
-            return Err(wrong(
+
+    fn add_record(&mut self, record: &Value) {
+        self.add(
+            record.get("event").and_then(Value::as_str),
+            journal_id(record),
+        );
+    }
+
+    /// An outcome line's fields, read without building the rest of it. Lines that are not
+    /// JSON objects are skipped, as a log's reader skips them.
+    fn add_line(&mut self, line: &str) {
+        #[derive(Deserialize)]
+        struct Pairing<'a> {
+            #[serde(borrow, default)]
+            event: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            journal_id: Option<Cow<'a, str>>,
+        }
+        if !line.trim_start().starts_with('{') {
+            return;
+        }
+        if let Ok(p) = serde_json::from_str::<Pairing>(line) {
+            self.add(p.event.as_deref(), p.journal_id.as_deref());
+        }
+    }
+}
+
+/// Pairs a journal's starts, one at a time, with a log's [`Outcomes`], keeping only the starts
+/// without one: the calls that were started and never finished, in journal order. They pair
+/// by the journal line's id, which is unique: call ids start again in every process, so a call
+/// id alone would let an earlier run's outcome close a later run's killed call. Both chains
+/// use one key, so each side must also be what it says: a log that holds starts was replaced by
+/// its journal, and an outcome naming a start the journal lacks means the journal was cut or
+/// emptied (a start is written before its call runs).
+struct Unmatched<'a> {
+    journal: &'a str,
+    outcomes: Outcomes,
+    starts: HashSet<String>,
+    open: Vec<UnfinishedCall>,
+}
+
+impl<'a> Unmatched<'a> {
+    fn new(journal: &'a str, outcomes: Outcomes) -> Self {
+        Unmatched {
+            journal,
+            outcomes,
+            starts: HashSet::new(),
+            open: Vec::new(),
+        }
+    }
+
+    fn wrong(&self, problem: &str) -> AuditError {
+        AuditError::Head {
+            path: self.journal.to_string(),
+            problem: problem.to_string(),
+        }
+    }
+
+    fn start(&mut self, record: Value) -> Result<(), AuditError> {
+        if record.get("event").and_then(Value::as_str) != Some("started") {
+            return Err(self.wrong("it holds lines that are not starts: it was replaced by a log"));
+        }
+        let id = journal_id(&record).map(str::to_string);
+        if !id
+            .as_ref()
+            .is_some_and(|id| self.outcomes.ended.contains(id))
+        {
+            self.open.push(UnfinishedCall { record });
+        }
+        self.starts.extend(id);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Vec<UnfinishedCall>, AuditError> {
+        if self.outcomes.holds_start {
+            return Err(self.wrong(
                 "its log holds starts, not outcomes: the log was replaced by this journal",
             ));
         }
-        if let Some(id) = journal_id(&v) {
-            if !starts.contains(id) {
-                return Err(wrong(
-                    "the log names a start it lacks: starts were cut from it or it was emptied",
-                ));
-            }
-            ended.insert(id.to_string());
+        if !self.outcomes.ended.is_subset(&self.starts) {
+            return Err(self.wrong(
+                "the log names a start it lacks: starts were cut from it or it was emptied",
+            ));
         }
+        Ok(self.open)
     }
-    Ok(started
-        .into_iter()
-        .filter(|v| !journal_id(v).is_some_and(|id| ended.contains(id)))
-        .map(|record| UnfinishedCall { record })
-        .collect())
 }
 
-/// The records of a log or journal file. Its bytes are never decoded lossily: a line that is
-/// not UTF-8 was changed outside codemode, and is an error naming it.
-fn records(path: &Path) -> Result<Vec<Value>, AuditError> {
+/// Calls `each` with every line of a log or journal file, as it stood between two whole lines.
+/// Its bytes are never decoded lossily: a line that is not UTF-8 was changed outside codemode,
+/// and is an error naming it.
+fn each_line_of(
+    path: &Path,
+    mut each: impl FnMut(&str) -> Result<(), AuditError>,
+) -> Result<(), AuditError> {
     let opened = |e: std::io::Error| AuditError::Open {
         path: path.display().to_string(),
         message: e.to_string(),
     };
     let file = std::fs::File::open(path).map_err(opened)?;
-    // Between two whole lines of a log being written (see `verify`).
-    let lock = super::Flock::shared(&file).map_err(opened)?;
-    let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(opened)?;
-    drop(lock);
-    let lines = verify::split_lines(&bytes);
-    let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        let unterminated = i + 1 == lines.len() && !bytes.ends_with(b"\n");
-        let text = verify::line_text(path, i + 1, line, unterminated)?;
-        if let Ok(value) = serde_json::from_str(text) {
-            out.push(value);
-        }
-    }
-    Ok(out)
+    // The length under the shared lock ends at a whole line (see `verify`).
+    let settled = {
+        let _lock = super::Flock::shared(&file).map_err(opened)?;
+        file.metadata().map_err(opened)?.len()
+    };
+    let reader = verify::read_settled(&file, settled).map_err(opened)?;
+    verify::each_line(path, reader, |_, text, _| each(text))?;
+    Ok(())
 }
 
 /// Verifies the journal of the log at `log` (its chain, and with the key its MACs) and returns
 /// the calls it records as started that have no outcome line in the log. A log without a
-/// journal (written before journals existed) has none.
+/// journal (written before journals existed) has none. Both files are read a line at a time.
 pub fn unfinished_calls(
     log: &Path,
     key: Option<&AuditKey>,
 ) -> Result<Vec<UnfinishedCall>, AuditError> {
     let journal = started_path(log);
-    if !journal.exists() {
-        return match records(log)?.iter().any(said_journalled) {
-            true => Err(gone(&journal.display().to_string())),
-            false => Ok(Vec::new()),
-        };
-    }
     // The log before the journal: a start is written before its outcome, so every outcome read
     // names a start the journal then holds. The other way round, a call that started and ended
     // between the two reads of a log being written read as a start cut from the journal.
-    let outcomes = records(log)?;
+    let mut outcomes = Outcomes::default();
+    each_line_of(log, |line| {
+        outcomes.add_line(line);
+        Ok(())
+    })?;
+    if !journal.exists() {
+        return match outcomes.ended.is_empty() {
+            false => Err(gone(&journal.display().to_string())),
+            true => Ok(Vec::new()),
+        };
+    }
     let report = verify(&journal, key)?;
     if report.head == super::HeadCheck::Missing && report.lines > 0 {
         // As for the log: without its head, lines cut from the journal's end (a command
@@ -177,12 +232,13 @@ pub fn unfinished_calls(
             ),
         });
     }
-    let started = records(&journal)?;
-    unmatched(
-        &journal.display().to_string(),
-        started,
-        outcomes.into_iter(),
-    )
+    let shown = journal.display().to_string();
+    let mut pairs = Unmatched::new(&shown, outcomes);
+    each_line_of(&journal, |line| match serde_json::from_str::<Value>(line) {
+        Ok(record) => pairs.start(record),
+        Err(_) => Ok(()),
+    })?;
+    pairs.finish()
 }
 
 /// [`unfinished_calls`] for a stream in a state store.
@@ -202,8 +258,18 @@ pub async fn unfinished_stream_calls(
         .map_err(read_err)?
         .contains(&journal)
     {
-        let outcomes = read_stream(store, stream).await.map_err(read_err)?;
-        return match outcomes.iter().any(said_journalled) {
+        let mut journalled = false;
+        each_stream_record(
+            store,
+            stream,
+            |r| {
+                journalled |= journal_id(&r).is_some();
+                Ok(())
+            },
+            read_err,
+        )
+        .await?;
+        return match journalled {
             true => Err(gone(&format!(
                 "audit stream `{journal}` in {}",
                 store.describe()
@@ -212,31 +278,47 @@ pub async fn unfinished_stream_calls(
         };
     }
     // The outcomes first, for the reason `unfinished_calls` gives.
-    let outcomes = read_stream(store, stream).await.map_err(read_err)?;
-    verify_stream(store, &journal, key).await?;
-    let started = read_stream(store, &journal).await.map_err(read_err)?;
-    unmatched(
-        &format!("audit stream `{journal}` in {}", store.describe()),
-        started,
-        outcomes.into_iter(),
+    let mut outcomes = Outcomes::default();
+    each_stream_record(
+        store,
+        stream,
+        |r| {
+            outcomes.add_record(&r);
+            Ok(())
+        },
+        read_err,
     )
+    .await?;
+    verify_stream(store, &journal, key).await?;
+    let shown = format!("audit stream `{journal}` in {}", store.describe());
+    let mut pairs = Unmatched::new(&shown, outcomes);
+    each_stream_record(store, &journal, |r| pairs.start(r), read_err).await?;
+    pairs.finish()
 }
 
-async fn read_stream(
+/// Calls `each` with every record of a stream, a page at a time. Lines that are not JSON are
+/// skipped (the stream's check names them).
+async fn each_stream_record(
     store: &dyn StateStore,
     stream: &str,
-) -> Result<Vec<Value>, codemode_state::StateError> {
-    let mut out = Vec::new();
+    mut each: impl FnMut(Value) -> Result<(), AuditError>,
+    read_err: impl Fn(codemode_state::StateError) -> AuditError,
+) -> Result<(), AuditError> {
     let mut seq = 0;
     loop {
-        let page = store.read_audit(stream, seq, 1000).await?;
+        let page = store
+            .read_audit(stream, seq, 1000)
+            .await
+            .map_err(&read_err)?;
         let Some(last) = page.last() else {
-            return Ok(out);
+            return Ok(());
         };
         seq = last.seq;
-        out.extend(
-            page.iter()
-                .filter_map(|r| serde_json::from_str(&r.line).ok()),
-        );
+        for record in page
+            .iter()
+            .filter_map(|r| serde_json::from_str(&r.line).ok())
+        {
+            each(record)?;
+        }
     }
 }

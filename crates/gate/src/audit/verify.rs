@@ -1,10 +1,11 @@
 //! Checking an audit log: what can be proven with the key, and what only without it.
 
+use std::borrow::Cow;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
-use serde_json::Value;
+use serde::Deserialize;
 
 use super::{AuditError, AuditKey, GENESIS, Head, head_path};
 
@@ -78,22 +79,29 @@ pub fn verify(path: impl AsRef<Path>, key: Option<&AuditKey>) -> Result<VerifyRe
         message: e.to_string(),
     };
     let log = File::open(path).map_err(|e| opened(path, e))?;
-    // Under a shared lock, as writers append under the exclusive one: a log being written is
-    // read between two whole lines, its head with it (never half a line, nor a head ahead of
-    // what was read). The head first all the same.
-    let lock = super::Flock::shared(&log).map_err(|e| opened(path, e))?;
-    let head_bytes = match std::fs::read(head_path(path)) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(opened(&head_path(path), e)),
+    // Under a shared lock, as writers append under the exclusive one: the log's length then
+    // ends between two whole lines, and the head is not ahead of it. Writers only append, so
+    // the bytes up to that length are read after the lock is let go, while writers go on.
+    let (head_bytes, settled) = {
+        let _lock = super::Flock::shared(&log).map_err(|e| opened(path, e))?;
+        let head_bytes = match std::fs::read(head_path(path)) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(opened(&head_path(path), e)),
+        };
+        let settled = log.metadata().map_err(|e| opened(path, e))?.len();
+        (head_bytes, settled)
     };
-    let mut bytes = Vec::new();
-    (&log)
-        .read_to_end(&mut bytes)
-        .map_err(|e| opened(path, e))?;
-    // Writers wait while it is held: not through the check.
-    drop(lock);
-    check(path, &bytes, &head_bytes, key)
+    let log = read_settled(&log, settled).map_err(|e| opened(path, e))?;
+    check(path, log, &head_bytes, key)
+}
+
+/// The first `len` bytes of a chained file, read through a buffer: a log is checked one line
+/// at a time, never whole (a long log would otherwise cost its size in memory on every open).
+pub(crate) fn read_settled(file: &File, len: u64) -> std::io::Result<impl BufRead + '_> {
+    let mut at_start = file;
+    at_start.seek(SeekFrom::Start(0))?;
+    Ok(BufReader::with_capacity(64 * 1024, at_start.take(len)))
 }
 
 /// What opening a log for appending learned.
@@ -112,19 +120,24 @@ pub(crate) fn verify_open(
     head: &File,
     key: &AuditKey,
 ) -> Result<OpenReport, AuditError> {
-    let read = |mut f: &File| -> std::io::Result<Vec<u8>> {
-        let mut s = Vec::new();
-        f.seek(SeekFrom::Start(0))?;
-        f.read_to_end(&mut s)?;
-        Ok(s)
-    };
     let io = |e: std::io::Error| AuditError::Open {
         path: path.display().to_string(),
         message: e.to_string(),
     };
-    let bytes = read(log).map_err(io)?;
-    let head_bytes = read(head).map_err(io)?;
-    let report = check(path, &bytes, &head_bytes, Some(key))?;
+    let mut head_bytes = Vec::new();
+    let mut head_file = head;
+    head_file
+        .seek(SeekFrom::Start(0))
+        .and_then(|_| head_file.read_to_end(&mut head_bytes))
+        .map_err(io)?;
+    // Appenders hold the lock this caller holds, so the length is where the last line ends.
+    let settled = log.metadata().map_err(io)?.len();
+    let report = check(
+        path,
+        read_settled(log, settled).map_err(io)?,
+        &head_bytes,
+        Some(key),
+    )?;
     if report.head == HeadCheck::Missing && report.lines > 0 {
         return Err(AuditError::Head {
             path: path.display().to_string(),
@@ -156,16 +169,51 @@ pub(crate) fn split_line(line: &str) -> Option<(&str, &str)> {
     Some((&line[..at], hash))
 }
 
-/// The lines of a log's bytes, without their newlines; the last may lack its newline.
-pub(crate) fn split_lines(bytes: &[u8]) -> Vec<&[u8]> {
-    if bytes.is_empty() {
-        return Vec::new();
+/// Calls `each` with every line of `reader`: its number (from 1), its text without the newline,
+/// and whether it ended in one (only a file's last line may not). One line is held at a time.
+pub(crate) fn each_line(
+    path: &Path,
+    mut reader: impl BufRead,
+    mut each: impl FnMut(usize, &str, bool) -> Result<(), AuditError>,
+) -> Result<usize, AuditError> {
+    let mut buf = Vec::new();
+    let mut n = 0;
+    loop {
+        buf.clear();
+        let read = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| AuditError::Open {
+                path: path.display().to_string(),
+                message: format!("could not read it: {e}"),
+            })?;
+        if read == 0 {
+            return Ok(n);
+        }
+        n += 1;
+        let terminated = buf.last() == Some(&b'\n');
+        if terminated {
+            buf.pop();
+        }
+        each(n, line_text(path, n, &buf, !terminated)?, terminated)?;
     }
-    bytes
-        .strip_suffix(b"\n")
-        .unwrap_or(bytes)
-        .split(|b| *b == b'\n')
-        .collect()
+}
+
+/// The fields of a line the chain's check reads; the rest is checked as JSON and skipped.
+#[derive(Deserialize)]
+struct ChainFields<'a> {
+    #[serde(borrow, default)]
+    prev: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    event: Option<Cow<'a, str>>,
+}
+
+/// A line's chain fields, when it is a JSON object whose `prev` and `event` (if there) are
+/// strings.
+fn chain_fields(line: &str) -> Result<ChainFields<'_>, String> {
+    if !line.trim_start().starts_with('{') {
+        return Err("not a JSON object".into());
+    }
+    serde_json::from_str(line).map_err(|e| e.to_string())
 }
 
 const TRUNCATED: &str =
@@ -195,8 +243,8 @@ pub(crate) fn line_text<'a>(
 
 /// Why a record does not belong in a file of its kind: a journal's lines are all starts, a
 /// log's never.
-fn wrong_kind(journal: bool, record: &Value) -> Option<&'static str> {
-    let start = record.get("event").and_then(Value::as_str) == Some("started");
+fn wrong_kind(journal: bool, event: Option<&str>) -> Option<&'static str> {
+    let start = event == Some("started");
     match (journal, start) {
         (true, false) => Some(
             "it is not a call's start, and this file is a journal (`.started`), which holds only starts: the journal was replaced by a log",
@@ -217,7 +265,7 @@ fn not_utf8(at: String) -> String {
 
 fn check(
     path: &Path,
-    bytes: &[u8],
+    log: impl BufRead,
     head_bytes: &[u8],
     key: Option<&AuditKey>,
 ) -> Result<VerifyReport, AuditError> {
@@ -252,18 +300,13 @@ fn check(
     let journal = path
         .file_name()
         .is_some_and(|name| name.to_string_lossy().ends_with(".started"));
-    let ends_cleanly = bytes.is_empty() || bytes.ends_with(b"\n");
-    let lines = split_lines(bytes);
     let mut prev = GENESIS.to_string();
     let mut hash_at_head: Option<String> = None;
-    for (i, line) in lines.iter().enumerate() {
-        let n = i + 1;
-        let last_unterminated = n == lines.len() && !ends_cleanly;
-        let line = line_text(path, n, line, last_unterminated)?;
-        if last_unterminated {
+    let count = each_line(path, log, |n, line, terminated| {
+        if !terminated {
             return Err(broken(n, TRUNCATED.into()));
         }
-        let value: Value = serde_json::from_str(line)
+        let fields = chain_fields(line)
             .map_err(|e| broken(n, format!("not a JSON record ({e}); the line was changed")))?;
         let Some((covered, hash)) = split_line(line) else {
             return Err(broken(
@@ -279,14 +322,10 @@ fn check(
                 "the line's MAC does not verify with the key: the line was changed or forged, or written with another key (or by a codemode without keyed logs)".into(),
             ));
         }
-        if let Some(problem) = wrong_kind(journal, &value) {
+        if let Some(problem) = wrong_kind(journal, fields.event.as_deref()) {
             return Err(broken(n, problem.into()));
         }
-        let stated_prev = value
-            .get("prev")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if stated_prev != prev {
+        if fields.prev.as_deref().unwrap_or_default() != prev {
             let problem = if n == 1 {
                 "it does not start the chain: lines before it were removed".to_string()
             } else {
@@ -301,8 +340,8 @@ fn check(
         if head.as_ref().is_some_and(|h| h.lines == n) {
             hash_at_head = Some(prev.clone());
         }
-    }
-    let count = lines.len();
+        Ok(())
+    })?;
     let head_check = match &head {
         None => HeadCheck::Missing,
         Some(h) if h.lines > count => {
