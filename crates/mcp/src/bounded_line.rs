@@ -30,6 +30,11 @@ impl BoundedLine {
         }
     }
 
+    /// Whether the line has run past the limit so far.
+    pub(crate) fn is_oversized(&self) -> bool {
+        self.oversized
+    }
+
     /// Whether the line ran past the limit (and so holds nothing); true once per such line.
     pub(crate) fn take_oversized(&mut self) -> bool {
         std::mem::take(&mut self.oversized)

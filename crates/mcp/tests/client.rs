@@ -494,6 +494,27 @@ async fn a_response_rmcp_cannot_read_fails_its_call_at_once() {
     hub.shutdown().await;
 }
 
+/// A response past 16 MiB whose newline never came held its call until its timeout (ten
+/// minutes here). It is refused once the bound is passed and its id is known.
+#[tokio::test]
+async fn an_oversized_response_without_its_newline_fails_its_call_at_once() {
+    let hub = patient_hub(json!({"bad": fixture(&[])})).await;
+    let err = tokio::time::timeout(
+        Duration::from_secs(60),
+        find(&hub, "mcp__bad__broken_answer").call(call(json!({"how": "unended"}))),
+    )
+    .await
+    .expect("the call fails without waiting for the newline")
+    .unwrap_err();
+    assert_eq!(err.kind, ToolErrorKind::Failed, "{err:?}");
+    assert!(
+        err.message.contains("larger than 16 MiB"),
+        "{}",
+        err.message
+    );
+    hub.shutdown().await;
+}
+
 #[tokio::test]
 async fn list_changed_refreshes_the_tools() {
     let hub = hub(json!({"bad": fixture(&[])})).await;

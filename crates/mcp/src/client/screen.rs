@@ -37,7 +37,11 @@ pub(crate) struct Scanner {
     current: Option<TopKey>,
     id: Vec<u8>,
     id_overflow: bool,
+    /// The top-level `id`'s value has been read to its end.
+    id_done: bool,
     has_method: bool,
+    /// A top-level `result` or `error` key was read: the line is a response.
+    has_outcome: bool,
     /// Values seen (strings, keys included, containers and scalars).
     values: usize,
     /// The last byte outside strings, bar whitespace, began a line, a container or a member:
@@ -58,7 +62,9 @@ impl Default for Scanner {
             current: None,
             id: Vec::new(),
             id_overflow: false,
+            id_done: false,
             has_method: false,
+            has_outcome: false,
             values: 0,
             value_next: true,
         }
@@ -69,6 +75,7 @@ impl Default for Scanner {
 enum TopKey {
     Id,
     Method,
+    Outcome,
     Other,
 }
 
@@ -103,11 +110,11 @@ impl Scanner {
                     self.current = Some(match self.key.as_slice() {
                         b"id" => TopKey::Id,
                         b"method" => TopKey::Method,
+                        b"result" | b"error" => TopKey::Outcome,
                         _ => TopKey::Other,
                     });
-                    if self.current == Some(TopKey::Method) {
-                        self.has_method = true;
-                    }
+                    self.has_method |= self.current == Some(TopKey::Method);
+                    self.has_outcome |= self.current == Some(TopKey::Outcome);
                 }
                 return;
             }
@@ -140,16 +147,21 @@ impl Scanner {
             }
             b'}' | b']' => {
                 if self.depth == 1 {
-                    self.current = None;
+                    self.end_member();
                 }
                 self.depth = self.depth.saturating_sub(1);
             }
             b',' if self.depth == 1 => {
                 self.expect_key = true;
-                self.current = None;
+                self.end_member();
             }
             _ => {}
         }
+    }
+
+    fn end_member(&mut self) {
+        self.id_done |= self.current == Some(TopKey::Id);
+        self.current = None;
     }
 
     /// How deep the line nests.
@@ -169,6 +181,16 @@ impl Scanner {
         }
         let id: serde_json::Value = serde_json::from_slice(trim_end(&self.id)).ok()?;
         (id.is_string() || id.is_number()).then_some(id)
+    }
+
+    /// The `id` of a response, known before the line ends: its `id` was read whole and a
+    /// top-level `result` or `error` key seen. A line past a bound can then be answered for at
+    /// once, instead of when (or if ever) its newline arrives.
+    pub(crate) fn early_response_id(&self) -> Option<serde_json::Value> {
+        if !(self.id_done && self.has_outcome) {
+            return None;
+        }
+        self.response_id()
     }
 }
 
@@ -247,6 +269,35 @@ mod tests {
             serde_json::Value::Object(o) => o.values().map(|v| 1 + count(v)).sum(),
             _ => 0,
         }
+    }
+
+    #[test]
+    fn a_responses_id_is_known_early_once_read_whole_with_its_result_key() {
+        let early = |line: &str| scan(line).early_response_id();
+        assert_eq!(
+            early(r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"te"#),
+            Some(json!(7))
+        );
+        assert_eq!(
+            early(r#"{"id":"a","error":{"code":1,"message":"xx"#),
+            Some(json!("a"))
+        );
+        assert_eq!(
+            early(r#"{"result":{"x":1},"id":7"#),
+            None,
+            "the id may go on"
+        );
+        assert_eq!(
+            early(r#"{"result":{"id":1,"x":[1,"#),
+            None,
+            "a nested id is not it"
+        );
+        assert_eq!(
+            early(r#"{"id":7,"params":{"result":1"#),
+            None,
+            "a nested result is not it"
+        );
+        assert_eq!(early(r#"{"id":7,"method":"ping","result":{"x"#), None);
     }
 
     #[test]

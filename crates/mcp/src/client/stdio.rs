@@ -192,6 +192,8 @@ async fn screen_lines(
     let mut scanner = Scanner::default();
     let mut exited = std::pin::pin!(exited);
     let mut gone = false;
+    // The line's response was already refused, before its end.
+    let mut answered = false;
     loop {
         let (taken, ended) = {
             let read = if gone {
@@ -229,41 +231,27 @@ async fn screen_lines(
         };
         from.consume(taken);
         if !ended {
+            // A response past a bound is refused as soon as its id is known: its newline may
+            // come much later, or never, and its call would wait for its timeout.
+            if !answered
+                && let Some(why) = refusal(&scanner, line.is_oversized(), max_line)
+                && let Some(id) = scanner.early_response_id()
+            {
+                answered = true;
+                if let Some(message) = rejected(&server, Some(id), &why)
+                    && to.send(message).await.is_err()
+                {
+                    break;
+                }
+            }
             continue;
         }
         let scanned = std::mem::take(&mut scanner);
-        let pass = if line.take_oversized() {
-            rejected(
-                &server,
-                &scanned,
-                &format!(
-                    "the server's response was larger than {}, the most codemode reads in one \
-                     message, and was dropped; ask the tool for less (a smaller page, range or \
-                     limit)",
-                    mib(max_line)
-                ),
-            )
-        } else if scanned.deepest() > MAX_DEPTH {
-            rejected(
-                &server,
-                &scanned,
-                &format!(
-                    "the server's response nests JSON {} levels deep, more than the {MAX_DEPTH} \
-                     levels codemode reads (the JSON-RPC envelope included), and was dropped",
-                    scanned.deepest()
-                ),
-            )
-        } else if scanned.values() > MAX_VALUES {
-            rejected(
-                &server,
-                &scanned,
-                &format!(
-                    "the server's response holds {} JSON values (object keys included), more \
-                     than the {MAX_VALUES} codemode reads in one message, and was dropped; ask \
-                     the tool for less (a smaller page, range or limit)",
-                    scanned.values()
-                ),
-            )
+        let oversized = line.take_oversized();
+        let pass = if std::mem::take(&mut answered) {
+            None
+        } else if let Some(why) = refusal(&scanned, oversized, max_line) {
+            rejected(&server, scanned.response_id(), &why)
         } else {
             parsed(&server, &scanned, line.bytes())
         };
@@ -273,6 +261,33 @@ async fn screen_lines(
         {
             break;
         }
+    }
+}
+
+/// Why a line is refused unparsed, if it is: longer than `max_line`, deeper or with more
+/// values than codemode reads.
+fn refusal(scanned: &Scanner, oversized: bool, max_line: usize) -> Option<String> {
+    if oversized {
+        Some(format!(
+            "the server's response was larger than {}, the most codemode reads in one message, \
+             and was dropped; ask the tool for less (a smaller page, range or limit)",
+            mib(max_line)
+        ))
+    } else if scanned.deepest() > MAX_DEPTH {
+        Some(format!(
+            "the server's response nests JSON {} levels deep, more than the {MAX_DEPTH} levels \
+             codemode reads (the JSON-RPC envelope included), and was dropped",
+            scanned.deepest()
+        ))
+    } else if scanned.values() > MAX_VALUES {
+        Some(format!(
+            "the server's response holds {} or more JSON values (object keys included), more \
+             than the {MAX_VALUES} codemode reads in one message, and was dropped; ask the tool \
+             for less (a smaller page, range or limit)",
+            scanned.values()
+        ))
+    } else {
+        None
     }
 }
 
@@ -288,7 +303,7 @@ fn parsed(server: &str, scanned: &Scanner, line: &[u8]) -> Option<RxJsonRpcMessa
         Ok(message) => Some(message),
         Err(e) if scanned.response_id().is_some() => rejected(
             server,
-            scanned,
+            scanned.response_id(),
             &format!(
                 "the server's answer is not a JSON-RPC response codemode can read ({e}), and was \
                  dropped; the fault is the server's, not the call's"
@@ -302,8 +317,12 @@ fn parsed(server: &str, scanned: &Scanner, line: &[u8]) -> Option<RxJsonRpcMessa
 }
 
 /// The error that replaces a rejected response, when it answered a request.
-fn rejected(server: &str, scanned: &Scanner, why: &str) -> Option<RxJsonRpcMessage<RoleClient>> {
-    let Some(id) = scanned.response_id() else {
+fn rejected(
+    server: &str,
+    id: Option<serde_json::Value>,
+    why: &str,
+) -> Option<RxJsonRpcMessage<RoleClient>> {
+    let Some(id) = id else {
         tracing::warn!(%server, "MCP server message dropped: {why} (it answered no request)");
         return None;
     };
