@@ -551,6 +551,48 @@ fn script_controlled_values_that_look_like_cedar_syntax_stay_plain_data() {
     assert_eq!(decided, expected, "{}", ex.summary);
 }
 
+/// A set argument costs the policy engine about 240 bytes an item: a million strings took the
+/// host 230 MiB more per decision. Policies that read `context.args` are not given a set past
+/// 65,536 items (the call is refused, never decided on part of it); policies that read neither
+/// `args` nor `args_json` are not given the arguments at all, and decide as before.
+#[test]
+fn a_set_argument_too_big_for_the_policy_refuses_the_call_only_when_args_are_read() {
+    let call = |items: usize| -> ExplainInput {
+        let tags: Vec<String> = (0..items).map(|i| format!("t{i}")).collect();
+        serde_json::from_value(json!({"tool": "mcp__srv__act", "args": {"tags": tags}})).unwrap()
+    };
+    let reads_args = permit_all_but(r#"context.args has tags && context.args.tags.contains("t5")"#);
+    let ex = codemode_gate::explain(&reads_args, None, &call(10));
+    assert_eq!(
+        ex.decision, "deny",
+        "the forbid sees the set: {}",
+        ex.summary
+    );
+    let ex = codemode_gate::explain(&reads_args, None, &call(65_536));
+    assert_eq!(ex.decision, "deny", "{}", ex.summary);
+    let ex = codemode_gate::explain(&reads_args, None, &call(65_537));
+    assert_eq!(ex.decision, "deny", "{}", ex.summary);
+    assert!(
+        ex.summary.contains("`tags` holds 65537 items") && ex.summary.contains("at most 65536"),
+        "{}",
+        ex.summary
+    );
+    // `\u{61}rgs` is `args`: a read spelled so the word is not written is still a read.
+    let escaped = permit_all_but(r#"context["\u{61}rgs"] has tags"#);
+    let ex = codemode_gate::explain(&escaped, None, &call(65_537));
+    assert!(ex.summary.contains("holds 65537 items"), "{}", ex.summary);
+    let ignores_args = permit_all_but(r#"context.path like "/etc/*""#);
+    let ex = codemode_gate::explain(&ignores_args, None, &call(200_000));
+    assert_eq!(ex.decision, "allow", "{}", ex.summary);
+    let reads_json = permit_all_but(r#"context.args_json like "*t199999*""#);
+    let ex = codemode_gate::explain(&reads_json, None, &call(200_000));
+    assert_eq!(
+        ex.decision, "deny",
+        "args_json is still built when read: {}",
+        ex.summary
+    );
+}
+
 #[test]
 fn a_policy_that_fails_to_evaluate_denies() {
     // Without a schema the validator cannot catch this; the gate must still fail closed.

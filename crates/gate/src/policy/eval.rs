@@ -127,9 +127,19 @@ fn model_id(m: &ModelFacts) -> String {
     format!("{}/{}", m.provider, m.id)
 }
 
+/// Most items of one argument the policy engine is given as a set. A Cedar set costs about 240
+/// bytes an item (its expression, then its value twice); past this, a call is refused rather
+/// than decided on part of its argument.
+const MAX_POLICY_SET: usize = 65_536;
+
 /// Args as a Cedar record: only arguments the schema types, and only when the value has that
-/// type. With no schema, the value's own type decides.
-fn args_record(args: &Value, schema: Option<&PolicySchema>) -> Vec<(String, RestrictedExpression)> {
+/// type. With no schema, the value's own type decides. An argument too big to give the policy
+/// engine is an error, which refuses the call.
+fn args_record(
+    spec: &ToolSpec,
+    args: &Value,
+    schema: Option<&PolicySchema>,
+) -> Result<Vec<(String, RestrictedExpression)>, String> {
     let mut out = Vec::new();
     if let Some(obj) = args.as_object() {
         for (k, v) in obj {
@@ -143,12 +153,22 @@ fn args_record(args: &Value, schema: Option<&PolicySchema>) -> Vec<(String, Rest
                     _ => None,
                 },
             };
+            if ty == Some(ArgType::StringSet)
+                && let Value::Array(items) = v
+                && items.len() > MAX_POLICY_SET
+            {
+                return Err(format!(
+                    "`{}` was refused: its argument `{k}` holds {} items, and the policies read it as a set of at most {MAX_POLICY_SET}. No person was asked. Pass fewer at once (split the call)",
+                    spec.name,
+                    items.len()
+                ));
+            }
             if let Some(enc) = ty.and_then(|t| t.encode(v)).and_then(|e| cedar_value(&e)) {
                 out.push((k.clone(), enc));
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// One encoded argument (see `ArgType::encode`: a string, a boolean, a long or a set of strings)
@@ -326,14 +346,20 @@ fn evaluate(
         .map(|s| s.sha256.clone())
         .or_else(|| p.script_hash.clone())
         .unwrap_or_default();
-    let args = RestrictedExpression::new_record(args_record(input.args, schema))
+    // Fields no policy reads are left empty: they cost by the arguments' size (see `reads`).
+    let args = match policies.reads.args {
+        true => args_record(input.spec, input.args, schema)?,
+        false => Vec::new(),
+    };
+    let args = RestrictedExpression::new_record(args)
         .map_err(|e| format!("cannot describe the call's arguments to the policy engine: {e}"))?;
+    let args_json = match policies.reads.args_json {
+        true => serde_json::to_string(input.args).unwrap_or_default(),
+        false => String::new(),
+    };
     let context = Context::from_pairs([
         ("args".to_string(), args),
-        (
-            "args_json".to_string(),
-            string(serde_json::to_string(input.args).unwrap_or_default()),
-        ),
+        ("args_json".to_string(), string(args_json)),
         (
             "paths".to_string(),
             RestrictedExpression::new_set(input.facts.paths.iter().map(|p| string(p.as_str()))),

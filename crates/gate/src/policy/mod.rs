@@ -5,6 +5,7 @@
 
 mod complexity;
 mod eval;
+mod reads;
 mod schema;
 
 use std::path::Path;
@@ -78,6 +79,8 @@ pub struct PolicySet {
     pub(crate) infos: Vec<PolicyInfo>,
     /// Source text per file, to turn validation spans into lines, and how its permits were taken.
     texts: Vec<(String, String, Permits)>,
+    /// The costly context fields some policy reads: the others are not built.
+    pub(crate) reads: reads::ContextReads,
 }
 
 /// What to do with the permit policies of a file.
@@ -219,6 +222,7 @@ impl PolicySet {
                 .annotations()
                 .find(|(key, _)| key.eq_ignore_ascii_case("ask"))
                 .map(|(_, value)| value.to_string());
+            self.reads.add(&policy);
             self.cedar
                 .add(policy.new_id(PolicyId::new(&id)))
                 .map_err(|_| PolicyError::Duplicate {
