@@ -32,7 +32,8 @@ pub(crate) struct Pending {
     /// Why this call's own line could not be written, if it could not.
     line_failed: Option<String>,
     kind: Option<CallKind>,
-    args: Value,
+    /// Shared with the admitted call: one copy of big arguments, not one per stage.
+    args: Arc<Value>,
     paths: Vec<String>,
     script: Option<ScriptFacts>,
     decision: &'static str,
@@ -108,7 +109,7 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pending {
-    pub fn new(gate: Arc<Inner>, req: &CallRequest) -> Self {
+    pub fn new(gate: Arc<Inner>, req: &CallRequest, args: Arc<Value>) -> Self {
         let span = span_for(&gate, req);
         Pending {
             _session: super::SessionHold::new(gate.clone(), &req.provenance.session_id),
@@ -120,7 +121,7 @@ impl Pending {
             namespace: None,
             line_failed: None,
             kind: None,
-            args: req.args.clone(),
+            args,
             paths: Vec::new(),
             script: None,
             decision: "none",
@@ -153,8 +154,8 @@ impl Pending {
         self.kind = Some(spec.kind);
     }
 
-    pub fn note_args(&mut self, args: &Value) {
-        self.args = args.clone();
+    pub fn note_args(&mut self, args: &Arc<Value>) {
+        self.args = Arc::clone(args);
     }
 
     pub fn note_facts(&mut self, facts: &CallFacts) {
@@ -351,7 +352,7 @@ impl Pending {
             return None;
         }
         self.written = true;
-        let args_text = serde_json::to_string(&self.args).unwrap_or_default();
+        let args_text = serde_json::to_string(&*self.args).unwrap_or_default();
         let outcome = CallOutcome {
             time: utc_now(),
             provenance: self.provenance.clone(),
@@ -552,7 +553,7 @@ impl Drop for Pending {
 pub struct Admission {
     pending: Pending,
     spec: ToolSpec,
-    args: Value,
+    args: Arc<Value>,
     facts: CallFacts,
     prepared: Option<Box<dyn PreparedCall>>,
     provenance: Provenance,
@@ -629,7 +630,7 @@ impl Admission {
             self.spec.annotations.read_only_hint == Some(true) && self.spec.namespace.is_none();
         let recorded = match self.pending.gate.audit.check_intact() {
             Ok(()) if !trusted_read_only && self.pending.gate.audit.has_journal() => {
-                let args_text = serde_json::to_string(&self.pending.args).unwrap_or_default();
+                let args_text = serde_json::to_string(&*self.pending.args).unwrap_or_default();
                 if let Some(why) = self.pending.spend_journal_share(args_text.len()) {
                     return Err(ToolError::failed(why).with_effect(Effect::None));
                 }

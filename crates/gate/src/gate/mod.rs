@@ -579,9 +579,12 @@ impl Gate {
     ///
     /// `Gate::call` runs the prepared tool in between; the runtime admits the `codemode` call
     /// itself this way and runs the script in between.
-    pub async fn admit(&self, req: CallRequest) -> Result<Admission, GateError> {
-        let mut pending = Pending::new(self.inner.clone(), &req);
-        match self.admit_steps(&req, &mut pending).await {
+    pub async fn admit(&self, mut req: CallRequest) -> Result<Admission, GateError> {
+        // Moved, not copied: arguments can be large, and each copy costs about 60 bytes a
+        // value. The audit line, the hooks and the admitted call share this one.
+        let args = Arc::new(std::mem::take(&mut req.args));
+        let mut pending = Pending::new(self.inner.clone(), &req, Arc::clone(&args));
+        match self.admit_steps(&req, args, &mut pending).await {
             Ok(admitted) => Ok(Admission::new(pending, admitted, req)),
             Err(e) => Err(pending.refuse(e).await),
         }
@@ -590,6 +593,7 @@ impl Gate {
     async fn admit_steps(
         &self,
         req: &CallRequest,
+        mut args: Arc<Value>,
         call: &mut Pending,
     ) -> Result<Admitted, GateError> {
         let p = &req.provenance;
@@ -605,10 +609,9 @@ impl Gate {
         let spec = resolved.spec.clone();
         call.note_tool(&spec);
 
-        let mut args = req.args.clone();
         check_args(&spec.name, resolved.validator.get(), &args)
             .map_err(|m| GateError::new(Stage::Validate, m))?;
-        let mut prepared = prepare(resolved.tool.as_ref(), &spec.name, args.clone())?;
+        let mut prepared = prepare(resolved.tool.as_ref(), &spec.name, (*args).clone())?;
         call.note_facts(prepared.facts());
         self.check_facts(&spec, prepared.facts())?;
 
@@ -671,9 +674,9 @@ impl Gate {
                         )
                     })?;
                     // New arguments may touch other paths: prepare and decide again.
-                    args = new_args;
+                    args = Arc::new(new_args);
                     call.note_args(&args);
-                    prepared = prepare(resolved.tool.as_ref(), &spec.name, args.clone())?;
+                    prepared = prepare(resolved.tool.as_ref(), &spec.name, (*args).clone())?;
                     call.note_facts(prepared.facts());
                     self.check_facts(&spec, prepared.facts())?;
                     if let Some(again) =
@@ -986,7 +989,7 @@ impl Gate {
 /// call the decision was made on.
 pub(crate) struct Admitted {
     pub spec: ToolSpec,
-    pub args: Value,
+    pub args: Arc<Value>,
     pub prepared: Box<dyn PreparedCall>,
 }
 
