@@ -280,11 +280,11 @@ fn refusal(scanned: &Scanner, oversized: bool, max_line: usize) -> Option<String
             scanned.deepest()
         ))
     } else if scanned.values() > MAX_VALUES {
+        // Counted only up to where it was refused, which may be before the line's end.
         Some(format!(
-            "the server's response holds {} or more JSON values (object keys included), more \
-             than the {MAX_VALUES} codemode reads in one message, and was dropped; ask the tool \
-             for less (a smaller page, range or limit)",
-            scanned.values()
+            "the server's response holds more than {MAX_VALUES} JSON values (object keys \
+             included), the most codemode reads in one message, and was dropped; ask the tool \
+             for less (a smaller page, range or limit)"
         ))
     } else {
         None
@@ -456,7 +456,10 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(out[0]["id"], 7);
         let message = out[0]["error"]["message"].as_str().unwrap();
-        assert!(message.contains("1048587 JSON values"), "{message}");
+        assert!(
+            message.contains("more than 1048576 JSON values"),
+            "{message}"
+        );
         assert!(message.contains("ask the tool for less"), "{message}");
         assert_eq!(out[1], just, "a line of exactly the limit passes");
     }
