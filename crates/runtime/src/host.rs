@@ -131,6 +131,11 @@ impl Host for RuntimeHost {
         let state = self.state.clone();
         async move { state.dispatch(call).await }.boxed_local()
     }
+
+    fn refused(&self, call: HostCall, error: HostError) -> LocalBoxFuture<'static, ()> {
+        let state = self.state.clone();
+        async move { state.record_refused(call, error).await }.boxed_local()
+    }
 }
 
 impl HostState {
@@ -181,6 +186,55 @@ impl HostState {
         }
     }
 
+    /// Writes the audit line of a call the sandbox refused unread (see [`Host::refused`]).
+    /// Ungated globals (`searchTools`, …) have no line, as when they run.
+    async fn record_refused(&self, call: HostCall, error: HostError) {
+        let tool = match call.kind {
+            HostCallKind::Tool => call.name.clone(),
+            HostCallKind::Global => match self.gated_globals.get(&call.name) {
+                Some(tool) => tool.clone(),
+                None => return,
+            },
+        };
+        let request = CallRequest {
+            name: tool,
+            args: Value::Null,
+            provenance: self.provenance(call.id),
+            cancel: call.cancel.clone(),
+            clock: Some(call.clock.clone()),
+            result_room: None,
+        };
+        let gate = self.gate.clone();
+        let write = async move { gate.record_unread(request, &error.message).await };
+        match &self.io {
+            // On the embedder's runtime, like every gated call: the worker's is not polled once
+            // the script ends, and `run_script` waits for these tasks.
+            Some(io) => {
+                let _ = self.in_flight.spawn_on(write, io).await;
+            }
+            None => write.await,
+        }
+    }
+
+    fn provenance(&self, seq: u64) -> Provenance {
+        let id = &self.identity;
+        let parent = id
+            .parent_call_id
+            .clone()
+            .unwrap_or_else(|| id.script_id.clone());
+        Provenance {
+            call_id: format!("{parent}/{seq}"),
+            parent_call_id: id.parent_call_id.clone(),
+            depth: id.depth,
+            origin: Origin::Script,
+            script_id: Some(id.script_id.clone()),
+            script_hash: Some(id.script_hash.clone()),
+            session_id: id.session_id.clone(),
+            seq: Some(seq),
+            client: id.client.clone(),
+        }
+    }
+
     async fn through_gate(
         &self,
         call: HostCall,
@@ -228,22 +282,7 @@ impl HostState {
             .cell
             .clone()
             .map(|link| (link, call.name.clone(), call.args.clone()));
-        let id = &self.identity;
-        let parent = id
-            .parent_call_id
-            .clone()
-            .unwrap_or_else(|| id.script_id.clone());
-        let provenance = Provenance {
-            call_id: format!("{parent}/{}", call.id),
-            parent_call_id: id.parent_call_id.clone(),
-            depth: id.depth,
-            origin: Origin::Script,
-            script_id: Some(id.script_id.clone()),
-            script_hash: Some(id.script_hash.clone()),
-            session_id: id.session_id.clone(),
-            seq: Some(call.id),
-            client: id.client.clone(),
-        };
+        let provenance = self.provenance(call.id);
         let seq = call.id;
         if let Some(observe) = &self.on_call {
             observe.notify(crate::CallEvent::Started {

@@ -384,3 +384,58 @@ async fn a_scripts_lines_are_made_durable_by_its_own_line_which_comes_last() {
     assert_eq!(journal.len(), 2, "the script and its write were journalled");
     assert!(journal.iter().all(|d| *d == Durability::Deferred));
 }
+
+/// A call whose arguments are past what the host reads (too many values, too deep) is refused
+/// in the sandbox, unread. It had no audit line; now each has one, saying why, with the
+/// arguments as `null`, and the script still gets the sandbox's own error. Nothing ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_refused_unread_in_the_sandbox_are_on_record() {
+    let inst = install("permit (principal, action, resource);");
+    let run = inst
+        .codemode
+        .run_script(ScriptRequest::new(
+            "const out = [];
+             const wide = new Array((1 << 20) + 10).fill(0);
+             try { await tools.write({ path: 'wide.txt', content: 'x', wide }); } catch (e) { out.push(e.name + ': ' + e.message); }
+             let deep = []; for (let i = 0; i < 200; i++) deep = [deep];
+             try { await tools.write({ path: 'deep.txt', content: 'x', deep }); } catch (e) { out.push(e.name + ': ' + e.message); }
+             tools.write({ path: 'unawaited.txt', content: 'x', wide });
+             return out;",
+            "s",
+        ))
+        .await;
+    assert!(!run.is_error, "{}", run.text);
+    let out = run.result.unwrap().value.unwrap();
+    let out: Vec<&str> = out
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        out[0].starts_with("RangeError") && out[0].contains("JSON values"),
+        "{out:?}"
+    );
+    assert!(
+        out[1].starts_with("TypeError") && out[1].contains("127 levels"),
+        "{out:?}"
+    );
+    let log = lines(&inst.audit);
+    let writes: Vec<&Value> = log.iter().filter(|l| l["tool"] == "write").collect();
+    assert_eq!(writes.len(), 3, "{writes:#?}");
+    for line in &writes {
+        assert_eq!(line["status"], "denied", "{line}");
+        assert_eq!(line["stage"], "validate", "{line}");
+        assert_eq!(line["args_preview"], "null", "{line}");
+        assert!(
+            line["message"].as_str().is_some_and(
+                |m| m.starts_with("its arguments were not read: The arguments of write")
+            ),
+            "{line}"
+        );
+        assert_eq!(line["provenance"]["origin"], "script", "{line}");
+        assert!(line["provenance"]["parent_call_id"].is_string(), "{line}");
+    }
+    assert!(!inst.root.join("wide.txt").exists() && !inst.root.join("deep.txt").exists());
+    codemode_gate::verify(&inst.audit, Some(&test_key())).unwrap();
+}

@@ -38,6 +38,15 @@ pub trait Host: Send + Sync + 'static {
             })
         })
     }
+
+    /// A call the sandbox refused before reading its arguments: more JSON values, bytes or
+    /// nesting than the host decodes. `call.args` is `null`; nothing may run. The host may
+    /// record the refusal (`codemode-runtime` writes it to the audit log); the script gets
+    /// `error` whatever this returns. By default, nothing is recorded.
+    fn refused(&self, call: HostCall, error: HostError) -> LocalBoxFuture<'static, ()> {
+        let _ = (call, error);
+        Box::pin(async {})
+    }
 }
 
 /// Whether a call came from `tools.<name>` or from a host global such as `models.classify`.

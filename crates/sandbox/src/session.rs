@@ -451,7 +451,7 @@ impl Session {
             };
             let mut err = HostError::new(message);
             err.name = Some("RangeError".into());
-            self.fail_call(id, err);
+            self.refuse_call(id, kind, name, token, err);
             return Ok(());
         }
         self.inflight_values = held;
@@ -468,7 +468,7 @@ impl Session {
                 };
                 let mut err = HostError::new(message);
                 err.name = Some("TypeError".into());
-                self.fail_call(id, err);
+                self.refuse_call(id, kind, name, token, err);
                 return Ok(());
             }
         };
@@ -491,14 +491,56 @@ impl Session {
             room: AnswerRoom(self.held.clone()),
         };
         let host = self.host.clone();
-        let Ok(mut fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call)))
-        else {
+        let Ok(fut) = std::panic::catch_unwind(AssertUnwindSafe(|| host.call_json(call))) else {
             self.fail_call(
                 id,
                 HostError::new("The host failed while starting this call."),
             );
             return Ok(());
         };
+        self.launch(id, fut);
+        Ok(())
+    }
+
+    /// Fails a call whose arguments the host does not read, and lets the host record that
+    /// (every refusal is on record, not only the gate's). A replay calls no host.
+    fn refuse_call(
+        &mut self,
+        id: u64,
+        kind: HostCallKind,
+        name: &str,
+        cancel: CancellationToken,
+        err: HostError,
+    ) {
+        if self.replay.is_some() {
+            self.fail_call(id, err);
+            return;
+        }
+        let call = HostCall {
+            id,
+            name: name.to_string(),
+            kind,
+            args: Value::Null,
+            cancel,
+            clock: self.clock.clone(),
+            room: AnswerRoom(self.held.clone()),
+        };
+        let host = self.host.clone();
+        let told = err.clone();
+        let Ok(recorded) = std::panic::catch_unwind(AssertUnwindSafe(|| host.refused(call, told)))
+        else {
+            self.fail_call(id, err);
+            return;
+        };
+        self.launch(id, Box::pin(recorded.map(move |()| Err(err))));
+    }
+
+    /// Runs a host future for call `id` and hands its answer to the script.
+    fn launch(
+        &mut self,
+        id: u64,
+        mut fut: futures::future::LocalBoxFuture<'static, Result<String, HostError>>,
+    ) {
         // Most host answers are immediate; polling once here saves a task and a wake-up per call.
         let waker = futures::task::noop_waker();
         let mut cx = std::task::Context::from_waker(&waker);
@@ -506,7 +548,7 @@ impl Session {
             Ok(std::task::Poll::Ready(r)) => {
                 let r = self.held.admit(r);
                 self.complete(id, r);
-                return Ok(());
+                return;
             }
             Ok(std::task::Poll::Pending) => {}
             Err(_) => {
@@ -514,7 +556,7 @@ impl Session {
                     id,
                     HostError::new("The host failed while running this call."),
                 );
-                return Ok(());
+                return;
             }
         }
         let tx = self.tx.clone();
@@ -528,7 +570,6 @@ impl Session {
             // Counted (or dropped) as it arrives: completions may wait in the channel too.
             let _ = tx.send((id, held.admit(result)));
         });
-        Ok(())
     }
 
     /// Output from the VM, capped here too.

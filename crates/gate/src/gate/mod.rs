@@ -590,6 +590,18 @@ impl Gate {
         }
     }
 
+    /// Records a call refused before its arguments were read (the sandbox does not decode
+    /// more than the host's bounds): one audit line, status `denied` at the validate stage,
+    /// with `null` arguments. Nothing runs and nothing is counted.
+    pub async fn record_unread(&self, req: CallRequest, why: &str) {
+        let mut pending = Pending::new(self.inner.clone(), &req, Arc::new(Value::Null));
+        if let Ok(resolved) = self.resolve(&req.name, req.provenance.origin) {
+            pending.note_tool(&resolved.spec);
+        }
+        let why = format!("its arguments were not read: {why}");
+        pending.refuse(GateError::new(Stage::Validate, why)).await;
+    }
+
     async fn admit_steps(
         &self,
         req: &CallRequest,
