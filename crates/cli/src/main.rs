@@ -6,6 +6,7 @@ mod demo;
 mod setup;
 mod stop;
 mod terminal;
+mod trim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -132,6 +132,7 @@ pub async fn run(args: ServeArgs) -> Result<ExitCode> {
             }
         })
     });
+    crate::trim::spawn();
     let telemetry = start_telemetry(&installation, &slot)?;
     // MCP servers connect in the background: `initialize` is answered at once, and every
     // client hears when the servers' tools arrive or change (the registry already follows).
