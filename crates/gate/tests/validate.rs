@@ -65,6 +65,39 @@ async fn wrong_type_of_every_json_kind_is_refused_without_coercion() {
     }
 }
 
+/// A million wrong items made a million problem lines: a 50 MB error for the script, and half
+/// a GB on the host while the validator built them. Arguments of more than 10,000 values get
+/// their first problem; smaller ones at most twenty, and that there are more.
+#[tokio::test]
+async fn many_wrong_items_list_a_bounded_number_of_problems() {
+    let items: Vec<u32> = (0..1_000_000).collect();
+    let msg = refused(json!({"s": "x", "a": items})).await;
+    assert!(
+        msg.contains("(the first problem; large arguments are not checked for more)"),
+        "{}",
+        &msg[..msg.len().min(500)]
+    );
+    assert!(msg.contains("- /a/0:") && !msg.contains("- /a/1:"), "{msg}");
+    assert!(msg.len() < 4_000, "{} bytes", msg.len());
+    let items: Vec<u32> = (0..5_000).collect();
+    let msg = refused(json!({"s": "x", "a": items})).await;
+    assert!(
+        msg.contains("(more than 20 problems; the first 20)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("- /a/19:") && !msg.contains("- /a/20:"),
+        "{msg}"
+    );
+    assert!(msg.contains("(more not shown)"), "{msg}");
+    let twenty: Vec<u32> = (0..20).collect();
+    let msg = refused(json!({"s": "x", "a": twenty})).await;
+    assert!(
+        msg.contains("(20 problems)") && !msg.contains("more not shown"),
+        "{msg}"
+    );
+}
+
 #[tokio::test]
 async fn every_problem_is_listed() {
     let msg = refused(json!({"i": "x", "b": 1, "extra": true})).await;
