@@ -27,7 +27,7 @@ mod stream;
 mod verify;
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -556,15 +556,10 @@ fn write_head(file: &File, head: &Head, key: &AuditKey) -> std::io::Result<()> {
 /// lossily (they would read as U+FFFD, and a changed line could pass): the whole log is read
 /// then, and refused.
 fn chain_end(path: &Path, log: &File, head: &File, key: &AuditKey) -> Result<Head, AuditError> {
-    let mut head_bytes = Vec::new();
-    let mut head_file = head;
-    head_file
-        .seek(SeekFrom::Start(0))
-        .and_then(|_| head_file.read_to_end(&mut head_bytes))
-        .map_err(|e| AuditError::Open {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+    let head_bytes = verify::read_whole(head).map_err(|e| AuditError::Open {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
     let last = last_line(log).map_err(|e| AuditError::Open {
         path: path.display().to_string(),
         message: e.to_string(),

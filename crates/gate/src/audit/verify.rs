@@ -104,6 +104,14 @@ pub(crate) fn read_settled(file: &File, len: u64) -> std::io::Result<impl BufRea
     Ok(BufReader::with_capacity(64 * 1024, at_start.take(len)))
 }
 
+/// An open file's bytes from its start (a head file: one short line).
+pub(crate) fn read_whole(mut file: &File) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(0))?;
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// What opening a log for appending learned.
 pub(crate) struct OpenReport {
     pub lines: usize,
@@ -124,12 +132,7 @@ pub(crate) fn verify_open(
         path: path.display().to_string(),
         message: e.to_string(),
     };
-    let mut head_bytes = Vec::new();
-    let mut head_file = head;
-    head_file
-        .seek(SeekFrom::Start(0))
-        .and_then(|_| head_file.read_to_end(&mut head_bytes))
-        .map_err(io)?;
+    let head_bytes = read_whole(head).map_err(io)?;
     // Appenders hold the lock this caller holds, so the length is where the last line ends.
     let settled = log.metadata().map_err(io)?.len();
     let report = check(
