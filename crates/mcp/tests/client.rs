@@ -619,9 +619,11 @@ async fn streamable_http_server_with_headers() {
     child.kill().await.unwrap();
 }
 
-/// The HTTP transport's side of the stdio limits: a response over 16 MiB, nested past serde's
-/// limit, or without `result` or `error`, as a JSON body or as an SSE event, fails its call at
-/// once (not at its timeout), and the next call on the same server works.
+/// The HTTP transport's side of the stdio limits: a response over 16 MiB (ended or not), nested
+/// past serde's limit, of more JSON values than codemode reads (15 MiB of `[0,0,…]`, which would
+/// cost the host about a gigabyte to parse), or without `result` or `error`, as a JSON body or as
+/// an SSE event, fails its call at once (not at its timeout) with what was wrong, and the session
+/// goes on: the next call on it works, and the server saw one `initialize`.
 #[tokio::test]
 async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
     // The server picks its own port and names it: no other process can take it between a
@@ -652,7 +654,13 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
         hub.status()
     );
     for as_ in ["json", "sse"] {
-        for what in ["big", "deep", "broken"] {
+        for (what, says) in [
+            ("big", "larger than 16 MiB"),
+            ("endless", "larger than 16 MiB"),
+            ("deep", "levels deep, more than the 127 levels"),
+            ("wide", "more than 1048576 JSON values"),
+            ("broken", "not a JSON-RPC response codemode can read"),
+        ] {
             let name = format!("mcp__web__{what}_{as_}");
             let started = std::time::Instant::now();
             let err = tokio::time::timeout(
@@ -664,12 +672,7 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
             .unwrap_err();
             assert!(started.elapsed() < Duration::from_secs(20), "{name}");
             assert_eq!(err.kind, ToolErrorKind::Failed, "{name}: {err:?}");
-            assert!(
-                err.message.contains("a response codemode cannot read")
-                    && err.message.contains("16 MiB"),
-                "{name}: {}",
-                err.message
-            );
+            assert!(err.message.contains(says), "{name}: {}", err.message);
             let echo = find(&hub, &format!("mcp__web__echo_{as_}"))
                 .call(call(json!({"text": "after"})))
                 .await
@@ -677,6 +680,15 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
             assert_eq!(text_of(&echo.value), "Echo: after");
         }
     }
+    let count = find(&hub, "mcp__web__initialized_json")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(
+        text_of(&count.value),
+        "Initialized: 1",
+        "no refused answer cost the session"
+    );
     hub.shutdown().await;
     child.kill().await.unwrap();
 }

@@ -1,16 +1,19 @@
-//! Screening a stdio server's messages before rmcp reads them.
+//! Screening a server's messages (a stdio server's lines, an HTTP server's bodies and events)
+//! before rmcp reads them.
 //!
-//! rmcp drops a line longer than its limit, and a line its JSON parser refuses (serde_json stops
+//! rmcp drops a message longer than its limit, and one its JSON parser refuses (serde_json stops
 //! at 127 levels of nesting), with only a log line: the request it answered then waits for its
-//! timeout. This scanner sees each line as it streams past, in constant memory, and records what
-//! is needed to fail that request at once instead: how deep the line nests, how many JSON values
-//! it holds, and the top-level `id` and whether there is a `method` (a response has an `id` and
-//! no `method`).
+//! timeout. This scanner sees each message as it streams past, in constant memory, and records
+//! what is needed to fail that request at once instead: how deep the message nests, how many JSON
+//! values it holds, and the top-level `id` and whether there is a `method` (a response has an
+//! `id` and no `method`).
 //!
 //! The count matters because parsing costs memory by values, not bytes: 15 MiB of `[0,0,…]` is
 //! 7.5 million values, which rmcp's parser (an untagged enum, buffered and copied per variant
 //! tried) took to over 2 GB for a few answers in flight. A line past [`MAX_VALUES`] is never
 //! parsed.
+
+use rmcp::service::{RoleClient, RxJsonRpcMessage};
 
 /// The most nesting serde_json's parser accepts (its recursion limit of 128 counts one more).
 pub(crate) const MAX_DEPTH: usize = 127;
@@ -174,6 +177,11 @@ impl Scanner {
         self.values
     }
 
+    /// A top-level `result` or `error` key was read.
+    pub(crate) fn has_outcome(&self) -> bool {
+        self.has_outcome
+    }
+
     /// The `id` of a response (a message with an `id` and no `method`), as JSON.
     pub(crate) fn response_id(&self) -> Option<serde_json::Value> {
         if self.has_method || self.id_overflow || self.id.is_empty() {
@@ -192,6 +200,65 @@ impl Scanner {
         }
         self.response_id()
     }
+}
+
+/// Why a message is refused unparsed, if it is: longer than `max_len` (`oversized`), deeper or
+/// with more values than codemode reads.
+pub(crate) fn refusal(scanned: &Scanner, oversized: bool, max_len: usize) -> Option<String> {
+    if oversized {
+        Some(format!(
+            "the server's response was larger than {}, the most codemode reads in one message, \
+             and was dropped; ask the tool for less (a smaller page, range or limit)",
+            mib(max_len)
+        ))
+    } else if scanned.deepest() > MAX_DEPTH {
+        Some(format!(
+            "the server's response nests JSON {} levels deep, more than the {MAX_DEPTH} levels \
+             codemode reads (the JSON-RPC envelope included), and was dropped",
+            scanned.deepest()
+        ))
+    } else if scanned.values() > MAX_VALUES {
+        // Counted only up to where it was refused, which may be before the line's end.
+        Some(format!(
+            "the server's response holds more than {MAX_VALUES} JSON values (object keys \
+             included), the most codemode reads in one message, and was dropped; ask the tool \
+             for less (a smaller page, range or limit)"
+        ))
+    } else {
+        None
+    }
+}
+
+/// The error that replaces a rejected response, when it answered a request.
+pub(crate) fn rejected(
+    server: &str,
+    id: Option<serde_json::Value>,
+    why: &str,
+) -> Option<RxJsonRpcMessage<RoleClient>> {
+    let Some(id) = id else {
+        tracing::warn!(%server, "MCP server message dropped: {why} (it answered no request)");
+        return None;
+    };
+    tracing::warn!(%server, %id, "MCP server response refused: {why}");
+    serde_json::from_value(error_response(id, why)).ok()
+}
+
+pub(crate) fn mib(bytes: usize) -> String {
+    if bytes.is_multiple_of(1024 * 1024) {
+        format!("{} MiB", bytes / (1024 * 1024))
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// A JSON-RPC error answering request `id`, saying `why` (an internal error: the fault is the
+/// server's answer, not the request).
+pub(crate) fn error_response(id: serde_json::Value, why: &str) -> serde_json::Value {
+    serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": { "code": -32603, "message": why },
+    })
 }
 
 fn trim_end(b: &[u8]) -> &[u8] {

@@ -25,7 +25,7 @@ use tokio::process::{ChildStderr, ChildStdin};
 use tokio::sync::mpsc;
 
 use super::backlog::Backlog;
-use super::screen::{MAX_DEPTH, MAX_VALUES, Scanner};
+use super::screen::{Scanner, refusal, rejected};
 use crate::bounded_line::BoundedLine;
 
 /// The longest line (one JSON-RPC message, newline included) read from a server: rmcp's own
@@ -264,33 +264,6 @@ async fn screen_lines(
     }
 }
 
-/// Why a line is refused unparsed, if it is: longer than `max_line`, deeper or with more
-/// values than codemode reads.
-fn refusal(scanned: &Scanner, oversized: bool, max_line: usize) -> Option<String> {
-    if oversized {
-        Some(format!(
-            "the server's response was larger than {}, the most codemode reads in one message, \
-             and was dropped; ask the tool for less (a smaller page, range or limit)",
-            mib(max_line)
-        ))
-    } else if scanned.deepest() > MAX_DEPTH {
-        Some(format!(
-            "the server's response nests JSON {} levels deep, more than the {MAX_DEPTH} levels \
-             codemode reads (the JSON-RPC envelope included), and was dropped",
-            scanned.deepest()
-        ))
-    } else if scanned.values() > MAX_VALUES {
-        // Counted only up to where it was refused, which may be before the line's end.
-        Some(format!(
-            "the server's response holds more than {MAX_VALUES} JSON values (object keys \
-             included), the most codemode reads in one message, and was dropped; ask the tool \
-             for less (a smaller page, range or limit)"
-        ))
-    } else {
-        None
-    }
-}
-
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// The line as a message. A response that cannot be read (cut-off JSON, neither `result` nor
@@ -316,35 +289,9 @@ fn parsed(server: &str, scanned: &Scanner, line: &[u8]) -> Option<RxJsonRpcMessa
     }
 }
 
-/// The error that replaces a rejected response, when it answered a request.
-fn rejected(
-    server: &str,
-    id: Option<serde_json::Value>,
-    why: &str,
-) -> Option<RxJsonRpcMessage<RoleClient>> {
-    let Some(id) = id else {
-        tracing::warn!(%server, "MCP server message dropped: {why} (it answered no request)");
-        return None;
-    };
-    tracing::warn!(%server, %id, "MCP server response refused: {why}");
-    let error = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": id,
-        "error": { "code": -32603, "message": why },
-    });
-    serde_json::from_value(error).ok()
-}
-
-fn mib(bytes: usize) -> String {
-    if bytes.is_multiple_of(1024 * 1024) {
-        format!("{} MiB", bytes / (1024 * 1024))
-    } else {
-        format!("{bytes} bytes")
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::screen::MAX_VALUES;
     use super::*;
     use serde_json::{Value, json};
 

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::backlog::Backlog;
 use super::changes::Changes;
 use super::handler::{Handler, Listing};
+use super::http_client::ScreenedHttp;
 use super::listing;
 use super::ordered::CancelAfterRequest;
 use super::progress::{ProgressSink, Watchers};
@@ -394,8 +395,9 @@ impl Upstream {
                 }
                 let config =
                     StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(map);
+                let client = ScreenedHttp::new(self.name().into())?;
                 handler
-                    .serve(StreamableHttpClientTransport::from_config(config))
+                    .serve(StreamableHttpClientTransport::with_client(client, config))
                     .await
                     .map_err(|e| format!("cannot connect to {url}: {e}"))?
             }
