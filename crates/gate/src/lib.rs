@@ -22,6 +22,7 @@ pub mod policy;
 pub mod registry;
 mod schema_size;
 mod suggest;
+mod unique_items;
 mod validate;
 
 pub use approval::{

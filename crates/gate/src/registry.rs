@@ -50,7 +50,8 @@ impl LazyValidator {
                     "the tool's input schema expands past {limit} nodes through its `$ref`s, too many to check a call against; the tool's server must simplify it"
                 ))
             } else {
-                jsonschema::validator_for(schema)
+                crate::unique_items::validator_options()
+                    .build(schema)
                     .map_err(|e| format!("the tool's input schema is invalid: {e}"))
             }
         })

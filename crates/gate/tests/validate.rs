@@ -227,3 +227,43 @@ async fn a_lazily_compiled_schema_holds_under_a_burst_and_after_a_swap() {
     assert_eq!(err.stage, Stage::Validate, "{}", err.message);
     assert_eq!(strict_runs.load(Ordering::SeqCst), 0);
 }
+
+/// `uniqueItems` through the gate, with the items that made jsonschema's own check quadratic:
+/// 2^20 integers past 2^63, 2,048 to each float. All distinct, the call runs; one repeated (at
+/// the end, so every item is checked first), it is refused, naming the array. Before, checking
+/// these took seconds of host CPU, past the script's deadline; this test does not time it (the
+/// unit tests count the comparisons), it checks that the answer is exact.
+#[tokio::test]
+async fn unique_items_tells_apart_integers_a_float_cannot() {
+    let schema = json!({
+        "type": "object",
+        "properties": {"ids": {"type": "array", "uniqueItems": true}}
+    });
+    let base = 1u64 << 63;
+    let mut ids: Vec<u64> = (0..1u64 << 20).map(|k| base + k).collect();
+    let tool = TestTool::new("t", schema);
+    let runs = tool.runs.clone();
+    let reg = Registry::new();
+    reg.register(Arc::new(tool)).unwrap();
+    let gate = builder(&reg).build().unwrap();
+    gate.call(req("t", json!({"ids": ids}), script("v")))
+        .await
+        .expect("distinct integers pass");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    ids.push(base + 7);
+    let err = gate
+        .call(req("t", json!({"ids": ids}), script("v")))
+        .await
+        .unwrap_err();
+    assert_eq!(err.stage, Stage::Validate, "{}", err.message);
+    assert!(
+        err.message.contains("- /ids:") && err.message.contains("non-unique"),
+        "{}",
+        &err.message[..err.message.len().min(500)]
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the refused call did not run"
+    );
+}
