@@ -621,9 +621,11 @@ async fn streamable_http_server_with_headers() {
 
 /// The HTTP transport's side of the stdio limits: a response over 16 MiB (ended or not), nested
 /// past serde's limit, of more JSON values than codemode reads (15 MiB of `[0,0,…]`, which would
-/// cost the host about a gigabyte to parse), or without `result` or `error`, as a JSON body or as
-/// an SSE event, fails its call at once (not at its timeout) with what was wrong, and the session
-/// goes on: the next call on it works, and the server saw one `initialize`.
+/// cost the host about a gigabyte to parse; also with its id padded out of reach, spelled with
+/// escapes, or never ended), not JSON-RPC 2.0, without `result` or `error`, or an HTTP failure
+/// whose error names no request, as a JSON body or as an SSE event, fails its call at once (not
+/// at its timeout) with what was wrong, and the session goes on: the next call on it works, and
+/// the server saw one `initialize`.
 #[tokio::test]
 async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
     // The server picks its own port and names it: no other process can take it between a
@@ -660,6 +662,14 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
             ("deep", "levels deep, more than the 127 levels"),
             ("wide", "more than 1048576 JSON values"),
             ("broken", "not a JSON-RPC response codemode can read"),
+            ("version", "not a JSON-RPC response codemode can read"),
+            ("padded", "more than 1048576 JSON values"),
+            ("escaped", "more than 1048576 JSON values"),
+            ("stalled", "more than 1048576 JSON values"),
+            (
+                "failed",
+                "HTTP 500 Internal Server Error: upstream database is down",
+            ),
         ] {
             let name = format!("mcp__web__{what}_{as_}");
             let started = std::time::Instant::now();

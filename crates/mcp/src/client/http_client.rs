@@ -91,10 +91,7 @@ impl ScreenedHttp {
         max: usize,
     ) -> Result<Option<ServerJsonRpcMessage>, Error> {
         let (body, scanned, oversized) = read_screened(response, max).await?;
-        let request_id = match message {
-            ClientJsonRpcMessage::Request(request) => serde_json::to_value(&request.id).ok(),
-            _ => None,
-        };
+        let request_id = request_id(message);
         if let Some(why) = refusal(&scanned, oversized, max) {
             let Some(id) = request_id else {
                 tracing::warn!(server = %self.server, "MCP server answer dropped: {why}");
@@ -119,38 +116,47 @@ impl ScreenedHttp {
         }
     }
 
-    /// A failed POST: a JSON-RPC error in a JSON body is the answer; otherwise the status.
+    /// A failed POST. A request is answered with an error that says what the server answered
+    /// (its JSON-RPC error's message, when it sent one), so its call fails at once and says
+    /// why; anything else fails the send, as rmcp's client does.
     async fn failed_post(
         &self,
         response: reqwest::Response,
-        status: StatusCode,
+        message: &ClientJsonRpcMessage,
         is_json: bool,
         max: usize,
     ) -> Result<StreamableHttpPostResponse, Error> {
+        let status = response.status();
         let status_error = status_error(&response);
-        if is_json && status != StatusCode::TOO_MANY_REQUESTS {
+        let said = if is_json && status != StatusCode::TOO_MANY_REQUESTS {
             let (body, scanned, oversized) = read_screened(response, max).await?;
-            if refusal(&scanned, oversized, max).is_none()
-                && let Ok(message @ ServerJsonRpcMessage::Error(_)) =
-                    serde_json::from_slice::<ServerJsonRpcMessage>(&body)
-            {
-                return Ok(StreamableHttpPostResponse::Json(message, None));
+            match refusal(&scanned, oversized, max) {
+                Some(why) => why,
+                None => match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+                    Ok(ServerJsonRpcMessage::Error(error)) => error.error.message.into_owned(),
+                    _ => diagnostic(&body),
+                },
             }
+        } else if status_error.is_some() {
+            String::new()
+        } else {
+            diagnostic(&read_prefix(response, DIAGNOSTIC_BYTES).await)
+        };
+        let Some(id) = request_id(message) else {
             return Err(status_error.map(Error::from).unwrap_or_else(|| {
-                Error::UnexpectedServerResponse(Cow::Owned(format!(
-                    "HTTP {status}: {}",
-                    diagnostic(&body)
-                )))
+                Error::UnexpectedServerResponse(Cow::Owned(format!("HTTP {status}: {said}")))
             }));
+        };
+        let why = if said.is_empty() {
+            format!("the server answered HTTP {status}")
+        } else {
+            format!("the server answered HTTP {status}: {said}")
+        };
+        tracing::warn!(server = %self.server, %id, "MCP request failed: {why}");
+        match serde_json::from_value(error_response(id, &why)) {
+            Ok(answer) => Ok(StreamableHttpPostResponse::Json(answer, None)),
+            Err(e) => Err(Error::Deserialize(e)),
         }
-        if let Some(error) = status_error {
-            return Err(error.into());
-        }
-        let body = read_prefix(response, DIAGNOSTIC_BYTES).await;
-        Err(Error::UnexpectedServerResponse(Cow::Owned(format!(
-            "HTTP {status}: {}",
-            diagnostic(&body)
-        ))))
     }
 }
 
@@ -230,7 +236,7 @@ impl StreamableHttpClient for ScreenedHttp {
         let is = |expected: &str| content_type.as_deref().is_some_and(|ct| ct == expected);
         if !status.is_success() {
             return self
-                .failed_post(response, status, is(JSON), limits.max_json_response_size)
+                .failed_post(response, &message, is(JSON), limits.max_json_response_size)
                 .await;
         }
         let new_session = response
@@ -247,6 +253,7 @@ impl StreamableHttpClient for ScreenedHttp {
                 self.server.clone(),
                 response.bytes_stream(),
                 limits.max_sse_event_size,
+                request_id(&message),
             );
             return Ok(StreamableHttpPostResponse::Sse(events, new_session));
         }
@@ -344,6 +351,7 @@ impl StreamableHttpClient for ScreenedHttp {
             self.server.clone(),
             response.bytes_stream(),
             max_sse_event_size,
+            None,
         ))
     }
 }
@@ -403,15 +411,23 @@ async fn read_screened(
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk?;
-        if chunk.len() > max - body.len() {
-            // The id needed to answer for it is near the start; the rest is not read.
-            scanner.feed(&chunk);
-            return Ok((Vec::new(), scanner, true));
-        }
+        let oversized = chunk.len() > max - body.len();
         scanner.feed(&chunk);
+        // Past a bound, the rest is not read: it may be slow to come, or never end.
+        if oversized || refusal(&scanner, false, max).is_some() {
+            return Ok((Vec::new(), scanner, oversized));
+        }
         body.extend_from_slice(&chunk);
     }
     Ok((body, scanner, false))
+}
+
+/// The id of `message`, if it is a request.
+fn request_id(message: &ClientJsonRpcMessage) -> Option<serde_json::Value> {
+    match message {
+        ClientJsonRpcMessage::Request(request) => serde_json::to_value(&request.id).ok(),
+        _ => None,
+    }
 }
 
 /// The first `max` bytes of the body, for a diagnostic; a body that fails to read gives none.

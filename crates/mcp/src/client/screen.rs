@@ -26,6 +26,30 @@ pub(crate) const MAX_VALUES: usize = 1 << 20;
 /// A top-level `id` longer than this is not kept (ids are numbers or short strings).
 const MAX_ID_LEN: usize = 256;
 
+/// The longest top-level key kept, as written: `"\u0072\u0065…"` spells `result` in 36 bytes.
+const MAX_KEY_LEN: usize = 64;
+
+/// Which of the keys that matter `raw` (a key as written, escapes and all) is.
+fn top_key(raw: &[u8]) -> TopKey {
+    let decoded;
+    let key = if raw.contains(&b'\\') && raw.len() <= MAX_KEY_LEN {
+        let mut quoted = Vec::with_capacity(raw.len() + 2);
+        quoted.push(b'"');
+        quoted.extend_from_slice(raw);
+        quoted.push(b'"');
+        decoded = serde_json::from_slice::<String>(&quoted).unwrap_or_default();
+        decoded.as_bytes()
+    } else {
+        raw
+    };
+    match key {
+        b"id" => TopKey::Id,
+        b"method" => TopKey::Method,
+        b"result" | b"error" => TopKey::Outcome,
+        _ => TopKey::Other,
+    }
+}
+
 pub(crate) struct Scanner {
     depth: usize,
     deepest: usize,
@@ -92,8 +116,10 @@ impl Scanner {
     fn byte(&mut self, b: u8) {
         if self.depth == 1 && self.current == Some(TopKey::Id) && !self.reading_key {
             let ends = !self.in_string && (b == b',' || b == b'}');
-            let before_value = self.id.is_empty() && (b == b':' || b.is_ascii_whitespace());
-            if !ends && !before_value {
+            // Whitespace outside a string is not part of the id (a server could pad past the
+            // bound on what is kept, and the id would be lost).
+            let padding = !self.in_string && (b == b':' || b.is_ascii_whitespace());
+            if !ends && !padding {
                 if self.id.len() < MAX_ID_LEN {
                     self.id.push(b);
                 } else {
@@ -110,18 +136,18 @@ impl Scanner {
                 self.in_string = false;
                 if self.reading_key {
                     self.reading_key = false;
-                    self.current = Some(match self.key.as_slice() {
-                        b"id" => TopKey::Id,
-                        b"method" => TopKey::Method,
-                        b"result" | b"error" => TopKey::Outcome,
-                        _ => TopKey::Other,
-                    });
+                    self.current = Some(top_key(&self.key));
+                    if self.current == Some(TopKey::Id) && !self.id.is_empty() {
+                        // A second id (a repeated key, or a second message on the line): which
+                        // one rmcp would take is not for the screen to guess.
+                        self.id_overflow = true;
+                    }
                     self.has_method |= self.current == Some(TopKey::Method);
                     self.has_outcome |= self.current == Some(TopKey::Outcome);
                 }
                 return;
             }
-            if self.reading_key && self.key.len() <= 8 {
+            if self.reading_key && self.key.len() <= MAX_KEY_LEN {
                 self.key.push(b);
             }
             return;
@@ -180,6 +206,11 @@ impl Scanner {
     /// A top-level `result` or `error` key was read.
     pub(crate) fn has_outcome(&self) -> bool {
         self.has_outcome
+    }
+
+    /// A top-level `method` key was read: a request or a notification.
+    pub(crate) fn has_method(&self) -> bool {
+        self.has_method
     }
 
     /// The `id` of a response (a message with an `id` and no `method`), as JSON.
@@ -259,6 +290,52 @@ pub(crate) fn error_response(id: serde_json::Value, why: &str) -> serde_json::Va
         "id": id,
         "error": { "code": -32603, "message": why },
     })
+}
+
+/// Why rmcp could not read `data` as a response, if it could not: not UTF-8, not one JSON
+/// value, not JSON-RPC 2.0, its `id` not one number or string, or neither a `result` nor an
+/// `error` with a numeric `code` and a `message`. Checked without keeping what it reads, for
+/// answers rmcp parses itself (and skips, silently, when it cannot): its request would wait
+/// for its timeout.
+pub(crate) fn envelope_problem(data: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        jsonrpc: String,
+        id: serde_json::Value,
+        #[serde(default, deserialize_with = "present")]
+        result: bool,
+        error: Option<ErrorShape>,
+    }
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct ErrorShape {
+        code: i32,
+        message: String,
+    }
+    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| true)
+    }
+    use serde::Deserialize;
+    let text = match std::str::from_utf8(data) {
+        Ok(text) => text,
+        Err(e) => return Some(format!("it is not UTF-8 ({e})")),
+    };
+    let envelope: Envelope = match serde_json::from_str(text) {
+        Ok(envelope) => envelope,
+        Err(e) => return Some(format!("{e}")),
+    };
+    if envelope.jsonrpc != "2.0" {
+        Some(format!(
+            "its jsonrpc is {:?}, not \"2.0\"",
+            envelope.jsonrpc
+        ))
+    } else if !(envelope.id.is_i64() || envelope.id.is_string()) {
+        Some("its id is neither an integer nor a string".to_owned())
+    } else if !envelope.result && envelope.error.is_none() {
+        Some("it has neither a result nor an error".to_owned())
+    } else {
+        None
+    }
 }
 
 fn trim_end(b: &[u8]) -> &[u8] {
@@ -365,6 +442,77 @@ mod tests {
             "a nested result is not it"
         );
         assert_eq!(early(r#"{"id":7,"method":"ping","result":{"x"#), None);
+    }
+
+    /// Padding after the id, and keys spelled with escapes, do not hide a response's id.
+    #[test]
+    fn padding_and_escaped_keys_do_not_hide_the_id() {
+        let padded = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":7{},\"result\":{{}}}}",
+            " ".repeat(300)
+        );
+        assert_eq!(scan(&padded).response_id(), Some(json!(7)));
+        assert_eq!(scan(&padded).early_response_id(), Some(json!(7)));
+        let s = scan(r#"{"\u0069d" : "a b" ,"\u0072esult":{"x":1}}"#);
+        assert_eq!(s.response_id(), Some(json!("a b")));
+        assert!(s.has_outcome());
+        assert_eq!(scan(r#"{"id":5,"id":5,"result":{}}"#).response_id(), None);
+        assert_eq!(
+            scan(r#"{"id":4,"result":{}}{"id":4,"result":{}}"#).response_id(),
+            None
+        );
+        let s = scan(r#"{"id":1,"\u006d\u0065\u0074\u0068\u006f\u0064":"ping"}"#);
+        assert!(s.has_method());
+        assert_eq!(s.response_id(), None);
+        // A key longer than any that matters is not decoded.
+        assert!(!scan(&format!("{{\"{}\":1}}", "\\u0069".repeat(40))).has_outcome());
+    }
+
+    #[test]
+    fn envelopes_rmcp_cannot_read_are_named() {
+        for (line, says) in [
+            (r#"{"jsonrpc":"1.0","id":1,"result":{}}"#, "not \"2.0\""),
+            (r#"{"id":1,"result":{}}"#, "missing field `jsonrpc`"),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"id":1,"result":{}}"#,
+                "duplicate field `id`",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{}}{"jsonrpc":"2.0","id":1,"result":{}}"#,
+                "trailing",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"error":{"code":"x","message":"m"}}"#,
+                "invalid type",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
+                "neither an integer nor a string",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1}"#,
+                "neither a result nor an error",
+            ),
+            (
+                "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":\"\u{fffd}\"",
+                "EOF",
+            ),
+        ] {
+            let problem = envelope_problem(line.as_bytes()).unwrap_or_default();
+            assert!(problem.contains(says), "{line}: {problem}");
+        }
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"result":null}"#,
+            r#"{"jsonrpc":"2.0","id":"x","\u0072esult":{"content":[]},"extra":1}"#,
+            r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"m","data":[1]}}"#,
+        ] {
+            assert_eq!(envelope_problem(line.as_bytes()), None, "{line}");
+        }
+        assert!(
+            envelope_problem(b"\xff")
+                .unwrap_or_default()
+                .contains("UTF-8")
+        );
     }
 
     #[test]

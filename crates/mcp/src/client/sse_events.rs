@@ -12,9 +12,10 @@ use std::sync::Arc;
 
 use futures::stream::{BoxStream, Stream, StreamExt};
 use rmcp::transport::streamable_http_client::SseError;
+use serde_json::Value;
 use sse_stream::Sse;
 
-use super::screen::{Scanner, error_response, refusal};
+use super::screen::{Scanner, envelope_problem, error_response, refusal};
 
 /// The longest field name kept (`event`, `retry`); a longer one is ignored.
 const MAX_FIELD_NAME: usize = 16;
@@ -23,17 +24,21 @@ const MAX_FIELD_VALUE: usize = 4096;
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Reads `bytes` as an event stream, screening each event's data (at most `max_event` bytes).
+/// `request` is the id of the request whose answer the stream carries (a POST's): a refused
+/// answer whose own id cannot be read answers for it, rather than leave it to its timeout.
 pub(crate) fn screened_events<S, B, E>(
     server: Arc<str>,
     bytes: S,
     max_event: usize,
+    request: Option<Value>,
 ) -> BoxStream<'static, Result<Sse, SseError>>
 where
     S: Stream<Item = Result<B, E>> + Send + 'static,
     B: AsRef<[u8]>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let reader = EventReader::new(server, max_event);
+    let mut reader = EventReader::new(server, max_event);
+    reader.request = request;
     futures::stream::unfold(
         (Box::pin(bytes), reader, false),
         |(mut bytes, mut reader, mut done)| async move {
@@ -62,6 +67,8 @@ where
 struct EventReader {
     server: Arc<str>,
     max_event: usize,
+    /// The request the stream answers, if it is a POST's.
+    request: Option<Value>,
     /// Bytes of a leading byte-order mark skipped so far, until the first other byte (`None`).
     bom: Option<usize>,
     /// The field name read so far on this line.
@@ -86,6 +93,7 @@ impl EventReader {
         EventReader {
             server,
             max_event,
+            request: None,
             bom: Some(0),
             field: Vec::new(),
             field_too_long: false,
@@ -176,8 +184,8 @@ impl EventReader {
     fn end_line(&mut self) {
         let blank = self.field.is_empty() && !self.field_too_long && !self.comment;
         if blank && !self.in_value {
-            if let Some(event) =
-                std::mem::take(&mut self.pending).finish(&self.server, self.max_event)
+            let pending = std::mem::take(&mut self.pending);
+            if let Some(event) = pending.finish(&self.server, self.max_event, self.request.as_ref())
             {
                 self.out.push_back(event);
             }
@@ -217,7 +225,13 @@ impl EventReader {
         let Some(why) = refusal(&pending.scanner, pending.oversized, self.max_event) else {
             return;
         };
-        let Some(id) = pending.scanner.early_response_id() else {
+        // Its own id once read whole; else, once it reads as an answer, the stream's request.
+        let id = pending.scanner.early_response_id().or_else(|| {
+            (pending.scanner.has_outcome() && !pending.scanner.has_method())
+                .then(|| self.request.clone())
+                .flatten()
+        });
+        let Some(id) = id else {
             return;
         };
         pending.answered = true;
@@ -276,7 +290,7 @@ impl Pending {
     }
 
     /// The event to hand rmcp, if any: its data screened, refused or checked.
-    fn finish(mut self, server: &str, max_event: usize) -> Option<Sse> {
+    fn finish(mut self, server: &str, max_event: usize, request: Option<&Value>) -> Option<Sse> {
         if !self.has_data && self.event.is_none() && self.id.is_none() && self.retry.is_none() {
             return None;
         }
@@ -288,9 +302,9 @@ impl Pending {
                 .then(|| String::from_utf8(self.data).ok())
                 .flatten()
         } else if let Some(why) = refusal(&self.scanner, self.oversized, max_event) {
-            self.refused(server, &why)
+            self.refused(server, &why, request)
         } else {
-            self.checked(server)
+            self.checked(server, request)
         };
         if data.is_none() && self.id.is_none() && self.retry.is_none() {
             return None;
@@ -303,8 +317,26 @@ impl Pending {
         })
     }
 
-    fn refused(&self, server: &str, why: &str) -> Option<String> {
-        let Some(id) = self.scanner.response_id() else {
+    /// The request the stream answers, for a message that reads as an answer (a top-level
+    /// `result` or `error`) whose own id cannot be read. Anything else (an empty priming event,
+    /// text that is not JSON) answers nothing.
+    fn stream_request(&self, request: Option<&Value>) -> Option<Value> {
+        (self.scanner.has_outcome() && !self.scanner.has_method())
+            .then(|| request.cloned())
+            .flatten()
+    }
+
+    /// The error that answers for a refused message: for its own id, else (unless it is a
+    /// request or a notification) for the request the stream answers.
+    fn refused(&self, server: &str, why: &str, request: Option<&Value>) -> Option<String> {
+        let id = if self.scanner.has_method() {
+            None
+        } else {
+            self.scanner
+                .response_id()
+                .or_else(|| self.stream_request(request))
+        };
+        let Some(id) = id else {
             tracing::warn!(%server, "MCP server event dropped: {why} (it answered no request)");
             return None;
         };
@@ -312,25 +344,17 @@ impl Pending {
         Some(error_response(id, why).to_string())
     }
 
-    /// A response rmcp could not read (not JSON, or neither `result` nor `error`) becomes an
-    /// error for its request, which would otherwise wait for its timeout. The syntax check
-    /// keeps nothing it reads. Anything else is passed on as it is: rmcp skips what it cannot
-    /// read.
-    fn checked(&mut self, server: &str) -> Option<String> {
-        if self.scanner.response_id().is_none() {
+    /// An answer rmcp could not read (see [`envelope_problem`]) becomes an error for its
+    /// request, which would otherwise wait for its timeout. Requests, notifications, and what
+    /// answers no request anyone could name, are passed on as they are: rmcp skips what it
+    /// cannot read, and nothing waits for them.
+    fn checked(&mut self, server: &str, request: Option<&Value>) -> Option<String> {
+        let answers_none =
+            self.scanner.response_id().is_none() && self.stream_request(request).is_none();
+        if self.scanner.has_method() || answers_none {
             return String::from_utf8(std::mem::take(&mut self.data)).ok();
         }
-        let problem = match std::str::from_utf8(&self.data) {
-            Err(e) => Some(format!("it is not UTF-8 ({e})")),
-            Ok(text) => match serde_json::from_str::<serde::de::IgnoredAny>(text) {
-                Err(e) => Some(format!("it is not JSON ({e})")),
-                Ok(_) if self.scanner.response_id().is_some() && !self.scanner.has_outcome() => {
-                    Some("it has neither a result nor an error".to_owned())
-                }
-                Ok(_) => None,
-            },
-        };
-        match problem {
+        match envelope_problem(&self.data) {
             None => String::from_utf8(std::mem::take(&mut self.data)).ok(),
             Some(problem) => self.refused(
                 server,
@@ -338,6 +362,7 @@ impl Pending {
                     "the server's answer is not a JSON-RPC response codemode can read \
                      ({problem}), and was dropped; the fault is the server's, not the call's"
                 ),
+                request,
             ),
         }
     }
@@ -471,7 +496,14 @@ mod tests {
                 "{\"jsonrpc\":\"2.0\",\"id\":5}",
                 "neither a result nor an error",
             ),
-            ("{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{", "not JSON"),
+            (
+                "{\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{",
+                "EOF while parsing",
+            ),
+            (
+                "{\"jsonrpc\":\"1.0\",\"id\":5,\"result\":{}}",
+                "not \"2.0\"",
+            ),
         ] {
             let events = read(format!("data: {line}\n\n").as_bytes(), 3, 1 << 20);
             let (id, why) = refusal_of(&events[0]);
@@ -487,6 +519,49 @@ mod tests {
         let events = read(b"event: endpoint\ndata: /messages?x=1\n\n", 4, 1 << 20);
         assert_eq!(events[0].event.as_deref(), Some("endpoint"));
         assert_eq!(data(&events), [Some("/messages?x=1".to_owned())]);
+    }
+
+    /// On a POST's stream, an answer that cannot be read and names no id of its own answers
+    /// for the POST's request: its id repeated, coming after an endless result, or two messages
+    /// in one event.
+    #[test]
+    fn on_a_posts_stream_an_unreadable_answer_answers_for_its_request() {
+        let post = |input: &[u8]| {
+            let mut reader = EventReader::new("t".into(), 1 << 20);
+            reader.request = Some(json!(9));
+            for chunk in input.chunks(1000) {
+                reader.feed(chunk);
+            }
+            reader.out.into_iter().collect::<Vec<Sse>>()
+        };
+        let two = b"data: {\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{}}{\"jsonrpc\":\"2.0\",\"id\":4,\"result\":{}}\n\n";
+        let (id, why) = refusal_of(&post(two)[0]);
+        assert_eq!(id, json!(9));
+        assert!(why.contains("trailing"), "{why}");
+        // Not an answer (a priming event's empty data, text): passed on, answering nothing.
+        assert_eq!(
+            data(&post(b"id: p1\ndata: \n\ndata: hello\n\n")),
+            [Some(String::new()), Some("hello".to_owned())]
+        );
+        let twice = b"data: {\"jsonrpc\":\"2.0\",\"id\":5,\"id\":5,\"result\":{}}\n\n";
+        let (id, why) = refusal_of(&post(twice)[0]);
+        assert_eq!(id, json!(9));
+        assert!(why.contains("duplicate field"), "{why}");
+        // The id would come after the result, which never ends: answered once past the bound.
+        let mut endless = b"data: {\"jsonrpc\":\"2.0\",\"result\":{\"t\":\"".to_vec();
+        endless.extend(std::iter::repeat_n(b'x', 2 << 20));
+        let events = post(&endless);
+        assert_eq!(events.len(), 1);
+        let (id, why) = refusal_of(&events[0]);
+        assert_eq!(id, json!(9));
+        assert!(why.contains("larger than 1 MiB"), "{why}");
+        // A notification is not an answer: dropped, never answered for.
+        let note = format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}{}}}\n\n",
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert!(post(note.as_bytes()).is_empty());
     }
 
     #[test]
