@@ -11,15 +11,31 @@ use serde_json::{Map, Value};
 ///   (`{type:"image", data, mimeType}`) to `image()`.
 /// * The model (a direct call) gets text and image blocks; other block kinds become a line of
 ///   text saying what they were.
-pub fn to_tool_output(server: &str, tool: &str, result: CallToolResult) -> ToolOutput {
+pub fn to_tool_output(server: &str, tool: &str, mut result: CallToolResult) -> ToolOutput {
     let is_error = result.is_error.unwrap_or(false);
-    let mut value = serde_json::to_value(&result).unwrap_or_else(|_| Value::Object(Map::new()));
-    if let Value::Object(map) = &mut value {
-        map.remove("_meta");
-        map.remove("resultType");
-        map.entry("content")
-            .or_insert_with(|| Value::Array(Vec::new()));
+    // Moved, not copied: a result of a million values is tens of megabytes a copy, and a
+    // script may have many arriving at once.
+    let structured = result.structured_content.take();
+    let blocks = std::mem::take(&mut result.content);
+    let rest = match serde_json::to_value(&result) {
+        Ok(Value::Object(rest)) => rest,
+        _ => Map::new(),
+    };
+    let mut map = Map::new();
+    let content = blocks
+        .into_iter()
+        .map(|block| serde_json::to_value(block).unwrap_or(Value::Null))
+        .collect();
+    map.insert("content".into(), Value::Array(content));
+    if let Some(structured) = structured {
+        map.insert("structuredContent".into(), structured);
     }
+    for (key, field) in rest {
+        if key != "_meta" && key != "resultType" && key != "content" {
+            map.insert(key, field);
+        }
+    }
+    let value = Value::Object(map);
     let blocks = value
         .get("content")
         .and_then(Value::as_array)
@@ -135,5 +151,27 @@ mod tests {
         assert_eq!(out.value["structuredContent"], json!({"a": 1}));
         assert!(out.value.get("_meta").is_none());
         assert!(!out.is_error);
+    }
+
+    /// What a script reads, key order included: moving the parts must not change it.
+    #[test]
+    fn script_value_is_the_result_as_sent_less_meta() {
+        let sent = json!({
+            "resultType": "complete",
+            "content": [{"type": "text", "text": "t"}],
+            "structuredContent": null,
+            "isError": false,
+            "_meta": {"x": 1}
+        });
+        let out = to_tool_output("s", "t", result(sent));
+        assert_eq!(
+            serde_json::to_string(&out.value).unwrap(),
+            r#"{"content":[{"type":"text","text":"t"}],"structuredContent":null,"isError":false}"#
+        );
+        let out = to_tool_output("s", "t", result(json!({"isError": true})));
+        assert_eq!(
+            serde_json::to_string(&out.value).unwrap(),
+            r#"{"content":[],"isError":true}"#
+        );
     }
 }
