@@ -670,6 +670,11 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
                 "failed",
                 "HTTP 500 Internal Server Error: upstream database is down",
             ),
+            (
+                "nameless",
+                "an error that names no request: Parse error from server",
+            ),
+            ("surrogate", "not a JSON-RPC response codemode can read"),
         ] {
             let name = format!("mcp__web__{what}_{as_}");
             let started = std::time::Instant::now();
@@ -690,6 +695,15 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
             assert_eq!(text_of(&echo.value), "Echo: after");
         }
     }
+    // An unreadable answer for another request, then this one's: the real answer arrives.
+    let detour = tokio::time::timeout(
+        Duration::from_secs(30),
+        find(&hub, "mcp__web__detour_sse").call(call(json!({}))),
+    )
+    .await
+    .expect("the real answer is read")
+    .unwrap();
+    assert_eq!(text_of(&detour.value), "Echo: detour");
     let count = find(&hub, "mcp__web__initialized_json")
         .call(call(json!({})))
         .await

@@ -25,7 +25,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 
-use super::screen::{Scanner, error_response, refusal};
+use super::screen::{Scanner, cut, error_response, refusal};
 use super::sse_events::screened_events;
 
 const SESSION_ID: &str = "mcp-session-id";
@@ -36,6 +36,8 @@ const JSON: &str = "application/json";
 const MAX_REDIRECTS: usize = 10;
 /// How much of a failed request's non-JSON body is kept, to say what went wrong.
 const DIAGNOSTIC_BYTES: usize = 4096;
+/// How long a failed request's body is waited for, to say what went wrong.
+const ERROR_BODY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 type Error = StreamableHttpError<reqwest::Error>;
 
@@ -101,6 +103,17 @@ impl ScreenedHttp {
             return Ok(serde_json::from_value(error_response(id, &why)).ok());
         }
         match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+            // An error that names no request (a server that could not read this one) is this
+            // request's answer: rmcp could match it to nothing, and the call would wait.
+            Ok(ServerJsonRpcMessage::Error(error))
+                if error.id.is_none() && request_id.is_some() =>
+            {
+                let why = format!(
+                    "the server answered with an error that names no request: {}",
+                    cut(&error.error.message)
+                );
+                Ok(request_id.and_then(|id| serde_json::from_value(error_response(id, &why)).ok()))
+            }
             Ok(message) => Ok(Some(message)),
             Err(e) => match request_id {
                 None => Ok(None),
@@ -128,19 +141,29 @@ impl ScreenedHttp {
     ) -> Result<StreamableHttpPostResponse, Error> {
         let status = response.status();
         let status_error = status_error(&response);
+        // The status is known: a body that is slow to come does not hold the call up long.
         let said = if is_json && status != StatusCode::TOO_MANY_REQUESTS {
-            let (body, scanned, oversized) = read_screened(response, max).await?;
-            match refusal(&scanned, oversized, max) {
-                Some(why) => why,
-                None => match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
-                    Ok(ServerJsonRpcMessage::Error(error)) => error.error.message.into_owned(),
-                    _ => diagnostic(&body),
-                },
+            match tokio::time::timeout(ERROR_BODY_WAIT, read_screened(response, max)).await {
+                Err(_) => body_late(),
+                Ok(read) => {
+                    let (body, scanned, oversized) = read?;
+                    match refusal(&scanned, oversized, max) {
+                        Some(why) => why,
+                        None => match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
+                            Ok(ServerJsonRpcMessage::Error(error)) => cut(&error.error.message),
+                            _ => diagnostic(&body),
+                        },
+                    }
+                }
             }
         } else if status_error.is_some() {
             String::new()
         } else {
-            diagnostic(&read_prefix(response, DIAGNOSTIC_BYTES).await)
+            let prefix = read_prefix(response, DIAGNOSTIC_BYTES);
+            match tokio::time::timeout(ERROR_BODY_WAIT, prefix).await {
+                Ok(prefix) => diagnostic(&prefix),
+                Err(_) => body_late(),
+            }
         };
         let Some(id) = request_id(message) else {
             return Err(status_error.map(Error::from).unwrap_or_else(|| {
@@ -444,6 +467,13 @@ async fn read_prefix(response: reqwest::Response, max: usize) -> Vec<u8> {
         }
     }
     body
+}
+
+fn body_late() -> String {
+    format!(
+        "(its body did not arrive within {} s)",
+        ERROR_BODY_WAIT.as_secs()
+    )
 }
 
 fn diagnostic(body: &[u8]) -> String {

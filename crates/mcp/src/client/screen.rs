@@ -71,6 +71,11 @@ pub(crate) struct Scanner {
     has_outcome: bool,
     /// Values seen (strings, keys included, containers and scalars).
     values: usize,
+    /// Inside a `\u` escape: the hex digits read, and their value so far.
+    hex: Option<(u8, u32)>,
+    /// The last escape was a high surrogate, waiting for its low one.
+    high_surrogate: bool,
+    bad_escape: bool,
     /// The last byte outside strings, bar whitespace, began a line, a container or a member:
     /// the next scalar byte starts a value.
     value_next: bool,
@@ -94,6 +99,9 @@ impl Default for Scanner {
             has_outcome: false,
             values: 0,
             value_next: true,
+            hex: None,
+            high_surrogate: false,
+            bad_escape: false,
         }
     }
 }
@@ -128,6 +136,7 @@ impl Scanner {
             }
         }
         if self.in_string {
+            self.track_surrogates(b);
             if self.escaped {
                 self.escaped = false;
             } else if b == b'\\' {
@@ -188,6 +197,59 @@ impl Scanner {
         }
     }
 
+    /// Follows `\uXXXX` escapes in strings: serde_json refuses a UTF-16 surrogate that is not
+    /// one of a pair, and rmcp with it (`"😀".slice(0, 1)` in a Node server sends one).
+    fn track_surrogates(&mut self, b: u8) {
+        if let Some((digits, unit)) = self.hex {
+            let Some(digit) = (b as char).to_digit(16) else {
+                // Not an escape serde_json reads either.
+                self.hex = None;
+                self.bad_escape = true;
+                return;
+            };
+            // At most four digits: the unit stays below 2^16.
+            let unit = unit << 4 | digit;
+            if digits == 3 {
+                self.hex = None;
+                self.code_unit(unit);
+            } else {
+                self.hex = Some((digits + 1, unit));
+            }
+        } else if self.escaped {
+            if b == b'u' {
+                self.hex = Some((0, 0));
+            } else {
+                self.no_low_surrogate();
+            }
+        } else if b != b'\\' {
+            self.no_low_surrogate();
+        }
+    }
+
+    fn code_unit(&mut self, unit: u32) {
+        match unit {
+            0xD800..=0xDBFF => {
+                self.no_low_surrogate();
+                self.high_surrogate = true;
+            }
+            0xDC00..=0xDFFF if self.high_surrogate => self.high_surrogate = false,
+            0xDC00..=0xDFFF => self.bad_escape = true,
+            _ => self.no_low_surrogate(),
+        }
+    }
+
+    fn no_low_surrogate(&mut self) {
+        if std::mem::take(&mut self.high_surrogate) {
+            self.bad_escape = true;
+        }
+    }
+
+    /// A string holds an escape serde_json refuses: a lone UTF-16 surrogate, or `\u` without
+    /// four hex digits.
+    pub(crate) fn bad_escape(&self) -> bool {
+        self.bad_escape
+    }
+
     fn end_member(&mut self) {
         self.id_done |= self.current == Some(TopKey::Id);
         self.current = None;
@@ -203,6 +265,16 @@ impl Scanner {
         self.values
     }
 
+    /// Some of a top-level `id` was read.
+    pub(crate) fn id_started(&self) -> bool {
+        !self.id.is_empty()
+    }
+
+    /// A top-level `id` was read that cannot be used: too long to keep, or given twice.
+    pub(crate) fn id_lost(&self) -> bool {
+        self.id_overflow
+    }
+
     /// A top-level `result` or `error` key was read.
     pub(crate) fn has_outcome(&self) -> bool {
         self.has_outcome
@@ -215,7 +287,15 @@ impl Scanner {
 
     /// The `id` of a response (a message with an `id` and no `method`), as JSON.
     pub(crate) fn response_id(&self) -> Option<serde_json::Value> {
-        if self.has_method || self.id_overflow || self.id.is_empty() {
+        if self.has_method {
+            return None;
+        }
+        self.id_value()
+    }
+
+    /// The top-level `id`, whatever the message is, when it is one number or string.
+    pub(crate) fn id_value(&self) -> Option<serde_json::Value> {
+        if self.id_overflow || self.id.is_empty() {
             return None;
         }
         let id: serde_json::Value = serde_json::from_slice(trim_end(&self.id)).ok()?;
@@ -292,50 +372,84 @@ pub(crate) fn error_response(id: serde_json::Value, why: &str) -> serde_json::Va
     })
 }
 
-/// Why rmcp could not read `data` as a response, if it could not: not UTF-8, not one JSON
-/// value, not JSON-RPC 2.0, its `id` not one number or string, or neither a `result` nor an
-/// `error` with a numeric `code` and a `message`. Checked without keeping what it reads, for
-/// answers rmcp parses itself (and skips, silently, when it cannot): its request would wait
-/// for its timeout.
-pub(crate) fn envelope_problem(data: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Envelope {
+/// What a response's envelope says, read as rmcp reads it (without keeping its result).
+pub(crate) struct Envelope {
+    /// Its id; an error may have none (a server that could not read the request).
+    pub(crate) id: Option<rmcp::model::RequestId>,
+    /// The message of its error, if it is one.
+    pub(crate) error: Option<String>,
+}
+
+/// `data` read as a JSON-RPC response the way rmcp reads one, or why rmcp could not read it:
+/// not one JSON value, not JSON-RPC 2.0, an id rmcp does not take, both or neither of `result`
+/// and `error`, an error without a numeric `code` and a `message`, or a `method` beside them.
+/// Nothing of the result is kept. For answers rmcp parses itself, and skips, silently, when it
+/// cannot: their request would wait for its timeout. `scanned` is the screen of the same data,
+/// for what serde skips without reading (escapes in strings it ignores).
+pub(crate) fn read_envelope(data: &[u8], scanned: &Scanner) -> Result<Envelope, String> {
+    use serde::Deserialize;
+    #[derive(Deserialize)]
+    struct Raw {
         jsonrpc: String,
-        id: serde_json::Value,
+        #[serde(default)]
+        id: Option<rmcp::model::RequestId>,
         #[serde(default, deserialize_with = "present")]
         result: bool,
-        error: Option<ErrorShape>,
+        #[serde(default, deserialize_with = "error_field")]
+        error: Option<Option<ErrorShape>>,
+        #[serde(default, deserialize_with = "present")]
+        method: bool,
     }
-    #[derive(serde::Deserialize)]
-    #[allow(dead_code)]
+    #[derive(Deserialize)]
     struct ErrorShape {
+        #[allow(dead_code)]
         code: i32,
         message: String,
     }
     fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
         serde::de::IgnoredAny::deserialize(d).map(|_| true)
     }
-    use serde::Deserialize;
-    let text = match std::str::from_utf8(data) {
-        Ok(text) => text,
-        Err(e) => return Some(format!("it is not UTF-8 ({e})")),
-    };
-    let envelope: Envelope = match serde_json::from_str(text) {
-        Ok(envelope) => envelope,
-        Err(e) => return Some(format!("{e}")),
-    };
-    if envelope.jsonrpc != "2.0" {
-        Some(format!(
-            "its jsonrpc is {:?}, not \"2.0\"",
-            envelope.jsonrpc
-        ))
-    } else if !(envelope.id.is_i64() || envelope.id.is_string()) {
-        Some("its id is neither an integer nor a string".to_owned())
-    } else if !envelope.result && envelope.error.is_none() {
-        Some("it has neither a result nor an error".to_owned())
-    } else {
-        None
+    fn error_field<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Option<ErrorShape>>, D::Error> {
+        Option::<ErrorShape>::deserialize(d).map(Some)
     }
+    let text = std::str::from_utf8(data).map_err(|e| format!("it is not UTF-8 ({e})"))?;
+    if scanned.bad_escape() {
+        return Err("a string in it holds a lone UTF-16 surrogate or a broken \\u escape".into());
+    }
+    let raw: Raw = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let error = match raw.error {
+        Some(None) => return Err("its error is null".into()),
+        Some(Some(error)) => Some(error.message),
+        None => None,
+    };
+    if raw.jsonrpc != "2.0" {
+        Err(format!("its jsonrpc is {:?}, not \"2.0\"", raw.jsonrpc))
+    } else if raw.method {
+        Err("it has a method beside its result or error".into())
+    } else if raw.result && error.is_some() {
+        Err("it has both a result and an error".into())
+    } else if !raw.result && error.is_none() {
+        Err("it has neither a result nor an error".into())
+    } else if raw.result && raw.id.is_none() {
+        Err("its result has no id".into())
+    } else {
+        Ok(Envelope { id: raw.id, error })
+    }
+}
+
+/// A server's own text in an error, at most 4 KiB of it.
+pub(crate) fn cut(text: &str) -> String {
+    const MAX: usize = 4096;
+    if text.len() <= MAX {
+        return text.to_owned();
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 fn trim_end(b: &[u8]) -> &[u8] {
@@ -470,6 +584,10 @@ mod tests {
 
     #[test]
     fn envelopes_rmcp_cannot_read_are_named() {
+        let problem = |line: &str| match read_envelope(line.as_bytes(), &scan(line)) {
+            Ok(_) => String::new(),
+            Err(problem) => problem,
+        };
         for (line, says) in [
             (r#"{"jsonrpc":"1.0","id":1,"result":{}}"#, "not \"2.0\""),
             (r#"{"id":1,"result":{}}"#, "missing field `jsonrpc`"),
@@ -485,34 +603,67 @@ mod tests {
                 r#"{"jsonrpc":"2.0","id":1,"error":{"code":"x","message":"m"}}"#,
                 "invalid type",
             ),
+            (r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#, "integer"),
             (
-                r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#,
-                "neither an integer nor a string",
+                r#"{"jsonrpc":"2.0","id":18446744073709551615,"result":{}}"#,
+                "",
             ),
             (
                 r#"{"jsonrpc":"2.0","id":1}"#,
                 "neither a result nor an error",
             ),
             (
+                r#"{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"m"}}"#,
+                "both",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{},"error":null}"#,
+                "error is null",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":null,"result":{}}"#,
+                "a method beside",
+            ),
+            (r#"{"jsonrpc":"2.0","result":{}}"#, "no id"),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"t":"\ud83d"}}"#,
+                "lone UTF-16 surrogate",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"\udc00":1}}"#,
+                "lone UTF-16 surrogate",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"result":{"t":"\ud83d\u0041"}}"#,
+                "lone UTF-16 surrogate",
+            ),
+            (
                 "{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":\"\u{fffd}\"",
                 "EOF",
             ),
         ] {
-            let problem = envelope_problem(line.as_bytes()).unwrap_or_default();
-            assert!(problem.contains(says), "{line}: {problem}");
+            let problem = problem(line);
+            assert!(
+                !problem.is_empty() && problem.contains(says),
+                "{line}: {problem}"
+            );
         }
         for line in [
             r#"{"jsonrpc":"2.0","id":1,"result":null}"#,
+            r#"{"jsonrpc":"2.0","id":3.0,"result":{}}"#,
             r#"{"jsonrpc":"2.0","id":"x","\u0072esult":{"content":[]},"extra":1}"#,
             r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"m","data":[1]}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"result":{"t":"\ud83d\ude00 \u00e9"}}"#,
         ] {
-            assert_eq!(envelope_problem(line.as_bytes()), None, "{line}");
+            assert_eq!(problem(line), "", "{line}");
         }
-        assert!(
-            envelope_problem(b"\xff")
-                .unwrap_or_default()
-                .contains("UTF-8")
-        );
+        let no_id =
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error"}}"#;
+        let envelope = read_envelope(no_id.as_bytes(), &scan(no_id)).unwrap();
+        assert!(envelope.id.is_none());
+        assert_eq!(envelope.error.as_deref(), Some("Parse error"));
+        let not_utf8 = read_envelope(b"\xff", &Scanner::default()).err();
+        assert!(not_utf8.unwrap_or_default().contains("UTF-8"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rmcp::transport::streamable_http_client::SseError;
 use serde_json::Value;
 use sse_stream::Sse;
 
-use super::screen::{Scanner, envelope_problem, error_response, refusal};
+use super::screen::{Scanner, cut, error_response, read_envelope, refusal};
 
 /// The longest field name kept (`event`, `retry`); a longer one is ignored.
 const MAX_FIELD_NAME: usize = 16;
@@ -225,12 +225,23 @@ impl EventReader {
         let Some(why) = refusal(&pending.scanner, pending.oversized, self.max_event) else {
             return;
         };
-        // Its own id once read whole; else, once it reads as an answer, the stream's request.
-        let id = pending.scanner.early_response_id().or_else(|| {
-            (pending.scanner.has_outcome() && !pending.scanner.has_method())
-                .then(|| self.request.clone())
-                .flatten()
-        });
+        let scanner = &pending.scanner;
+        let id = match scanner.early_response_id() {
+            Some(own) => answers_for(Some(own), true, pending.oversized, self.request.as_ref()),
+            // No id of an answer read, nor one that can be: it may never come.
+            None if (scanner.has_method() && !scanner.has_outcome())
+                || !scanner.id_started()
+                || scanner.id_lost() =>
+            {
+                answers_for(
+                    None,
+                    scanner.has_outcome(),
+                    pending.oversized,
+                    self.request.as_ref(),
+                )
+            }
+            None => None,
+        };
         let Some(id) = id else {
             return;
         };
@@ -243,6 +254,35 @@ impl EventReader {
             retry: None,
         });
     }
+}
+
+/// The request a refused message is answered for, if any: its own id (`own`, for a message that
+/// reads as an answer, with a top-level `result` or `error`), unless it is on a POST's stream
+/// and names another request (rmcp stops reading a POST's stream at the first answer it is
+/// given, so an error for that id would cost the POST's request its real answer: it is
+/// dropped). With no id of its own, an answer on a POST's stream, or anything there past the
+/// size bound (which holds the stream up), answers for the POST's request.
+fn answers_for(
+    own: Option<Value>,
+    reads_as_answer: bool,
+    oversized: bool,
+    request: Option<&Value>,
+) -> Option<Value> {
+    match (own, request) {
+        (Some(own), Some(request)) if !same_id(&own, request) => None,
+        (Some(own), _) => Some(own),
+        (None, Some(request)) if reads_as_answer || oversized => Some(request.clone()),
+        (None, _) => None,
+    }
+}
+
+/// Ids as rmcp matches them: `3` and `"3"` name the same request.
+fn same_id(a: &Value, b: &Value) -> bool {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    a == b || text(a) == text(b)
 }
 
 /// The event being read.
@@ -317,46 +357,52 @@ impl Pending {
         })
     }
 
-    /// The request the stream answers, for a message that reads as an answer (a top-level
-    /// `result` or `error`) whose own id cannot be read. Anything else (an empty priming event,
-    /// text that is not JSON) answers nothing.
-    fn stream_request(&self, request: Option<&Value>) -> Option<Value> {
-        (self.scanner.has_outcome() && !self.scanner.has_method())
-            .then(|| request.cloned())
+    /// A top-level `result` or `error`, or an id and no `method`: what can only be an answer.
+    fn reads_as_answer(&self) -> bool {
+        self.scanner.has_outcome() || self.scanner.response_id().is_some()
+    }
+
+    /// This message's own id, when it reads as an answer or is no request.
+    fn own_id(&self) -> Option<Value> {
+        let scanner = &self.scanner;
+        (scanner.has_outcome() || !scanner.has_method())
+            .then(|| scanner.id_value())
             .flatten()
     }
 
-    /// The error that answers for a refused message: for its own id, else (unless it is a
-    /// request or a notification) for the request the stream answers.
+    /// The error that answers for a refused message (see [`answers_for`]), or nothing.
     fn refused(&self, server: &str, why: &str, request: Option<&Value>) -> Option<String> {
-        let id = if self.scanner.has_method() {
-            None
-        } else {
-            self.scanner
-                .response_id()
-                .or_else(|| self.stream_request(request))
-        };
-        let Some(id) = id else {
-            tracing::warn!(%server, "MCP server event dropped: {why} (it answered no request)");
+        let reads_as_answer = self.reads_as_answer();
+        let Some(id) = answers_for(self.own_id(), reads_as_answer, self.oversized, request) else {
+            tracing::warn!(%server, "MCP server event dropped: {why} (it answers no request of this stream)");
             return None;
         };
         tracing::warn!(%server, %id, "MCP server response refused: {why}");
         Some(error_response(id, why).to_string())
     }
 
-    /// An answer rmcp could not read (see [`envelope_problem`]) becomes an error for its
-    /// request, which would otherwise wait for its timeout. Requests, notifications, and what
-    /// answers no request anyone could name, are passed on as they are: rmcp skips what it
-    /// cannot read, and nothing waits for them.
+    /// An answer rmcp could not read (see [`read_envelope`]) becomes an error for its request,
+    /// which would otherwise wait for its timeout, and so does an error that names no request,
+    /// on a POST's stream. What does not read as an answer (requests, notifications, priming
+    /// events, text) is passed on as it is: rmcp skips what it cannot read, and nothing waits
+    /// for it.
     fn checked(&mut self, server: &str, request: Option<&Value>) -> Option<String> {
-        let answers_none =
-            self.scanner.response_id().is_none() && self.stream_request(request).is_none();
-        if self.scanner.has_method() || answers_none {
+        if !self.reads_as_answer() {
             return String::from_utf8(std::mem::take(&mut self.data)).ok();
         }
-        match envelope_problem(&self.data) {
-            None => String::from_utf8(std::mem::take(&mut self.data)).ok(),
-            Some(problem) => self.refused(
+        match read_envelope(&self.data, &self.scanner) {
+            Ok(envelope) => match (envelope.id, envelope.error, request) {
+                (None, Some(said), Some(request)) => {
+                    let why = format!(
+                        "the server answered with an error that names no request: {}",
+                        cut(&said)
+                    );
+                    tracing::warn!(%server, id = %request, "MCP server error answered for: {why}");
+                    Some(error_response(request.clone(), &why).to_string())
+                }
+                _ => String::from_utf8(std::mem::take(&mut self.data)).ok(),
+            },
+            Err(problem) => self.refused(
                 server,
                 &format!(
                     "the server's answer is not a JSON-RPC response codemode can read \
@@ -553,6 +599,31 @@ mod tests {
         let events = post(&endless);
         assert_eq!(events.len(), 1);
         let (id, why) = refusal_of(&events[0]);
+        assert_eq!(id, json!(9));
+        assert!(why.contains("larger than 1 MiB"), "{why}");
+        // An unreadable answer for another request is dropped: the real answer that follows
+        // must reach rmcp.
+        let other = b"data: {\"jsonrpc\":\"1.0\",\"id\":1009,\"result\":{}}\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":\"9\",\"result\":{}}\n\n";
+        assert_eq!(
+            data(&post(other)),
+            [Some(r#"{"jsonrpc":"2.0","id":"9","result":{}}"#.to_owned())]
+        );
+        // An error that names no request is this request's answer, with what the server said.
+        let (id, why) = refusal_of(&post(b"data: {\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32700,\"message\":\"Parse error\"}}\n\n")[0]);
+        assert_eq!(id, json!(9));
+        assert!(why.contains("names no request: Parse error"), "{why}");
+        // A lone surrogate, which serde_json refuses to read as a string.
+        let (id, why) = refusal_of(
+            &post(b"data: {\"jsonrpc\":\"2.0\",\"id\":9,\"result\":{\"t\":\"\\ud83d\"}}\n\n")[0],
+        );
+        assert_eq!(id, json!(9));
+        assert!(why.contains("lone UTF-16 surrogate"), "{why}");
+        // A request from the server that never ends holds the stream up: answered for.
+        let mut endless =
+            b"data: {\"jsonrpc\":\"2.0\",\"id\":\"s1\",\"method\":\"ping\",\"params\":{\"p\":\""
+                .to_vec();
+        endless.extend(std::iter::repeat_n(b'x', 2 << 20));
+        let (id, why) = refusal_of(&post(&endless)[0]);
         assert_eq!(id, json!(9));
         assert!(why.contains("larger than 1 MiB"), "{why}");
         // A notification is not an answer: dropped, never answered for.
