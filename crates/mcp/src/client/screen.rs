@@ -270,6 +270,11 @@ impl Scanner {
         !self.id.is_empty()
     }
 
+    /// A top-level `id` was read to its end.
+    pub(crate) fn id_complete(&self) -> bool {
+        self.id_done
+    }
+
     /// A top-level `id` was read that cannot be used: too long to keep, or given twice.
     pub(crate) fn id_lost(&self) -> bool {
         self.id_overflow

@@ -226,21 +226,16 @@ impl EventReader {
             return;
         };
         let scanner = &pending.scanner;
-        let id = match scanner.early_response_id() {
-            Some(own) => answers_for(Some(own), true, pending.oversized, self.request.as_ref()),
-            // No id of an answer read, nor one that can be: it may never come.
-            None if (scanner.has_method() && !scanner.has_outcome())
-                || !scanner.id_started()
-                || scanner.id_lost() =>
-            {
-                answers_for(
-                    None,
-                    scanner.has_outcome(),
-                    pending.oversized,
-                    self.request.as_ref(),
-                )
-            }
-            None => None,
+        let own = own_id(scanner);
+        let id_pending = scanner.id_started() && !scanner.id_complete() && !scanner.id_lost();
+        let id = if pending.oversized {
+            // The event holds its stream up for as long as it runs: answered for now.
+            answers_for(own, true, true, self.request.as_ref())
+        } else if scanner.has_outcome() && !id_pending {
+            answers_for(own, true, false, self.request.as_ref())
+        } else {
+            // Its id may still come.
+            None
         };
         let Some(id) = id else {
             return;
@@ -274,6 +269,18 @@ fn answers_for(
         (None, Some(request)) if reads_as_answer || oversized => Some(request.clone()),
         (None, _) => None,
     }
+}
+
+/// The message's own id, read whole, when the message may be an answer (a top-level `result`
+/// or `error`, or no `method`) and rmcp takes the id (`3.0` is `3`; `3.5` and ids past i64
+/// name no request), in the form rmcp gives it.
+fn own_id(scanner: &Scanner) -> Option<Value> {
+    let is_request = scanner.has_method() && !scanner.has_outcome();
+    if is_request || !scanner.id_complete() {
+        return None;
+    }
+    let id = serde_json::from_value::<rmcp::model::RequestId>(scanner.id_value()?).ok()?;
+    serde_json::to_value(id).ok()
 }
 
 /// Ids as rmcp matches them: `3` and `"3"` name the same request.
@@ -364,10 +371,7 @@ impl Pending {
 
     /// This message's own id, when it reads as an answer or is no request.
     fn own_id(&self) -> Option<Value> {
-        let scanner = &self.scanner;
-        (scanner.has_outcome() || !scanner.has_method())
-            .then(|| scanner.id_value())
-            .flatten()
+        own_id(&self.scanner)
     }
 
     /// The error that answers for a refused message (see [`answers_for`]), or nothing.
@@ -626,6 +630,30 @@ mod tests {
         let (id, why) = refusal_of(&post(&endless)[0]);
         assert_eq!(id, json!(9));
         assert!(why.contains("larger than 1 MiB"), "{why}");
+        // Ids rmcp does not take name no request: the answer is this request's.
+        for id in ["18446744073709551615", "3.5"] {
+            let line = format!("data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{}}}}\n\n");
+            let (answered, why) = refusal_of(&post(line.as_bytes())[0]);
+            assert_eq!(answered, json!(9), "{id}");
+            assert!(why.contains("not a JSON-RPC response"), "{why}");
+        }
+        // `9.0` is rmcp's 9: an unreadable answer for it is this request's.
+        let nine = b"data: {\"jsonrpc\":\"1.0\",\"id\":9.0,\"result\":{}}\n\n";
+        assert_eq!(refusal_of(&post(nine)[0]).0, json!(9));
+        // Its id, then whitespace or a key that never ends: answered once past the size bound.
+        for head in [
+            &b"data: {\"jsonrpc\":\"2.0\",\"id\":9"[..],
+            b"data: {\"jsonrpc\":\"2.0\",\"id\":9,\"",
+        ] {
+            let mut endless = head.to_vec();
+            let filler = if head.ends_with(b"\"") { b'k' } else { b' ' };
+            endless.extend(std::iter::repeat_n(filler, 2 << 20));
+            let events = post(&endless);
+            assert_eq!(events.len(), 1, "{}", String::from_utf8_lossy(head));
+            let (id, why) = refusal_of(&events[0]);
+            assert_eq!(id, json!(9));
+            assert!(why.contains("larger than 1 MiB"), "{why}");
+        }
         // A notification is not an answer: dropped, never answered for.
         let note = format!(
             "data: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}{}}}\n\n",
