@@ -25,7 +25,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::Sse;
 
-use super::screen::{Scanner, cut, error_response, refusal};
+use super::screen::{Scanner, cut, refusal, rejected, unreadable};
 use super::sse_events::screened_events;
 
 const SESSION_ID: &str = "mcp-session-id";
@@ -95,12 +95,7 @@ impl ScreenedHttp {
         let (body, scanned, oversized) = read_screened(response, max).await?;
         let request_id = request_id(message);
         if let Some(why) = refusal(&scanned, oversized, max) {
-            let Some(id) = request_id else {
-                tracing::warn!(server = %self.server, "MCP server answer dropped: {why}");
-                return Ok(None);
-            };
-            tracing::warn!(server = %self.server, %id, "MCP server response refused: {why}");
-            return Ok(serde_json::from_value(error_response(id, &why)).ok());
+            return Ok(rejected(&self.server, request_id, &why));
         }
         match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
             // An error that names no request (a server that could not read this one) is this
@@ -112,20 +107,10 @@ impl ScreenedHttp {
                     "the server answered with an error that names no request: {}",
                     cut(&error.error.message)
                 );
-                Ok(request_id.and_then(|id| serde_json::from_value(error_response(id, &why)).ok()))
+                Ok(rejected(&self.server, request_id, &why))
             }
             Ok(message) => Ok(Some(message)),
-            Err(e) => match request_id {
-                None => Ok(None),
-                Some(id) => Ok(serde_json::from_value(error_response(
-                    id,
-                    &format!(
-                        "the server's answer is not a JSON-RPC response codemode can read \
-                         ({e}), and was dropped; the fault is the server's, not the call's"
-                    ),
-                ))
-                .ok()),
-            },
+            Err(e) => Ok(rejected(&self.server, request_id, &unreadable(e))),
         }
     }
 
@@ -175,10 +160,9 @@ impl ScreenedHttp {
         } else {
             format!("the server answered HTTP {status}: {said}")
         };
-        tracing::warn!(server = %self.server, %id, "MCP request failed: {why}");
-        match serde_json::from_value(error_response(id, &why)) {
-            Ok(answer) => Ok(StreamableHttpPostResponse::Json(answer, None)),
-            Err(e) => Err(Error::Deserialize(e)),
+        match rejected(&self.server, Some(id), &why) {
+            Some(answer) => Ok(StreamableHttpPostResponse::Json(answer, None)),
+            None => Err(Error::UnexpectedServerResponse(Cow::Owned(why))),
         }
     }
 }

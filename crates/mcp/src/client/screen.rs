@@ -345,6 +345,14 @@ pub(crate) fn refusal(scanned: &Scanner, oversized: bool, max_len: usize) -> Opt
     }
 }
 
+/// Why an answer rmcp cannot read was dropped, in the words every transport uses.
+pub(crate) fn unreadable(problem: impl std::fmt::Display) -> String {
+    format!(
+        "the server's answer is not a JSON-RPC response codemode can read ({problem}), and was \
+         dropped; the fault is the server's, not the call's"
+    )
+}
+
 /// The error that replaces a rejected response, when it answered a request.
 pub(crate) fn rejected(
     server: &str,

@@ -15,7 +15,7 @@ use rmcp::transport::streamable_http_client::SseError;
 use serde_json::Value;
 use sse_stream::Sse;
 
-use super::screen::{Scanner, cut, error_response, read_envelope, refusal};
+use super::screen::{Scanner, cut, error_response, read_envelope, refusal, unreadable};
 
 /// The longest field name kept (`event`, `retry`); a longer one is ignored.
 const MAX_FIELD_NAME: usize = 16;
@@ -369,15 +369,15 @@ impl Pending {
         self.scanner.has_outcome() || self.scanner.response_id().is_some()
     }
 
-    /// This message's own id, when it reads as an answer or is no request.
-    fn own_id(&self) -> Option<Value> {
-        own_id(&self.scanner)
-    }
-
     /// The error that answers for a refused message (see [`answers_for`]), or nothing.
     fn refused(&self, server: &str, why: &str, request: Option<&Value>) -> Option<String> {
         let reads_as_answer = self.reads_as_answer();
-        let Some(id) = answers_for(self.own_id(), reads_as_answer, self.oversized, request) else {
+        let Some(id) = answers_for(
+            own_id(&self.scanner),
+            reads_as_answer,
+            self.oversized,
+            request,
+        ) else {
             tracing::warn!(%server, "MCP server event dropped: {why} (it answers no request of this stream)");
             return None;
         };
@@ -406,14 +406,7 @@ impl Pending {
                 }
                 _ => String::from_utf8(std::mem::take(&mut self.data)).ok(),
             },
-            Err(problem) => self.refused(
-                server,
-                &format!(
-                    "the server's answer is not a JSON-RPC response codemode can read \
-                     ({problem}), and was dropped; the fault is the server's, not the call's"
-                ),
-                request,
-            ),
+            Err(problem) => self.refused(server, &unreadable(problem), request),
         }
     }
 }

@@ -25,7 +25,7 @@ use tokio::process::{ChildStderr, ChildStdin};
 use tokio::sync::mpsc;
 
 use super::backlog::Backlog;
-use super::screen::{Scanner, refusal, rejected};
+use super::screen::{Scanner, refusal, rejected, unreadable};
 use crate::bounded_line::BoundedLine;
 
 /// The longest line (one JSON-RPC message, newline included) read from a server: rmcp's own
@@ -274,14 +274,9 @@ fn parsed(server: &str, scanned: &Scanner, line: &[u8]) -> Option<RxJsonRpcMessa
     let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
     match serde_json::from_slice(line) {
         Ok(message) => Some(message),
-        Err(e) if scanned.response_id().is_some() => rejected(
-            server,
-            scanned.response_id(),
-            &format!(
-                "the server's answer is not a JSON-RPC response codemode can read ({e}), and was \
-                 dropped; the fault is the server's, not the call's"
-            ),
-        ),
+        Err(e) if scanned.response_id().is_some() => {
+            rejected(server, scanned.response_id(), &unreadable(e))
+        }
         Err(e) => {
             tracing::debug!(%server, error = %e, "an MCP server message codemode cannot read was dropped");
             None
