@@ -2,10 +2,13 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use codemode_mcp::{ConnectOptions, McpConfig, McpHub, ServerState};
-use codemode_spec::{ContentBlock, Exposure, Provenance, ToolCall, ToolErrorKind};
+use codemode_spec::{
+    ContentBlock, Exposure, Provenance, Tool, ToolCall, ToolError, ToolErrorKind, ToolOutput,
+};
 use common::find;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -619,17 +622,10 @@ async fn streamable_http_server_with_headers() {
     child.kill().await.unwrap();
 }
 
-/// The HTTP transport's side of the stdio limits: a response over 16 MiB (ended or not), nested
-/// past serde's limit, of more JSON values than codemode reads (15 MiB of `[0,0,…]`, which would
-/// cost the host about a gigabyte to parse; also with its id padded out of reach, spelled with
-/// escapes, or never ended), not JSON-RPC 2.0, without `result` or `error`, or an HTTP failure
-/// whose error names no request, as a JSON body or as an SSE event, fails its call at once (not
-/// at its timeout) with what was wrong, and the session goes on: the next call on it works, and
-/// the server saw one `initialize`.
-#[tokio::test]
-async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
-    // The server picks its own port and names it: no other process can take it between a
-    // test's choice and the server's bind.
+/// The hostile HTTP fixture, and a patient hub connected to it as server `web`. The server
+/// picks its own port and names it: no other process can take it between a test's choice and
+/// the server's bind.
+async fn hostile_http_hub() -> (tokio::process::Child, McpHub) {
     let mut child = tokio::process::Command::new("node")
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -650,6 +646,79 @@ async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call
     .unwrap();
     let port: u16 = first.trim().parse().expect("a port number");
     let hub = patient_hub(json!({"web": {"url": format!("http://127.0.0.1:{port}/mcp")}})).await;
+    (child, hub)
+}
+
+/// A burst on one session: refused answers (past the values bound, and unreadable ones for
+/// another request) in parallel with ordinary calls. Each call gets its own outcome, the
+/// ordinary ones their own text, and the session is the one it began as.
+#[tokio::test]
+async fn a_burst_of_refused_and_ordinary_http_answers_keeps_each_call_its_own() {
+    let (mut child, hub) = hostile_http_hub().await;
+    async fn outcome(
+        tool: Arc<dyn Tool>,
+        name: &'static str,
+        text: String,
+    ) -> (&'static str, String, Result<ToolOutput, ToolError>) {
+        let out = tool.call(call(json!({"text": text.clone()}))).await;
+        (name, text, out)
+    }
+    let mut calls = Vec::new();
+    for i in 0..8 {
+        for as_ in ["json", "sse"] {
+            for name in ["wide", "surrogate", "echo"] {
+                let tool = find(&hub, &format!("mcp__web__{name}_{as_}"));
+                calls.push(outcome(tool, name, format!("{name} {as_} {i}")));
+            }
+        }
+        let tool = find(&hub, "mcp__web__detour_sse");
+        calls.push(outcome(tool, "detour", String::new()));
+    }
+    let outcomes = tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(calls))
+        .await
+        .expect("no call waits for its timeout");
+    for (name, text, out) in outcomes {
+        match name {
+            "echo" => assert_eq!(text_of(&out.unwrap().value), format!("Echo: {text}")),
+            "detour" => assert_eq!(text_of(&out.unwrap().value), "Echo: detour"),
+            "wide" => {
+                let err = out.unwrap_err();
+                assert!(
+                    err.message.contains("more than 1048576 JSON values"),
+                    "{}",
+                    err.message
+                );
+            }
+            _ => {
+                let err = out.unwrap_err();
+                assert!(
+                    err.message
+                        .contains("not a JSON-RPC response codemode can read"),
+                    "{}",
+                    err.message
+                );
+            }
+        }
+    }
+    let count = find(&hub, "mcp__web__initialized_json")
+        .call(call(json!({})))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&count.value), "Initialized: 1");
+    hub.shutdown().await;
+    child.kill().await.unwrap();
+}
+
+/// The HTTP transport's side of the stdio limits: a response over 16 MiB (ended or not), nested
+/// past serde's limit, of more JSON values than codemode reads (15 MiB of `[0,0,…]`, which would
+/// cost the host about a gigabyte to parse; also with its id padded out of reach, spelled with
+/// escapes, or never ended), not JSON-RPC 2.0, without `result` or `error`, or an HTTP failure
+/// whose error names no request, as a JSON body or as an SSE event, fails its call at once (not
+/// at its timeout) with what was wrong, and the session goes on: the next call on it works, and
+/// the server saw one `initialize`.
+#[tokio::test]
+async fn an_http_server_oversized_too_deep_or_unreadable_response_fails_its_call_at_once() {
+    let (mut child, hub) = hostile_http_hub().await;
     assert!(
         matches!(hub.status()[0].state, ServerState::Connected { .. }),
         "{:?}",
